@@ -1,0 +1,142 @@
+// A scenario: one experiment, read from one TOML file (see scenarios/README.md for every key,
+// its default and its unit). Every engine takes a Scenario; nothing else carries configuration.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hpz {
+
+/** Which DeepSpeed code path issues the secondary partition copy and the hpZ gather. */
+enum class Variant {
+  kStock,      ///< DeepSpeed before PR 5216: nothing orders the copy before the gather
+  kHostSync,   ///< fix A (PR 5216): the host blocks until the compute stream drains
+  kEventWait,  ///< fix B: an event after the copy, the all-gather stream waits on it
+};
+
+/** What a freshly allocated buffer holds before anything writes it. */
+enum class Fill {
+  kNan,    ///< poisoned with NaN (what a race test does on purpose)
+  kStale,  ///< whatever the caching allocator's block last held
+  kZero,   ///< zeros
+};
+
+/** Peak numbers of one GPU model; chosen by the `cluster.gpu` preset. */
+struct GpuSpec {
+  std::string name;            ///< preset name, e.g. "a100-80g"
+  double peak_flops = 0;       ///< dense bf16 FLOP/s
+  double hbm_bytes_per_s = 0;  ///< HBM bandwidth, bytes/s
+  double memory_bytes = 0;     ///< device memory, bytes
+};
+
+/** [cluster]: nodes, GPUs and the links between them. */
+struct ClusterConfig {
+  int nodes = 2;                       ///< number of nodes
+  int gpus_per_node = 8;               ///< GPUs (ranks) per node
+  GpuSpec gpu;                         ///< resolved from the `gpu` preset
+  double nvlink_gbytes_per_s = 600;    ///< NVLink bandwidth per GPU to the node switch, GB/s
+  double nvlink_latency_us = 0.7;      ///< NVLink hop latency, microseconds
+  double nic_gbps = 12.5;              ///< bandwidth of one NIC, Gbit/s
+  int nics_per_node = 1;               ///< NICs per node
+  double internode_latency_us = 10;    ///< one-way latency between nodes, microseconds
+
+  int world_size() const { return nodes * gpus_per_node; }
+};
+
+/** [model]: a decoder-only transformer (Llama / Falcon shape). */
+struct ModelConfig {
+  std::string name;   ///< preset name, HF config path or "custom"
+  int layers = 0;     ///< decoder layers
+  int hidden = 0;     ///< hidden size
+  int ffn = 0;        ///< MLP intermediate size
+  int heads = 0;      ///< attention heads
+  int kv_heads = 0;   ///< key/value heads (grouped-query attention when < heads)
+  int vocab = 0;      ///< vocabulary size
+  bool gated_mlp = true;  ///< Llama-style gate/up/down MLP (3 matrices) or 2 matrices (Falcon)
+};
+
+/** [training]: the batch and the numeric format. */
+struct TrainingConfig {
+  int seq_len = 2048;              ///< tokens per sequence
+  int micro_batch = 1;             ///< sequences per rank per micro-step
+  int grad_accum = 1;              ///< micro-steps per optimizer step
+  bool grad_checkpointing = true;  ///< recompute each layer's forward in backward
+  std::string dtype = "bf16";      ///< bf16 | fp16 | fp32
+
+  int dtype_bytes() const { return dtype == "fp32" ? 4 : 2; }
+};
+
+/** [zero]: the DeepSpeed ZeRO-3 / ZeRO++ keys, under their DeepSpeed names and defaults. */
+struct ZeroConfig {
+  int zero_hpz_partition_size = 1;  ///< P', ranks per hpZ group (1 = hpZ off)
+  bool zero_quantized_weights = false;    ///< qwZ
+  bool zero_quantized_gradients = false;  ///< qgZ
+  bool overlap_comm = true;               ///< gathers on their own stream
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;       ///< elements
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;     ///< elements
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;      ///< elements
+  std::int64_t stage3_param_persistence_threshold = 100'000;   ///< elements
+  bool offload_param = false;             ///< parameters live in host memory
+};
+
+/** [run]: which variant to build and how to run it. */
+struct RunConfig {
+  Variant variant = Variant::kStock;
+  Fill fill = Fill::kNan;
+  std::uint64_t seed = 1;
+  int steps = 2;  ///< optimizer steps to build
+};
+
+/** [bugs]: re-introduce the other public hpZ bug classes (all off by default). */
+struct BugConfig {
+  /// DeepSpeed issue 4851: secondaries are not invalidated by the optimizer step.
+  bool skip_secondary_invalidation = false;
+  /// DeepSpeed issue 7606: before this step, a checkpoint load writes the primary shards only
+  /// (-1 = no load).
+  int checkpoint_load_at_step = -1;
+  /// Before PR 5216 / 5652: the secondary copy tests the primary shard's bounds, so slices of
+  /// ranks whose primary shard reaches into the padding are never written.
+  bool legacy_copy_bounds = false;
+  /// DeepSpeed issue 5030: this rank believes no secondary exists and gathers over the world
+  /// while its hpZ peers gather over the hpZ group (-1 = all ranks agree).
+  int secondary_mismatch_rank = -1;
+};
+
+/** One experiment. */
+struct Scenario {
+  std::string path;  ///< the file it came from ("" when built in code)
+  ClusterConfig cluster;
+  ModelConfig model;
+  TrainingConfig training;
+  ZeroConfig zero;
+  RunConfig run;
+  BugConfig bugs;
+  std::vector<std::string> notes;  ///< informational notes from loading (ignored ds_config keys)
+};
+
+/** A `--set key=value` override, e.g. {"zero.overlap_comm", "false"}. */
+using Override = std::pair<std::string, std::string>;
+
+/** Reads a scenario file and applies overrides; throws InputError on any mistake. */
+Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides = {});
+
+/** Parses "key=value" from the command line; throws InputError when there is no '='. */
+Override parse_override(const std::string& text);
+
+/** Resolves a model preset (llama2-7b, llama2-13b, llama2-70b, falcon-40b, tiny); throws
+ *  InputError for an unknown name. */
+ModelConfig model_preset(const std::string& name);
+
+/** Resolves a GPU preset (a100-80g, h100-sxm, h200); throws InputError for an unknown name. */
+GpuSpec gpu_preset(const std::string& name);
+
+/** Checks cross-key constraints (divisibility, positive sizes); throws InputError. */
+void validate(const Scenario& scenario);
+
+/** Names for printing and JSON. */
+const char* to_string(Variant v);
+const char* to_string(Fill f);
+
+}  // namespace hpz

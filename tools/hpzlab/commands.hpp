@@ -1,0 +1,37 @@
+// The subcommands of `hpzlab`. Each lives in its own file: an options struct, a setup function
+// that binds the options, and a callback that only calls the library. main() owns error handling.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "sim/scenario.hpp"
+
+namespace hpz::cli {
+
+/** Options every subcommand takes: the scenario first, overrides, machine-readable output. */
+struct ScenarioOptions {
+  std::string scenario;           ///< path of the scenario TOML
+  std::vector<std::string> sets;  ///< --set key=value, in order
+  std::string json;               ///< --json FILE ("-" = standard output, "" = none)
+};
+
+/** Binds SCENARIO, --set and --json on a subcommand. */
+void add_scenario_options(CLI::App& sub, ScenarioOptions& opts);
+
+/** Loads the scenario with its overrides; throws InputError. */
+Scenario load(const ScenarioOptions& opts);
+
+/** Writes text to path ("-" = standard output) all at once: a temporary file renamed into
+ *  place, so a failed run never leaves a half-written file. Throws InputError if it cannot. */
+void write_output(const std::string& path, const std::string& text);
+
+/** Registers `hpzlab schedule`; the callback stores its exit code in exit_code. */
+void setup_schedule(CLI::App& app, int& exit_code);
+/** Registers `hpzlab check`. */
+void setup_check(CLI::App& app, int& exit_code);
+/** Registers `hpzlab real`. */
+void setup_real(CLI::App& app, int& exit_code);
+
+}  // namespace hpz::cli

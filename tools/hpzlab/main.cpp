@@ -1,0 +1,79 @@
+// hpzlab: simulator and race-reproduction harness for ZeRO++ hierarchical partitioning.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "sim/error.hpp"
+#include "tools/hpzlab/commands.hpp"
+
+namespace hpz::cli {
+
+void add_scenario_options(CLI::App& sub, ScenarioOptions& opts) {
+  sub.add_option("scenario", opts.scenario, "Scenario file (TOML), e.g. scenarios/llama2-7b.toml")
+      ->required();
+  sub.add_option("--set", opts.sets,
+                 "Override a scenario key, e.g. --set zero.overlap_comm=false (repeatable)")
+      ->take_all()
+      ->allow_extra_args(false);
+  sub.add_option("--json", opts.json, "Write machine-readable results to FILE ('-' = stdout)");
+}
+
+Scenario load(const ScenarioOptions& opts) {
+  std::vector<Override> overrides;
+  for (const auto& s : opts.sets) overrides.push_back(parse_override(s));
+  return load_scenario(opts.scenario, overrides);
+}
+
+void write_output(const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return;
+  }
+  const std::filesystem::path target(path);
+  std::filesystem::path tmp = target;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    if (!out.flush()) throw InputError(path, "--json", "cannot write this file");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, target, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw InputError(path, "--json", "cannot write this file");
+  }
+}
+
+}  // namespace hpz::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "hpzlab: simulator and race-reproduction harness for ZeRO++ hierarchical partitioning "
+      "(hpZ).\nEvery subcommand takes a scenario file first; see scenarios/README.md."};
+  app.require_subcommand(1);
+  int exit_code = hpz::kExitOk;
+  hpz::cli::setup_schedule(app, exit_code);
+  hpz::cli::setup_check(app, exit_code);
+  hpz::cli::setup_real(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return hpz::kExitBadInput;
+  } catch (const hpz::InputError& e) {
+    std::fprintf(stderr, "hpzlab: error: %s\n", e.what());
+    return hpz::kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hpzlab: internal error (please report): %s\n", e.what());
+    return hpz::kExitInternal;
+  }
+  return exit_code;
+}
