@@ -19,8 +19,12 @@
 //    member (NCCL's rule); no member's collective completes before every member's has started.
 //    Each rank's collective op lists only its own accesses: it reads its send bytes and writes
 //    its receive bytes.
-//  - kAlloc starts a buffer's lifetime with contents given by `fill`; kFree ends it. Both are
-//    ordered on their stream like any other op (the caching allocator is stream-ordered).
+//  - kAlloc starts the lifetime of `buffer` with contents given by `fill`; kFree ends it. Both
+//    are ordered on their stream like any other op. A buffer id names a logical tensor (say, the
+//    secondary shard of layer 12 on rank 3) and is reused by each new allocation of it: accesses
+//    in different lifetimes never conflict, because PyTorch's caching allocator only reuses a
+//    block once every stream that used it is done (record_stream). Contents do carry over
+//    when `fill` is stale.
 //  - Access ranges are in bytes, half-open [offset, offset + bytes), and cover only meaningful
 //    bytes: padding that DeepSpeed adds to make a parameter divisible by the world size is never
 //    read, so it never appears in an access.
@@ -41,6 +45,8 @@ using EventId = std::int32_t;    ///< per-rank event number
 using UnitId = std::int32_t;     ///< index into Schedule::units
 using StreamId = std::int8_t;    ///< index into RankSchedule::streams
 
+inline constexpr BufferId kNoBuffer = 0xffffffffu;
+
 inline constexpr GroupId kNoGroup = -1;
 inline constexpr EventId kNoEvent = -1;
 inline constexpr UnitId kNoUnit = -1;
@@ -48,20 +54,20 @@ inline constexpr StreamId kHostStream = -1;  ///< for ops that run on the host t
 
 /** What an operation does. */
 enum class OpKind : std::uint8_t {
-  kKernel,          ///< compute kernel: `flops`, `mem_bytes` of HBM traffic
-  kCopy,            ///< memory copy (D2D, or H2D / D2H when a buffer lives on the host)
-  kAllGather,       ///< collective over `group`; `comm_bytes` = bytes each rank contributes
-  kReduceScatter,   ///< collective over `group`; `comm_bytes` = bytes of each rank's output
-  kAllReduce,       ///< collective over `group`; `comm_bytes` = buffer size
-  kAllToAll,        ///< collective over `group`; `comm_bytes` = bytes each rank sends in all
-  kQuantize,        ///< quantization kernel (qwZ / qgZ)
-  kDequantize,      ///< dequantization (and, for qgZ, reduction) kernel
-  kEventRecord,     ///< record `event` on `stream`
-  kStreamWaitEvent, ///< `stream` waits for `event`
-  kHostStreamSync,  ///< the host waits for `stream` to drain
-  kHostDeviceSync,  ///< the host waits for every stream of the rank
-  kAlloc,           ///< buffer allocation; contents per `fill`
-  kFree,            ///< buffer release
+  kKernel,           ///< compute kernel: `flops`, `mem_bytes` of HBM traffic
+  kCopy,             ///< memory copy (D2D, or H2D / D2H when a buffer lives on the host)
+  kAllGather,        ///< collective over `group`; `comm_bytes` = bytes each rank contributes
+  kReduceScatter,    ///< collective over `group`; `comm_bytes` = bytes of each rank's output
+  kAllReduce,        ///< collective over `group`; `comm_bytes` = buffer size
+  kAllToAll,         ///< collective over `group`; `comm_bytes` = bytes each rank sends in all
+  kQuantize,         ///< quantization kernel (qwZ / qgZ)
+  kDequantize,       ///< dequantization (and, for qgZ, reduction) kernel
+  kEventRecord,      ///< record `event` on `stream`
+  kStreamWaitEvent,  ///< `stream` waits for `event`
+  kHostStreamSync,   ///< the host waits for `stream` to drain
+  kHostDeviceSync,   ///< the host waits for every stream of the rank
+  kAlloc,            ///< buffer allocation; contents per `fill`
+  kFree,             ///< buffer release
 };
 
 /** Where in a training step an op belongs. */
@@ -70,48 +76,48 @@ enum class Phase : std::uint8_t {
   kCheckpointLoad,  ///< a load that writes primary shards
   kForward,
   kBackward,
-  kGradReduce,      ///< gradient reduction (ReduceScatter or the qgZ all-to-alls)
-  kOptimizer,       ///< optimizer step and secondary invalidation
+  kGradReduce,  ///< gradient reduction (ReduceScatter or the qgZ all-to-alls)
+  kOptimizer,   ///< optimizer step and secondary invalidation
 };
 
 /** Why the builder emitted an op: a finer label than the kind, for reports and tests. */
 enum class Purpose : std::uint8_t {
-  kParamInit,              ///< initial weights written
-  kParamFetch,             ///< allocation/gather of the full parameter (forward or backward)
-  kPrefetch,               ///< same, issued ahead by the prefetch coordinator
-  kWeightQuantize,         ///< qwZ quantize before the forward gather
-  kWeightDequantize,       ///< qwZ dequantize after it
-  kNcclHandshake,          ///< events between the caller's stream and NCCL's stream
-  kFetchWait,              ///< compute stream waits for the gathered parameter
+  kParamInit,         ///< initial weights written
+  kParamFetch,        ///< allocation/gather of the full parameter (forward or backward)
+  kPrefetch,          ///< same, issued ahead by the prefetch coordinator
+  kWeightQuantize,    ///< qwZ quantize before the forward gather
+  kWeightDequantize,  ///< qwZ dequantize after it
+  kNcclHandshake,     ///< events between the caller's stream and NCCL's stream
+  kFetchWait,         ///< compute stream waits for the gathered parameter
   kForwardCompute,
-  kRecomputeForward,       ///< activation checkpointing recompute in backward
+  kRecomputeForward,  ///< activation checkpointing recompute in backward
   kBackwardCompute,
-  kParamRelease,           ///< full parameter freed after use
-  kSecondaryAlloc,         ///< empty() for the secondary shard
-  kSecondaryPartitionCopy, ///< the D2D copy of this rank's slice into the secondary shard
-  kFixHostSync,            ///< fix A: host blocks on the compute stream
-  kFixEventRecord,         ///< fix B: event after the secondary copy
-  kFixEventWait,           ///< fix B: all-gather stream waits before the hpZ gather
+  kParamRelease,            ///< full parameter freed after use
+  kSecondaryAlloc,          ///< empty() for the secondary shard
+  kSecondaryPartitionCopy,  ///< the D2D copy of this rank's slice into the secondary shard
+  kFixHostSync,             ///< fix A: host blocks on the compute stream
+  kFixEventRecord,          ///< fix B: event after the secondary copy
+  kFixEventWait,            ///< fix B: all-gather stream waits before the hpZ gather
   kGradAlloc,
-  kGradReduce,             ///< ReduceScatter, or a qgZ all-to-all / (de)quantize step
-  kGradNorm,               ///< global gradient norm AllReduce
+  kGradReduce,  ///< ReduceScatter, or a qgZ all-to-all / (de)quantize step
+  kGradNorm,    ///< global gradient norm AllReduce
   kOptimizerStep,
-  kSecondaryInvalidate,    ///< secondary shard set to None at the end of the step
+  kSecondaryInvalidate,  ///< secondary shard set to None at the end of the step
   kCheckpointLoad,
-  kOffloadCopy,            ///< parameter moved between host and device
-  kStepSync,               ///< loss.item(): host waits for the compute stream
+  kOffloadCopy,  ///< parameter moved between host and device
+  kStepSync,     ///< loss.item(): host waits for the compute stream
 };
 
 /** Which role a buffer plays; the checker's stale-read rule keys on kSecondary. */
 enum class BufferRole : std::uint8_t {
-  kPrimary,        ///< this rank's 1/P shard of a parameter unit (the truth)
-  kSecondary,      ///< this rank's 1/P' hpZ shard: a copy of part of the full parameter
-  kFull,           ///< the gathered full parameter
-  kQuantized,      ///< int8 staging of a shard or of a gathered parameter (qwZ / qgZ)
-  kGradFull,       ///< full-size gradient produced by backward
-  kGradShard,      ///< this rank's reduced gradient shard
-  kActivation,     ///< activations / checkpoints between layers
-  kScratch,        ///< anything else (norm scalars, staging)
+  kPrimary,     ///< this rank's 1/P shard of a parameter unit (the truth)
+  kSecondary,   ///< this rank's 1/P' hpZ shard: a copy of part of the full parameter
+  kFull,        ///< the gathered full parameter
+  kQuantized,   ///< int8 staging of a shard or of a gathered parameter (qwZ / qgZ)
+  kGradFull,    ///< full-size gradient produced by backward
+  kGradShard,   ///< this rank's reduced gradient shard
+  kActivation,  ///< activations / checkpoints between layers
+  kScratch,     ///< anything else (norm scalars, staging)
 };
 
 /** Read or write. */
@@ -127,11 +133,11 @@ struct Access {
 
 /** A named allocation of one rank. */
 struct Buffer {
-  std::string name;           ///< e.g. "layers.12.attn.secondary"
+  std::string name;  ///< e.g. "layers.12.attn.secondary"
   BufferRole role = BufferRole::kScratch;
-  UnitId unit = kNoUnit;      ///< the parameter unit it belongs to, if any
-  std::uint64_t bytes = 0;    ///< allocation size, padding included
-  bool on_host = false;       ///< lives in host memory (offload_param)
+  UnitId unit = kNoUnit;    ///< the parameter unit it belongs to, if any
+  std::uint64_t bytes = 0;  ///< allocation size, padding included
+  bool on_host = false;     ///< lives in host memory (offload_param)
 };
 
 /** One operation in a rank's issue order. */
@@ -140,17 +146,18 @@ struct Op {
   Phase phase = Phase::kInit;
   Purpose purpose = Purpose::kParamInit;
   StreamId stream = kHostStream;
-  std::int32_t step = 0;             ///< optimizer step (-1 for init)
-  std::int32_t micro_step = 0;       ///< gradient-accumulation micro-step
-  UnitId unit = kNoUnit;             ///< parameter unit this op serves
-  GroupId group = kNoGroup;          ///< collectives only
-  EventId event = kNoEvent;          ///< record / wait only
-  std::uint32_t access_begin = 0;    ///< first access in RankSchedule::accesses
+  std::int32_t step = 0;           ///< optimizer step (-1 for init)
+  std::int32_t micro_step = 0;     ///< gradient-accumulation micro-step
+  UnitId unit = kNoUnit;           ///< parameter unit this op serves
+  GroupId group = kNoGroup;        ///< collectives only
+  EventId event = kNoEvent;        ///< record / wait only
+  BufferId buffer = kNoBuffer;     ///< kAlloc / kFree only: the buffer whose lifetime starts/ends
+  std::uint32_t access_begin = 0;  ///< first access in RankSchedule::accesses
   std::uint32_t access_count = 0;
-  double flops = 0;                  ///< kernels
-  double mem_bytes = 0;              ///< HBM bytes moved by kernels and copies
-  std::uint64_t comm_bytes = 0;      ///< collectives, see OpKind
-  std::uint8_t fill = 0;             ///< kAlloc: a Fill value
+  double flops = 0;              ///< kernels
+  double mem_bytes = 0;          ///< HBM bytes moved by kernels and copies
+  std::uint64_t comm_bytes = 0;  ///< collectives, see OpKind
+  std::uint8_t fill = 0;         ///< kAlloc: a Fill value
 };
 
 /** A stream of one rank. */
@@ -184,26 +191,26 @@ struct Group {
 
 /** A parameter unit: the parameters DeepSpeed fetches together for one module. */
 struct ParamUnit {
-  std::string name;                  ///< e.g. "layers.12.attn"
-  std::int32_t layer = -1;           ///< decoder layer, -1 for embedding / head
-  std::uint64_t numel = 0;           ///< elements
-  std::uint64_t padded_numel = 0;    ///< rounded up to a multiple of the world size
-  std::uint64_t shard_numel = 0;     ///< padded_numel / P
-  std::uint64_t secondary_numel = 0; ///< padded_numel / P' (0 when hpZ is off)
-  double forward_flops = 0;          ///< per micro-step, whole module, per rank
-  bool persistent = false;           ///< below the persistence threshold: never partitioned
+  std::string name;                   ///< e.g. "layers.12.attn"
+  std::int32_t layer = -1;            ///< decoder layer, -1 for embedding / head
+  std::uint64_t numel = 0;            ///< elements
+  std::uint64_t padded_numel = 0;     ///< rounded up to a multiple of the world size
+  std::uint64_t shard_numel = 0;      ///< padded_numel / P
+  std::uint64_t secondary_numel = 0;  ///< padded_numel / P' (0 when hpZ is off)
+  double forward_flops = 0;           ///< per micro-step, whole module, per rank
+  bool persistent = false;            ///< below the persistence threshold: never partitioned
 };
 
 /** The whole schedule: every rank, the groups and the parameter units. */
 struct Schedule {
-  std::string scenario;              ///< file it was built from
-  std::string variant;               ///< stock | host-sync | event-wait
+  std::string scenario;  ///< file it was built from
+  std::string variant;   ///< stock | host-sync | event-wait
   int world_size = 0;
   int hpz_size = 1;
   int dtype_bytes = 2;
   std::vector<ParamUnit> units;
   std::vector<Group> groups;
-  std::vector<RankSchedule> ranks;   ///< ranks[r].rank == r
+  std::vector<RankSchedule> ranks;  ///< ranks[r].rank == r
 
   /** The accesses of one op of rank r. */
   std::span<const Access> accesses_of(Rank r, const Op& op) const {

@@ -1,0 +1,68 @@
+#include "real/device.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#ifdef HPZLAB_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace hpz::real {
+
+#ifdef HPZLAB_WITH_CUDA
+cudaError_t launch_spin(long long cycles, cudaStream_t stream);
+
+namespace {
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+}  // namespace
+
+DeviceInfo probe_devices() {
+  DeviceInfo info;
+  const cudaError_t err = cudaGetDeviceCount(&info.count);
+  if (err != cudaSuccess) {
+    info.count = 0;
+    info.problem = cudaGetErrorString(err);
+    return info;
+  }
+  if (info.count == 0) {
+    info.problem = "the CUDA runtime reports no device";
+    return info;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) info.name = prop.name;
+  return info;
+}
+
+double spin_for(double micros) {
+  int clock_khz = 0;
+  check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0), "cudaDeviceGetAttribute");
+  cudaEvent_t start{}, stop{};
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  check(cudaEventRecord(start, nullptr), "cudaEventRecord");
+  check(launch_spin(static_cast<long long>(micros * clock_khz / 1000.0), nullptr), "spin_kernel");
+  check(cudaEventRecord(stop, nullptr), "cudaEventRecord");
+  check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms * 1000.0;
+}
+#else
+DeviceInfo probe_devices() {
+  DeviceInfo info;
+  info.problem = "hpzlab was built without CUDA (HPZLAB_WITH_CUDA=OFF)";
+  return info;
+}
+
+double spin_for(double) {
+  throw std::runtime_error("hpzlab was built without CUDA");
+}
+#endif
+
+}  // namespace hpz::real

@@ -1,0 +1,23 @@
+// The real-GPU side's view of the machine. Everything here builds without CUDA; without it, or
+// without a device, it says so.
+#pragma once
+
+#include <string>
+
+namespace hpz::real {
+
+/** What CUDA reports about this machine. */
+struct DeviceInfo {
+  int count = 0;        ///< usable CUDA devices
+  std::string name;     ///< device 0's name, when count > 0
+  std::string problem;  ///< why count is 0 (no driver, not built with CUDA, ...)
+};
+
+/** Asks the CUDA runtime for devices; never throws. */
+DeviceInfo probe_devices();
+
+/** Runs a kernel that holds device 0's default stream for about `micros` microseconds and
+ *  returns the elapsed time CUDA events measured, in microseconds. Requires a device. */
+double spin_for(double micros);
+
+}  // namespace hpz::real

@@ -1,0 +1,112 @@
+#include "sim/schedule.hpp"
+
+#include <array>
+#include <string>
+
+#include "sim/error.hpp"
+
+namespace hpz {
+namespace {
+
+constexpr std::array<std::string_view, 14> kOpKindNames = {"kernel",
+                                                           "copy",
+                                                           "all_gather",
+                                                           "reduce_scatter",
+                                                           "all_reduce",
+                                                           "all_to_all",
+                                                           "quantize",
+                                                           "dequantize",
+                                                           "event_record",
+                                                           "stream_wait_event",
+                                                           "host_stream_sync",
+                                                           "host_device_sync",
+                                                           "alloc",
+                                                           "free"};
+constexpr std::array<std::string_view, 6> kPhaseNames = {
+    "init", "checkpoint_load", "forward", "backward", "grad_reduce", "optimizer"};
+constexpr std::array<std::string_view, 24> kPurposeNames = {"param_init",
+                                                            "param_fetch",
+                                                            "prefetch",
+                                                            "weight_quantize",
+                                                            "weight_dequantize",
+                                                            "nccl_handshake",
+                                                            "fetch_wait",
+                                                            "forward_compute",
+                                                            "recompute_forward",
+                                                            "backward_compute",
+                                                            "param_release",
+                                                            "secondary_alloc",
+                                                            "secondary_partition_copy",
+                                                            "fix_host_sync",
+                                                            "fix_event_record",
+                                                            "fix_event_wait",
+                                                            "grad_alloc",
+                                                            "grad_reduce",
+                                                            "grad_norm",
+                                                            "optimizer_step",
+                                                            "secondary_invalidate",
+                                                            "checkpoint_load",
+                                                            "offload_copy",
+                                                            "step_sync"};
+constexpr std::array<std::string_view, 8> kRoleNames = {"primary",    "secondary", "full",
+                                                        "quantized",  "grad_full", "grad_shard",
+                                                        "activation", "scratch"};
+constexpr std::array<std::string_view, 4> kGroupKindNames = {"world", "hpz", "inter_node",
+                                                             "intra_node"};
+
+template <typename Enum, std::size_t N>
+std::string_view name_of(const std::array<std::string_view, N>& names, Enum e) {
+  return names.at(static_cast<std::size_t>(e));
+}
+
+template <typename Enum, std::size_t N>
+Enum parse_name(const std::array<std::string_view, N>& names, std::string_view s,
+                const char* what) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (names[i] == s) return static_cast<Enum>(i);
+  }
+  std::string allowed;
+  for (auto n : names) allowed += (allowed.empty() ? "" : ", ") + std::string(n);
+  throw InputError("", what, "unknown value '" + std::string(s) + "' (allowed: " + allowed + ")");
+}
+
+}  // namespace
+
+bool is_collective(OpKind kind) {
+  return kind == OpKind::kAllGather || kind == OpKind::kReduceScatter ||
+         kind == OpKind::kAllReduce || kind == OpKind::kAllToAll;
+}
+
+std::string_view to_string(OpKind k) {
+  return name_of(kOpKindNames, k);
+}
+std::string_view to_string(Phase p) {
+  return name_of(kPhaseNames, p);
+}
+std::string_view to_string(Purpose p) {
+  return name_of(kPurposeNames, p);
+}
+std::string_view to_string(BufferRole r) {
+  return name_of(kRoleNames, r);
+}
+std::string_view to_string(GroupKind k) {
+  return name_of(kGroupKindNames, k);
+}
+
+OpKind parse_op_kind(std::string_view s) {
+  return parse_name<OpKind>(kOpKindNames, s, "kind");
+}
+Phase parse_phase(std::string_view s) {
+  return parse_name<Phase>(kPhaseNames, s, "phase");
+}
+Purpose parse_purpose(std::string_view s) {
+  return parse_name<Purpose>(kPurposeNames, s, "purpose");
+}
+BufferRole parse_buffer_role(std::string_view s) {
+  return parse_name<BufferRole>(kRoleNames, s, "role");
+}
+GroupKind parse_group_kind(std::string_view s) {
+  return parse_name<GroupKind>(kGroupKindNames, s, "group kind");
+}
+
+}  // namespace hpz

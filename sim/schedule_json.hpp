@@ -1,0 +1,18 @@
+// The schedule IR as JSON: the same content as the C++ structures, lossless both ways, so that
+// tools outside hpzlab (and hpzlab's own engines, from a file) can read a schedule.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "sim/schedule.hpp"
+
+namespace hpz {
+
+/** The JSON form of a schedule: {"format": "hpzlab-schedule", "version": 1, ...}. */
+nlohmann::json schedule_to_json(const Schedule& schedule);
+
+/** Reads the JSON form back; throws InputError naming `where` and the offending key. */
+Schedule schedule_from_json(const nlohmann::json& json, const std::string& where = "schedule");
+
+}  // namespace hpz

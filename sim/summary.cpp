@@ -1,0 +1,121 @@
+#include "sim/summary.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <map>
+
+namespace hpz {
+namespace {
+
+std::string stream_name(const RankSchedule& rank, StreamId s) {
+  return s == kHostStream ? "host" : rank.streams.at(s).name;
+}
+
+std::string label(const Schedule& s, const Op& op) {
+  std::string out = fmt::format("step {}", op.step);
+  if (op.micro_step != 0) out += fmt::format(".{}", op.micro_step);
+  out += fmt::format(" {}", to_string(op.phase));
+  if (op.unit != kNoUnit) out += " " + s.units[op.unit].name;
+  return out;
+}
+
+std::string human_bytes(double b) {
+  constexpr std::array<const char*, 5> units = {"B", "KiB", "MiB", "GiB", "TiB"};
+  std::size_t i = 0;
+  while (b >= 1024 && i + 1 < units.size()) {
+    b /= 1024;
+    ++i;
+  }
+  return i == 0 ? fmt::format("{:.0f} {}", b, units[i]) : fmt::format("{:.2f} {}", b, units[i]);
+}
+
+}  // namespace
+
+std::string schedule_summary(const Scenario& sc, const Schedule& s) {
+  std::string out;
+  const auto& c = sc.cluster;
+  const auto& m = sc.model;
+  out += fmt::format("scenario   {} (variant {}, fill {}, {} step(s), seed {})\n",
+                     sc.path.empty() ? "(built in code)" : sc.path, s.variant,
+                     to_string(sc.run.fill), sc.run.steps, sc.run.seed);
+  out += fmt::format(
+      "cluster    {} node(s) x {} {}; NVLink {} GB/s per GPU; {} x {} Gbit/s NIC per node\n",
+      c.nodes, c.gpus_per_node, c.gpu.name, c.nvlink_gbytes_per_s, c.nics_per_node, c.nic_gbps);
+  out += fmt::format(
+      "model      {}: {} layers, hidden {}, ffn {}, {} heads ({} kv), vocab {}, {}\n", m.name,
+      m.layers, m.hidden, m.ffn, m.heads, m.kv_heads, m.vocab, sc.training.dtype);
+  out += fmt::format(
+      "zero       world {}, hpZ {}, qwZ {}, qgZ {}, overlap_comm {}, offload_param {}\n",
+      s.world_size, s.hpz_size, sc.zero.zero_quantized_weights ? "on" : "off",
+      sc.zero.zero_quantized_gradients ? "on" : "off", sc.zero.overlap_comm ? "on" : "off",
+      sc.zero.offload_param ? "on" : "off");
+  std::uint64_t partitioned = 0, persistent = 0, padding_only = 0;
+  std::size_t n_partitioned = 0;
+  for (const auto& u : s.units) {
+    if (u.persistent) {
+      persistent += u.numel;
+      continue;
+    }
+    partitioned += u.numel;
+    ++n_partitioned;
+    if (s.hpz_size > 1) {
+      for (int g = 0; g < s.hpz_size; ++g) {
+        if (static_cast<std::uint64_t>(g) * u.secondary_numel >= u.numel) ++padding_only;
+      }
+    }
+  }
+  out += fmt::format(
+      "params     {} partitioned in {} units, {} persistent; {} secondary slice(s) entirely in "
+      "padding\n",
+      partitioned, n_partitioned, persistent, padding_only);
+  std::map<std::string, std::size_t> by_kind;
+  std::size_t ops = 0;
+  for (const auto& op : s.ranks.at(0).ops) by_kind[std::string(to_string(op.kind))]++;
+  for (const auto& r : s.ranks) ops += r.ops.size();
+  out += fmt::format("ops        {} in all ranks; rank 0: {}", ops, s.ranks.at(0).ops.size());
+  for (const auto& [kind, n] : by_kind) out += fmt::format(", {} {}", n, kind);
+  out += "\n";
+  std::size_t copies = 0, hpz_gathers = 0, world_gathers = 0;
+  for (const auto& op : s.ranks.at(0).ops) {
+    if (op.purpose == Purpose::kSecondaryPartitionCopy && op.phase != Phase::kInit) ++copies;
+    if (op.kind == OpKind::kAllGather) {
+      (s.groups.at(op.group).kind == GroupKind::kHpz ? hpz_gathers : world_gathers)++;
+    }
+  }
+  out += fmt::format(
+      "hpZ        rank 0: {} secondary partition copies after init, {} hpZ-group gathers, {} "
+      "world gathers\n",
+      copies, hpz_gathers, world_gathers);
+  for (const auto& note : sc.notes) out += "note       " + note + "\n";
+  return out;
+}
+
+std::string format_rank(const Schedule& s, Rank r) {
+  const RankSchedule& rank = s.ranks.at(r);
+  std::string out = fmt::format(
+      "# rank {}: {} ops (index stream kind purpose | labels | accesses)\n", r, rank.ops.size());
+  for (std::size_t i = 0; i < rank.ops.size(); ++i) {
+    const Op& op = rank.ops[i];
+    std::string line = fmt::format("{:6} {:<6} {:<17} {:<24} | {}", i, stream_name(rank, op.stream),
+                                   to_string(op.kind), to_string(op.purpose), label(s, op));
+    if (op.group != kNoGroup) {
+      line += fmt::format(" | group {} {}", s.groups[op.group].name,
+                          human_bytes(static_cast<double>(op.comm_bytes)));
+    }
+    if (op.event != kNoEvent) line += fmt::format(" | event {}", op.event);
+    if (op.buffer != kNoBuffer) {
+      line += fmt::format(" | {}", rank.buffers[op.buffer].name);
+      if (op.kind == OpKind::kAlloc)
+        line += fmt::format(" fill {}", to_string(static_cast<Fill>(op.fill)));
+    }
+    for (const Access& a : s.accesses_of(r, op)) {
+      line += fmt::format(" | {} {}[{}, {})", a.mode == AccessMode::kWrite ? "W" : "R",
+                          rank.buffers[a.buffer].name, a.offset, a.offset + a.bytes);
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace hpz
