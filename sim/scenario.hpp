@@ -132,6 +132,12 @@ ModelConfig model_preset(const std::string& name);
 /** Resolves a GPU preset (a100-80g, h100-sxm, h200); throws InputError for an unknown name. */
 GpuSpec gpu_preset(const std::string& name);
 
+/** The names model_preset() accepts, in the order they are documented. */
+std::vector<std::string> model_preset_names();
+
+/** The names gpu_preset() accepts, in the order they are documented. */
+std::vector<std::string> gpu_preset_names();
+
 /** Checks cross-key constraints (divisibility, positive sizes); throws InputError. */
 void validate(const Scenario& scenario);
 
