@@ -1,0 +1,74 @@
+// Model and GPU presets: public figures of the models and accelerators the study uses.
+#include <string>
+#include <vector>
+
+#include "sim/error.hpp"
+#include "sim/scenario.hpp"
+
+namespace hpz {
+namespace {
+
+/** A model preset: the decoder shape as published in the model's Hugging Face config. */
+const std::vector<ModelConfig>& model_presets() {
+  // name, layers, hidden, ffn, heads, kv_heads, vocab, gated_mlp
+  static const std::vector<ModelConfig> presets = {
+      {"llama2-7b", 32, 4096, 11008, 32, 32, 32000, true},
+      {"llama2-13b", 40, 5120, 13824, 40, 40, 32000, true},
+      {"llama2-70b", 80, 8192, 28672, 64, 8, 32000, true},
+      {"falcon-40b", 60, 8192, 32768, 128, 8, 65024, false},
+      {"tiny", 2, 64, 128, 4, 4, 256, true},
+  };
+  return presets;
+}
+
+/** A GPU preset: dense bf16 peak, HBM bandwidth and memory from the vendors' data sheets. */
+const std::vector<GpuSpec>& gpu_presets() {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  static const std::vector<GpuSpec> presets = {
+      {"a100-80g", 312e12, 2.039e12, 80 * kGiB},
+      {"h100-sxm", 989e12, 3.35e12, 80 * kGiB},
+      {"h200", 989e12, 4.8e12, 141e9},
+  };
+  return presets;
+}
+
+template <typename T>
+std::vector<std::string> names_of(const std::vector<T>& presets) {
+  std::vector<std::string> names;
+  for (const T& preset : presets) names.push_back(preset.name);
+  return names;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  return names_of(model_presets());
+}
+
+std::vector<std::string> gpu_preset_names() {
+  return names_of(gpu_presets());
+}
+
+ModelConfig model_preset(const std::string& name) {
+  for (const ModelConfig& preset : model_presets()) {
+    if (preset.name == name) return preset;
+  }
+  throw InputError("", "model.preset",
+                   "unknown preset '" + name + "' (allowed: " + joined(model_preset_names()) + ")");
+}
+
+GpuSpec gpu_preset(const std::string& name) {
+  for (const GpuSpec& preset : gpu_presets()) {
+    if (preset.name == name) return preset;
+  }
+  throw InputError("", "cluster.gpu",
+                   "unknown preset '" + name + "' (allowed: " + joined(gpu_preset_names()) + ")");
+}
+
+}  // namespace hpz

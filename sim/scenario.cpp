@@ -1,0 +1,853 @@
+// Loading a scenario: TOML file -> settings (last assignment of each key wins, --set after the
+// file) -> Scenario (model source and ds_config first, then explicit keys) -> validate().
+#include "sim/scenario.hpp"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <variant>
+
+#include "sim/error.hpp"
+
+namespace hpz {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kSetWhere = "--set";
+
+// ---------------------------------------------------------------------------------------------
+// Names, allowed lists and "did you mean".
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+std::string allowed(const std::vector<std::string>& names) {
+  return " (allowed: " + joined(names) + ")";
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> previous(b.size() + 1);
+  std::vector<std::size_t> current(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t substitute = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitute});
+    }
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+/** The known name closest to `name`, if it is close enough to be a plausible typo. */
+std::optional<std::string> closest(const std::string& name, const std::vector<std::string>& known) {
+  // A unique completion ('h100' -> 'h100-sxm') beats a closer but different name ('h200').
+  std::vector<std::string> completions;
+  for (const std::string& candidate : known) {
+    if (name.size() >= 2 && candidate.starts_with(name)) completions.push_back(candidate);
+  }
+  if (completions.size() == 1) return completions.front();
+  std::optional<std::string> best;
+  std::size_t best_distance = std::max<std::size_t>(2, name.size() / 3) + 1;
+  for (const std::string& candidate : known) {
+    const std::size_t distance = edit_distance(name, candidate);
+    if (distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+std::string did_you_mean(const std::optional<std::string>& suggestion) {
+  return suggestion ? "; did you mean '" + *suggestion + "'?" : "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values and where they came from.
+
+/** A value as written: TOML, JSON and --set values all become one of these. */
+using Raw = std::variant<bool, std::int64_t, double, std::string>;
+
+/** One assignment of a key. */
+struct Setting {
+  Raw raw;
+  std::string where;  ///< the file it was read from, or "--set"
+  fs::path base_dir;  ///< relative paths in the value are resolved against it
+};
+
+std::string describe(const Raw& raw) {
+  if (const bool* b = std::get_if<bool>(&raw)) return *b ? "true" : "false";
+  if (const std::int64_t* i = std::get_if<std::int64_t>(&raw)) return std::to_string(*i);
+  if (const double* d = std::get_if<double>(&raw)) return fmt::format("{}", *d);
+  return "'" + std::get<std::string>(raw) + "'";
+}
+
+[[noreturn]] void wrong_type(const Setting& s, const std::string& key, const char* expected) {
+  throw InputError(s.where, key, fmt::format("expected {}, got {}", expected, describe(s.raw)));
+}
+
+bool bool_of(const Setting& s, const std::string& key) {
+  if (const bool* b = std::get_if<bool>(&s.raw)) return *b;
+  wrong_type(s, key, "a boolean (true or false)");
+}
+
+std::int64_t int64_of(const Setting& s, const std::string& key) {
+  if (const std::int64_t* i = std::get_if<std::int64_t>(&s.raw)) return *i;
+  if (const double* d = std::get_if<double>(&s.raw)) {
+    // 5e7 is a float in TOML; accept it where it is a whole number that fits.
+    if (std::isfinite(*d) && std::trunc(*d) == *d && std::fabs(*d) < 9.2e18) {
+      return static_cast<std::int64_t>(*d);
+    }
+    wrong_type(s, key, "an integer (a whole number)");
+  }
+  wrong_type(s, key, "an integer");
+}
+
+int int_of(const Setting& s, const std::string& key) {
+  const std::int64_t value = int64_of(s, key);
+  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+    throw InputError(
+        s.where, key,
+        fmt::format("{} is out of range (at most {})", value, std::numeric_limits<int>::max()));
+  }
+  return static_cast<int>(value);
+}
+
+std::uint64_t seed_of(const Setting& s, const std::string& key) {
+  const std::int64_t value = int64_of(s, key);
+  if (value < 0) {
+    throw InputError(s.where, key, fmt::format("must be a non-negative integer, got {}", value));
+  }
+  return static_cast<std::uint64_t>(value);
+}
+
+double double_of(const Setting& s, const std::string& key) {
+  if (const double* d = std::get_if<double>(&s.raw)) return *d;
+  if (const std::int64_t* i = std::get_if<std::int64_t>(&s.raw)) return static_cast<double>(*i);
+  wrong_type(s, key, "a number");
+}
+
+std::string string_of(const Setting& s, const std::string& key) {
+  if (const std::string* text = std::get_if<std::string>(&s.raw)) return *text;
+  wrong_type(s, key, "a string");
+}
+
+std::string choice_of(const Setting& s, const std::string& key,
+                      const std::vector<std::string>& choices) {
+  const std::string value = string_of(s, key);
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return value;
+  throw InputError(
+      s.where, key,
+      "unknown value '" + value + "'" + did_you_mean(closest(value, choices)) + allowed(choices));
+}
+
+const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
+const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
+const std::vector<std::string> kDtypeNames = {"bf16", "fp16", "fp32"};
+
+// ---------------------------------------------------------------------------------------------
+// The keys: one table, the single source of the names a scenario accepts.
+
+/** How a --set value is read, and what a wrong-typed value is reported as. */
+enum class Kind { kBool, kInteger, kNumber, kText };
+
+using Apply = void (*)(Scenario&, const Setting&, const std::string& key);
+
+/** One key of the format; `apply` is null for the keys that select a source (preset, files). */
+struct KeySpec {
+  std::string section;
+  std::string name;
+  Kind kind;
+  Apply apply;
+
+  std::string dotted() const { return section + "." + name; }
+};
+
+#define HPZ_SET(field, conversion) \
+  [](Scenario& sc, const Setting& v, const std::string& k) { sc.field = conversion(v, k); }
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      {"cluster", "nodes", Kind::kInteger, HPZ_SET(cluster.nodes, int_of)},
+      {"cluster", "gpus_per_node", Kind::kInteger, HPZ_SET(cluster.gpus_per_node, int_of)},
+      {"cluster", "gpu", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.cluster.gpu = gpu_preset(choice_of(v, k, gpu_preset_names()));
+       }},
+      {"cluster", "nvlink_gbytes_per_s", Kind::kNumber,
+       HPZ_SET(cluster.nvlink_gbytes_per_s, double_of)},
+      {"cluster", "nvlink_latency_us", Kind::kNumber,
+       HPZ_SET(cluster.nvlink_latency_us, double_of)},
+      {"cluster", "nic_gbps", Kind::kNumber, HPZ_SET(cluster.nic_gbps, double_of)},
+      {"cluster", "nics_per_node", Kind::kInteger, HPZ_SET(cluster.nics_per_node, int_of)},
+      {"cluster", "internode_latency_us", Kind::kNumber,
+       HPZ_SET(cluster.internode_latency_us, double_of)},
+      {"model", "preset", Kind::kText, nullptr},
+      {"model", "hf_config", Kind::kText, nullptr},
+      {"model", "layers", Kind::kInteger, HPZ_SET(model.layers, int_of)},
+      {"model", "hidden", Kind::kInteger, HPZ_SET(model.hidden, int_of)},
+      {"model", "ffn", Kind::kInteger, HPZ_SET(model.ffn, int_of)},
+      {"model", "heads", Kind::kInteger, HPZ_SET(model.heads, int_of)},
+      {"model", "kv_heads", Kind::kInteger, HPZ_SET(model.kv_heads, int_of)},
+      {"model", "vocab", Kind::kInteger, HPZ_SET(model.vocab, int_of)},
+      {"model", "gated_mlp", Kind::kBool, HPZ_SET(model.gated_mlp, bool_of)},
+      {"training", "seq_len", Kind::kInteger, HPZ_SET(training.seq_len, int_of)},
+      {"training", "micro_batch", Kind::kInteger, HPZ_SET(training.micro_batch, int_of)},
+      {"training", "grad_accum", Kind::kInteger, HPZ_SET(training.grad_accum, int_of)},
+      {"training", "grad_checkpointing", Kind::kBool,
+       HPZ_SET(training.grad_checkpointing, bool_of)},
+      {"training", "dtype", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.training.dtype = choice_of(v, k, kDtypeNames);
+       }},
+      {"zero", "ds_config", Kind::kText, nullptr},
+      {"zero", "zero_hpz_partition_size", Kind::kInteger,
+       HPZ_SET(zero.zero_hpz_partition_size, int_of)},
+      {"zero", "zero_quantized_weights", Kind::kBool,
+       HPZ_SET(zero.zero_quantized_weights, bool_of)},
+      {"zero", "zero_quantized_gradients", Kind::kBool,
+       HPZ_SET(zero.zero_quantized_gradients, bool_of)},
+      {"zero", "overlap_comm", Kind::kBool, HPZ_SET(zero.overlap_comm, bool_of)},
+      {"zero", "stage3_prefetch_bucket_size", Kind::kInteger,
+       HPZ_SET(zero.stage3_prefetch_bucket_size, int64_of)},
+      {"zero", "stage3_max_live_parameters", Kind::kInteger,
+       HPZ_SET(zero.stage3_max_live_parameters, int64_of)},
+      {"zero", "stage3_max_reuse_distance", Kind::kInteger,
+       HPZ_SET(zero.stage3_max_reuse_distance, int64_of)},
+      {"zero", "stage3_param_persistence_threshold", Kind::kInteger,
+       HPZ_SET(zero.stage3_param_persistence_threshold, int64_of)},
+      {"zero", "offload_param", Kind::kBool, HPZ_SET(zero.offload_param, bool_of)},
+      {"run", "variant", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         const std::string name = choice_of(v, k, kVariantNames);
+         sc.run.variant = name == "stock"       ? Variant::kStock
+                          : name == "host-sync" ? Variant::kHostSync
+                                                : Variant::kEventWait;
+       }},
+      {"run", "fill", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         const std::string name = choice_of(v, k, kFillNames);
+         sc.run.fill = name == "nan" ? Fill::kNan : name == "stale" ? Fill::kStale : Fill::kZero;
+       }},
+      {"run", "seed", Kind::kInteger, HPZ_SET(run.seed, seed_of)},
+      {"run", "steps", Kind::kInteger, HPZ_SET(run.steps, int_of)},
+      {"bugs", "skip_secondary_invalidation", Kind::kBool,
+       HPZ_SET(bugs.skip_secondary_invalidation, bool_of)},
+      {"bugs", "checkpoint_load_at_step", Kind::kInteger,
+       HPZ_SET(bugs.checkpoint_load_at_step, int_of)},
+      {"bugs", "legacy_copy_bounds", Kind::kBool, HPZ_SET(bugs.legacy_copy_bounds, bool_of)},
+      {"bugs", "secondary_mismatch_rank", Kind::kInteger,
+       HPZ_SET(bugs.secondary_mismatch_rank, int_of)},
+  };
+  return specs;
+}
+
+#undef HPZ_SET
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = {"cluster", "model", "training",
+                                                 "zero",    "run",   "bugs"};
+  return names;
+}
+
+const KeySpec* find_spec(const std::string& dotted) {
+  for (const KeySpec& spec : key_specs()) {
+    if (spec.dotted() == dotted) return &spec;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> key_names(const std::string& section) {
+  std::vector<std::string> names;
+  for (const KeySpec& spec : key_specs()) {
+    if (spec.section == section) names.push_back(spec.name);
+  }
+  return names;
+}
+
+/** A likely intended key for an unknown `section.name` (or a bare `name`). */
+std::optional<std::string> suggest_key(const std::string& section, const std::string& name) {
+  if (auto in_section = closest(name, key_names(section))) return section + "." + *in_section;
+  for (const KeySpec& spec : key_specs()) {
+    if (spec.name == name) return spec.dotted();
+  }
+  std::vector<std::string> all;
+  for (const KeySpec& spec : key_specs()) all.push_back(spec.dotted());
+  return closest(section.empty() ? name : section + "." + name, all);
+}
+
+[[noreturn]] void unknown_key(const std::string& where, const std::string& section,
+                              const std::string& name) {
+  const bool known_section =
+      std::find(section_names().begin(), section_names().end(), section) != section_names().end();
+  const std::string key = section.empty() ? name : section + "." + name;
+  const std::string hint = did_you_mean(suggest_key(section, name));
+  if (section.empty()) {
+    throw InputError(
+        where, key,
+        "a key must belong to a section" + hint + " (sections: " + joined(section_names()) + ")");
+  }
+  if (!known_section) {
+    throw InputError(where, key,
+                     "unknown section '" + section + "'" + hint + allowed(section_names()));
+  }
+  throw InputError(
+      where, key,
+      "unknown key" + hint + " (allowed in [" + section + "]: " + joined(key_names(section)) + ")");
+}
+
+const char* expected_of(Kind kind) {
+  switch (kind) {
+    case Kind::kBool:
+      return "a boolean (true or false)";
+    case Kind::kInteger:
+      return "an integer";
+    case Kind::kNumber:
+      return "a number";
+    case Kind::kText:
+      return "a string";
+  }
+  return "a value";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading files.
+
+using Settings = std::map<std::string, Setting>;
+
+/** Which file (or --set) last gave each key its value, for validation messages. */
+using Origins = std::map<std::string, std::string>;
+
+std::optional<std::string> read_text(const fs::path& path, std::string& reason) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    reason = "is a directory, not a file";
+    return std::nullopt;
+  }
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    reason = errno != 0 ? std::strerror(errno) : "cannot be opened";
+    return std::nullopt;
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+fs::path resolve(const Setting& s, const std::string& key) {
+  const fs::path value = string_of(s, key);
+  if (value.empty()) throw InputError(s.where, key, "expected a file path, got ''");
+  return (s.base_dir / value).lexically_normal();
+}
+
+/** Reads the JSON file named by setting `s` of `key`; errors name the file. */
+json read_json(const Setting& s, const std::string& key, const fs::path& path) {
+  std::string reason;
+  const std::optional<std::string> text = read_text(path, reason);
+  if (!text) throw InputError(s.where, key, "cannot read '" + path.string() + "': " + reason);
+  try {
+    json document = json::parse(*text);
+    if (!document.is_object()) {
+      throw InputError(path.string(), "", "expected a JSON object (read for " + key + ")");
+    }
+    return document;
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " prefix: users need the position only.
+    if (const auto end = what.find("] "); what.starts_with("[json.") && end != std::string::npos) {
+      what = what.substr(end + 2);
+    }
+    throw InputError(path.string(), "", "malformed JSON (read for " + key + "): " + what);
+  }
+}
+
+/** A JSON value as a Raw, so that JSON keys convert like TOML and --set ones. */
+std::optional<Raw> raw_of(const json& value) {
+  if (value.is_boolean()) return Raw{value.get<bool>()};
+  if (value.is_number_integer()) {
+    if (value.is_number_unsigned() &&
+        value.get<std::uint64_t>() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
+      return Raw{value.get<double>()};
+    }
+    return Raw{value.get<std::int64_t>()};
+  }
+  if (value.is_number_float()) return Raw{value.get<double>()};
+  if (value.is_string()) return Raw{value.get<std::string>()};
+  return std::nullopt;
+}
+
+Setting json_setting(const json& value, const std::string& file, const std::string& key,
+                     const char* expected) {
+  std::optional<Raw> raw = raw_of(value);
+  if (!raw) throw InputError(file, key, fmt::format("expected {}, got {}", expected, value.dump()));
+  return Setting{*raw, file, {}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// model.hf_config
+
+std::optional<int> hf_int(const json& config, const std::string& file,
+                          std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const auto it = config.find(name);
+    if (it == config.end() || it->is_null()) continue;
+    return int_of(json_setting(*it, file, name, "an integer"), name);
+  }
+  return std::nullopt;
+}
+
+int hf_required(const json& config, const std::string& file,
+                std::initializer_list<const char*> names) {
+  if (std::optional<int> value = hf_int(config, file, names)) return *value;
+  throw InputError(file, *names.begin(),
+                   "missing (needed to build the model from model.hf_config)");
+}
+
+ModelConfig read_hf_config(const Setting& s) {
+  const fs::path path = resolve(s, "model.hf_config");
+  const json config = read_json(s, "model.hf_config", path);
+  const std::string file = path.string();
+  const json type = config.value("model_type", json());
+  const bool falcon = type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel";
+  ModelConfig model;
+  model.name = file;
+  // Falcon's older configs spell the dimensions n_layer / n_head / n_head_kv.
+  model.layers = hf_required(config, file, {"num_hidden_layers", "n_layer"});
+  model.hidden = hf_required(config, file, {"hidden_size"});
+  model.heads = hf_required(config, file, {"num_attention_heads", "n_head"});
+  model.vocab = hf_required(config, file, {"vocab_size"});
+  model.ffn =
+      hf_int(config, file, {"intermediate_size", "ffn_hidden_size"}).value_or(4 * model.hidden);
+  std::optional<int> kv =
+      hf_int(config, file, {"num_key_value_heads", "num_kv_heads", "n_head_kv"});
+  if (!kv && falcon && config.value("multi_query", json()) == true &&
+      config.value("new_decoder_architecture", json()) != true) {
+    kv = 1;  // Falcon-7B: multi-query attention, one key/value head
+  }
+  model.kv_heads = kv.value_or(model.heads);
+  model.gated_mlp = !falcon;
+  return model;
+}
+
+// ---------------------------------------------------------------------------------------------
+// zero.ds_config
+
+/** DeepSpeed's zero_optimization keys we model; DeepSpeed accepts the stage3_ names without it. */
+std::optional<std::string> ds_key(const std::string& name) {
+  static const std::map<std::string, std::string> aliases = {
+      {"prefetch_bucket_size", "stage3_prefetch_bucket_size"},
+      {"max_live_parameters", "stage3_max_live_parameters"},
+      {"max_reuse_distance", "stage3_max_reuse_distance"},
+      {"param_persistence_threshold", "stage3_param_persistence_threshold"},
+  };
+  if (const auto it = aliases.find(name); it != aliases.end()) return "zero." + it->second;
+  if (name == "ds_config") return std::nullopt;
+  if (find_spec("zero." + name)) return "zero." + name;
+  return std::nullopt;
+}
+
+/** offload_param is an object in DeepSpeed: {"device": "cpu" | "nvme" | "none", ...}. */
+Setting ds_offload(const json& value, const std::string& file) {
+  const std::string key = "zero_optimization.offload_param";
+  if (value.is_null()) return Setting{Raw{false}, file, {}};
+  if (value.is_boolean()) return Setting{Raw{value.get<bool>()}, file, {}};
+  if (!value.is_object()) {
+    throw InputError(file, key,
+                     "expected an object like {\"device\": \"cpu\"}, got " + value.dump());
+  }
+  const json device = value.value("device", json("none"));
+  const std::vector<std::string> devices = {"none", "cpu", "nvme"};
+  const std::string name =
+      choice_of(json_setting(device, file, key + ".device", "a string"), key + ".device", devices);
+  return Setting{Raw{name != "none"}, file, {}};
+}
+
+void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins) {
+  const fs::path path = resolve(s, "zero.ds_config");
+  const json config = read_json(s, "zero.ds_config", path);
+  const std::string file = path.string();
+  std::vector<std::string> ignored;
+  for (const auto& [name, value] : config.items()) {
+    if (name != "zero_optimization") ignored.push_back(name);
+  }
+  const json zero = config.value("zero_optimization", json::object());
+  if (!zero.is_object()) {
+    throw InputError(file, "zero_optimization", "expected an object, got " + zero.dump());
+  }
+  for (const auto& [name, value] : zero.items()) {
+    const std::string key = "zero_optimization." + name;
+    const std::optional<std::string> dotted = ds_key(name);
+    if (!dotted) {
+      ignored.push_back(key);
+    } else if (value.is_string() && value.get<std::string>() == "auto") {
+      scenario.notes.push_back(
+          fmt::format("ds_config {}: {} is \"auto\": the default is kept", file, key));
+    } else {
+      const KeySpec& spec = *find_spec(*dotted);
+      const Setting setting = spec.name == "offload_param"
+                                  ? ds_offload(value, file)
+                                  : json_setting(value, file, key, expected_of(spec.kind));
+      spec.apply(scenario, setting, key);
+      origins[*dotted] = file;
+    }
+  }
+  if (!ignored.empty()) {
+    scenario.notes.push_back(
+        fmt::format("ds_config {}: ignored (not modelled): {}", file, joined(ignored)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// From settings to a Scenario.
+
+const Setting* find_setting(const Settings& settings, const std::string& key) {
+  const auto it = settings.find(key);
+  return it == settings.end() ? nullptr : &it->second;
+}
+
+/** The model before its explicit keys: a preset, a Hugging Face config, or nothing (custom). */
+void apply_model_source(Scenario& scenario, Settings& settings, Origins& origins) {
+  const Setting* preset = find_setting(settings, "model.preset");
+  const Setting* hf = find_setting(settings, "model.hf_config");
+  if (preset && hf) {
+    // A --set of one source replaces the other source given in the file.
+    if (preset->where == kSetWhere && hf->where != kSetWhere) {
+      settings.erase("model.hf_config");
+      hf = nullptr;
+    } else if (hf->where == kSetWhere && preset->where != kSetWhere) {
+      settings.erase("model.preset");
+      preset = nullptr;
+    } else {
+      throw InputError(hf->where, "model.hf_config",
+                       "give either model.preset or model.hf_config, not both");
+    }
+  }
+  if (preset) {
+    scenario.model = model_preset(choice_of(*preset, "model.preset", model_preset_names()));
+  } else if (hf) {
+    scenario.model = read_hf_config(*hf);
+  } else {
+    std::vector<std::string> missing;
+    for (const char* name : {"layers", "hidden", "ffn", "heads", "vocab"}) {
+      if (!find_setting(settings, std::string("model.") + name)) missing.push_back(name);
+    }
+    if (!missing.empty()) {
+      throw InputError(scenario.path, "model." + missing.front(),
+                       "missing: " + joined(missing) +
+                           " (without model.preset or model.hf_config, all of layers, hidden, "
+                           "ffn, heads and vocab are required; presets: " +
+                           joined(model_preset_names()) + ")");
+    }
+    scenario.model.name = "custom";
+    const Setting* heads = find_setting(settings, "model.heads");
+    if (!find_setting(settings, "model.kv_heads")) {
+      scenario.model.kv_heads = int_of(*heads, "model.heads");
+      origins["model.kv_heads"] = heads->where;
+    }
+    return;
+  }
+  const std::string source = preset ? preset->where : hf->where;
+  for (const char* name : {"layers", "hidden", "ffn", "heads", "kv_heads", "vocab"}) {
+    origins[std::string("model.") + name] = source;
+  }
+}
+
+Scenario build(const std::string& path, Settings& settings, Origins& origins) {
+  Scenario scenario;
+  scenario.path = path;
+  scenario.cluster.gpu = gpu_preset("a100-80g");
+  apply_model_source(scenario, settings, origins);
+  if (const Setting* ds = find_setting(settings, "zero.ds_config")) {
+    apply_ds_config(scenario, *ds, origins);
+  }
+  for (const KeySpec& spec : key_specs()) {
+    const Setting* setting = find_setting(settings, spec.dotted());
+    if (!setting || !spec.apply) continue;
+    spec.apply(scenario, *setting, spec.dotted());
+    origins[spec.dotted()] = setting->where;
+  }
+  return scenario;
+}
+
+/** A TOML value as a Raw; nullopt for tables, arrays and dates. */
+std::optional<Raw> raw_of(const toml::node& node) {
+  if (const auto* b = node.as_boolean()) return Raw{b->get()};
+  if (const auto* i = node.as_integer()) return Raw{i->get()};
+  if (const auto* d = node.as_floating_point()) return Raw{d->get()};
+  if (const auto* text = node.as_string()) return Raw{text->get()};
+  return std::nullopt;
+}
+
+const char* node_kind(const toml::node& node) {
+  if (node.is_table()) return "a table";
+  if (node.is_array()) return "an array";
+  return "a date or time";
+}
+
+toml::table parse_toml(const std::string& path) {
+  std::string reason;
+  const std::optional<std::string> text = read_text(path, reason);
+  if (!text) throw InputError(path, "", "cannot read the scenario file: " + reason);
+  try {
+    return toml::parse(*text, path);
+  } catch (const toml::parse_error& e) {
+    throw InputError(path, "",
+                     fmt::format("line {}, column {}: malformed TOML: {}", e.source().begin.line,
+                                 e.source().begin.column, e.description()));
+  }
+}
+
+void collect_file(const std::string& path, Settings& settings) {
+  const toml::table root = parse_toml(path);
+  const fs::path base_dir = fs::path(path).parent_path();
+  for (const auto& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    const toml::table* table = section_node.as_table();
+    if (!table) unknown_key(path, "", section);
+    for (const auto& [name_key, node] : *table) {
+      const std::string name(name_key.str());
+      const KeySpec* spec = find_spec(section + "." + name);
+      if (!spec) unknown_key(path, section, name);
+      std::optional<Raw> raw = raw_of(node);
+      if (!raw) {
+        throw InputError(
+            path, spec->dotted(),
+            fmt::format("expected {}, got {}", expected_of(spec->kind), node_kind(node)));
+      }
+      settings[spec->dotted()] = Setting{*raw, path, base_dir};
+    }
+  }
+}
+
+/** A --set value read as the key's type; what cannot be read stays text and fails conversion. */
+Raw raw_of_text(const std::string& text, Kind kind) {
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  if (kind == Kind::kBool && (text == "true" || text == "false")) return Raw{text == "true"};
+  if (kind == Kind::kInteger) {
+    std::int64_t value = 0;
+    const auto [ptr, ec] = std::from_chars(begin, end, value);
+    if (ec == std::errc() && ptr == end) return Raw{value};
+  }
+  if (kind == Kind::kInteger || kind == Kind::kNumber) {
+    double value = 0;
+    const auto [ptr, ec] = std::from_chars(begin, end, value);
+    if (ec == std::errc() && ptr == end && !text.empty()) return Raw{value};
+  }
+  if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
+      text.back() == text.front()) {
+    return Raw{text.substr(1, text.size() - 2)};
+  }
+  return Raw{text};
+}
+
+void collect_override(const Override& override, Settings& settings) {
+  const auto& [key, value] = override;
+  const KeySpec* spec = find_spec(key);
+  if (!spec) {
+    const auto dot = key.find('.');
+    if (dot == std::string::npos) unknown_key(kSetWhere, "", key);
+    unknown_key(kSetWhere, key.substr(0, dot), key.substr(dot + 1));
+  }
+  settings[key] = Setting{raw_of_text(value, spec->kind), kSetWhere, {}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation: every cross-key and range check, in one place.
+
+using WhereOf = std::function<std::string(const std::string& key)>;
+
+void require(bool ok, const WhereOf& where_of, const std::string& key, const std::string& what) {
+  if (!ok) throw InputError(where_of(key), key, what);
+}
+
+void at_least(std::int64_t value, std::int64_t minimum, const WhereOf& where_of,
+              const std::string& key) {
+  require(value >= minimum, where_of, key,
+          fmt::format("must be at least {}, got {}", minimum, value));
+}
+
+void positive(double value, const WhereOf& where_of, const std::string& key, const char* unit) {
+  require(std::isfinite(value) && value > 0, where_of, key,
+          fmt::format("must be a positive number of {}, got {}", unit, value));
+}
+
+void non_negative(double value, const WhereOf& where_of, const std::string& key, const char* unit) {
+  require(std::isfinite(value) && value >= 0, where_of, key,
+          fmt::format("must be a non-negative number of {}, got {}", unit, value));
+}
+
+void check_cluster(const ClusterConfig& c, const WhereOf& where_of) {
+  at_least(c.nodes, 1, where_of, "cluster.nodes");
+  at_least(c.gpus_per_node, 1, where_of, "cluster.gpus_per_node");
+  constexpr std::int64_t kMaxWorld = 1 << 20;
+  require(std::int64_t{c.nodes} * c.gpus_per_node <= kMaxWorld, where_of, "cluster.nodes",
+          fmt::format("world size {} x {} is larger than {} ranks", c.nodes, c.gpus_per_node,
+                      kMaxWorld));
+  positive(c.nvlink_gbytes_per_s, where_of, "cluster.nvlink_gbytes_per_s", "GB/s");
+  non_negative(c.nvlink_latency_us, where_of, "cluster.nvlink_latency_us", "microseconds");
+  positive(c.nic_gbps, where_of, "cluster.nic_gbps", "Gbit/s");
+  at_least(c.nics_per_node, 1, where_of, "cluster.nics_per_node");
+  non_negative(c.internode_latency_us, where_of, "cluster.internode_latency_us", "microseconds");
+  require(
+      c.gpu.peak_flops > 0 && c.gpu.hbm_bytes_per_s > 0 && c.gpu.memory_bytes > 0, where_of,
+      "cluster.gpu",
+      "the GPU spec must have positive FLOP/s, bandwidth and memory" + allowed(gpu_preset_names()));
+}
+
+void check_model(const ModelConfig& m, const WhereOf& where_of) {
+  at_least(m.layers, 1, where_of, "model.layers");
+  at_least(m.hidden, 1, where_of, "model.hidden");
+  at_least(m.ffn, 1, where_of, "model.ffn");
+  at_least(m.heads, 1, where_of, "model.heads");
+  at_least(m.kv_heads, 1, where_of, "model.kv_heads");
+  at_least(m.vocab, 1, where_of, "model.vocab");
+  require(m.hidden % m.heads == 0, where_of, "model.heads",
+          fmt::format("{} heads do not divide hidden = {} (allowed: a divisor of the hidden size)",
+                      m.heads, m.hidden));
+  require(m.heads % m.kv_heads == 0, where_of, "model.kv_heads",
+          fmt::format("{} key/value heads do not divide heads = {} (allowed: a divisor of the "
+                      "number of heads)",
+                      m.kv_heads, m.heads));
+}
+
+void check_training(const TrainingConfig& t, const WhereOf& where_of) {
+  at_least(t.seq_len, 1, where_of, "training.seq_len");
+  at_least(t.micro_batch, 1, where_of, "training.micro_batch");
+  at_least(t.grad_accum, 1, where_of, "training.grad_accum");
+  require(std::find(kDtypeNames.begin(), kDtypeNames.end(), t.dtype) != kDtypeNames.end(), where_of,
+          "training.dtype", "unknown value '" + t.dtype + "'" + allowed(kDtypeNames));
+}
+
+std::vector<std::string> divisors(int n) {
+  std::vector<std::string> found;
+  for (int d = 1; d <= n && found.size() < 16; ++d) {
+    if (n % d == 0) found.push_back(std::to_string(d));
+  }
+  return found;
+}
+
+void check_zero(const ZeroConfig& z, int world, const WhereOf& where_of) {
+  const std::string hpz_key = "zero.zero_hpz_partition_size";
+  const std::string allowed_hpz = allowed(divisors(world));
+  at_least(z.zero_hpz_partition_size, 1, where_of, hpz_key);
+  require(z.zero_hpz_partition_size <= world, where_of, hpz_key,
+          fmt::format("{} is larger than the world size {} (nodes x gpus_per_node){}",
+                      z.zero_hpz_partition_size, world, allowed_hpz));
+  require(world % z.zero_hpz_partition_size == 0, where_of, hpz_key,
+          fmt::format("{} does not divide the world size {} (nodes x gpus_per_node){}",
+                      z.zero_hpz_partition_size, world, allowed_hpz));
+  at_least(z.stage3_prefetch_bucket_size, 0, where_of, "zero.stage3_prefetch_bucket_size");
+  at_least(z.stage3_max_live_parameters, 0, where_of, "zero.stage3_max_live_parameters");
+  at_least(z.stage3_max_reuse_distance, 0, where_of, "zero.stage3_max_reuse_distance");
+  at_least(z.stage3_param_persistence_threshold, 0, where_of,
+           "zero.stage3_param_persistence_threshold");
+}
+
+void check_bugs(const BugConfig& b, int steps, int world, const WhereOf& where_of) {
+  require(b.checkpoint_load_at_step == -1 ||
+              (b.checkpoint_load_at_step >= 0 && b.checkpoint_load_at_step < steps),
+          where_of, "bugs.checkpoint_load_at_step",
+          fmt::format("{} is out of range (allowed: -1 for no load, or 0 to {} since run.steps = "
+                      "{})",
+                      b.checkpoint_load_at_step, steps - 1, steps));
+  require(b.secondary_mismatch_rank == -1 ||
+              (b.secondary_mismatch_rank >= 0 && b.secondary_mismatch_rank < world),
+          where_of, "bugs.secondary_mismatch_rank",
+          fmt::format("{} is out of range (allowed: -1 for none, or a rank 0 to {} of the world "
+                      "size {})",
+                      b.secondary_mismatch_rank, world - 1, world));
+}
+
+void check_scenario(const Scenario& s, const WhereOf& where_of) {
+  check_cluster(s.cluster, where_of);
+  check_model(s.model, where_of);
+  check_training(s.training, where_of);
+  check_zero(s.zero, s.cluster.world_size(), where_of);
+  at_least(s.run.steps, 1, where_of, "run.steps");
+  check_bugs(s.bugs, s.run.steps, s.cluster.world_size(), where_of);
+}
+
+}  // namespace
+
+Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides) {
+  Settings settings;
+  collect_file(path, settings);
+  for (const Override& override : overrides) collect_override(override, settings);
+  Origins origins;
+  Scenario scenario = build(path, settings, origins);
+  check_scenario(scenario, [&](const std::string& key) {
+    const auto it = origins.find(key);
+    return it == origins.end() ? path : it->second;
+  });
+  return scenario;
+}
+
+Override parse_override(const std::string& text) {
+  const auto equals = text.find('=');
+  const auto trim = [](std::string s) {
+    const auto first = s.find_first_not_of(" \t");
+    const auto last = s.find_last_not_of(" \t");
+    return first == std::string::npos ? std::string() : s.substr(first, last - first + 1);
+  };
+  if (equals == std::string::npos) {
+    throw InputError(kSetWhere, text,
+                     "expected section.key=value, e.g. --set zero.overlap_comm=false");
+  }
+  Override override{trim(text.substr(0, equals)), trim(text.substr(equals + 1))};
+  if (override.first.empty()) {
+    throw InputError(kSetWhere, text, "missing key before '=' (expected section.key=value)");
+  }
+  return override;
+}
+
+void validate(const Scenario& scenario) {
+  check_scenario(scenario, [&](const std::string&) { return scenario.path; });
+}
+
+const char* to_string(Variant v) {
+  switch (v) {
+    case Variant::kStock:
+      return "stock";
+    case Variant::kHostSync:
+      return "host-sync";
+    case Variant::kEventWait:
+      return "event-wait";
+  }
+  return "unknown";
+}
+
+const char* to_string(Fill f) {
+  switch (f) {
+    case Fill::kNan:
+      return "nan";
+    case Fill::kStale:
+      return "stale";
+    case Fill::kZero:
+      return "zero";
+  }
+  return "unknown";
+}
+
+}  // namespace hpz

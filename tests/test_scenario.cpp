@@ -1,0 +1,523 @@
+// Scenario loading: shipped files, presets, hf_config / ds_config, --set, and every error path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sim/error.hpp"
+#include "sim/scenario.hpp"
+
+namespace hpz {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kSourceDir = HPZLAB_SOURCE_DIR;
+const fs::path kScenarios = kSourceDir / "scenarios";
+const fs::path kData = kSourceDir / "tests" / "data";
+
+/** The message of the InputError that `body` throws; fails the test if it throws none. */
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an InputError";
+  return "";
+}
+
+/** Each test writes its scenarios into a directory of its own. */
+class ScenarioFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) / (std::string("hpzlab_") + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  /** Writes `text` to `name` in the test's directory and returns its path. */
+  std::string write(const std::string& name, const std::string& text) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path.string();
+  }
+
+  /** The error of loading a file made of `text` (a tiny model unless text has a [model]). */
+  std::string load_error(const std::string& text, const std::vector<Override>& overrides = {}) {
+    const std::string path = write("s.toml", with_model(text));
+    return error_of([&] { load_scenario(path, overrides); });
+  }
+
+  Scenario load(const std::string& text, const std::vector<Override>& overrides = {}) {
+    return load_scenario(write("s.toml", with_model(text)), overrides);
+  }
+
+  static std::string with_model(const std::string& text) {
+    return text.find("[model]") == std::string::npos ? "[model]\npreset = \"tiny\"\n" + text : text;
+  }
+
+  fs::path dir_;
+};
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+// --- shipped scenarios ------------------------------------------------------------------------
+
+TEST(ShippedScenarios, EveryFileLoads) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(kScenarios)) {
+    if (entry.path().extension() != ".toml") continue;
+    names.push_back(entry.path().stem().string());
+    EXPECT_NO_THROW({
+      const Scenario s = load_scenario(entry.path().string());
+      EXPECT_EQ(s.path, entry.path().string());
+    }) << entry.path();
+  }
+  for (const char* expected :
+       {"llama2-7b", "llama2-13b", "llama2-70b", "falcon-40b", "tiny", "stale-after-step",
+        "stale-after-load", "zero-element-slice", "mismatched-collectives"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
+  }
+}
+
+TEST(ShippedScenarios, DefaultIsTheStudysCluster) {
+  const Scenario s = load_scenario((kScenarios / "llama2-7b.toml").string());
+  EXPECT_EQ(s.cluster.nodes, 2);
+  EXPECT_EQ(s.cluster.gpus_per_node, 8);
+  EXPECT_EQ(s.cluster.world_size(), 16);
+  EXPECT_EQ(s.cluster.gpu.name, "a100-80g");
+  EXPECT_DOUBLE_EQ(s.cluster.nvlink_gbytes_per_s, 600);
+  EXPECT_DOUBLE_EQ(s.cluster.nic_gbps, 12.5);
+  EXPECT_EQ(s.cluster.nics_per_node, 1);
+  EXPECT_EQ(s.model.name, "llama2-7b");
+  EXPECT_EQ(s.zero.zero_hpz_partition_size, 8);
+  EXPECT_TRUE(s.zero.zero_quantized_gradients);
+  EXPECT_TRUE(s.zero.zero_quantized_weights);
+  EXPECT_TRUE(s.zero.overlap_comm);
+  EXPECT_EQ(s.zero.stage3_prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(s.training.dtype, "bf16");
+  EXPECT_EQ(s.training.seq_len, 2048);
+  EXPECT_TRUE(s.training.grad_checkpointing);
+  EXPECT_EQ(s.run.variant, Variant::kStock);
+  EXPECT_EQ(s.run.fill, Fill::kNan);
+  EXPECT_EQ(s.run.steps, 2);
+  EXPECT_TRUE(s.notes.empty());
+}
+
+TEST(ShippedScenarios, TinyAndBugClasses) {
+  const Scenario tiny = load_scenario((kScenarios / "tiny.toml").string());
+  EXPECT_EQ(tiny.cluster.world_size(), 4);
+  EXPECT_EQ(tiny.zero.zero_hpz_partition_size, 2);
+  EXPECT_EQ(tiny.zero.stage3_param_persistence_threshold, 0);
+  EXPECT_EQ(tiny.training.dtype, "fp32");
+  EXPECT_EQ(tiny.training.dtype_bytes(), 4);
+  EXPECT_EQ(tiny.training.seq_len, 32);
+  EXPECT_EQ(tiny.run.steps, 4);
+
+  const auto bug = [](const char* name) {
+    const Scenario s = load_scenario((kScenarios / name).string());
+    EXPECT_EQ(s.run.variant, Variant::kEventWait) << name;
+    EXPECT_EQ(s.cluster.world_size(), 16) << name;
+    EXPECT_EQ(s.zero.zero_hpz_partition_size, 8) << name;
+    EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 0) << name;
+    return s;
+  };
+  const Scenario step = bug("stale-after-step.toml");
+  EXPECT_TRUE(step.bugs.skip_secondary_invalidation);
+  EXPECT_EQ(step.run.steps, 3);
+  EXPECT_EQ(bug("stale-after-load.toml").bugs.checkpoint_load_at_step, 0);
+  const Scenario slice = bug("zero-element-slice.toml");
+  EXPECT_TRUE(slice.bugs.legacy_copy_bounds);
+  EXPECT_EQ(slice.model.name, "custom");
+  EXPECT_EQ(slice.model.hidden, 12);
+  EXPECT_EQ(slice.model.heads, 2);
+  EXPECT_EQ(slice.model.kv_heads, 2);
+  EXPECT_EQ(slice.model.ffn, 32);
+  EXPECT_EQ(slice.model.vocab, 64);
+  EXPECT_EQ(bug("mismatched-collectives.toml").bugs.secondary_mismatch_rank, 3);
+}
+
+// --- presets ----------------------------------------------------------------------------------
+
+TEST(Presets, Models) {
+  struct Expected {
+    const char* name;
+    int layers, hidden, ffn, heads, kv_heads, vocab;
+    bool gated;
+  };
+  for (const Expected& e : {Expected{"llama2-7b", 32, 4096, 11008, 32, 32, 32000, true},
+                            Expected{"llama2-13b", 40, 5120, 13824, 40, 40, 32000, true},
+                            Expected{"llama2-70b", 80, 8192, 28672, 64, 8, 32000, true},
+                            Expected{"falcon-40b", 60, 8192, 32768, 128, 8, 65024, false},
+                            Expected{"tiny", 2, 64, 128, 4, 4, 256, true}}) {
+    const ModelConfig m = model_preset(e.name);
+    EXPECT_EQ(m.name, e.name);
+    EXPECT_EQ(m.layers, e.layers) << e.name;
+    EXPECT_EQ(m.hidden, e.hidden) << e.name;
+    EXPECT_EQ(m.ffn, e.ffn) << e.name;
+    EXPECT_EQ(m.heads, e.heads) << e.name;
+    EXPECT_EQ(m.kv_heads, e.kv_heads) << e.name;
+    EXPECT_EQ(m.vocab, e.vocab) << e.name;
+    EXPECT_EQ(m.gated_mlp, e.gated) << e.name;
+  }
+  EXPECT_EQ(model_preset_names().size(), 5u);
+}
+
+TEST(Presets, Gpus) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  EXPECT_DOUBLE_EQ(gpu_preset("a100-80g").peak_flops, 312e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("a100-80g").hbm_bytes_per_s, 2.039e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("a100-80g").memory_bytes, 80 * gib);
+  EXPECT_DOUBLE_EQ(gpu_preset("h100-sxm").peak_flops, 989e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("h100-sxm").hbm_bytes_per_s, 3.35e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("h100-sxm").memory_bytes, 80 * gib);
+  EXPECT_DOUBLE_EQ(gpu_preset("h200").peak_flops, 989e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("h200").hbm_bytes_per_s, 4.8e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("h200").memory_bytes, 141e9);
+  EXPECT_EQ(gpu_preset("h200").name, "h200");
+}
+
+TEST(Presets, UnknownNamesListTheAllowedOnes) {
+  const std::string model = error_of([] { model_preset("llama3"); });
+  EXPECT_HAS(model, "model.preset");
+  EXPECT_HAS(model, "llama2-7b, llama2-13b, llama2-70b, falcon-40b, tiny");
+  const std::string gpu = error_of([] { gpu_preset("v100"); });
+  EXPECT_HAS(gpu, "cluster.gpu");
+  EXPECT_HAS(gpu, "a100-80g, h100-sxm, h200");
+}
+
+TEST_F(ScenarioFile, DefaultsWhenSectionsAreLeftOut) {
+  const Scenario s = load("");
+  EXPECT_EQ(s.cluster.world_size(), 16);
+  EXPECT_EQ(s.cluster.gpu.name, "a100-80g");
+  EXPECT_EQ(s.zero.zero_hpz_partition_size, 1);
+  EXPECT_FALSE(s.zero.zero_quantized_weights);
+  EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 100'000);
+  EXPECT_EQ(s.run.seed, 1u);
+  EXPECT_EQ(s.bugs.checkpoint_load_at_step, -1);
+  EXPECT_EQ(s.bugs.secondary_mismatch_rank, -1);
+}
+
+TEST_F(ScenarioFile, ExplicitKeysOverrideThePreset) {
+  const Scenario s = load(
+      "[model]\npreset = \"llama2-7b\"\nlayers = 4\nkv_heads = 8\n"
+      "[cluster]\ngpu = \"h200\"\n");
+  EXPECT_EQ(s.model.name, "llama2-7b");
+  EXPECT_EQ(s.model.layers, 4);
+  EXPECT_EQ(s.model.kv_heads, 8);
+  EXPECT_EQ(s.model.hidden, 4096);
+  EXPECT_EQ(s.model.ffn, 11008);
+  EXPECT_DOUBLE_EQ(s.cluster.gpu.hbm_bytes_per_s, 4.8e12);
+}
+
+TEST_F(ScenarioFile, CustomModelDefaults) {
+  const Scenario s = load("[model]\nlayers = 3\nhidden = 96\nffn = 256\nheads = 6\nvocab = 100\n");
+  EXPECT_EQ(s.model.name, "custom");
+  EXPECT_EQ(s.model.kv_heads, 6);
+  EXPECT_TRUE(s.model.gated_mlp);
+  EXPECT_EQ(s.model.layers, 3);
+}
+
+TEST_F(ScenarioFile, IntegralFloatsAreIntegers) {
+  const Scenario s = load(
+      "[zero]\nstage3_prefetch_bucket_size = 5e7\nstage3_max_live_parameters "
+      "= 3e8\n[cluster]\nnic_gbps = 25\n");
+  EXPECT_EQ(s.zero.stage3_prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(s.zero.stage3_max_live_parameters, 300'000'000);
+  EXPECT_DOUBLE_EQ(s.cluster.nic_gbps, 25);
+}
+
+// --- hf_config and ds_config --------------------------------------------------------------------
+
+TEST(ModelFiles, HuggingFaceLlamaConfig) {
+  const Scenario s = load_scenario((kData / "with_hf_config.toml").string());
+  EXPECT_HAS(s.model.name, "hf_llama/config.json");
+  EXPECT_EQ(s.model.layers, 4);  // the TOML's layers overrides num_hidden_layers = 80
+  EXPECT_EQ(s.model.hidden, 8192);
+  EXPECT_EQ(s.model.ffn, 28672);
+  EXPECT_EQ(s.model.heads, 64);
+  EXPECT_EQ(s.model.kv_heads, 8);
+  EXPECT_EQ(s.model.vocab, 32000);
+  EXPECT_TRUE(s.model.gated_mlp);
+}
+
+TEST(ModelFiles, HuggingFaceFalconConfig) {
+  const Scenario s = load_scenario((kData / "with_falcon_config.toml").string());
+  EXPECT_EQ(s.model.layers, 60);
+  EXPECT_EQ(s.model.ffn, 4 * 8192);
+  EXPECT_EQ(s.model.heads, 128);
+  EXPECT_EQ(s.model.kv_heads, 8);
+  EXPECT_EQ(s.model.vocab, 65024);
+  EXPECT_FALSE(s.model.gated_mlp);
+}
+
+TEST(ModelFiles, DeepSpeedConfig) {
+  const Scenario s = load_scenario((kData / "with_ds_config.toml").string());
+  EXPECT_EQ(s.zero.zero_hpz_partition_size, 4);
+  EXPECT_TRUE(s.zero.zero_quantized_weights);
+  EXPECT_TRUE(s.zero.zero_quantized_gradients);
+  EXPECT_FALSE(s.zero.overlap_comm);
+  EXPECT_TRUE(s.zero.offload_param);                             // {"device": "cpu"}
+  EXPECT_EQ(s.zero.stage3_prefetch_bucket_size, 1000);           // the TOML wins over the ds_config
+  EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 10'000);  // 1e4 in JSON
+  EXPECT_EQ(s.zero.stage3_max_live_parameters, 300'000'000);
+  EXPECT_EQ(s.zero.stage3_max_reuse_distance, 1'000'000'000);  // "auto" keeps the default
+
+  const auto count = [&](const std::string& part) {
+    return std::count_if(s.notes.begin(), s.notes.end(), [&](const std::string& note) {
+      return note.find(part) != std::string::npos;
+    });
+  };
+  ASSERT_EQ(count("ignored"), 1);
+  const std::string ignored =
+      *std::find_if(s.notes.begin(), s.notes.end(),
+                    [](const std::string& n) { return n.find("ignored") != std::string::npos; });
+  for (const char* key : {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16",
+                          "zero_optimization.stage", "zero_optimization.contiguous_gradients",
+                          "zero_optimization.reduce_bucket_size"}) {
+    EXPECT_HAS(ignored, key);
+  }
+  EXPECT_EQ(ignored.find("overlap_comm"), std::string::npos) << ignored;
+  EXPECT_EQ(count("stage3_max_reuse_distance is \"auto\""), 1);
+}
+
+TEST(ModelFiles, SetOverridesTheDeepSpeedConfig) {
+  const Scenario s =
+      load_scenario((kData / "with_ds_config.toml").string(),
+                    {{"zero.overlap_comm", "true"}, {"zero.offload_param", "false"}});
+  EXPECT_TRUE(s.zero.overlap_comm);
+  EXPECT_FALSE(s.zero.offload_param);
+}
+
+TEST_F(ScenarioFile, MalformedAndMissingJsonNameTheFile) {
+  fs::copy_file(kData / "malformed.json", dir_ / "ds.json");
+  const std::string malformed = load_error("[zero]\nds_config = \"ds.json\"\n");
+  EXPECT_HAS(malformed, "ds.json");
+  EXPECT_HAS(malformed, "malformed JSON");
+  EXPECT_HAS(malformed, "line 5");
+
+  const std::string missing = load_error("[model]\nhf_config = \"nowhere/config.json\"\n");
+  EXPECT_HAS(missing, "s.toml: model.hf_config: cannot read");
+  EXPECT_HAS(missing, "nowhere/config.json");
+
+  write("hf.json", "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"vocab_size\": 10}");
+  const std::string incomplete = load_error("[model]\nhf_config = \"hf.json\"\n");
+  EXPECT_HAS(incomplete, "hf.json: num_hidden_layers: missing");
+
+  write("hf2.json", "{\"num_hidden_layers\": \"two\", \"hidden_size\": 64}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf2.json\"\n"),
+             "hf2.json: num_hidden_layers: expected an integer, got 'two'");
+
+  write("ds2.json", "{\"zero_optimization\": {\"overlap_comm\": 1, \"offload_param\": {}}}");
+  EXPECT_HAS(load_error("[zero]\nds_config = \"ds2.json\"\n"),
+             "ds2.json: zero_optimization.overlap_comm: expected a boolean (true or false), got 1");
+  write("ds3.json", "{\"zero_optimization\": {\"offload_param\": {\"device\": \"gpu\"}}}");
+  const std::string device = load_error("[zero]\nds_config = \"ds3.json\"\n");
+  EXPECT_HAS(device, "ds3.json: zero_optimization.offload_param.device: unknown value 'gpu'");
+  EXPECT_HAS(device, "(allowed: none, cpu, nvme)");
+  write("ds4.json", "{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": 5.5e0}}");
+  EXPECT_HAS(load_error("[zero]\nds_config = \"ds4.json\"\n"),
+             "ds4.json: zero_optimization.stage3_prefetch_bucket_size: expected an integer");
+  write("ds5.json", "{\"zero_optimization\": {\"zero_hpz_partition_size\": 3}}");
+  EXPECT_HAS(load_error("[zero]\nds_config = \"ds5.json\"\n"),
+             "ds5.json: zero.zero_hpz_partition_size: 3 does not divide the world size 16");
+}
+
+// --- --set --------------------------------------------------------------------------------------
+
+TEST(Overrides, ParseOverride) {
+  EXPECT_EQ(parse_override("zero.overlap_comm=false"), Override("zero.overlap_comm", "false"));
+  EXPECT_EQ(parse_override("model.hf_config=a=b.json"), Override("model.hf_config", "a=b.json"));
+  const std::string error = error_of([] { parse_override("zero.overlap_comm"); });
+  EXPECT_HAS(error, "--set: zero.overlap_comm: expected section.key=value");
+  EXPECT_HAS(error_of([] { parse_override("=3"); }), "missing key");
+}
+
+TEST(Overrides, EveryTypeOfKey) {
+  const Scenario s = load_scenario((kScenarios / "llama2-7b.toml").string(),
+                                   {{"zero.overlap_comm", "false"},
+                                    {"cluster.nodes", "4"},
+                                    {"cluster.nic_gbps", "100"},
+                                    {"cluster.internode_latency_us", "2.5"},
+                                    {"zero.stage3_prefetch_bucket_size", "1e6"},
+                                    {"run.variant", "event-wait"},
+                                    {"run.fill", "\"zero\""},
+                                    {"cluster.gpu", "h100-sxm"},
+                                    {"run.steps", "3"},
+                                    {"run.steps", "5"}});  // the last one wins
+  EXPECT_FALSE(s.zero.overlap_comm);
+  EXPECT_EQ(s.cluster.world_size(), 32);
+  EXPECT_DOUBLE_EQ(s.cluster.nic_gbps, 100);
+  EXPECT_DOUBLE_EQ(s.cluster.internode_latency_us, 2.5);
+  EXPECT_EQ(s.zero.stage3_prefetch_bucket_size, 1'000'000);
+  EXPECT_EQ(s.run.variant, Variant::kEventWait);
+  EXPECT_EQ(s.run.fill, Fill::kZero);
+  EXPECT_EQ(s.cluster.gpu.name, "h100-sxm");
+  EXPECT_EQ(s.run.steps, 5);
+}
+
+TEST(Overrides, ModelSourceReplacesTheFilesSource) {
+  const Scenario preset =
+      load_scenario((kData / "with_hf_config.toml").string(), {{"model.preset", "llama2-13b"}});
+  EXPECT_EQ(preset.model.name, "llama2-13b");
+  EXPECT_EQ(preset.model.hidden, 5120);
+  EXPECT_EQ(preset.model.layers, 4);  // the file's explicit key still applies
+}
+
+TEST_F(ScenarioFile, OverrideErrorsSayDashDashSet) {
+  const std::string key = load_error("", {{"zero.overlap_com", "false"}});
+  EXPECT_HAS(key, "--set: zero.overlap_com: unknown key");
+  EXPECT_HAS(key, "did you mean 'zero.overlap_comm'?");
+  EXPECT_HAS(load_error("", {{"zero.overlap_comm", "yes"}}),
+             "--set: zero.overlap_comm: expected a boolean (true or false), got 'yes'");
+  EXPECT_HAS(load_error("", {{"cluster.nodes", "two"}}),
+             "--set: cluster.nodes: expected an integer, got 'two'");
+  EXPECT_HAS(load_error("", {{"cluster.nic_gbps", "fast"}}),
+             "--set: cluster.nic_gbps: expected a number, got 'fast'");
+  const std::string variant = load_error("", {{"run.variant", "eventwait"}});
+  EXPECT_HAS(variant, "--set: run.variant: unknown value 'eventwait'; did you mean 'event-wait'?");
+  EXPECT_HAS(variant, "(allowed: stock, host-sync, event-wait)");
+  EXPECT_HAS(load_error("", {{"zero.zero_hpz_partition_size", "3"}}),
+             "--set: zero.zero_hpz_partition_size: 3 does not divide the world size 16");
+  EXPECT_HAS(load_error("", {{"nodes", "3"}}),
+             "--set: nodes: a key must belong to a section; "
+             "did you mean 'cluster.nodes'?");
+}
+
+// --- errors in files ----------------------------------------------------------------------------
+
+TEST_F(ScenarioFile, UnreadableAndMalformedFiles) {
+  const std::string missing = (dir_ / "missing.toml").string();
+  const std::string unreadable = error_of([&] { load_scenario(missing); });
+  EXPECT_HAS(unreadable, missing + ": cannot read the scenario file: No such file or directory");
+  EXPECT_HAS(error_of([&] { load_scenario(dir_.string()); }), "is a directory");
+
+  const std::string bad = write("bad.toml", "[zero]\noverlap_comm = true\nstage = = 3\n");
+  const std::string malformed = error_of([&] { load_scenario(bad); });
+  EXPECT_HAS(malformed, "bad.toml: line 3");
+  EXPECT_HAS(malformed, "malformed TOML");
+  const std::string twice = write("twice.toml", "[zero]\noverlap_comm = true\noverlap_comm = 1\n");
+  EXPECT_HAS(error_of([&] { load_scenario(twice); }), "twice.toml: line 3");
+}
+
+TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
+  const std::string key = load_error("[zero]\noverlap_com = false\n");
+  EXPECT_HAS(key, "s.toml: zero.overlap_com: unknown key; did you mean 'zero.overlap_comm'?");
+  EXPECT_HAS(key, "allowed in [zero]: ds_config, zero_hpz_partition_size,");
+  const std::string section = load_error("[zeroo]\noverlap_comm = false\n");
+  EXPECT_HAS(section,
+             "s.toml: zeroo.overlap_comm: unknown section 'zeroo'; did you mean "
+             "'zero.overlap_comm'?");
+  EXPECT_HAS(section, "(allowed: cluster, model, training, zero, run, bugs)");
+  EXPECT_HAS(load_error("[cluster]\nseq_len = 4\n"), "did you mean 'training.seq_len'?");
+  const std::string top = write("top.toml", "nodes = 2\n[model]\npreset = \"tiny\"\n");
+  EXPECT_HAS(error_of([&] { load_scenario(top); }),
+             "top.toml: nodes: a key must belong to a section; did you mean 'cluster.nodes'?");
+  const std::string far = load_error("[run]\ncolour = 1\n");
+  EXPECT_HAS(far, "run.colour: unknown key (allowed in [run]: variant, fill, seed, steps)");
+}
+
+TEST_F(ScenarioFile, WrongTypes) {
+  EXPECT_HAS(load_error("[zero]\noverlap_comm = \"yes\"\n"),
+             "s.toml: zero.overlap_comm: expected a boolean (true or false), got 'yes'");
+  EXPECT_HAS(load_error("[zero]\noverlap_comm = 1\n"), "expected a boolean (true or false), got 1");
+  EXPECT_HAS(load_error("[cluster]\nnodes = 2.5\n"),
+             "s.toml: cluster.nodes: expected an integer (a whole number), got 2.5");
+  EXPECT_HAS(load_error("[cluster]\nnodes = \"2\"\n"), "cluster.nodes: expected an integer");
+  EXPECT_HAS(load_error("[cluster]\nnic_gbps = \"fast\"\n"), "cluster.nic_gbps: expected a number");
+  EXPECT_HAS(load_error("[run]\nvariant = 2\n"), "run.variant: expected a string, got 2");
+  EXPECT_HAS(load_error("[zero.offload_param]\ndevice = \"cpu\"\n"),
+             "zero.offload_param: expected a boolean (true or false), got a table");
+  EXPECT_HAS(load_error("[cluster]\nnodes = [2]\n"), "expected an integer, got an array");
+  EXPECT_HAS(load_error("[cluster]\nnodes = 3000000000\n"), "out of range");
+  EXPECT_HAS(load_error("[run]\nseed = -1\n"), "run.seed: must be a non-negative integer");
+}
+
+TEST_F(ScenarioFile, SizesAndWorld) {
+  EXPECT_HAS(load_error("[zero]\nzero_hpz_partition_size = 3\n"),
+             "zero.zero_hpz_partition_size: 3 does not divide the world size 16 (nodes x "
+             "gpus_per_node) (allowed: 1, 2, 4, 8, 16)");
+  EXPECT_HAS(load_error("[zero]\nzero_hpz_partition_size = 32\n"),
+             "zero.zero_hpz_partition_size: 32 is larger than the world size 16");
+  EXPECT_HAS(load_error("[zero]\nzero_hpz_partition_size = 0\n"), "must be at least 1, got 0");
+  EXPECT_HAS(load_error("[cluster]\nnodes = 0\n"), "s.toml: cluster.nodes: must be at least 1");
+  EXPECT_HAS(load_error("[cluster]\ngpus_per_node = -8\n"), "cluster.gpus_per_node: must be");
+  EXPECT_HAS(load_error("[cluster]\nnic_gbps = 0\n"),
+             "cluster.nic_gbps: must be a positive number of Gbit/s, got 0");
+  EXPECT_HAS(load_error("[cluster]\nnvlink_gbytes_per_s = -600\n"), "cluster.nvlink_gbytes_per_s");
+  EXPECT_HAS(load_error("[cluster]\nnvlink_gbytes_per_s = inf\n"), "must be a positive number");
+  EXPECT_HAS(load_error("[cluster]\ninternode_latency_us = -1\n"), "must be a non-negative");
+  EXPECT_HAS(load_error("[cluster]\nnics_per_node = 0\n"), "cluster.nics_per_node");
+  EXPECT_HAS(load_error("[training]\nseq_len = 0\n"), "training.seq_len: must be at least 1");
+  EXPECT_HAS(load_error("[run]\nsteps = 0\n"), "run.steps: must be at least 1, got 0");
+  EXPECT_HAS(load_error("[zero]\nstage3_prefetch_bucket_size = -1\n"), "must be at least 0");
+}
+
+TEST_F(ScenarioFile, PresetsAndEnums) {
+  const std::string gpu = load_error("[cluster]\ngpu = \"h100\"\n");
+  EXPECT_HAS(gpu, "s.toml: cluster.gpu: unknown value 'h100'; did you mean 'h100-sxm'?");
+  EXPECT_HAS(gpu, "(allowed: a100-80g, h100-sxm, h200)");
+  const std::string model = load_error("[model]\npreset = \"llama-7b\"\n");
+  EXPECT_HAS(model, "model.preset: unknown value 'llama-7b'; did you mean 'llama2-7b'?");
+  EXPECT_HAS(model, "(allowed: llama2-7b, llama2-13b, llama2-70b, falcon-40b, tiny)");
+  EXPECT_HAS(load_error("[training]\ndtype = \"int8\"\n"),
+             "training.dtype: unknown value 'int8' (allowed: bf16, fp16, fp32)");
+  EXPECT_HAS(load_error("[run]\nfill = \"nans\"\n"),
+             "run.fill: unknown value 'nans'; did you mean 'nan'? (allowed: nan, stale, zero)");
+  EXPECT_HAS(load_error("[model]\npreset = \"tiny\"\nhf_config = \"x.json\"\n"),
+             "give either model.preset or model.hf_config, not both");
+}
+
+TEST_F(ScenarioFile, ModelShape) {
+  EXPECT_HAS(load_error("[model]\npreset = \"tiny\"\nheads = 5\n"),
+             "model.heads: 5 heads do not divide hidden = 64");
+  EXPECT_HAS(load_error("[model]\npreset = \"tiny\"\nkv_heads = 3\n"),
+             "model.kv_heads: 3 key/value heads do not divide heads = 4");
+  EXPECT_HAS(load_error("[model]\npreset = \"tiny\"\nlayers = 0\n"),
+             "model.layers: must be at least 1");
+  const std::string missing = load_error("[model]\nlayers = 2\nhidden = 64\nheads = 4\n");
+  EXPECT_HAS(missing, "s.toml: model.ffn: missing: ffn, vocab");
+  EXPECT_HAS(missing, "presets: llama2-7b,");
+  EXPECT_HAS(load_error("[cluster]\nnodes = 1\n[model]\n"), "model.layers: missing");
+}
+
+TEST_F(ScenarioFile, BugsInRange) {
+  EXPECT_HAS(load_error("[bugs]\ncheckpoint_load_at_step = 2\n"),
+             "bugs.checkpoint_load_at_step: 2 is out of range (allowed: -1 for no load, or 0 to 1");
+  EXPECT_HAS(load_error("[bugs]\ncheckpoint_load_at_step = -2\n"), "out of range");
+  EXPECT_HAS(load_error("[bugs]\nsecondary_mismatch_rank = 16\n"),
+             "bugs.secondary_mismatch_rank: 16 is out of range (allowed: -1 for none, or a rank 0 "
+             "to 15");
+  EXPECT_NO_THROW(load("[run]\nsteps = 3\n[bugs]\ncheckpoint_load_at_step = 2\n"));
+}
+
+TEST(Validate, ScenariosBuiltInCode) {
+  Scenario s;
+  s.model = model_preset("tiny");
+  s.cluster.gpu = gpu_preset("h100-sxm");
+  EXPECT_NO_THROW(validate(s));
+  s.zero.zero_hpz_partition_size = 5;
+  EXPECT_HAS(error_of([&] { validate(s); }), "zero.zero_hpz_partition_size: 5 does not divide");
+  s.zero.zero_hpz_partition_size = 8;
+  s.training.dtype = "bf8";
+  EXPECT_HAS(error_of([&] { validate(s); }), "training.dtype: unknown value 'bf8'");
+}
+
+TEST(Names, ToString) {
+  EXPECT_STREQ(to_string(Variant::kStock), "stock");
+  EXPECT_STREQ(to_string(Variant::kHostSync), "host-sync");
+  EXPECT_STREQ(to_string(Variant::kEventWait), "event-wait");
+  EXPECT_STREQ(to_string(Fill::kNan), "nan");
+  EXPECT_STREQ(to_string(Fill::kStale), "stale");
+  EXPECT_STREQ(to_string(Fill::kZero), "zero");
+}
+
+}  // namespace
+}  // namespace hpz
