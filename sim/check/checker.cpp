@@ -1,0 +1,540 @@
+#include "sim/check/checker.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "sim/check/byte_history.hpp"
+#include "sim/check/clock.hpp"
+#include "sim/check/finding_log.hpp"
+
+namespace hpz::check {
+namespace {
+
+constexpr std::int64_t kNotPending = -1;
+
+int thread_of(StreamId s) { return s == kHostStream ? 0 : 1 + s; }
+
+bool versioned(BufferRole role) {
+  return role == BufferRole::kPrimary || role == BufferRole::kSecondary ||
+         role == BufferRole::kFull || role == BufferRole::kQuantized;
+}
+
+/** One buffer of one rank: its current lifetime's bytes and data version. */
+struct BufferState {
+  ByteHistory history;
+  std::uint32_t version = 0;  ///< 0: holds no tracked parameter data
+  std::uint32_t alloc_op = kNoOp;
+  std::uint32_t last_writer = kNoOp;
+  bool live = false;
+};
+
+/** A recorded event, kept until its last wait. */
+struct EventSnapshot {
+  Clock clock;
+  std::uint32_t waits_left = 0;
+};
+
+/** Everything the checker tracks for one rank while walking its ops in host order. */
+struct RankState {
+  const RankSchedule* schedule = nullptr;
+  std::uint32_t next = 0;  ///< next op to process
+  Clock host;
+  std::vector<Clock> streams;
+  std::uint32_t host_gen = 1;              ///< bumped whenever the host's clock changes
+  std::vector<std::uint32_t> stream_gen;   ///< host_gen each stream last absorbed
+  std::vector<std::int64_t> pending;       ///< per stream: incomplete collective, or kNotPending
+  std::vector<BufferState> buffers;
+  std::unordered_map<EventId, std::uint32_t> waits;  ///< waits still to come, per event
+  std::unordered_map<EventId, EventSnapshot> events;
+  std::vector<std::uint32_t> group_seq;      ///< collectives issued, per group
+  std::vector<std::uint32_t> group_last_op;  ///< last collective op issued, per group
+  std::vector<std::uint32_t> unit_version;
+  std::vector<std::uint32_t> unit_writer;  ///< the op that last wrote the unit's primary shard
+  bool blocked = false;
+  bool done = false;
+};
+
+/** One rank's arrival at a collective. */
+struct Arrival {
+  Rank rank = 0;
+  std::uint32_t op = 0;
+  StreamId stream = 0;
+  Clock start;
+};
+
+/** The k-th collective of one group, while its members arrive. */
+struct Instance {
+  std::vector<Arrival> arrivals;
+};
+
+std::uint64_t instance_key(GroupId g, std::uint32_t seq) {
+  return (static_cast<std::uint64_t>(g) << 32) | seq;
+}
+
+std::string mib(std::uint64_t bytes) {
+  return fmt::format("{:.3g} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+std::string rank_list(const std::vector<Rank>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += j == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+class Checker {
+ public:
+  explicit Checker(const Schedule& schedule);
+  CheckResult run();
+
+ private:
+  void advance(RankState& rs);
+  bool step(RankState& rs, std::uint32_t index);
+  void absorb_host(RankState& rs, StreamId s);
+  void check_accesses(RankState& rs, std::uint32_t index, const Clock& clock, int thread);
+  void track_versions(RankState& rs, std::uint32_t index);
+  void lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index);
+  void arrive(RankState& rs, std::uint32_t index);
+  void complete(std::uint64_t key, bool forced);
+  void check_signatures(GroupId g, std::uint32_t seq, const Instance& inst);
+  void report_hang(GroupId g, std::uint32_t seq, const Instance& inst);
+  void report_leftovers();
+  [[noreturn]] void malformed(const RankState& rs, std::uint32_t index, const std::string& what) const;
+
+  const Schedule& schedule_;
+  ClockArena arena_;
+  FindingLog log_;
+  std::vector<RankState> ranks_;
+  std::map<std::uint64_t, Instance> instances_;  // ordered: deterministic forced completion
+  std::vector<bool> group_reported_;
+  std::deque<Rank> ready_;
+  CheckStats stats_;
+};
+
+int max_threads(const Schedule& s) {
+  std::size_t streams = 0;
+  for (const auto& r : s.ranks) streams = std::max(streams, r.streams.size());
+  if (streams + 1 > static_cast<std::size_t>(kMaxThreads)) {
+    throw std::invalid_argument(fmt::format("race checker: a rank has {} streams, at most {} supported",
+                                            streams, kMaxThreads - 1));
+  }
+  return static_cast<int>(streams) + 1;
+}
+
+Checker::Checker(const Schedule& schedule)
+    : schedule_(schedule),
+      arena_(static_cast<int>(schedule.ranks.size()), max_threads(schedule)),
+      log_(schedule),
+      ranks_(schedule.ranks.size()),
+      group_reported_(schedule.groups.size(), false) {
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    RankState& rs = ranks_[r];
+    const RankSchedule& sched = schedule.ranks[r];
+    if (sched.rank != static_cast<Rank>(r)) {
+      throw std::invalid_argument(fmt::format("malformed schedule: ranks[{}].rank is {}", r, sched.rank));
+    }
+    rs.schedule = &sched;
+    rs.host.remote.base = arena_.zero();
+    // Tick 1 for every own thread: tick 0 means "nothing known" in a clock.
+    rs.host.own[0] = 1;
+    rs.streams.assign(sched.streams.size(), Clock{RankTicks{}, rs.host.remote});
+    for (std::size_t s = 0; s < sched.streams.size(); ++s) rs.streams[s].own[1 + s] = 1;
+    rs.stream_gen.assign(sched.streams.size(), 0);
+    rs.pending.assign(sched.streams.size(), kNotPending);
+    rs.buffers.resize(sched.buffers.size());
+    rs.group_seq.assign(schedule.groups.size(), 0);
+    rs.group_last_op.assign(schedule.groups.size(), kNoOp);
+    rs.unit_version.assign(schedule.units.size(), 0);
+    rs.unit_writer.assign(schedule.units.size(), kNoOp);
+    for (const Op& op : sched.ops) {
+      if (op.kind == OpKind::kStreamWaitEvent) ++rs.waits[op.event];
+    }
+  }
+}
+
+void Checker::malformed(const RankState& rs, std::uint32_t index, const std::string& what) const {
+  throw std::invalid_argument(
+      fmt::format("malformed schedule: rank {} op #{}: {}", rs.schedule->rank, index, what));
+}
+
+CheckResult Checker::run() {
+  for (std::size_t r = 0; r < ranks_.size(); ++r) ready_.push_back(static_cast<Rank>(r));
+  while (true) {
+    while (!ready_.empty()) {
+      const Rank r = ready_.front();
+      ready_.pop_front();
+      advance(ranks_[r]);
+    }
+    if (instances_.empty()) break;
+    // Nobody can move: every incomplete collective is a hang. Report, then let the ranks that
+    // arrived go on so the rest of the schedule is still checked.
+    const bool anyone_blocked =
+        std::any_of(ranks_.begin(), ranks_.end(), [](const RankState& rs) { return rs.blocked; });
+    if (!anyone_blocked) {
+      report_leftovers();
+      break;
+    }
+    std::vector<std::uint64_t> keys;
+    for (const auto& [key, inst] : instances_) keys.push_back(key);
+    for (std::uint64_t key : keys) complete(key, true);
+  }
+  CheckResult result;
+  result.scenario = schedule_.scenario;
+  result.variant = schedule_.variant;
+  result.world_size = schedule_.world_size;
+  result.groups = log_.take();
+  stats_.clock_bases = arena_.base_count();
+  result.stats = stats_;
+  return result;
+}
+
+void Checker::advance(RankState& rs) {
+  const auto n = static_cast<std::uint32_t>(rs.schedule->ops.size());
+  while (rs.next < n) {
+    if (!step(rs, rs.next)) {
+      rs.blocked = true;
+      return;
+    }
+    ++rs.next;
+    ++stats_.ops;
+  }
+  rs.done = true;
+}
+
+void Checker::absorb_host(RankState& rs, StreamId s) {
+  if (rs.stream_gen[s] == rs.host_gen) return;
+  arena_.join(rs.streams[s], rs.host);
+  rs.stream_gen[s] = rs.host_gen;
+}
+
+bool Checker::step(RankState& rs, std::uint32_t index) {
+  const Op& op = rs.schedule->ops[index];
+  const auto nstreams = static_cast<StreamId>(rs.streams.size());
+  if (op.stream != kHostStream) {
+    if (op.stream < 0 || op.stream >= nstreams) malformed(rs, index, "no such stream");
+    // FIFO: nothing more happens on a stream whose collective still waits for its peers.
+    if (rs.pending[op.stream] != kNotPending) return false;
+  }
+  switch (op.kind) {
+    case OpKind::kHostStreamSync: {
+      if (op.stream == kHostStream) malformed(rs, index, "host stream sync names no stream");
+      Clock& s = rs.streams[op.stream];
+      absorb_host(rs, op.stream);
+      arena_.join(rs.host, s);
+      ++s.own[thread_of(op.stream)];
+      ++rs.host.own[0];
+      ++rs.host_gen;
+      return true;
+    }
+    case OpKind::kHostDeviceSync: {
+      for (StreamId s = 0; s < nstreams; ++s) {
+        if (rs.pending[s] != kNotPending) return false;
+      }
+      for (StreamId s = 0; s < nstreams; ++s) {
+        absorb_host(rs, s);
+        arena_.join(rs.host, rs.streams[s]);
+        ++rs.streams[s].own[thread_of(s)];
+      }
+      ++rs.host.own[0];
+      ++rs.host_gen;
+      return true;
+    }
+    case OpKind::kEventRecord: {
+      if (op.stream == kHostStream) malformed(rs, index, "event recorded on the host");
+      absorb_host(rs, op.stream);
+      Clock& s = rs.streams[op.stream];
+      auto waits = rs.waits.find(op.event);
+      if (waits != rs.waits.end() && waits->second > 0) {
+        rs.events[op.event] = EventSnapshot{s, waits->second};
+      }
+      ++s.own[thread_of(op.stream)];
+      return true;
+    }
+    case OpKind::kStreamWaitEvent: {
+      if (op.stream == kHostStream) malformed(rs, index, "event waited on the host");
+      absorb_host(rs, op.stream);
+      auto it = rs.events.find(op.event);
+      if (it == rs.events.end()) {
+        malformed(rs, index, fmt::format("waits for event {}, never recorded before", op.event));
+      }
+      arena_.join(rs.streams[op.stream], it->second.clock);
+      if (--it->second.waits_left == 0) rs.events.erase(it);
+      return true;
+    }
+    case OpKind::kAlloc:
+    case OpKind::kFree:
+      if (op.stream != kHostStream) absorb_host(rs, op.stream);
+      lifetime(rs, op, op.kind == OpKind::kAlloc, index);
+      return true;
+    default:
+      break;
+  }
+  if (is_collective(op.kind)) {
+    if (op.stream == kHostStream) malformed(rs, index, "collective on the host");
+    absorb_host(rs, op.stream);
+    check_accesses(rs, index, rs.streams[op.stream], thread_of(op.stream));
+    track_versions(rs, index);
+    arrive(rs, index);
+    return true;
+  }
+  if (op.stream == kHostStream) {
+    check_accesses(rs, index, rs.host, 0);
+    track_versions(rs, index);
+    if (op.access_count > 0) {
+      ++rs.host.own[0];
+      ++rs.host_gen;
+    }
+    return true;
+  }
+  absorb_host(rs, op.stream);
+  check_accesses(rs, index, rs.streams[op.stream], thread_of(op.stream));
+  track_versions(rs, index);
+  return true;
+}
+
+void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index) {
+  if (op.buffer >= rs.buffers.size()) malformed(rs, index, "allocation names no buffer");
+  BufferState& b = rs.buffers[op.buffer];
+  if (alloc) {
+    b.history.reset(rs.schedule->buffers[op.buffer].bytes);
+    b.alloc_op = index;
+    b.live = true;
+  } else {
+    b.history.clear();
+    b.alloc_op = kNoOp;
+    b.live = false;
+  }
+  b.version = 0;
+  b.last_writer = kNoOp;
+}
+
+void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& clock, int thread) {
+  const Rank r = rs.schedule->rank;
+  const Op& op = rs.schedule->ops[index];
+  const AccessStamp stamp{index, clock.own[thread], static_cast<std::uint8_t>(thread)};
+  auto ordered = [&clock](const AccessStamp& prior) { return clock.own[prior.thread] >= prior.tick; };
+  // One finding per (earlier op, buffer): an access split over several segments is one bug.
+  struct Seen {
+    std::uint32_t op;
+    BufferId buffer;
+  };
+  std::vector<Seen> seen;
+  for (const Access& a : schedule_.accesses_of(r, op)) {
+    ++stats_.accesses;
+    if (a.buffer >= rs.buffers.size()) malformed(rs, index, "no such buffer");
+    BufferState& b = rs.buffers[a.buffer];
+    if (!b.live) {
+      b.history.reset(rs.schedule->buffers[a.buffer].bytes);
+      b.live = true;
+    }
+    if (a.offset + a.bytes > b.history.size()) malformed(rs, index, "access past the end of its buffer");
+    bool uninit_seen = false;
+    std::uint64_t uninit_lo = 0;
+    std::uint64_t uninit_hi = 0;
+    b.history.access(
+        a.offset, a.offset + a.bytes, a.mode, stamp, ordered,
+        [&](const AccessStamp& prior, AccessMode prior_mode, std::uint64_t lo, std::uint64_t hi) {
+          const bool dup = std::any_of(seen.begin(), seen.end(), [&](const Seen& s) {
+            return s.op == prior.op && s.buffer == a.buffer;
+          });
+          if (dup) return;
+          seen.push_back({prior.op, a.buffer});
+          log_.race(r, prior.op, prior_mode, index, a.mode, a.buffer, std::max(lo, a.offset),
+                    std::min(hi, a.offset + a.bytes));
+        },
+        [&](std::uint64_t lo, std::uint64_t hi) {
+          lo = std::max(lo, a.offset);
+          hi = std::min(hi, a.offset + a.bytes);
+          if (!uninit_seen) {
+            uninit_seen = true;
+            uninit_lo = lo;
+          }
+          uninit_hi = hi;  // unwritten bytes from the first gap to the last, reported once
+        });
+    if (uninit_seen) log_.uninitialized(r, b.alloc_op, index, a.buffer, uninit_lo, uninit_hi);
+  }
+}
+
+void Checker::track_versions(RankState& rs, std::uint32_t index) {
+  const Rank r = rs.schedule->rank;
+  const Op& op = rs.schedule->ops[index];
+  const auto units = static_cast<UnitId>(rs.unit_version.size());
+  std::uint32_t read_version = 0;  // oldest version among the unit buffers read; 0 = none
+  for (const Access& a : schedule_.accesses_of(r, op)) {
+    if (a.mode != AccessMode::kRead) continue;
+    const Buffer& buf = rs.schedule->buffers[a.buffer];
+    const BufferState& b = rs.buffers[a.buffer];
+    if (!versioned(buf.role) || buf.unit < 0 || buf.unit >= units || b.version == 0) continue;
+    read_version = read_version == 0 ? b.version : std::min(read_version, b.version);
+    if (buf.role == BufferRole::kSecondary && b.version < rs.unit_version[buf.unit]) {
+      log_.stale(r, rs.unit_writer[buf.unit], b.last_writer, index, a.buffer);
+    }
+  }
+  bool bumped = false;
+  for (const Access& a : schedule_.accesses_of(r, op)) {
+    if (a.mode != AccessMode::kWrite) continue;
+    const Buffer& buf = rs.schedule->buffers[a.buffer];
+    BufferState& b = rs.buffers[a.buffer];
+    b.last_writer = index;
+    if (!versioned(buf.role) || buf.unit < 0 || buf.unit >= units) continue;
+    if (buf.role == BufferRole::kPrimary) {
+      if (!bumped) ++rs.unit_version[buf.unit];
+      bumped = true;
+      rs.unit_writer[buf.unit] = index;
+      b.version = rs.unit_version[buf.unit];
+    } else {
+      b.version = read_version != 0 ? read_version : rs.unit_version[buf.unit];
+    }
+  }
+}
+
+void Checker::arrive(RankState& rs, std::uint32_t index) {
+  const Op& op = rs.schedule->ops[index];
+  const Rank r = rs.schedule->rank;
+  if (op.group < 0 || op.group >= static_cast<GroupId>(schedule_.groups.size())) {
+    malformed(rs, index, "collective names no group");
+  }
+  const Group& g = schedule_.groups[op.group];
+  if (!std::binary_search(g.ranks.begin(), g.ranks.end(), r)) {
+    malformed(rs, index, fmt::format("collective on group {}, which rank {} is not in", g.name, r));
+  }
+  const std::uint32_t seq = rs.group_seq[op.group]++;
+  rs.group_last_op[op.group] = index;
+  const std::uint64_t key = instance_key(op.group, seq);
+  Clock& s = rs.streams[op.stream];
+  Instance& inst = instances_[key];
+  inst.arrivals.push_back(Arrival{r, index, op.stream, s});
+  // The start is what peers learn; later ops on the stream are not part of it.
+  ++s.own[thread_of(op.stream)];
+  rs.pending[op.stream] = static_cast<std::int64_t>(key);
+  if (inst.arrivals.size() == g.ranks.size()) complete(key, false);
+}
+
+void Checker::complete(std::uint64_t key, bool forced) {
+  auto it = instances_.find(key);
+  Instance inst = std::move(it->second);
+  instances_.erase(it);
+  const auto g = static_cast<GroupId>(key >> 32);
+  const auto seq = static_cast<std::uint32_t>(key & 0xffffffffu);
+  ++stats_.collectives;
+  if (forced) {
+    report_hang(g, seq, inst);
+  } else {
+    check_signatures(g, seq, inst);
+  }
+  std::vector<const Clock*> clocks;
+  std::vector<Rank> members;
+  for (const Arrival& a : inst.arrivals) {
+    clocks.push_back(&a.start);
+    members.push_back(a.rank);
+  }
+  const Knowledge met = arena_.rendezvous(clocks, members);
+  for (const Arrival& a : inst.arrivals) {
+    RankState& m = ranks_[a.rank];
+    Clock& s = m.streams[a.stream];
+    merge_ticks(s.own, arena_.ticks_of(met, a.rank));
+    arena_.join(s.remote, met);
+    std::erase_if(s.remote.delta, [&](const RemoteTicks& e) { return e.rank == a.rank; });
+    if (m.pending[a.stream] == static_cast<std::int64_t>(key)) m.pending[a.stream] = kNotPending;
+    if (m.blocked) {
+      m.blocked = false;
+      ready_.push_back(a.rank);
+    }
+  }
+}
+
+void Checker::check_signatures(GroupId g, std::uint32_t seq, const Instance& inst) {
+  if (group_reported_[g]) return;
+  auto signature = [&](const Arrival& a) {
+    const Op& op = schedule_.ranks[a.rank].ops[a.op];
+    return std::pair{op.kind, op.comm_bytes};
+  };
+  // The signature most members issued is "right"; the first other one is reported.
+  std::map<std::pair<OpKind, std::uint64_t>, std::vector<Rank>> by_sig;
+  for (const Arrival& a : inst.arrivals) by_sig[signature(a)].push_back(a.rank);
+  if (by_sig.size() == 1) return;
+  group_reported_[g] = true;
+  auto majority = std::max_element(by_sig.begin(), by_sig.end(), [](const auto& x, const auto& y) {
+    return x.second.size() < y.second.size();
+  });
+  const Arrival* good = nullptr;
+  const Arrival* odd = nullptr;
+  for (const Arrival& a : inst.arrivals) {
+    if (signature(a) == majority->first) {
+      if (!good) good = &a;
+    } else if (!odd) {
+      odd = &a;
+    }
+  }
+  const Op& gop = schedule_.ranks[good->rank].ops[good->op];
+  const Op& oop = schedule_.ranks[odd->rank].ops[odd->op];
+  std::vector<Rank> odd_ranks;
+  for (const auto& [sig, ranks] : by_sig) {
+    if (sig != majority->first) odd_ranks.insert(odd_ranks.end(), ranks.begin(), ranks.end());
+  }
+  std::sort(odd_ranks.begin(), odd_ranks.end());
+  log_.mismatch(g, seq, good->rank, good->op, odd->rank, odd->op,
+                fmt::format("ranks {} issue {} of {} but ranks {} issue {} of {}",
+                            rank_list(majority->second), to_string(gop.kind), mib(gop.comm_bytes),
+                            rank_list(odd_ranks), to_string(oop.kind), mib(oop.comm_bytes)));
+}
+
+void Checker::report_hang(GroupId g, std::uint32_t seq, const Instance& inst) {
+  if (group_reported_[g]) return;
+  group_reported_[g] = true;
+  const Group& grp = schedule_.groups[g];
+  std::vector<Rank> arrived;
+  for (const Arrival& a : inst.arrivals) arrived.push_back(a.rank);
+  std::sort(arrived.begin(), arrived.end());
+  std::vector<Rank> missing;
+  std::set_difference(grp.ranks.begin(), grp.ranks.end(), arrived.begin(), arrived.end(),
+                      std::back_inserter(missing));
+  const Rank m = missing.front();
+  const RankState& ms = ranks_[m];
+  const std::uint32_t at = ms.done ? ms.group_last_op[g] : ms.next;
+  const std::string doing =
+      ms.done ? fmt::format("finished after issuing only {} collectives on it", ms.group_seq[g])
+              : fmt::format("waits at op #{} for another collective", ms.next);
+  const Arrival& first = inst.arrivals.front();
+  const Op& fop = schedule_.ranks[first.rank].ops[first.op];
+  log_.mismatch(g, seq, first.rank, first.op, m, at,
+                fmt::format("ranks {} issue {} of {} but ranks {} never issue it (rank {} {})",
+                            rank_list(arrived), to_string(fop.kind), mib(fop.comm_bytes),
+                            rank_list(missing), m, doing));
+}
+
+void Checker::report_leftovers() {
+  // Every rank finished but some collectives were issued by only part of their group.
+  std::vector<std::uint64_t> keys;
+  for (const auto& [key, inst] : instances_) keys.push_back(key);
+  for (std::uint64_t key : keys) complete(key, true);
+}
+
+}  // namespace
+
+std::uint64_t CheckResult::count(FindingKind kind) const {
+  std::uint64_t n = 0;
+  for (const auto& g : groups) {
+    if (g.example.kind == kind) n += g.count;
+  }
+  return n;
+}
+
+std::size_t CheckResult::group_count(FindingKind kind) const {
+  return static_cast<std::size_t>(std::count_if(
+      groups.begin(), groups.end(), [kind](const FindingGroup& g) { return g.example.kind == kind; }));
+}
+
+CheckResult check_schedule(const Schedule& schedule) { return Checker(schedule).run(); }
+
+}  // namespace hpz::check

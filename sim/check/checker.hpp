@@ -1,0 +1,82 @@
+// The race checker: proves or refutes, independent of timing, that a schedule is free of
+// ordering bugs. `hpzlab check` runs it; CI runs it on every scheduling order.
+//
+// Happens-before (HB) is the smallest order that contains:
+//  - FIFO: an op on stream s happens after every op issued earlier on s.
+//  - Host issue order: a stream op happens after everything its host did before issuing it
+//    (host ops, and whatever the host learned from syncs). The host never waits for a stream op
+//    it merely issued.
+//  - Events: kEventRecord on s captures everything issued on s so far; kStreamWaitEvent on t makes
+//    every later op on t happen after that capture.
+//  - Host syncs: kHostStreamSync(s) orders everything issued on s before everything the host
+//    issues afterwards; kHostDeviceSync does the same for every stream of the rank.
+//  - Collectives as a rendezvous: the k-th collective a rank issues on a group is matched with
+//    the k-th of every other member; every member's collective completes after every member's
+//    started. Its accesses (own send bytes read, own receive bytes written) happen between its
+//    start and its completion, so they are checked against the *start*: an op known to precede
+//    only the completion (through another rank) still races with them.
+// HB is transitive across ranks: rank r's stream A may be ordered before its stream B only
+// through a chain of collectives with other ranks; the checker follows such chains exactly.
+//
+// It is computed with vector clocks (see clock.hpp): one component per thread (the host and each
+// stream) of every rank. Ranks are advanced together in host order; a rank stops when its next op
+// needs the completion of a collective whose peers have not arrived. If no rank can advance while
+// collectives are incomplete, the job would hang: a collective-mismatch finding, after which the
+// incomplete collectives are completed with the ranks that arrived and the check goes on.
+//
+// Rules (all per rank: each rank's ops only list that rank's bytes):
+//  - race: two accesses of overlapping bytes of one buffer lifetime, at least one a write, not
+//    ordered by HB. Ranges are byte-exact: disjoint slices never conflict, an overlapping view
+//    always does.
+//  - uninitialized-read: a read of bytes that no op issued since the buffer's kAlloc wrote
+//    (whatever the allocator's fill). A buffer accessed without a kAlloc is taken as allocated
+//    and unwritten at the start. kAlloc and kFree delimit lifetimes; they are not accesses.
+//  - stale-read: every write to a kPrimary buffer of unit u bumps u's version on that rank
+//    (init, optimizer step, checkpoint load). Any other write of a unit's kFull, kSecondary or
+//    kQuantized buffer takes the oldest version among the unit's buffers the op read (the
+//    current version when it read none). A read of a kSecondary buffer whose version is older
+//    than its unit's current version is stale (DeepSpeed issues 4851 and 7606). Versions follow
+//    host order; ordering problems are the race rule's business.
+//  - collective-mismatch: the members of a group disagree on the (kind, comm_bytes) of their
+//    k-th collective, or some never issue it (DeepSpeed issue 5030). Reported once per group, at
+//    the first differing position.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/check/finding.hpp"
+#include "sim/schedule.hpp"
+
+namespace hpz::check {
+
+/** Sizes of the work done, for benchmarks and the report's footer. */
+struct CheckStats {
+  std::uint64_t ops = 0;          ///< ops visited, all ranks
+  std::uint64_t accesses = 0;     ///< byte-range accesses checked
+  std::uint64_t collectives = 0;  ///< collective instances (one per group and position)
+  std::uint64_t clock_bases = 0;  ///< dense clock bases built
+};
+
+/** The verdict on one schedule. */
+struct CheckResult {
+  std::string scenario;  ///< Schedule::scenario
+  std::string variant;   ///< Schedule::variant
+  int world_size = 0;
+  std::vector<FindingGroup> groups;  ///< worst kind first, then most frequent
+  CheckStats stats;
+
+  /** Findings of one kind (every repetition counted). */
+  std::uint64_t count(FindingKind kind) const;
+  /** Groups of one kind. */
+  std::size_t group_count(FindingKind kind) const;
+  /** True when nothing was found. */
+  bool clean() const { return groups.empty(); }
+};
+
+/** Checks every rule on a schedule. Throws std::invalid_argument on a malformed schedule (an op
+ *  naming a stream, buffer, group or event that does not exist, an access past its buffer). */
+CheckResult check_schedule(const Schedule& schedule);
+
+}  // namespace hpz::check

@@ -1,0 +1,39 @@
+// Output formats for check results, behind one interface: one implementation per format, each
+// in its own file (text_report.cpp, json_report.cpp).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "sim/check/checker.hpp"
+
+namespace hpz::check {
+
+/** Turns the results of one `hpzlab check` run (one per scenario) into a document. */
+class Reporter {
+ public:
+  virtual ~Reporter() = default;
+  /** The whole document for these results. */
+  virtual std::string render(std::span<const CheckResult> results) const = 0;
+};
+
+/** For people: per scenario, a verdict line, the worst finding explained for a DeepSpeed user,
+ *  then every other group of findings with its count and span. */
+class TextReporter final : public Reporter {
+ public:
+  std::string render(std::span<const CheckResult> results) const override;
+  /** The report of one result. */
+  std::string render_one(const CheckResult& result) const;
+};
+
+/** For tools: {"clean", "scenarios": [...], "findings": [{"kind", "count", ...}]}. */
+class JsonReporter final : public Reporter {
+ public:
+  std::string render(std::span<const CheckResult> results) const override;
+};
+
+/** "0-7,9,12-15": a sorted set of integers as ranges. */
+std::string format_ranges(const std::set<int>& values);
+
+}  // namespace hpz::check

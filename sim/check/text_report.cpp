@@ -1,0 +1,153 @@
+// The human-readable report of `hpzlab check`.
+#include <fmt/format.h>
+
+#include "sim/check/finding_log.hpp"
+#include "sim/check/report.hpp"
+
+namespace hpz::check {
+namespace {
+
+bool is_hpz_copy_race(const Finding& f) {
+  return f.kind == FindingKind::kRace && f.role == BufferRole::kSecondary &&
+         (f.first.purpose == Purpose::kSecondaryPartitionCopy ||
+          f.second.purpose == Purpose::kSecondaryPartitionCopy);
+}
+
+// What the finding means, for someone who knows DeepSpeed but not happens-before.
+std::string explain(const Finding& f) {
+  switch (f.kind) {
+    case FindingKind::kRace:
+      if (is_hpz_copy_race(f)) {
+        return "This is the ZeRO++ hpZ race fixed in DeepSpeed v0.13.5 (PR 5216). After a layer's "
+               "forward, DeepSpeed copies this rank's slice of the weights into the secondary "
+               "shard on the compute stream and moves on; later the hpZ all-gather reads the "
+               "secondary shard on the all-gather stream, and nothing makes it wait for the copy. "
+               "When the compute stream is backlogged the gather sends uninitialized or stale "
+               "memory to every GPU of the node, backward computes garbage gradients, and the "
+               "loss turns NaN (or 0, or huge) within a step or two. Whether it shows depends on "
+               "timing: link speed, prefetch depth and batch size.";
+      }
+      return "Two GPU streams touch the same bytes with no event, stream wait or synchronization "
+             "between them, and at least one writes. Which one gets there first depends on "
+             "timing, so results can silently differ from run to run.";
+    case FindingKind::kStaleRead:
+      return "The hpZ secondary shard still holds weights from before the primary shard was "
+             "last written. The backward all-gather hands these old weights to the whole node, "
+             "so gradients are computed for weights that no longer exist: training quietly fails "
+             "to converge (DeepSpeed issue 4851, secondaries not invalidated after the optimizer "
+             "step) or the first step after loading a checkpoint has a much higher loss (issue "
+             "7606).";
+    case FindingKind::kUninitializedRead:
+      return "Part of a buffer is read although nothing wrote it since it was allocated: "
+             "torch.empty() returns whatever the caching allocator's block held. For a secondary "
+             "shard this is the copy-bounds bug fixed before DeepSpeed v0.13.5: when a parameter's "
+             "size is not divisible by the world size, some ranks never copy their slice, and the "
+             "hpZ gather spreads garbage to the node.";
+    case FindingKind::kCollectiveMismatch:
+      return "NCCL pairs the k-th collective of every rank of a group. Here the ranks disagree, "
+             "so the job hangs at this collective (or, if the sizes happen to match, exchanges "
+             "the wrong tensors). DeepSpeed issue 5030 is this hang: ranks disagreeing on whether "
+             "a secondary shard exists gather over different groups.";
+  }
+  return "";
+}
+
+std::string span_of(const FindingGroup& g) {
+  std::set<int> ranks(g.ranks.begin(), g.ranks.end());
+  std::string out = fmt::format("ranks {}", format_ranges(ranks));
+  if (!g.layers.empty()) out += fmt::format(", layers {}", format_ranges(g.layers));
+  out += fmt::format(", steps {}", format_ranges(g.steps));
+  return out;
+}
+
+std::string verdict_line(const CheckResult& r) {
+  const std::string name = fmt::format("{} [{}]", r.scenario.empty() ? "schedule" : r.scenario,
+                                       r.variant.empty() ? "?" : r.variant);
+  if (r.clean()) {
+    return fmt::format("{}: clean: no race, stale-read, uninitialized-read or collective-mismatch "
+                       "({} ranks, {} ops, {} collectives checked)\n",
+                       name, r.world_size, r.stats.ops, r.stats.collectives);
+  }
+  std::uint64_t total = 0;
+  std::string kinds;
+  for (FindingKind k : kAllKinds) {
+    const std::uint64_t n = r.count(k);
+    if (n == 0) continue;
+    total += n;
+    const std::size_t groups = r.group_count(k);
+    kinds += fmt::format("{}{} {} ({} group{})", kinds.empty() ? "" : ", ", n, to_string(k), groups,
+                         groups == 1 ? "" : "s");
+  }
+  return fmt::format("{}: {} finding{}: {}\n", name, total, total == 1 ? "" : "s", kinds);
+}
+
+std::string describe_group(const FindingGroup& g) {
+  const Finding& f = g.example;
+  std::string out;
+  if (f.kind == FindingKind::kCollectiveMismatch) {
+    out += fmt::format("  expected: {}\n", describe(f.first));
+    out += fmt::format("  but:      {}\n", describe(f.second));
+  } else {
+    const char* first_role = f.kind == FindingKind::kRace               ? "first: "
+                             : f.kind == FindingKind::kStaleRead        ? "primary written by:"
+                                                                        : "allocated by:";
+    out += fmt::format("  {} {}\n", first_role, describe(f.first));
+    out += fmt::format("  {} {}\n", f.kind == FindingKind::kRace ? "second:" : "read by:",
+                       describe(f.second));
+    out += fmt::format("  buffer: {}\n", describe_bytes(f));
+  }
+  out += fmt::format("  what:   {}\n", f.detail);
+  out += fmt::format("  fix:    {}\n", f.fix);
+  return out;
+}
+
+}  // namespace
+
+std::string format_ranges(const std::set<int>& values) {
+  std::string out;
+  for (auto it = values.begin(); it != values.end();) {
+    const int lo = *it;
+    int hi = lo;
+    auto next = std::next(it);
+    while (next != values.end() && *next == hi + 1) {
+      hi = *next;
+      ++next;
+    }
+    if (!out.empty()) out += ",";
+    out += lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
+    it = next;
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string TextReporter::render_one(const CheckResult& r) const {
+  std::string out = verdict_line(r);
+  if (r.clean()) return out;
+  const FindingGroup& worst = r.groups.front();
+  out += fmt::format("\nWorst: {}, {} time{} ({})\n", to_string(worst.example.kind), worst.count,
+                     worst.count == 1 ? "" : "s", span_of(worst));
+  out += fmt::format("  {}\n", explain(worst.example));
+  out += describe_group(worst);
+  if (r.groups.size() > 1) {
+    out += fmt::format("\nOther findings ({} group{}):\n", r.groups.size() - 1,
+                       r.groups.size() == 2 ? "" : "s");
+    for (std::size_t i = 1; i < r.groups.size(); ++i) {
+      const FindingGroup& g = r.groups[i];
+      out += fmt::format("\n- {}, {} time{} ({})\n", to_string(g.example.kind), g.count,
+                         g.count == 1 ? "" : "s", span_of(g));
+      out += describe_group(g);
+    }
+  }
+  return out;
+}
+
+std::string TextReporter::render(std::span<const CheckResult> results) const {
+  std::string out;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (i > 0) out += "\n";
+    out += render_one(results[i]);
+  }
+  return out;
+}
+
+}  // namespace hpz::check

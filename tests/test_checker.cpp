@@ -1,0 +1,578 @@
+// The race checker: each rule on small hand-built schedules (including what must NOT be
+// reported), the verdicts on every shipped scenario, and the text report's golden output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "sim/builder.hpp"
+#include "sim/check/checker.hpp"
+#include "sim/check/report.hpp"
+#include "sim/scenario.hpp"
+
+namespace hpz::check {
+namespace {
+
+Access R(BufferId b, std::uint64_t offset, std::uint64_t bytes) {
+  return {b, AccessMode::kRead, offset, bytes};
+}
+Access W(BufferId b, std::uint64_t offset, std::uint64_t bytes) {
+  return {b, AccessMode::kWrite, offset, bytes};
+}
+
+/** Appends ops, buffers and accesses to a hand-built Schedule. */
+class Builder {
+ public:
+  /** `ranks` ranks of three streams each (S0, S1, S2) and the world group (id 0). */
+  explicit Builder(int ranks) {
+    s_.scenario = "hand-built";
+    s_.variant = "test";
+    s_.world_size = ranks;
+    s_.groups.push_back({"world", GroupKind::kWorld, {}});
+    for (Rank r = 0; r < ranks; ++r) {
+      RankSchedule rs;
+      rs.rank = r;
+      rs.streams = {{"S0"}, {"S1"}, {"S2"}};
+      s_.ranks.push_back(rs);
+      s_.groups[0].ranks.push_back(r);
+    }
+    s_.units.push_back({"layers.0.attn", 0, 1024, 1024, 512, 512, 0, false});
+  }
+
+  GroupId group(std::vector<Rank> ranks, GroupKind kind = GroupKind::kHpz) {
+    s_.groups.push_back({"g" + std::to_string(s_.groups.size()), kind, std::move(ranks)});
+    return static_cast<GroupId>(s_.groups.size() - 1);
+  }
+
+  /** The same buffer on every rank. */
+  BufferId buffer(const std::string& name, std::uint64_t bytes,
+                  BufferRole role = BufferRole::kScratch, UnitId unit = kNoUnit) {
+    for (auto& rs : s_.ranks) rs.buffers.push_back({name, role, unit, bytes, false});
+    return static_cast<BufferId>(s_.ranks[0].buffers.size() - 1);
+  }
+
+  Op& op(Rank r, StreamId s, std::initializer_list<Access> acc, OpKind kind = OpKind::kKernel,
+         Purpose p = Purpose::kForwardCompute) {
+    RankSchedule& rs = s_.ranks[r];
+    Op o;
+    o.kind = kind;
+    o.stream = s;
+    o.purpose = p;
+    o.phase = Phase::kForward;
+    o.unit = 0;
+    o.access_begin = static_cast<std::uint32_t>(rs.accesses.size());
+    for (const Access& a : acc) rs.accesses.push_back(a);
+    o.access_count = static_cast<std::uint32_t>(acc.size());
+    rs.ops.push_back(o);
+    return rs.ops.back();
+  }
+  EventId record(Rank r, StreamId s) {
+    Op& o = op(r, s, {}, OpKind::kEventRecord);
+    o.event = next_event_++;
+    return o.event;
+  }
+  void wait(Rank r, StreamId s, EventId e) { op(r, s, {}, OpKind::kStreamWaitEvent).event = e; }
+  void host_sync(Rank r, StreamId s) { op(r, s, {}, OpKind::kHostStreamSync); }
+  void device_sync(Rank r) { op(r, kHostStream, {}, OpKind::kHostDeviceSync); }
+  void alloc(Rank r, StreamId s, BufferId b) { op(r, s, {}, OpKind::kAlloc).buffer = b; }
+  void free(Rank r, StreamId s, BufferId b) { op(r, s, {}, OpKind::kFree).buffer = b; }
+  Op& collective(Rank r, StreamId s, GroupId g, std::initializer_list<Access> acc,
+                 std::uint64_t bytes = 64, OpKind kind = OpKind::kAllGather) {
+    Op& o = op(r, s, acc, kind, Purpose::kParamFetch);
+    o.group = g;
+    o.comm_bytes = bytes;
+    return o;
+  }
+
+  CheckResult check() const { return check_schedule(s_); }
+  Schedule& schedule() { return s_; }
+
+ private:
+  Schedule s_;
+  EventId next_event_ = 0;
+};
+
+std::uint64_t total(const CheckResult& r) {
+  std::uint64_t n = 0;
+  for (FindingKind k : kAllKinds) n += r.count(k);
+  return n;
+}
+
+// ---- race ----
+
+TEST(Race, UnorderedWriteAndReadOnTwoStreamsIsReported) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 256);
+  b.op(0, 0, {W(x, 0, 256)});
+  b.op(0, 1, {R(x, 0, 256)});
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(total(r), 1u);
+  const Finding& f = r.groups[0].example;
+  EXPECT_EQ(f.first.stream, "S0");
+  EXPECT_EQ(f.second.stream, "S1");
+  EXPECT_EQ(f.first.index, 0u);
+  EXPECT_EQ(f.second.index, 1u);
+  EXPECT_EQ(f.buffer, "x");
+  EXPECT_EQ(f.offset, 0u);
+  EXPECT_EQ(f.bytes, 256u);
+  EXPECT_NE(f.fix.find("record an event on S0"), std::string::npos) << f.fix;
+  EXPECT_NE(f.fix.find("make S1 wait"), std::string::npos) << f.fix;
+}
+
+TEST(Race, WriteAfterUnorderedReadIsReported) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 256);
+  b.op(0, kHostStream, {W(x, 0, 256)});
+  b.op(0, 0, {R(x, 0, 256)});
+  b.op(0, 1, {W(x, 0, 256)});
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(r.groups[0].example.first_mode, AccessMode::kRead);
+  EXPECT_EQ(r.groups[0].example.second_mode, AccessMode::kWrite);
+}
+
+TEST(Race, DisjointSlicesOfOneBufferDoNotConflict) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 256);
+  b.op(0, 0, {W(x, 0, 128)});
+  b.op(0, 1, {W(x, 128, 128)});
+  b.op(0, 2, {R(x, 128, 64)});  // ordered? no, but S1 wrote it: a race with S1 only
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(r.groups[0].example.first.stream, "S1");
+  EXPECT_EQ(r.groups[0].example.offset, 128u);
+}
+
+TEST(Race, OverlappingViewsConflictEvenWithDifferentStartPointers) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 1024);
+  b.op(0, kHostStream, {W(x, 0, 1024)});
+  b.op(0, 0, {W(x, 256, 256)});  // a copy into a slice
+  b.op(0, 1, {R(x, 0, 1024)});   // a gather reading the whole view
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(r.groups[0].example.offset, 256u);
+  EXPECT_EQ(r.groups[0].example.bytes, 256u);
+}
+
+TEST(Race, ReadsNeverConflictWithReads) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, kHostStream, {W(x, 0, 64)});
+  b.op(0, 0, {R(x, 0, 64)});
+  b.op(0, 1, {R(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, FifoOrdersOpsOfOneStream) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.op(0, 0, {R(x, 0, 64)});
+  b.op(0, 0, {W(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, EventRecordedAfterTheWriteOrdersIt) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.wait(0, 1, b.record(0, 0));
+  b.op(0, 1, {R(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, EventRecordedBeforeTheWriteDoesNotOrderIt) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  const EventId e = b.record(0, 0);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.wait(0, 1, e);
+  b.op(0, 1, {R(x, 0, 64)});
+  EXPECT_EQ(b.check().count(FindingKind::kRace), 1u);
+}
+
+TEST(Race, EventsAreTransitive) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.wait(0, 1, b.record(0, 0));
+  b.wait(0, 2, b.record(0, 1));
+  b.op(0, 2, {R(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, HostStreamSyncOrdersLaterIssuedWork) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.host_sync(0, 0);
+  b.op(0, 1, {R(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, HostSyncOfTheWrongStreamDoesNotOrder) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.host_sync(0, 2);
+  b.op(0, 1, {R(x, 0, 64)});
+  EXPECT_EQ(b.check().count(FindingKind::kRace), 1u);
+}
+
+TEST(Race, DeviceSyncOrdersEveryStream) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  const BufferId y = b.buffer("y", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.op(0, 2, {W(y, 0, 64)});
+  b.device_sync(0);
+  b.op(0, 1, {R(x, 0, 64), W(y, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, HostReadAfterUnsyncedStreamWriteIsReported) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.op(0, kHostStream, {R(x, 0, 64)});
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_NE(r.groups[0].example.fix.find("host synchronize S0"), std::string::npos);
+}
+
+TEST(Race, CollectiveRendezvousOrdersTwoOpsOfOneRank) {
+  // Rank 0 writes x on S0 then joins collective A on S0; rank 1 finishes A, its host waits for
+  // it and issues collective B; rank 0's B on S1 completes after rank 1's B started, so rank
+  // 0's read of x on S1 after B is ordered after the write only through rank 1.
+  for (bool rank1_syncs : {true, false}) {
+    Builder b(2);
+    const BufferId x = b.buffer("x", 64);
+    const BufferId send = b.buffer("send", 64);
+    const GroupId g = b.group({0, 1});
+    const GroupId h = b.group({0, 1});
+    b.op(0, kHostStream, {W(send, 0, 64)});
+    b.op(0, 0, {W(x, 0, 64)});
+    b.collective(0, 0, g, {});
+    b.collective(0, 1, h, {});
+    b.op(0, 1, {R(x, 0, 64)});
+    b.collective(1, 0, g, {});
+    if (rank1_syncs) b.host_sync(1, 0);
+    b.collective(1, 1, h, {});
+    const CheckResult r = b.check();
+    EXPECT_EQ(r.count(FindingKind::kRace), rank1_syncs ? 0u : 1u) << rank1_syncs;
+    EXPECT_EQ(total(r), rank1_syncs ? 0u : 1u);
+  }
+}
+
+TEST(Race, RendezvousOrdersOnlyTheCompletionNotTheCollectivesOwnAccess) {
+  // Rank 0's write on S0 reaches rank 1 through collective A; rank 1 then starts B. Rank 0's B
+  // on S1 reads x: it may read before rank 1 arrives, so it still races with the write.
+  Builder b(2);
+  const BufferId x = b.buffer("x", 64);
+  const GroupId g = b.group({0, 1});
+  const GroupId h = b.group({0, 1});
+  b.op(0, 0, {W(x, 0, 64)});
+  b.collective(0, 0, g, {});
+  b.collective(0, 1, h, {R(x, 0, 64)});
+  b.collective(1, 0, g, {});
+  b.host_sync(1, 0);
+  b.collective(1, 1, h, {});
+  EXPECT_EQ(b.check().count(FindingKind::kRace), 1u);
+}
+
+TEST(Race, WorldSizedRendezvousChainsAcrossManyRanks) {
+  // 96 ranks (past the sparse-clock limit): rank 0's write is known to rank 95 through a world
+  // collective; rank 95's host syncs and joins a pair collective with rank 0, whose later
+  // read on another stream is then ordered.
+  const int n = 96;
+  Builder b(n);
+  const BufferId x = b.buffer("x", 64);
+  const GroupId pair = b.group({0, n - 1});
+  b.op(0, 0, {W(x, 0, 64)});
+  for (Rank r = 0; r < n; ++r) b.collective(r, 0, 0, {}, 4, OpKind::kAllReduce);
+  b.host_sync(n - 1, 0);
+  b.collective(n - 1, 1, pair, {});
+  b.collective(0, 1, pair, {});
+  b.op(0, 1, {R(x, 0, 64)});
+  const CheckResult r = b.check();
+  EXPECT_TRUE(r.clean());
+  EXPECT_EQ(r.stats.collectives, 2u);
+}
+
+TEST(Race, RepeatsAreGroupedWithACount) {
+  Builder b(2);
+  for (int i = 0; i < 80; ++i) {
+    const BufferId x = b.buffer("x" + std::to_string(i), 64);
+    for (Rank r = 0; r < 2; ++r) {
+      b.op(r, 0, {W(x, 0, 64)});
+      b.op(r, 1, {R(x, 0, 64)});
+    }
+  }
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].count, 160u);
+  EXPECT_EQ(r.groups[0].ranks.size(), 2u);
+}
+
+// ---- uninitialized-read ----
+
+TEST(Uninitialized, ReadOfFreshAllocationIsReported) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.alloc(0, 0, x);
+  b.op(0, 0, {W(x, 0, 32)});
+  b.op(0, 0, {R(x, 0, 64)});
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kUninitializedRead), 1u);
+  EXPECT_EQ(total(r), 1u);
+  EXPECT_EQ(r.groups[0].example.offset, 32u);
+  EXPECT_EQ(r.groups[0].example.bytes, 32u);
+  EXPECT_EQ(r.groups[0].example.first.kind, OpKind::kAlloc);
+}
+
+TEST(Uninitialized, FullyWrittenBufferIsClean) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.alloc(0, 0, x);
+  b.op(0, 0, {W(x, 0, 32)});
+  b.op(0, 0, {W(x, 32, 32)});
+  b.op(0, 0, {R(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Uninitialized, ANewAllocationForgetsEarlierWrites) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.alloc(0, 0, x);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.free(0, 0, x);
+  b.alloc(0, 0, x);
+  b.op(0, 0, {R(x, 0, 64)});
+  EXPECT_EQ(b.check().count(FindingKind::kUninitializedRead), 1u);
+}
+
+TEST(Uninitialized, AccessesInDifferentLifetimesNeverRace) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.alloc(0, 0, x);
+  b.op(0, 0, {W(x, 0, 64)});
+  b.free(0, 0, x);
+  b.alloc(0, 1, x);
+  b.op(0, 1, {W(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+// ---- stale-read ----
+
+struct StaleFixture {
+  Builder b{1};
+  BufferId primary = b.buffer("u.primary", 64, BufferRole::kPrimary, 0);
+  BufferId full = b.buffer("u.full", 128, BufferRole::kFull, 0);
+  BufferId secondary = b.buffer("u.secondary", 64, BufferRole::kSecondary, 0);
+
+  void gather_and_copy() {
+    b.op(0, 0, {R(primary, 0, 64), W(full, 0, 128)});
+    b.op(0, 0, {R(full, 0, 64), W(secondary, 0, 64)}, OpKind::kCopy,
+         Purpose::kSecondaryPartitionCopy);
+  }
+  void optimizer() { b.op(0, 0, {R(primary, 0, 64), W(primary, 0, 64)}).purpose = Purpose::kOptimizerStep; }
+  void read_secondary() { b.op(0, 0, {R(secondary, 0, 64), W(full, 0, 128)}); }
+};
+
+TEST(Stale, SecondaryReadAfterThePrimaryChangedIsReported) {
+  StaleFixture s;
+  s.b.op(0, 0, {W(s.primary, 0, 64)});
+  s.gather_and_copy();
+  s.optimizer();
+  s.read_secondary();
+  const CheckResult r = s.b.check();
+  ASSERT_EQ(r.count(FindingKind::kStaleRead), 1u);
+  EXPECT_EQ(total(r), 1u);
+  EXPECT_EQ(r.groups[0].example.first.purpose, Purpose::kOptimizerStep);
+}
+
+TEST(Stale, InvalidatedAndRecopiedSecondaryIsClean) {
+  StaleFixture s;
+  s.b.op(0, 0, {W(s.primary, 0, 64)});
+  s.gather_and_copy();
+  s.optimizer();
+  s.b.free(0, 0, s.secondary);
+  s.b.alloc(0, 0, s.secondary);
+  s.gather_and_copy();
+  s.read_secondary();
+  EXPECT_TRUE(s.b.check().clean());
+}
+
+TEST(Stale, OnlySecondaryShardsAreStale) {
+  StaleFixture s;
+  s.b.op(0, 0, {W(s.primary, 0, 64)});
+  s.gather_and_copy();
+  s.optimizer();
+  s.b.op(0, 0, {R(s.full, 0, 128)});  // the old full parameter: not a stale-read
+  EXPECT_TRUE(s.b.check().clean());
+}
+
+// ---- collective-mismatch ----
+
+TEST(Mismatch, DifferentSizesAtOnePositionAreReported) {
+  Builder b(2);
+  b.collective(0, 0, 0, {}, 100);
+  b.collective(1, 0, 0, {}, 200);
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kCollectiveMismatch), 1u);
+  EXPECT_EQ(total(r), 1u);
+  EXPECT_EQ(r.groups[0].example.group, "world");
+  EXPECT_EQ(r.groups[0].example.position, 0u);
+}
+
+TEST(Mismatch, AMissingCollectiveIsAHang) {
+  Builder b(2);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, kHostStream, {W(x, 0, 64)});
+  b.collective(0, 0, 0, {});
+  b.op(0, 0, {R(x, 0, 64)});  // blocked behind the collective until it is forced
+  b.collective(1, 0, 0, {});
+  b.collective(1, 0, 0, {});
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kCollectiveMismatch), 1u);
+  EXPECT_EQ(total(r), 1u);
+  EXPECT_EQ(r.groups[0].example.position, 1u);
+}
+
+TEST(Mismatch, CrossedOrderOnTwoGroupsDeadlocksButCheckingGoesOn) {
+  Builder b(2);
+  const GroupId g = b.group({0, 1});
+  const BufferId x = b.buffer("x", 64);
+  b.collective(0, 0, 0, {});
+  b.op(0, 0, {});
+  b.collective(0, 0, g, {});
+  b.collective(1, 0, g, {});
+  b.op(1, 0, {});
+  b.collective(1, 0, 0, {});
+  b.op(1, 0, {W(x, 0, 64)});
+  b.op(1, 1, {R(x, 0, 64)});  // still checked after the hang
+  const CheckResult r = b.check();
+  EXPECT_GE(r.count(FindingKind::kCollectiveMismatch), 1u);
+  EXPECT_EQ(r.count(FindingKind::kRace), 1u);
+}
+
+TEST(Mismatch, MatchingSequencesAreClean) {
+  Builder b(4);
+  const GroupId g = b.group({0, 1});
+  for (Rank r = 0; r < 4; ++r) {
+    b.collective(r, 0, 0, {}, 64);
+    if (r < 2) b.collective(r, 1, g, {}, 32);
+    b.collective(r, 0, 0, {}, 128, OpKind::kReduceScatter);
+  }
+  EXPECT_TRUE(b.check().clean());
+}
+
+// ---- malformed input ----
+
+TEST(Malformed, WaitForAnUnrecordedEventThrows) {
+  Builder b(1);
+  b.wait(0, 0, 7);
+  EXPECT_THROW(b.check(), std::invalid_argument);
+}
+
+TEST(Malformed, AccessPastTheEndThrows) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 32, 64)});
+  EXPECT_THROW(b.check(), std::invalid_argument);
+}
+
+// ---- reports ----
+
+TEST(Report, FirstLineSaysCleanOrCounts) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  const CheckResult clean = b.check();
+  EXPECT_NE(TextReporter().render_one(clean).find("clean"), std::string::npos);
+  b.op(0, 1, {R(x, 0, 64)});
+  const std::string text = TextReporter().render_one(b.check());
+  EXPECT_EQ(text.substr(0, text.find('\n')), "hand-built [test]: 1 finding: 1 race (1 group)");
+  const CheckResult results[] = {b.check()};
+  const std::string json = JsonReporter().render(results);
+  EXPECT_NE(json.find("\"findings\""), std::string::npos);
+  EXPECT_NE(json.find("\"kind\": \"race\""), std::string::npos);
+}
+
+// ---- shipped scenarios ----
+
+std::string scenario_path(const std::string& name) {
+  return std::string(HPZLAB_SOURCE_DIR) + "/scenarios/" + name + ".toml";
+}
+
+CheckResult check_scenario(const std::string& name, const std::vector<Override>& sets = {}) {
+  return check_schedule(build_schedule(load_scenario(scenario_path(name), sets)));
+}
+
+std::vector<FindingKind> kinds_of(const CheckResult& r) {
+  std::vector<FindingKind> out;
+  for (FindingKind k : kAllKinds) {
+    if (r.count(k) > 0) out.push_back(k);
+  }
+  return out;
+}
+
+class ModelScenario : public testing::TestWithParam<std::string> {};
+
+TEST_P(ModelScenario, StockIsRacyOnTheSecondaryShard) {
+  const CheckResult r = check_scenario(GetParam());
+  EXPECT_EQ(kinds_of(r), std::vector<FindingKind>{FindingKind::kRace});
+  bool secondary = false;
+  for (const auto& g : r.groups) {
+    secondary = secondary || (g.example.role == BufferRole::kSecondary &&
+                              g.example.first.purpose == Purpose::kSecondaryPartitionCopy);
+  }
+  EXPECT_TRUE(secondary);
+}
+
+TEST_P(ModelScenario, BothFixesAreClean) {
+  EXPECT_TRUE(check_scenario(GetParam(), {{"run.variant", "host-sync"}}).clean());
+  EXPECT_TRUE(check_scenario(GetParam(), {{"run.variant", "event-wait"}}).clean());
+}
+
+TEST_P(ModelScenario, NoOverlapOrOffloadIsCleanWithoutAFix) {
+  EXPECT_TRUE(check_scenario(GetParam(), {{"zero.overlap_comm", "false"}}).clean());
+  EXPECT_TRUE(check_scenario(GetParam(), {{"zero.offload_param", "true"}}).clean());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, ModelScenario,
+                         testing::Values("tiny", "llama2-7b", "llama2-13b", "llama2-70b",
+                                         "falcon-40b"));
+
+TEST(BugScenario, EachIsReportedUnderItsOwnKindOnly) {
+  const std::pair<const char*, FindingKind> cases[] = {
+      {"stale-after-step", FindingKind::kStaleRead},
+      {"stale-after-load", FindingKind::kStaleRead},
+      {"zero-element-slice", FindingKind::kUninitializedRead},
+      {"mismatched-collectives", FindingKind::kCollectiveMismatch},
+  };
+  for (const auto& [name, kind] : cases) {
+    EXPECT_EQ(kinds_of(check_scenario(name)), std::vector<FindingKind>{kind}) << name;
+  }
+}
+
+TEST(Golden, DefaultScenarioReport) {
+  const CheckResult r = check_scenario("llama2-7b");
+  CheckResult shown = r;
+  shown.scenario = "scenarios/llama2-7b.toml";
+  const std::string text = TextReporter().render_one(shown);
+  const std::string golden_path = std::string(HPZLAB_SOURCE_DIR) + "/tests/golden/check-llama2-7b.txt";
+  if (std::getenv("HPZLAB_UPDATE_GOLDEN")) std::ofstream(golden_path) << text;
+  std::ifstream in(golden_path);
+  ASSERT_TRUE(in) << "missing " << golden_path << " (run with HPZLAB_UPDATE_GOLDEN=1)";
+  std::stringstream expected;
+  expected << in.rdbuf();
+  EXPECT_EQ(text, expected.str());
+}
+
+}  // namespace
+}  // namespace hpz::check
