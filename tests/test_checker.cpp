@@ -379,7 +379,9 @@ struct StaleFixture {
     b.op(0, 0, {R(full, 0, 64), W(secondary, 0, 64)}, OpKind::kCopy,
          Purpose::kSecondaryPartitionCopy);
   }
-  void optimizer() { b.op(0, 0, {R(primary, 0, 64), W(primary, 0, 64)}).purpose = Purpose::kOptimizerStep; }
+  void optimizer() {
+    b.op(0, 0, {R(primary, 0, 64), W(primary, 0, 64)}).purpose = Purpose::kOptimizerStep;
+  }
   void read_secondary() { b.op(0, 0, {R(secondary, 0, 64), W(full, 0, 128)}); }
 };
 
@@ -565,7 +567,8 @@ TEST(Golden, DefaultScenarioReport) {
   CheckResult shown = r;
   shown.scenario = "scenarios/llama2-7b.toml";
   const std::string text = TextReporter().render_one(shown);
-  const std::string golden_path = std::string(HPZLAB_SOURCE_DIR) + "/tests/golden/check-llama2-7b.txt";
+  const std::string golden_path =
+      std::string(HPZLAB_SOURCE_DIR) + "/tests/golden/check-llama2-7b.txt";
   if (std::getenv("HPZLAB_UPDATE_GOLDEN")) std::ofstream(golden_path) << text;
   std::ifstream in(golden_path);
   ASSERT_TRUE(in) << "missing " << golden_path << " (run with HPZLAB_UPDATE_GOLDEN=1)";

@@ -17,7 +17,9 @@ namespace {
 
 constexpr std::int64_t kNotPending = -1;
 
-int thread_of(StreamId s) { return s == kHostStream ? 0 : 1 + s; }
+int thread_of(StreamId s) {
+  return s == kHostStream ? 0 : 1 + s;
+}
 
 bool versioned(BufferRole role) {
   return role == BufferRole::kPrimary || role == BufferRole::kSecondary ||
@@ -45,9 +47,9 @@ struct RankState {
   std::uint32_t next = 0;  ///< next op to process
   Clock host;
   std::vector<Clock> streams;
-  std::uint32_t host_gen = 1;              ///< bumped whenever the host's clock changes
-  std::vector<std::uint32_t> stream_gen;   ///< host_gen each stream last absorbed
-  std::vector<std::int64_t> pending;       ///< per stream: incomplete collective, or kNotPending
+  std::uint32_t host_gen = 1;             ///< bumped whenever the host's clock changes
+  std::vector<std::uint32_t> stream_gen;  ///< host_gen each stream last absorbed
+  std::vector<std::int64_t> pending;      ///< per stream: incomplete collective, or kNotPending
   std::vector<BufferState> buffers;
   std::unordered_map<EventId, std::uint32_t> waits;  ///< waits still to come, per event
   std::unordered_map<EventId, EventSnapshot> events;
@@ -108,8 +110,9 @@ class Checker {
   void complete(std::uint64_t key, bool forced);
   void check_signatures(GroupId g, std::uint32_t seq, const Instance& inst);
   void report_hang(GroupId g, std::uint32_t seq, const Instance& inst);
-  void report_leftovers();
-  [[noreturn]] void malformed(const RankState& rs, std::uint32_t index, const std::string& what) const;
+  void force_all();
+  [[noreturn]] void malformed(const RankState& rs, std::uint32_t index,
+                              const std::string& what) const;
 
   const Schedule& schedule_;
   ClockArena arena_;
@@ -125,8 +128,8 @@ int max_threads(const Schedule& s) {
   std::size_t streams = 0;
   for (const auto& r : s.ranks) streams = std::max(streams, r.streams.size());
   if (streams + 1 > static_cast<std::size_t>(kMaxThreads)) {
-    throw std::invalid_argument(fmt::format("race checker: a rank has {} streams, at most {} supported",
-                                            streams, kMaxThreads - 1));
+    throw std::invalid_argument(fmt::format(
+        "race checker: a rank has {} streams, at most {} supported", streams, kMaxThreads - 1));
   }
   return static_cast<int>(streams) + 1;
 }
@@ -141,10 +144,10 @@ Checker::Checker(const Schedule& schedule)
     RankState& rs = ranks_[r];
     const RankSchedule& sched = schedule.ranks[r];
     if (sched.rank != static_cast<Rank>(r)) {
-      throw std::invalid_argument(fmt::format("malformed schedule: ranks[{}].rank is {}", r, sched.rank));
+      throw std::invalid_argument(
+          fmt::format("malformed schedule: ranks[{}].rank is {}", r, sched.rank));
     }
     rs.schedule = &sched;
-    rs.host.remote.base = arena_.zero();
     // Tick 1 for every own thread: tick 0 means "nothing known" in a clock.
     rs.host.own[0] = 1;
     rs.streams.assign(sched.streams.size(), Clock{RankTicks{}, rs.host.remote});
@@ -181,12 +184,10 @@ CheckResult Checker::run() {
     const bool anyone_blocked =
         std::any_of(ranks_.begin(), ranks_.end(), [](const RankState& rs) { return rs.blocked; });
     if (!anyone_blocked) {
-      report_leftovers();
+      force_all();  // every rank finished, but some collectives were issued by part of a group
       break;
     }
-    std::vector<std::uint64_t> keys;
-    for (const auto& [key, inst] : instances_) keys.push_back(key);
-    for (std::uint64_t key : keys) complete(key, true);
+    force_all();
   }
   CheckResult result;
   result.scenario = schedule_.scenario;
@@ -322,7 +323,9 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
   const Rank r = rs.schedule->rank;
   const Op& op = rs.schedule->ops[index];
   const AccessStamp stamp{index, clock.own[thread], static_cast<std::uint8_t>(thread)};
-  auto ordered = [&clock](const AccessStamp& prior) { return clock.own[prior.thread] >= prior.tick; };
+  auto ordered = [&clock](const AccessStamp& prior) {
+    return clock.own[prior.thread] >= prior.tick;
+  };
   // One finding per (earlier op, buffer): an access split over several segments is one bug.
   struct Seen {
     std::uint32_t op;
@@ -337,7 +340,8 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
       b.history.reset(rs.schedule->buffers[a.buffer].bytes);
       b.live = true;
     }
-    if (a.offset + a.bytes > b.history.size()) malformed(rs, index, "access past the end of its buffer");
+    if (a.offset + a.bytes > b.history.size())
+      malformed(rs, index, "access past the end of its buffer");
     bool uninit_seen = false;
     std::uint64_t uninit_lo = 0;
     std::uint64_t uninit_hi = 0;
@@ -427,11 +431,7 @@ void Checker::complete(std::uint64_t key, bool forced) {
   const auto g = static_cast<GroupId>(key >> 32);
   const auto seq = static_cast<std::uint32_t>(key & 0xffffffffu);
   ++stats_.collectives;
-  if (forced) {
-    report_hang(g, seq, inst);
-  } else {
-    check_signatures(g, seq, inst);
-  }
+  if (!forced) check_signatures(g, seq, inst);
   std::vector<const Clock*> clocks;
   std::vector<Rank> members;
   for (const Arrival& a : inst.arrivals) {
@@ -501,10 +501,20 @@ void Checker::report_hang(GroupId g, std::uint32_t seq, const Instance& inst) {
                       std::back_inserter(missing));
   const Rank m = missing.front();
   const RankState& ms = ranks_[m];
-  const std::uint32_t at = ms.done ? ms.group_last_op[g] : ms.next;
-  const std::string doing =
+  // Where the missing rank is stuck: inside a collective of its own, or done.
+  std::uint32_t at = ms.done ? ms.group_last_op[g] : ms.next;
+  std::string doing =
       ms.done ? fmt::format("finished after issuing only {} collectives on it", ms.group_seq[g])
-              : fmt::format("waits at op #{} for another collective", ms.next);
+              : fmt::format("is stuck at op #{}", ms.next);
+  for (const auto& [key, other] : instances_) {
+    for (const Arrival& a : other.arrivals) {
+      if (a.rank != m) continue;
+      const auto og = static_cast<GroupId>(key >> 32);
+      at = a.op;
+      doing = fmt::format("is itself waiting in collective #{} on group {}",
+                          static_cast<std::uint32_t>(key & 0xffffffffu), schedule_.groups[og].name);
+    }
+  }
   const Arrival& first = inst.arrivals.front();
   const Op& fop = schedule_.ranks[first.rank].ops[first.op];
   log_.mismatch(g, seq, first.rank, first.op, m, at,
@@ -513,10 +523,14 @@ void Checker::report_hang(GroupId g, std::uint32_t seq, const Instance& inst) {
                             rank_list(missing), m, doing));
 }
 
-void Checker::report_leftovers() {
-  // Every rank finished but some collectives were issued by only part of their group.
+void Checker::force_all() {
+  // Report every incomplete collective first, while all of them still show who waits where.
   std::vector<std::uint64_t> keys;
-  for (const auto& [key, inst] : instances_) keys.push_back(key);
+  for (const auto& [key, inst] : instances_) {
+    keys.push_back(key);
+    report_hang(static_cast<GroupId>(key >> 32), static_cast<std::uint32_t>(key & 0xffffffffu),
+                inst);
+  }
   for (std::uint64_t key : keys) complete(key, true);
 }
 
@@ -531,10 +545,13 @@ std::uint64_t CheckResult::count(FindingKind kind) const {
 }
 
 std::size_t CheckResult::group_count(FindingKind kind) const {
-  return static_cast<std::size_t>(std::count_if(
-      groups.begin(), groups.end(), [kind](const FindingGroup& g) { return g.example.kind == kind; }));
+  return static_cast<std::size_t>(
+      std::count_if(groups.begin(), groups.end(),
+                    [kind](const FindingGroup& g) { return g.example.kind == kind; }));
 }
 
-CheckResult check_schedule(const Schedule& schedule) { return Checker(schedule).run(); }
+CheckResult check_schedule(const Schedule& schedule) {
+  return Checker(schedule).run();
+}
 
 }  // namespace hpz::check

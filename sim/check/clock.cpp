@@ -54,107 +54,107 @@ ClockArena::ClockArena(int ranks, int threads) : ranks_(ranks), threads_(threads
   if (threads < 1 || threads > kMaxThreads) {
     throw std::invalid_argument("race checker: a rank has more than 7 streams");
   }
-  make_base(std::vector<Tick>(static_cast<std::size_t>(ranks) * threads, 0), {});
 }
 
 RankTicks ClockArena::ticks_of(const Knowledge& k, Rank r) const {
   RankTicks out{};
-  const Tick* row = k.base->ticks.data() + static_cast<std::size_t>(r) * threads_;
-  std::copy(row, row + threads_, out.begin());
+  const std::size_t at = static_cast<std::size_t>(r) * threads_;
+  for (int i = 0; i < k.base_count; ++i) {
+    const Tick* row = k.bases[i]->ticks.data() + at;
+    for (int t = 0; t < threads_; ++t) out[t] = std::max(out[t], row[t]);
+  }
   auto it = std::lower_bound(k.delta.begin(), k.delta.end(), r,
                              [](const RemoteTicks& e, Rank x) { return e.rank < x; });
   if (it != k.delta.end() && it->rank == r) merge_ticks(out, it->ticks);
   return out;
 }
 
-bool ClockArena::known_le(const ClockBase* a, const ClockBase* b) const {
-  return a == b || std::binary_search(b->dominates.begin(), b->dominates.end(), a->id);
+bool ClockArena::base_le(const ClockBase* a, const ClockBase* b) {
+  if (a == b) return true;
+  const std::uint64_t key = (std::uint64_t{a->id} << 32) | b->id;
+  if (auto it = le_cache_.find(key); it != le_cache_.end()) return it->second;
+  bool le = true;
+  for (std::size_t i = 0; i < a->ticks.size() && le; ++i) le = a->ticks[i] <= b->ticks[i];
+  le_cache_.emplace(key, le);
+  return le;
 }
 
-const ClockBase* ClockArena::make_base(std::vector<Tick> ticks,
-                                       std::span<const ClockBase* const> parents) {
+const ClockBase* ClockArena::make_base(std::vector<Tick> ticks) {
   auto base = std::make_unique<ClockBase>();
   base->id = static_cast<std::uint32_t>(bases_.size());
   base->ticks = std::move(ticks);
-  for (const ClockBase* p : parents) {
-    std::vector<std::uint32_t> merged;
-    merged.reserve(base->dominates.size() + p->dominates.size() + 1);
-    std::set_union(base->dominates.begin(), base->dominates.end(), p->dominates.begin(),
-                   p->dominates.end(), std::back_inserter(merged));
-    auto at = std::lower_bound(merged.begin(), merged.end(), p->id);
-    if (at == merged.end() || *at != p->id) merged.insert(at, p->id);
-    base->dominates = std::move(merged);
-  }
   bases_.push_back(std::move(base));
   return bases_.back().get();
 }
 
-const ClockBase* ClockArena::join_bases(const ClockBase* a, const ClockBase* b) {
-  if (known_le(a, b)) return b;
-  if (known_le(b, a)) return a;
-  const std::uint64_t key = (std::uint64_t{std::min(a->id, b->id)} << 32) | std::max(a->id, b->id);
-  if (auto it = join_cache_.find(key); it != join_cache_.end()) return it->second;
-  std::vector<Tick> ticks = a->ticks;
-  bool b_grew = false;
-  bool a_grew = false;
-  for (std::size_t i = 0; i < ticks.size(); ++i) {
-    if (b->ticks[i] > ticks[i]) {
-      ticks[i] = b->ticks[i];
-      a_grew = true;
-    } else if (b->ticks[i] < ticks[i]) {
-      b_grew = true;
-    }
+std::vector<Tick> ClockArena::dense(const Knowledge& k) const {
+  std::vector<Tick> out(static_cast<std::size_t>(ranks_) * threads_, 0);
+  for (int i = 0; i < k.base_count; ++i) {
+    const std::vector<Tick>& b = k.bases[i]->ticks;
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = std::max(out[j], b[j]);
   }
-  const ClockBase* result = nullptr;
-  // Remember plain dominance on the larger base so the next join is a lookup.
-  auto remember = [this](const ClockBase* small, const ClockBase* large) {
-    auto& dom = bases_[large->id]->dominates;
-    dom.insert(std::lower_bound(dom.begin(), dom.end(), small->id), small->id);
-    return large;
-  };
-  if (!a_grew) {
-    result = remember(b, a);
-  } else if (!b_grew) {
-    result = remember(a, b);
-  } else {
-    const ClockBase* parents[] = {a, b};
-    result = make_base(std::move(ticks), parents);
-  }
-  join_cache_.emplace(key, result);
-  return result;
-}
-
-void ClockArena::absorb(std::vector<Tick>& dense, const Knowledge& k) const {
   for (const RemoteTicks& e : k.delta) {
-    Tick* row = dense.data() + static_cast<std::size_t>(e.rank) * threads_;
+    Tick* row = out.data() + static_cast<std::size_t>(e.rank) * threads_;
     for (int t = 0; t < threads_; ++t) row[t] = std::max(row[t], e.ticks[t]);
   }
+  return out;
+}
+
+// Folds every base and the delta into one new base.
+void ClockArena::fold(Knowledge& k) {
+  const ClockBase* b = make_base(dense(k));
+  k.bases[0] = b;
+  k.base_count = 1;
+  k.delta.clear();
+}
+
+// Adds b unless a held base dominates it; drops held bases b dominates. May overflow into
+// kMaxBases + 1 pending bases: the caller folds then.
+void ClockArena::add_base(Knowledge& k, const ClockBase* b) {
+  for (int i = 0; i < k.base_count; ++i) {
+    if (base_le(b, k.bases[i])) return;
+  }
+  int out = 0;
+  for (int i = 0; i < k.base_count; ++i) {
+    if (!base_le(k.bases[i], b)) k.bases[out++] = k.bases[i];
+  }
+  k.base_count = static_cast<std::uint8_t>(out);
+  if (k.base_count == kMaxBases) {
+    // Full: fold what is held, then keep the new one beside it.
+    fold(k);
+  }
+  k.bases[k.base_count++] = b;
 }
 
 void ClockArena::drop_covered(Knowledge& k) const {
+  if (k.base_count == 0) return;
   std::erase_if(k.delta, [&](const RemoteTicks& e) {
-    const Tick* row = k.base->ticks.data() + static_cast<std::size_t>(e.rank) * threads_;
+    const std::size_t at = static_cast<std::size_t>(e.rank) * threads_;
     for (int t = 0; t < threads_; ++t) {
-      if (e.ticks[t] > row[t]) return false;
+      bool covered = false;
+      for (int i = 0; i < k.base_count && !covered; ++i) {
+        covered = e.ticks[t] <= k.bases[i]->ticks[at + t];
+      }
+      if (!covered) return false;
     }
     return true;
   });
 }
 
 void ClockArena::join(Knowledge& into, const Knowledge& from) {
-  if (from.delta.empty() && known_le(from.base, into.base)) return;
-  const ClockBase* base = join_bases(into.base, from.base);
-  const bool base_changed = base != into.base || base != from.base;
-  if (!from.delta.empty()) into.delta = merge_deltas(into.delta, from.delta);
-  into.base = base;
-  if (base_changed) drop_covered(into);
-  if (into.delta.size() > kDeltaLimit) {
-    std::vector<Tick> dense = base->ticks;
-    absorb(dense, into);
-    const ClockBase* parents[] = {base};
-    into.base = make_base(std::move(dense), parents);
-    into.delta.clear();
+  bool bases_changed = false;
+  for (int i = 0; i < from.base_count; ++i) {
+    const ClockBase* b = from.bases[i];
+    if (std::find(into.bases.begin(), into.bases.begin() + into.base_count, b) !=
+        into.bases.begin() + into.base_count) {
+      continue;
+    }
+    add_base(into, b);
+    bases_changed = true;
   }
+  if (!from.delta.empty()) into.delta = merge_deltas(into.delta, from.delta);
+  if (bases_changed) drop_covered(into);
+  if (into.delta.size() > kDeltaLimit) fold(into);
 }
 
 void ClockArena::join(Clock& into, const Clock& from) {
@@ -162,26 +162,21 @@ void ClockArena::join(Clock& into, const Clock& from) {
   join(into.remote, from.remote);
 }
 
-Knowledge ClockArena::rendezvous(std::span<const Clock* const> clocks, std::span<const Rank> ranks) {
+Knowledge ClockArena::rendezvous(std::span<const Clock* const> clocks,
+                                 std::span<const Rank> ranks) {
   assert(clocks.size() == ranks.size());
-  // The distinct bases that no other distinct base is known to dominate.
-  std::vector<const ClockBase*> bases;
   std::size_t entries = clocks.size();
-  for (const Clock* c : clocks) {
-    entries += c->remote.delta.size();
-    if (std::find(bases.begin(), bases.end(), c->remote.base) == bases.end()) {
-      bases.push_back(c->remote.base);
-    }
-  }
-  std::erase_if(bases, [&](const ClockBase* b) {
-    return std::any_of(bases.begin(), bases.end(),
-                       [&](const ClockBase* o) { return o != b && known_le(b, o); });
-  });
+  for (const Clock* c : clocks) entries += c->remote.delta.size();
   Knowledge out;
   if (entries <= kDeltaLimit) {
-    out.base = bases.front();
-    for (std::size_t i = 1; i < bases.size(); ++i) out.base = join_bases(out.base, bases[i]);
     for (std::size_t i = 0; i < clocks.size(); ++i) {
+      for (int b = 0; b < clocks[i]->remote.base_count; ++b) {
+        const ClockBase* base = clocks[i]->remote.bases[b];
+        if (std::find(out.bases.begin(), out.bases.begin() + out.base_count, base) ==
+            out.bases.begin() + out.base_count) {
+          add_base(out, base);
+        }
+      }
       std::vector<RemoteTicks> own{RemoteTicks{ranks[i], clocks[i]->own}};
       out.delta = merge_deltas(out.delta, clocks[i]->remote.delta);
       out.delta = merge_deltas(out.delta, own);
@@ -189,17 +184,26 @@ Knowledge ClockArena::rendezvous(std::span<const Clock* const> clocks, std::span
     drop_covered(out);
     return out;
   }
-  // A large group: one dense pass is cheaper than merging a thousand deltas.
-  std::vector<Tick> dense = bases.front()->ticks;
-  for (std::size_t b = 1; b < bases.size(); ++b) {
-    for (std::size_t i = 0; i < dense.size(); ++i) dense[i] = std::max(dense[i], bases[b]->ticks[i]);
-  }
+  // A large group: one dense pass over the distinct bases, then every member's delta and own.
+  std::vector<const ClockBase*> seen;
+  std::vector<Tick> ticks(static_cast<std::size_t>(ranks_) * threads_, 0);
   for (std::size_t i = 0; i < clocks.size(); ++i) {
-    absorb(dense, clocks[i]->remote);
-    Tick* row = dense.data() + static_cast<std::size_t>(ranks[i]) * threads_;
+    const Knowledge& k = clocks[i]->remote;
+    for (int b = 0; b < k.base_count; ++b) {
+      if (std::find(seen.begin(), seen.end(), k.bases[b]) != seen.end()) continue;
+      seen.push_back(k.bases[b]);
+      const std::vector<Tick>& src = k.bases[b]->ticks;
+      for (std::size_t j = 0; j < ticks.size(); ++j) ticks[j] = std::max(ticks[j], src[j]);
+    }
+    for (const RemoteTicks& e : k.delta) {
+      Tick* row = ticks.data() + static_cast<std::size_t>(e.rank) * threads_;
+      for (int t = 0; t < threads_; ++t) row[t] = std::max(row[t], e.ticks[t]);
+    }
+    Tick* row = ticks.data() + static_cast<std::size_t>(ranks[i]) * threads_;
     for (int t = 0; t < threads_; ++t) row[t] = std::max(row[t], clocks[i]->own[t]);
   }
-  out.base = make_base(std::move(dense), bases);
+  out.bases[0] = make_base(std::move(ticks));
+  out.base_count = 1;
   return out;
 }
 

@@ -6,9 +6,10 @@
 // small dense array. What a rank knows about other ranks matters only because it can come back:
 // rank r's stream A starts a collective, rank m learns of it, m's later collective tells r's
 // stream B. That remote knowledge is stored as a shared, immutable dense `ClockBase` (one tick per
-// thread of every rank, built rarely: at world-sized rendezvous) plus a short sorted `delta` of
-// the ranks that are known better than the base (an hpZ group's peers). Bases record which older
-// bases they dominate, so most joins are a pointer comparison.
+// thread of every rank, built rarely: at large rendezvous) plus a short sorted `delta` of the
+// ranks that are known better than the bases (an hpZ group's peers). A Knowledge holds a few
+// bases (the latest world rendezvous, one per inter-node group); base comparisons are computed
+// once per pair and cached, so most joins are pointer comparisons.
 #pragma once
 
 #include <array>
@@ -37,20 +38,25 @@ bool ticks_le(const RankTicks& a, const RankTicks& b);
 /** Dense knowledge about every rank; immutable once built, owned by a ClockArena. */
 struct ClockBase {
   std::uint32_t id = 0;
-  std::vector<Tick> ticks;               ///< rank * threads + thread
-  std::vector<std::uint32_t> dominates;  ///< sorted ids of bases known to be <= this one
+  std::vector<Tick> ticks;  ///< rank * threads + thread
 };
 
-/** What one rank's thread knows about one other rank beyond the base. */
+/** What one rank's thread knows about one other rank beyond the bases. */
 struct RemoteTicks {
   Rank rank = 0;
   RankTicks ticks{};
 };
 
-/** Knowledge about other ranks: a shared dense base and a few better-known ranks. */
+/** Most bases one Knowledge holds before they are folded into a new one: enough for the latest
+ *  world rendezvous plus one base per inter-node group. */
+inline constexpr int kMaxBases = 12;
+
+/** Knowledge about other ranks: the maximum of a few shared dense bases (none dominating
+ *  another, as far as the arena knows) and a short list of better-known ranks. */
 struct Knowledge {
-  const ClockBase* base = nullptr;
-  std::vector<RemoteTicks> delta;  ///< sorted by rank, only entries that exceed the base
+  std::array<const ClockBase*, kMaxBases> bases{};
+  std::uint8_t base_count = 0;
+  std::vector<RemoteTicks> delta;  ///< sorted by rank, only entries that exceed the bases
 };
 
 /** A thread's vector clock: its own rank densely, every other rank through Knowledge. */
@@ -59,14 +65,12 @@ struct Clock {
   Knowledge remote;
 };
 
-/** Creates and joins clock bases; every base lives as long as the arena. */
+/** Creates and compares clock bases; every base lives as long as the arena. */
 class ClockArena {
  public:
   /** `threads` components per rank, for `ranks` ranks. */
   ClockArena(int ranks, int threads);
 
-  /** The base that knows nothing. */
-  const ClockBase* zero() const { return bases_.front().get(); }
   /** Components per rank. */
   int threads() const { return threads_; }
   /** How many bases exist (a statistic for benchmarks). */
@@ -76,23 +80,24 @@ class ClockArena {
   RankTicks ticks_of(const Knowledge& k, Rank r) const;
   /** into = max(into, from). */
   void join(Knowledge& into, const Knowledge& from);
-  /** into = max(into, from), both own rank `self`: own parts by element, remote by join. */
+  /** into = max(into, from), both of one rank: own parts by element, remote by join. */
   void join(Clock& into, const Clock& from);
   /** The element-wise maximum of many clocks of different ranks (a collective's rendezvous):
    *  each clock's remote knowledge plus its own part as rank `ranks[i]`. */
   Knowledge rendezvous(std::span<const Clock* const> clocks, std::span<const Rank> ranks);
 
  private:
-  const ClockBase* join_bases(const ClockBase* a, const ClockBase* b);
-  bool known_le(const ClockBase* a, const ClockBase* b) const;
-  const ClockBase* make_base(std::vector<Tick> ticks, std::span<const ClockBase* const> parents);
-  void absorb(std::vector<Tick>& dense, const Knowledge& k) const;
+  bool base_le(const ClockBase* a, const ClockBase* b);
+  void add_base(Knowledge& k, const ClockBase* b);
+  const ClockBase* make_base(std::vector<Tick> ticks);
+  std::vector<Tick> dense(const Knowledge& k) const;
+  void fold(Knowledge& k);
   void drop_covered(Knowledge& k) const;
 
   int ranks_;
   int threads_;
   std::vector<std::unique_ptr<ClockBase>> bases_;
-  std::unordered_map<std::uint64_t, const ClockBase*> join_cache_;
+  std::unordered_map<std::uint64_t, bool> le_cache_;  ///< (a, b) -> a <= b, element-wise
 };
 
 }  // namespace hpz::check

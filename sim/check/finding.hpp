@@ -13,10 +13,10 @@ namespace hpz::check {
 
 /** The four kinds of ordering bug the checker proves or refutes. */
 enum class FindingKind : std::uint8_t {
-  kRace,                 ///< overlapping bytes, one a write, not ordered by happens-before
-  kStaleRead,            ///< a secondary shard read after its unit's primary shard changed
-  kUninitializedRead,    ///< bytes read that nothing wrote since the allocation
-  kCollectiveMismatch,   ///< ranks of one group issue different collectives: the job hangs
+  kRace,                ///< overlapping bytes, one a write, not ordered by happens-before
+  kStaleRead,           ///< a secondary shard read after its unit's primary shard changed
+  kUninitializedRead,   ///< bytes read that nothing wrote since the allocation
+  kCollectiveMismatch,  ///< ranks of one group issue different collectives: the job hangs
 };
 
 /** Kinds from worst to mildest: silent corruption first, a loud hang last. */
@@ -53,12 +53,12 @@ struct Finding {
   AccessMode second_mode = AccessMode::kRead;
   std::string buffer;  ///< buffer name ("" for a mismatch)
   BufferRole role = BufferRole::kScratch;
-  std::uint64_t offset = 0;  ///< first byte involved
-  std::uint64_t bytes = 0;   ///< bytes involved
-  std::string group;         ///< mismatch: the process group
+  std::uint64_t offset = 0;    ///< first byte involved
+  std::uint64_t bytes = 0;     ///< bytes involved
+  std::string group;           ///< mismatch: the process group
   std::uint32_t position = 0;  ///< mismatch: the 0-based collective position on that group
-  std::string detail;        ///< one sentence: what goes wrong
-  std::string fix;           ///< the edge (or change) that would order or repair it
+  std::string detail;          ///< one sentence: what goes wrong
+  std::string fix;             ///< the edge (or change) that would order or repair it
 };
 
 /** The same bug repeated: one worked example, a count, and what it spans. */

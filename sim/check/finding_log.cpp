@@ -15,9 +15,13 @@ std::uint64_t pack(std::initializer_list<unsigned> fields) {
   return key;
 }
 
-unsigned stream_code(const Op& op) { return static_cast<unsigned>(op.stream + 1); }
+unsigned stream_code(const Op& op) {
+  return static_cast<unsigned>(op.stream + 1);
+}
 
-const char* verb(AccessMode m) { return m == AccessMode::kRead ? "reads" : "writes"; }
+const char* verb(AccessMode m) {
+  return m == AccessMode::kRead ? "reads" : "writes";
+}
 
 }  // namespace
 
@@ -99,8 +103,9 @@ void FindingLog::race(Rank r, std::uint32_t prior, AccessMode prior_mode, std::u
       describe_short(f.second), verb(mode), describe_bytes(f), describe_short(f.first),
       verb(prior_mode), f.first.stream, f.second.stream);
   if (o.stream == kHostStream) {
-    f.fix = fmt::format("make the host synchronize {} (stream.synchronize()) after {} and before {}",
-                        f.first.stream, describe_short(f.first), describe_short(f.second));
+    f.fix =
+        fmt::format("make the host synchronize {} (stream.synchronize()) after {} and before {}",
+                    f.first.stream, describe_short(f.first), describe_short(f.second));
   } else {
     f.fix = fmt::format("record an event on {} after {} and make {} wait on it before {}",
                         f.first.stream, describe_short(f.first), f.second.stream,
@@ -113,7 +118,8 @@ void FindingLog::uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, Bu
   const RankSchedule& rs = schedule_.ranks[r];
   const Op& o = rs.ops[op];
   const Buffer& buf = rs.buffers[b];
-  const unsigned alloc_purpose = alloc == kNoOp ? 255u : static_cast<unsigned>(rs.ops[alloc].purpose);
+  const unsigned alloc_purpose =
+      alloc == kNoOp ? 255u : static_cast<unsigned>(rs.ops[alloc].purpose);
   const std::uint64_t key =
       pack({static_cast<unsigned>(FindingKind::kUninitializedRead), alloc_purpose,
             static_cast<unsigned>(o.purpose), stream_code(o), static_cast<unsigned>(buf.role)});
@@ -131,12 +137,14 @@ void FindingLog::uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, Bu
   f.bytes = hi - lo;
   const std::string since =
       alloc == kNoOp ? "since the start" : "since " + describe_short(f.first) + " allocated it";
-  f.detail = fmt::format("{} reads {}, which no op wrote {}: it sees whatever the allocator's block "
-                         "held (NaN when poisoned)",
-                         describe_short(f.second), describe_bytes(f), since);
-  f.fix = fmt::format("write bytes [{}, {}) of {} before {} (check the bounds of the copy that "
-                      "fills it)",
-                      lo, hi, buf.name, describe_short(f.second));
+  f.detail = fmt::format(
+      "{} reads {}, which no op wrote {}: it sees whatever the allocator's block "
+      "held (NaN when poisoned)",
+      describe_short(f.second), describe_bytes(f), since);
+  f.fix = fmt::format(
+      "write bytes [{}, {}) of {} before {} (check the bounds of the copy that "
+      "fills it)",
+      lo, hi, buf.name, describe_short(f.second));
 }
 
 void FindingLog::stale(Rank r, std::uint32_t primary_write, std::uint32_t copy, std::uint32_t op,
@@ -163,19 +171,21 @@ void FindingLog::stale(Rank r, std::uint32_t primary_write, std::uint32_t copy, 
   const std::string taken =
       copy == kNoOp ? std::string("earlier") : "by " + describe_short(label(r, copy));
   f.detail = fmt::format(
-      "{} reads the secondary shard {}, taken {}; {} has since written new weights into the primary "
+      "{} reads the secondary shard {}, taken {}; {} has since written new weights into the "
+      "primary "
       "shard, so the gather hands out the old weights",
       describe_short(f.second), buf.name, taken, describe_short(f.first));
-  f.fix = fmt::format("invalidate (free) the secondary shard of {} after {} so the next forward "
-                      "re-partitions it from the new weights",
-                      f.second.unit.empty() ? buf.name : f.second.unit, describe_short(f.first));
+  f.fix = fmt::format(
+      "invalidate (free) the secondary shard of {} after {} so the next forward "
+      "re-partitions it from the new weights",
+      f.second.unit.empty() ? buf.name : f.second.unit, describe_short(f.first));
 }
 
 void FindingLog::mismatch(GroupId g, std::uint32_t position, Rank a, std::uint32_t op_a, Rank b,
                           std::uint32_t op_b, const std::string& what) {
   const Group& grp = schedule_.groups[g];
-  const std::uint64_t key = pack({static_cast<unsigned>(FindingKind::kCollectiveMismatch),
-                                  static_cast<unsigned>(grp.kind)});
+  const std::uint64_t key = pack(
+      {static_cast<unsigned>(FindingKind::kCollectiveMismatch), static_cast<unsigned>(grp.kind)});
   FindingGroup* slot_g = op_b == kNoOp ? slot(key, a, op_a) : slot(key, b, op_b);
   if (!slot_g) return;
   Finding& f = slot_g->example;
@@ -184,22 +194,26 @@ void FindingLog::mismatch(GroupId g, std::uint32_t position, Rank a, std::uint32
   f.second = label(b, op_b);
   f.group = grp.name;
   f.position = position;
-  f.detail = fmt::format("collective #{} on group {}: {}; NCCL matches collectives by position, so "
-                         "the job hangs (or exchanges mismatched buffers)",
-                         position, grp.name, what);
-  f.fix = fmt::format("make every rank of {} issue the same collectives in the same order (for "
-                      "hpZ: all ranks must agree whether a secondary shard exists)",
-                      grp.name);
+  f.detail = fmt::format(
+      "collective #{} on group {}: {}; NCCL matches collectives by position, so "
+      "the job hangs (or exchanges mismatched buffers)",
+      position, grp.name, what);
+  f.fix = fmt::format(
+      "make every rank of {} issue the same collectives in the same order (for "
+      "hpZ: all ranks must agree whether a secondary shard exists)",
+      grp.name);
 }
 
 std::vector<FindingGroup> FindingLog::take() {
   auto rank_of = [](FindingKind k) {
     return std::find(std::begin(kAllKinds), std::end(kAllKinds), k) - std::begin(kAllKinds);
   };
-  std::stable_sort(groups_.begin(), groups_.end(), [&](const FindingGroup& x, const FindingGroup& y) {
-    if (x.example.kind != y.example.kind) return rank_of(x.example.kind) < rank_of(y.example.kind);
-    return x.count > y.count;
-  });
+  std::stable_sort(groups_.begin(), groups_.end(),
+                   [&](const FindingGroup& x, const FindingGroup& y) {
+                     if (x.example.kind != y.example.kind)
+                       return rank_of(x.example.kind) < rank_of(y.example.kind);
+                     return x.count > y.count;
+                   });
   index_.clear();
   return std::move(groups_);
 }

@@ -42,10 +42,8 @@ json group_json(const CheckResult& r, const FindingGroup& g) {
     j["group"] = f.group;
     j["position"] = f.position;
   } else {
-    j["buffer"] = json{{"name", f.buffer},
-                       {"role", to_string(f.role)},
-                       {"offset", f.offset},
-                       {"bytes", f.bytes}};
+    j["buffer"] = json{
+        {"name", f.buffer}, {"role", to_string(f.role)}, {"offset", f.offset}, {"bytes", f.bytes}};
     if (f.kind == FindingKind::kRace) {
       j["first"]["mode"] = f.first_mode == AccessMode::kRead ? "read" : "write";
       j["second"]["mode"] = f.second_mode == AccessMode::kRead ? "read" : "write";

@@ -64,9 +64,10 @@ std::string verdict_line(const CheckResult& r) {
   const std::string name = fmt::format("{} [{}]", r.scenario.empty() ? "schedule" : r.scenario,
                                        r.variant.empty() ? "?" : r.variant);
   if (r.clean()) {
-    return fmt::format("{}: clean: no race, stale-read, uninitialized-read or collective-mismatch "
-                       "({} ranks, {} ops, {} collectives checked)\n",
-                       name, r.world_size, r.stats.ops, r.stats.collectives);
+    return fmt::format(
+        "{}: clean: no race, stale-read, uninitialized-read or collective-mismatch "
+        "({} ranks, {} ops, {} collectives checked)\n",
+        name, r.world_size, r.stats.ops, r.stats.collectives);
   }
   std::uint64_t total = 0;
   std::string kinds;
@@ -88,12 +89,12 @@ std::string describe_group(const FindingGroup& g) {
     out += fmt::format("  expected: {}\n", describe(f.first));
     out += fmt::format("  but:      {}\n", describe(f.second));
   } else {
-    const char* first_role = f.kind == FindingKind::kRace               ? "first: "
-                             : f.kind == FindingKind::kStaleRead        ? "primary written by:"
-                                                                        : "allocated by:";
+    const char* first_role = f.kind == FindingKind::kRace        ? "first: "
+                             : f.kind == FindingKind::kStaleRead ? "primary written by:"
+                                                                 : "allocated by:";
     out += fmt::format("  {} {}\n", first_role, describe(f.first));
-    out += fmt::format("  {} {}\n", f.kind == FindingKind::kRace ? "second:" : "read by:",
-                       describe(f.second));
+    out += fmt::format("  {} {}\n",
+                       f.kind == FindingKind::kRace ? "second:" : "read by:", describe(f.second));
     out += fmt::format("  buffer: {}\n", describe_bytes(f));
   }
   out += fmt::format("  what:   {}\n", f.detail);

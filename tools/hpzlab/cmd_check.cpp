@@ -48,7 +48,8 @@ void setup_check(CLI::App& app, int& exit_code) {
       "check",
       "Prove or refute, independent of timing, that each scenario's schedule is free of races, "
       "stale or uninitialized reads and mismatched collectives (exit 0 clean, 1 findings)");
-  sub->add_option("scenario", opts->scenarios, "Scenario files (TOML), e.g. scenarios/llama2-7b.toml")
+  sub->add_option("scenario", opts->scenarios,
+                  "Scenario files (TOML), e.g. scenarios/llama2-7b.toml")
       ->required();
   sub->add_option("--set", opts->sets,
                   "Override a scenario key in every scenario, e.g. --set zero.overlap_comm=false "

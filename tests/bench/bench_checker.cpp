@@ -1,0 +1,65 @@
+// Google Benchmark cases for the race checker: llama2-70b (stock, so every race is found and
+// grouped) at 2, 16 and 128 nodes of 8 GPUs. The schedule is built once per size, outside the
+// timed loop; peak_rss_mib is the process's peak resident memory after the run, schedule
+// included.
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "sim/builder.hpp"
+#include "sim/check/checker.hpp"
+#include "sim/scenario.hpp"
+
+namespace {
+
+const hpz::Schedule& llama70b(int nodes) {
+  static std::map<int, std::unique_ptr<hpz::Schedule>> cache;
+  auto& slot = cache[nodes];
+  if (!slot) {
+    cache.clear();  // one schedule alive at a time: the 128-node one is large
+    const hpz::Scenario sc =
+        hpz::load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/llama2-70b.toml",
+                           {{"cluster.nodes", std::to_string(nodes)}});
+    auto& fresh = cache[nodes];
+    fresh = std::make_unique<hpz::Schedule>(hpz::build_schedule(sc));
+    return *fresh;
+  }
+  return *slot;
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+void BM_CheckLlama70b(benchmark::State& state) {
+  const int nodes = static_cast<int>(state.range(0));
+  const hpz::Schedule& schedule = llama70b(nodes);
+  hpz::check::CheckResult result;
+  for (auto _ : state) {
+    result = hpz::check::check_schedule(schedule);
+    benchmark::DoNotOptimize(result);
+  }
+  state.counters["ranks"] = static_cast<double>(schedule.world_size);
+  state.counters["ops"] = static_cast<double>(result.stats.ops);
+  state.counters["ops_per_s"] = benchmark::Counter(static_cast<double>(result.stats.ops),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["races"] = static_cast<double>(result.count(hpz::check::FindingKind::kRace));
+  state.counters["clock_bases"] = static_cast<double>(result.stats.clock_bases);
+  state.counters["peak_rss_mib"] = peak_rss_mib();
+}
+
+}  // namespace
+
+BENCHMARK(BM_CheckLlama70b)
+    ->Arg(2)
+    ->Arg(16)
+    ->Arg(128)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+
+BENCHMARK_MAIN();
