@@ -165,10 +165,10 @@ void ClockArena::join(Clock& into, const Clock& from) {
 Knowledge ClockArena::rendezvous(std::span<const Clock* const> clocks,
                                  std::span<const Rank> ranks) {
   assert(clocks.size() == ranks.size());
-  std::size_t entries = clocks.size();
-  for (const Clock* c : clocks) entries += c->remote.delta.size();
   Knowledge out;
-  if (entries <= kDeltaLimit) {
+  if (clocks.size() <= kDeltaLimit) {
+    // A small group (hpZ, one node): members mostly know the same few ranks, so the merged
+    // delta stays short; fold only if it does not.
     for (std::size_t i = 0; i < clocks.size(); ++i) {
       for (int b = 0; b < clocks[i]->remote.base_count; ++b) {
         const ClockBase* base = clocks[i]->remote.bases[b];
@@ -182,6 +182,7 @@ Knowledge ClockArena::rendezvous(std::span<const Clock* const> clocks,
       out.delta = merge_deltas(out.delta, own);
     }
     drop_covered(out);
+    if (out.delta.size() > kDeltaLimit) fold(out);
     return out;
   }
   // A large group: one dense pass over the distinct bases, then every member's delta and own.
