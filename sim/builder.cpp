@@ -219,6 +219,7 @@ class RankEmitter {
   void checkpoint_load();
   void micro_step(bool trace_complete);
   void run_entry(std::size_t pos, bool trace_complete);
+  void loss_gradient();
   void fetch(UnitId u, Purpose p);
   void launch_gather(UnitId u, Purpose p);
   void wait_gather(UnitId u);
@@ -408,11 +409,23 @@ void RankEmitter::micro_step(bool trace_complete) {
   for (UnitId u : c_.order) alloc(act_[u], kS0, Purpose::kForwardCompute);
   alloc(dact_, kS0, Purpose::kForwardCompute);
   alloc(recompute_, kS0, Purpose::kForwardCompute);
-  for (std::size_t pos = 0; pos < c_.trace.size(); ++pos) run_entry(pos, trace_complete);
+  for (std::size_t pos = 0; pos < c_.trace.size(); ++pos) {
+    if (pos == c_.order.size()) loss_gradient();
+    run_entry(pos, trace_complete);
+  }
   for (UnitId u : c_.order) free_buffer(act_[u], kS0, Purpose::kBackwardCompute);
   free_buffer(dact_, kS0, Purpose::kBackwardCompute);
   free_buffer(recompute_, kS0, Purpose::kBackwardCompute);
   for (auto& s : st_) s.fetched_for = -1;
+}
+
+// The loss on the last activation and its gradient, which the first backward kernel reads.
+void RankEmitter::loss_gradient() {
+  phase_ = Phase::kBackward;
+  Op& op =
+      push(OpKind::kKernel, kS0, Purpose::kLossGradient,
+           {whole(act_[c_.order.back()], AccessMode::kRead), whole(dact_, AccessMode::kWrite)});
+  op.mem_bytes = 2 * c_.act_bytes;
 }
 
 // One module invocation: fetch (and prefetch), compute, release; gradients after backward.

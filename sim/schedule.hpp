@@ -92,6 +92,7 @@ enum class Purpose : std::uint8_t {
   kForwardCompute,
   kRecomputeForward,  ///< activation checkpointing recompute in backward
   kBackwardCompute,
+  kLossGradient,            ///< the loss and its gradient, which seeds backward
   kParamRelease,            ///< full parameter freed after use
   kSecondaryAlloc,          ///< empty() for the secondary shard
   kSecondaryPartitionCopy,  ///< the D2D copy of this rank's slice into the secondary shard

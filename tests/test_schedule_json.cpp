@@ -99,3 +99,25 @@ TEST(ScheduleJson, RejectsMissingSections) {
 
 }  // namespace
 }  // namespace hpz
+
+namespace hpz {
+namespace {
+
+TEST(ScheduleNames, EveryEnumNameParsesBackToItself) {
+  for (int i = 0; i <= static_cast<int>(Purpose::kStepSync); ++i) {
+    EXPECT_EQ(parse_purpose(to_string(static_cast<Purpose>(i))), static_cast<Purpose>(i));
+  }
+  for (int i = 0; i <= static_cast<int>(OpKind::kFree); ++i) {
+    EXPECT_EQ(parse_op_kind(to_string(static_cast<OpKind>(i))), static_cast<OpKind>(i));
+  }
+  for (int i = 0; i <= static_cast<int>(Phase::kOptimizer); ++i) {
+    EXPECT_EQ(parse_phase(to_string(static_cast<Phase>(i))), static_cast<Phase>(i));
+  }
+  for (int i = 0; i <= static_cast<int>(BufferRole::kScratch); ++i) {
+    EXPECT_EQ(parse_buffer_role(to_string(static_cast<BufferRole>(i))), static_cast<BufferRole>(i));
+  }
+  EXPECT_EQ(to_string(Purpose::kStepSync), "step_sync");  // the last name lines up with the enum
+}
+
+}  // namespace
+}  // namespace hpz
