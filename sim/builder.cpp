@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cassert>
 #include <initializer_list>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,7 +39,8 @@ struct BuildContext {
   int dt;  // bytes per element
   std::vector<ParamUnit> units;
   std::vector<ShardLayout> layouts;
-  std::vector<UnitId> order;  // partitioned units in forward module order
+  std::vector<UnitId> order;     // partitioned units in forward module order
+  std::vector<UnitId> input_of;  // by unit: the unit whose activation it reads (kNoUnit: none)
   std::vector<TraceEntry> trace;
   std::vector<Group> groups;
   GroupId world_group = 0;
@@ -64,6 +64,8 @@ BuildContext::BuildContext(const Scenario& s)
   act_bytes =
       static_cast<double>(s.training.seq_len) * s.training.micro_batch * s.model.hidden * dt;
   add_units();
+  input_of.assign(units.size(), kNoUnit);
+  for (std::size_t i = 1; i < order.size(); ++i) input_of[order[i]] = order[i - 1];
   add_groups();
   add_trace();
 }
@@ -149,7 +151,6 @@ void BuildContext::add_trace() {
   for (std::size_t i = order.size(); i-- > 0;) {
     const UnitId u = order[i];
     const int layer = units[u].layer;
-    const bool first_of_layer = i == 0 || units[order[i - 1]].layer != layer;
     const bool last_of_layer = i + 1 == order.size() || units[order[i + 1]].layer != layer;
     if (sc.training.grad_checkpointing && layer >= 0 && last_of_layer) {
       std::size_t j = i;
@@ -157,7 +158,6 @@ void BuildContext::add_trace() {
       for (std::size_t k = j; k <= i; ++k) trace.push_back({order[k], K::kRecompute});
     }
     trace.push_back({u, K::kBackward});
-    (void)first_of_layer;
   }
 }
 
@@ -531,12 +531,9 @@ void RankEmitter::compute(UnitId u, TraceEntry::Kind kind) {
   using K = TraceEntry::Kind;
   const UnitBuffers& b = ub_[u];
   const ParamUnit& pu = c_.units[u];
-  const std::size_t i =
-      static_cast<std::size_t>(std::find(c_.order.begin(), c_.order.end(), u) - c_.order.begin());
-  const std::optional<BufferId> input =
-      i > 0 ? std::optional<BufferId>(act_[c_.order[i - 1]]) : std::nullopt;
+  const UnitId prev = c_.input_of[u];
   const Access param = full_part(u, b.full, {0, pu.padded_numel}, AccessMode::kRead);
-  const Access in = input ? whole(*input, AccessMode::kRead) : Access{};
+  const Access in = prev != kNoUnit ? whole(act_[prev], AccessMode::kRead) : Access{};
   const double param_bytes = static_cast<double>(pu.numel * c_.dt);
   Op* op = nullptr;
   if (kind == K::kForward) {

@@ -330,3 +330,47 @@ TEST(Builder, RejectsAWorldNotDivisibleByTheHpzSize) {
 
 }  // namespace
 }  // namespace hpz
+
+namespace hpz {
+namespace {
+
+TEST(Builder, GradientAccumulationReducesEveryMicroStepAndStepsOnce) {
+  Scenario sc = small();
+  sc.training.grad_accum = 3;
+  const Schedule s = build_schedule(sc);
+  std::size_t reductions = 0, optimizer_kernels = 0, accumulating = 0;
+  for (const Op& op : s.ranks[0].ops) {
+    if (op.kind == OpKind::kReduceScatter) {
+      ++reductions;
+      // From the second micro-step on, the reduction adds into the shard: it reads it too.
+      bool reads_shard = false;
+      for (const Access& a : s.accesses_of(0, op)) {
+        reads_shard |= a.mode == AccessMode::kRead &&
+                       s.ranks[0].buffers[a.buffer].role == BufferRole::kGradShard;
+      }
+      EXPECT_EQ(reads_shard, op.micro_step > 0);
+      accumulating += reads_shard;
+    }
+    if (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep) ++optimizer_kernels;
+  }
+  const std::size_t units = s.units.size();
+  EXPECT_EQ(reductions, 2 * 3 * units);  // 2 steps x 3 micro-steps
+  EXPECT_EQ(accumulating, 2 * 2 * units);
+  EXPECT_EQ(optimizer_kernels, 2 * units);
+}
+
+TEST(Builder, SameScenarioGivesTheSameSchedule) {
+  const Schedule a = build_schedule(small());
+  const Schedule b = build_schedule(small());
+  ASSERT_EQ(a.ranks.size(), b.ranks.size());
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    ASSERT_EQ(a.ranks[r].ops.size(), b.ranks[r].ops.size());
+    for (std::size_t i = 0; i < a.ranks[r].ops.size(); ++i) {
+      EXPECT_EQ(a.ranks[r].ops[i].purpose, b.ranks[r].ops[i].purpose);
+      EXPECT_EQ(a.ranks[r].ops[i].event, b.ranks[r].ops[i].event);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hpz
