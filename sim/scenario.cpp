@@ -164,6 +164,8 @@ std::string choice_of(const Setting& s, const std::string& key,
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kDtypeNames = {"bf16", "fp16", "fp32"};
+const std::vector<std::string> kCollectiveModelNames = {"fine", "coarse"};
+const std::vector<std::string> kNetworkModelNames = {"CM02", "LV08"};
 
 // ---------------------------------------------------------------------------------------------
 // The keys: one table, the single source of the names a scenario accepts.
@@ -258,6 +260,22 @@ const std::vector<KeySpec>& key_specs() {
       {"bugs", "legacy_copy_bounds", Kind::kBool, HPZ_SET(bugs.legacy_copy_bounds, bool_of)},
       {"bugs", "secondary_mismatch_rank", Kind::kInteger,
        HPZ_SET(bugs.secondary_mismatch_rank, int_of)},
+      {"sim", "compute_efficiency", Kind::kNumber, HPZ_SET(sim.compute_efficiency, double_of)},
+      {"sim", "memory_efficiency", Kind::kNumber, HPZ_SET(sim.memory_efficiency, double_of)},
+      {"sim", "launch_overhead_us", Kind::kNumber, HPZ_SET(sim.launch_overhead_us, double_of)},
+      {"sim", "kernel_latency_us", Kind::kNumber, HPZ_SET(sim.kernel_latency_us, double_of)},
+      {"sim", "pcie_gbytes_per_s", Kind::kNumber, HPZ_SET(sim.pcie_gbytes_per_s, double_of)},
+      {"sim", "jitter", Kind::kNumber, HPZ_SET(sim.jitter, double_of)},
+      {"sim", "collective_model", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.sim.collective_model = choice_of(v, k, kCollectiveModelNames);
+       }},
+      {"sim", "network_model", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.sim.network_model = choice_of(v, k, kNetworkModelNames);
+       }},
+      {"sim", "bandwidth_factor", Kind::kNumber, HPZ_SET(sim.bandwidth_factor, double_of)},
+      {"sim", "latency_factor", Kind::kNumber, HPZ_SET(sim.latency_factor, double_of)},
   };
   return specs;
 }
@@ -265,8 +283,8 @@ const std::vector<KeySpec>& key_specs() {
 #undef HPZ_SET
 
 const std::vector<std::string>& section_names() {
-  static const std::vector<std::string> names = {"cluster", "model", "training",
-                                                 "zero",    "run",   "bugs"};
+  static const std::vector<std::string> names = {"cluster", "model", "training", "zero",
+                                                 "run",     "bugs",  "sim"};
   return names;
 }
 
@@ -780,6 +798,21 @@ void check_bugs(const BugConfig& b, int steps, int world, const WhereOf& where_o
                       b.secondary_mismatch_rank, world - 1, world));
 }
 
+void check_sim(const SimConfig& m, const WhereOf& where_of) {
+  require(m.compute_efficiency > 0 && m.compute_efficiency <= 1, where_of, "sim.compute_efficiency",
+          fmt::format("{} is out of range (allowed: a fraction in (0, 1])", m.compute_efficiency));
+  require(m.memory_efficiency > 0 && m.memory_efficiency <= 1, where_of, "sim.memory_efficiency",
+          fmt::format("{} is out of range (allowed: a fraction in (0, 1])", m.memory_efficiency));
+  non_negative(m.launch_overhead_us, where_of, "sim.launch_overhead_us", "microseconds");
+  non_negative(m.kernel_latency_us, where_of, "sim.kernel_latency_us", "microseconds");
+  positive(m.pcie_gbytes_per_s, where_of, "sim.pcie_gbytes_per_s", "GB/s");
+  require(m.jitter >= 0 && m.jitter <= 1, where_of, "sim.jitter",
+          fmt::format("{} is out of range (allowed: a relative standard deviation in [0, 1])",
+                      m.jitter));
+  positive(m.bandwidth_factor, where_of, "sim.bandwidth_factor", "a factor");
+  positive(m.latency_factor, where_of, "sim.latency_factor", "a factor");
+}
+
 void check_scenario(const Scenario& s, const WhereOf& where_of) {
   check_cluster(s.cluster, where_of);
   check_model(s.model, where_of);
@@ -787,6 +820,7 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
   check_zero(s.zero, s.cluster.world_size(), where_of);
   at_least(s.run.steps, 1, where_of, "run.steps");
   check_bugs(s.bugs, s.run.steps, s.cluster.world_size(), where_of);
+  check_sim(s.sim, where_of);
 }
 
 }  // namespace

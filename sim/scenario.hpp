@@ -104,6 +104,20 @@ struct BugConfig {
   int secondary_mismatch_rank = -1;
 };
 
+/** [sim]: the timing engine's model parameters (`hpzlab sim`, docs/timing.md). */
+struct SimConfig {
+  double compute_efficiency = 0.6;  ///< fraction of peak FLOP/s a kernel reaches (0, 1]
+  double memory_efficiency = 0.8;   ///< fraction of HBM bandwidth kernels and copies reach (0, 1]
+  double launch_overhead_us = 5;    ///< host time to issue one stream op, microseconds
+  double kernel_latency_us = 2;     ///< minimum duration of a kernel or copy, microseconds
+  double pcie_gbytes_per_s = 25;    ///< host <-> device copy bandwidth, GB/s
+  double jitter = 0.02;             ///< relative standard deviation of op durations (0 = none)
+  std::string collective_model = "fine";  ///< fine (ring steps) | coarse (one transfer per edge)
+  std::string network_model = "CM02";     ///< SimGrid network model: CM02 | LV08
+  double bandwidth_factor = 0.97;         ///< SimGrid network/bandwidth-factor
+  double latency_factor = 1.0;            ///< SimGrid network/latency-factor
+};
+
 /** One experiment. */
 struct Scenario {
   std::string path;  ///< the file it came from ("" when built in code)
@@ -113,6 +127,7 @@ struct Scenario {
   ZeroConfig zero;
   RunConfig run;
   BugConfig bugs;
+  SimConfig sim;  ///< timing-engine parameters
   std::vector<std::string> notes;  ///< informational notes from loading (ignored ds_config keys)
 };
 

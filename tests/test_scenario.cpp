@@ -415,7 +415,7 @@ TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
   EXPECT_HAS(section,
              "s.toml: zeroo.overlap_comm: unknown section 'zeroo'; did you mean "
              "'zero.overlap_comm'?");
-  EXPECT_HAS(section, "(allowed: cluster, model, training, zero, run, bugs)");
+  EXPECT_HAS(section, "(allowed: cluster, model, training, zero, run, bugs, sim)");
   EXPECT_HAS(load_error("[cluster]\nseq_len = 4\n"), "did you mean 'training.seq_len'?");
   const std::string top = write("top.toml", "nodes = 2\n[model]\npreset = \"tiny\"\n");
   EXPECT_HAS(error_of([&] { load_scenario(top); }),
@@ -517,6 +517,38 @@ TEST(Names, ToString) {
   EXPECT_STREQ(to_string(Fill::kNan), "nan");
   EXPECT_STREQ(to_string(Fill::kStale), "stale");
   EXPECT_STREQ(to_string(Fill::kZero), "zero");
+}
+
+TEST_F(ScenarioFile, SimSectionDefaultsAndKeys) {
+  const Scenario defaults = load("");
+  EXPECT_DOUBLE_EQ(defaults.sim.compute_efficiency, 0.6);
+  EXPECT_EQ(defaults.sim.collective_model, "fine");
+  EXPECT_EQ(defaults.sim.network_model, "CM02");
+  const Scenario s = load(
+      "[sim]\ncompute_efficiency = 0.5\nmemory_efficiency = 0.7\nlaunch_overhead_us = 4\n"
+      "kernel_latency_us = 1\npcie_gbytes_per_s = 32\njitter = 0\ncollective_model = "
+      "\"coarse\"\nnetwork_model = \"LV08\"\nbandwidth_factor = 1\nlatency_factor = 13.01\n",
+      {{"sim.jitter", "0.1"}});
+  EXPECT_DOUBLE_EQ(s.sim.compute_efficiency, 0.5);
+  EXPECT_DOUBLE_EQ(s.sim.memory_efficiency, 0.7);
+  EXPECT_DOUBLE_EQ(s.sim.launch_overhead_us, 4);
+  EXPECT_DOUBLE_EQ(s.sim.kernel_latency_us, 1);
+  EXPECT_DOUBLE_EQ(s.sim.pcie_gbytes_per_s, 32);
+  EXPECT_DOUBLE_EQ(s.sim.jitter, 0.1);
+  EXPECT_EQ(s.sim.collective_model, "coarse");
+  EXPECT_EQ(s.sim.network_model, "LV08");
+  EXPECT_DOUBLE_EQ(s.sim.bandwidth_factor, 1);
+  EXPECT_DOUBLE_EQ(s.sim.latency_factor, 13.01);
+}
+
+TEST_F(ScenarioFile, SimSectionErrors) {
+  EXPECT_HAS(load_error("[sim]\ncompute_efficiency = 1.5\n"),
+             "sim.compute_efficiency: 1.5 is out of range");
+  EXPECT_HAS(load_error("[sim]\ncollective_model = \"corse\"\n"), "did you mean 'coarse'");
+  EXPECT_HAS(load_error("[sim]\nnetwork_model = \"ns3\"\n"), "CM02");
+  EXPECT_HAS(load_error("[sim]\njiter = 0.1\n"), "did you mean 'sim.jitter'");
+  EXPECT_HAS(load_error("", {{"sim.jitter", "-1"}}), "sim.jitter");
+  EXPECT_HAS(load_error("[sim]\npcie_gbytes_per_s = 0\n"), "sim.pcie_gbytes_per_s");
 }
 
 }  // namespace

@@ -31,6 +31,8 @@ void write_output(const std::string& path, const std::string& text);
 void setup_schedule(CLI::App& app, int& exit_code);
 /** Registers `hpzlab check`. */
 void setup_check(CLI::App& app, int& exit_code);
+/** Registers `hpzlab sim`. */
+void setup_sim(CLI::App& app, int& exit_code);
 /** Registers `hpzlab real`. */
 void setup_real(CLI::App& app, int& exit_code);
 

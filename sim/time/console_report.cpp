@@ -1,0 +1,80 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "sim/check/finding_log.hpp"
+#include "sim/time/report.hpp"
+
+namespace hpz::time {
+namespace {
+
+std::string seconds(double s) {
+  if (s >= 1) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+void races(const SimResult& r, std::string& out) {
+  bool any = false;
+  for (const RaceReport& race : r.races) {
+    if (race.group.example.kind != check::FindingKind::kRace) continue;
+    any = true;
+    out += fmt::format("  race: {} vs {}: {} instances; manifested in {} of {} runs\n",
+                       check::describe_short(race.group.example.first),
+                       check::describe_short(race.group.example.second), race.instances,
+                       race.runs_manifested, r.runs.size());
+    if (!race.has_example) continue;
+    const Manifestation& m = race.example_timing;
+    out += fmt::format(
+        "    first in run 1: rank {} op #{} started at {:.6f} s, {} before op #{} ended at "
+        "{:.6f} s (largest overlap {})\n",
+        race.example.rank, race.example.second, m.second_start_s, seconds(m.overlap_s),
+        race.example.first, m.first_end_s, seconds(race.max_overlap_s));
+  }
+  if (!any) out += "  races: none (the checker proves this schedule race-free)\n";
+}
+
+void links(const SimResult& r, std::string& out) {
+  std::vector<const LinkReport*> sorted;
+  for (const LinkReport& l : r.links) sorted.push_back(&l);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const LinkReport* a, const LinkReport* b) {
+    return a->utilisation > b->utilisation;
+  });
+  double nic = 0, nvlink = 0;
+  for (const LinkReport& l : r.links) (l.spec.internode ? nic : nvlink) += l.bytes_last_step;
+  out += fmt::format("  bytes in the step: {:.3f} GB over NICs, {:.3f} GB over NVLink\n", nic / 1e9,
+                     nvlink / 1e9);
+  out += "  busiest links (step):";
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, sorted.size()); ++i) {
+    out += fmt::format(" {} {:.1f}%", sorted[i]->spec.name, 100 * sorted[i]->utilisation);
+  }
+  out += "\n";
+}
+
+}  // namespace
+
+std::string ConsoleReporter::render(const Schedule&, const SimResult& r) const {
+  const StepMetrics& m = r.mean;
+  std::string out =
+      fmt::format("{} [{}]: {} ranks on {} nodes, step {} of {}{}\n", r.scenario, r.variant,
+                  r.world_size, r.nodes, r.steps - 1, r.steps,
+                  r.runs.size() > 1 ? fmt::format(", mean of {} runs", r.runs.size()) : "");
+  if (m.hung) out += "  HANG: some ops never ran (mismatched collectives); times are partial\n";
+  out += fmt::format("  step time          {}\n", seconds(m.step_time_s));
+  out += fmt::format("  tokens/s/node      {:.1f}\n", m.tokens_per_s_per_node);
+  out += fmt::format("  exposed comm       {} (compute stream idle, mean over ranks)\n",
+                     seconds(m.exposed_comm_s));
+  out += fmt::format("  host stall (fix A) {} (host blocked in the secondary-copy syncs)\n",
+                     seconds(m.host_stall_s));
+  out += fmt::format("  races manifested   {}\n", m.races_manifested);
+  races(r, out);
+  links(r, out);
+  out += fmt::format(
+      "  network: SimGrid {} (bandwidth factor {}, latency factor {}), {} collectives; "
+      "{} transfers, {} execs\n",
+      r.network_model, r.bandwidth_factor, r.latency_factor, r.collective_model, r.stats.transfers,
+      r.stats.execs);
+  return out;
+}
+
+}  // namespace hpz::time

@@ -1,0 +1,68 @@
+// The timing engine: plays a schedule forward in SimGrid's simulated time and fills a Timeline.
+//
+// Model (docs/timing.md has the full story):
+//  - Each rank's host issues its ops in IR order, paying CostModel::launch_s() (jittered) per
+//    stream op; host syncs block it until the stream (or every stream) has drained.
+//  - Streams run FIFO; an op starts when it has been issued, its stream predecessor has ended,
+//    the event it waits on (if any) has been recorded, and, for a collective, every member of
+//    its group has arrived at the matching collective.
+//  - Kernels, quantize kernels and copies run for CostModel::op_s() x jitter; collectives run as
+//    SimGrid transfers (CollectivePlan) over the Topology's links, sharing bandwidth per the
+//    network model.
+// SimGrid's engine is a process-wide singleton: run_engine() may be called once per process;
+// run_isolated() runs it in a forked child.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+#include "sim/time/collective.hpp"
+#include "sim/timeline.hpp"
+
+namespace hpz::time {
+
+/** What one run produced, besides the timeline. */
+struct EngineStats {
+  std::uint64_t transfers = 0;   ///< SimGrid comms started
+  std::uint64_t execs = 0;       ///< SimGrid execs started (kernels, copies, timers)
+  std::uint64_t ops = 0;         ///< schedule ops timed
+  std::uint64_t unfinished = 0;  ///< ops that never ran: the job hangs (collective mismatch)
+  double wall_s = 0;             ///< host seconds the simulation took
+  double peak_rss_bytes = 0;     ///< peak resident memory of the simulating process
+};
+
+/** One simulated run. */
+struct EngineRun {
+  Timeline timeline;
+  /** Bytes sent over each link direction (Topology::links()), per step: [step + 1][link]
+   *  (index 0 is init). */
+  std::vector<std::vector<double>> link_bytes;
+  EngineStats stats;
+};
+
+/** Runs the schedule in this process's SimGrid engine (once per process). */
+EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
+
+/** A run_engine() call in a forked child process; wait() collects its result (call it once). */
+class ChildRun {
+ public:
+  /** Forks and starts simulating in the child. */
+  ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
+  /** Reads the child's result and reaps it; throws std::runtime_error if the child failed. */
+  EngineRun wait();
+
+ private:
+  int pid_ = -1;
+  int fd_ = -1;
+};
+
+/** Runs run_engine() in a forked child and returns its result. */
+EngineRun run_isolated(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
+
+/** The collective model a scenario asks for. */
+CollectiveModel collective_model_of(const Scenario& scenario);
+
+}  // namespace hpz::time

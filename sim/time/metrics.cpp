@@ -1,0 +1,80 @@
+// Step time, throughput, exposed communication and host stalls, from Schedule + Timeline.
+#include <algorithm>
+#include <limits>
+
+#include "sim/time/simulate.hpp"
+
+namespace hpz::time {
+namespace {
+
+/** When the last op of step k ended, over all ranks (k = -1: init). */
+double step_end(const Schedule& schedule, const Timeline& timeline, std::int32_t k) {
+  double end = 0;
+  for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
+    const auto& ops = schedule.ranks[r].ops;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].step == k) end = std::max(end, timeline.ranks[r][i].end_s);
+    }
+  }
+  return end;
+}
+
+bool occupies_compute(const Op& op) {
+  return op.kind == OpKind::kKernel || op.kind == OpKind::kCopy || op.kind == OpKind::kQuantize ||
+         op.kind == OpKind::kDequantize;
+}
+
+/** Seconds within [lo, hi) that rank r's S0 ran compute ops (FIFO: intervals do not overlap). */
+double compute_busy(const RankSchedule& rs, const std::vector<OpTime>& times, double lo,
+                    double hi) {
+  const auto s0 = std::find_if(rs.streams.begin(), rs.streams.end(),
+                               [](const Stream& s) { return s.name == "S0"; });
+  const auto id = static_cast<StreamId>(s0 - rs.streams.begin());
+  double busy = 0;
+  for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+    const Op& op = rs.ops[i];
+    if (op.stream != id || !occupies_compute(op) || times[i].end_s < 0) continue;
+    busy += std::max(0.0, std::min(hi, times[i].end_s) - std::max(lo, times[i].start_s));
+  }
+  return busy;
+}
+
+double host_blocked(const RankSchedule& rs, const std::vector<OpTime>& times, std::int32_t k,
+                    bool fix_only) {
+  double blocked = 0;
+  for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+    const Op& op = rs.ops[i];
+    const bool sync = op.kind == OpKind::kHostStreamSync || op.kind == OpKind::kHostDeviceSync;
+    if (!sync || op.step != k || times[i].end_s < 0) continue;
+    if (fix_only && op.purpose != Purpose::kFixHostSync) continue;
+    blocked += times[i].end_s - times[i].start_s;
+  }
+  return blocked;
+}
+
+}  // namespace
+
+StepMetrics step_metrics(const Scenario& scenario, const Schedule& schedule,
+                         const Timeline& timeline) {
+  StepMetrics m;
+  const std::int32_t k = scenario.run.steps - 1;
+  const double lo = step_end(schedule, timeline, k - 1);
+  const double hi = step_end(schedule, timeline, k);
+  m.step_time_s = hi - lo;
+  const auto& t = scenario.training;
+  const double tokens = static_cast<double>(t.seq_len) * t.micro_batch * t.grad_accum *
+                        scenario.cluster.gpus_per_node;
+  m.tokens_per_s_per_node = m.step_time_s > 0 ? tokens / m.step_time_s : 0;
+  const auto ranks = static_cast<double>(schedule.ranks.size());
+  for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
+    const RankSchedule& rs = schedule.ranks[r];
+    const auto& times = timeline.ranks[r];
+    m.exposed_comm_s += (m.step_time_s - compute_busy(rs, times, lo, hi)) / ranks;
+    m.host_stall_s += host_blocked(rs, times, k, true) / ranks;
+    m.host_sync_s += host_blocked(rs, times, k, false) / ranks;
+    for (const OpTime& o : times) m.hung = m.hung || o.end_s < 0;
+  }
+  return m;
+}
+
+}  // namespace hpz::time

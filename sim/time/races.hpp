@@ -1,0 +1,42 @@
+// Which of the checker's races bite in a given timing. The checker (sim/check) proves which op
+// pairs are unordered; a race *manifests* in a run when the later op of a pair (in host order)
+// started before the earlier one ended: the read began before the write finished (or the write
+// began before the read finished, for write-after-read).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "sim/check/checker.hpp"
+#include "sim/schedule.hpp"
+#include "sim/timeline.hpp"
+
+namespace hpz::time {
+
+/** One racing op pair of one rank. */
+struct RaceInstance {
+  std::uint32_t group = 0;  ///< index into CheckResult::groups
+  Rank rank = 0;
+  std::uint32_t first = 0;   ///< earlier op in host order
+  std::uint32_t second = 0;  ///< later op in host order
+};
+
+/** The timing of one race instance in one run. */
+struct Manifestation {
+  bool manifested = false;
+  double first_end_s = 0;     ///< when the earlier op ended
+  double second_start_s = 0;  ///< when the later op started
+  double overlap_s = 0;       ///< first_end_s - second_start_s (> 0 when manifested)
+};
+
+/** Every op pair behind the race groups of `result`: on each rank the group spans, the ops with
+ *  the group example's (purpose, stream, access mode) on both sides that access overlapping bytes
+ *  of one buffer of the example's role within one lifetime; each first-side access is paired
+ *  with its first such access only, as the checker counts. */
+std::vector<RaceInstance> race_instances(const Schedule& schedule,
+                                         const check::CheckResult& result);
+
+/** How `race` played out in `timeline`. */
+Manifestation manifestation(const Timeline& timeline, const RaceInstance& race);
+
+}  // namespace hpz::time

@@ -1,0 +1,42 @@
+// Outputs of `hpzlab sim`, one file per format behind one interface: the console summary, the
+// JSON results (--json) and the Chrome trace-event file (--trace) that Perfetto opens.
+#pragma once
+
+#include <string>
+
+#include "sim/schedule.hpp"
+#include "sim/time/simulate.hpp"
+
+namespace hpz::time {
+
+/** Renders a simulation result. */
+class Reporter {
+ public:
+  virtual ~Reporter() = default;
+  /** The whole output as text; `schedule` is the one that was simulated. */
+  virtual std::string render(const Schedule& schedule, const SimResult& result) const = 0;
+};
+
+/** The terminal summary: step time, tokens/s/node, exposed communication, host stall, races
+ *  manifested, the busiest links, the network model and its factors. */
+class ConsoleReporter : public Reporter {
+ public:
+  std::string render(const Schedule& schedule, const SimResult& result) const override;
+};
+
+/** Machine-readable results: step_time_s, tokens_per_s_per_node, races_manifested, per-link
+ *  bytes and utilisation, the manifested races with timestamps and overlap. No wall-clock
+ *  values, so the same scenario and seed give the same bytes. */
+class JsonReporter : public Reporter {
+ public:
+  std::string render(const Schedule& schedule, const SimResult& result) const override;
+};
+
+/** Chrome trace-event JSON of the first run: one process per rank, one thread (track) per stream
+ *  plus "host", flow arrows for event waits and collective rendezvous, manifested races marked. */
+class TraceReporter : public Reporter {
+ public:
+  std::string render(const Schedule& schedule, const SimResult& result) const override;
+};
+
+}  // namespace hpz::time

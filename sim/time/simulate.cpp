@@ -1,0 +1,112 @@
+#include "sim/time/simulate.hpp"
+
+#include <algorithm>
+#include <deque>
+
+namespace hpz::time {
+namespace {
+
+std::vector<EngineRun> run_all(const Scenario& scenario, const Schedule& schedule,
+                               const SimOptions& options) {
+  std::vector<EngineRun> runs;
+  std::deque<ChildRun> running;
+  const int total = std::max(1, options.runs);
+  int started = 0;
+  while (static_cast<int>(runs.size()) < total) {
+    while (started < total && static_cast<int>(running.size()) < std::max(1, options.parallel)) {
+      running.emplace_back(scenario, schedule,
+                           scenario.run.seed + static_cast<std::uint64_t>(started++));
+    }
+    runs.push_back(running.front().wait());
+    running.pop_front();
+    if (options.progress) options.progress(static_cast<int>(runs.size()), total);
+  }
+  return runs;
+}
+
+void time_races(const std::vector<EngineRun>& runs, SimResult& result) {
+  for (RaceReport& report : result.races) report.manifested_per_run.assign(runs.size(), 0);
+  for (std::size_t run = 0; run < runs.size(); ++run) {
+    for (const RaceInstance& race : result.race_instances) {
+      const Manifestation m = manifestation(runs[run].timeline, race);
+      RaceReport& report = result.races[race.group];
+      if (run == 0) {
+        ++report.instances;
+        report.max_overlap_s = std::max(report.max_overlap_s, m.overlap_s);
+      }
+      if (!m.manifested) continue;
+      ++report.manifested_per_run[run];
+      ++result.runs[run].races_manifested;
+      if (run == 0 && !report.has_example) {
+        report.has_example = true;
+        report.example = race;
+        report.example_timing = m;
+      }
+    }
+  }
+  for (RaceReport& report : result.races) {
+    report.runs_manifested = static_cast<int>(std::count_if(report.manifested_per_run.begin(),
+                                                            report.manifested_per_run.end(),
+                                                            [](std::uint64_t n) { return n > 0; }));
+  }
+}
+
+void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& result) {
+  const Topology topology(scenario.cluster);
+  const double step = result.runs.front().step_time_s;
+  for (std::size_t l = 0; l < topology.links().size(); ++l) {
+    LinkReport report;
+    report.spec = topology.links()[l];
+    for (const auto& per_step : run.link_bytes) report.bytes += per_step[l];
+    report.bytes_last_step = run.link_bytes.back()[l];
+    report.utilisation = step > 0 ? report.bytes_last_step / (report.spec.bytes_per_s * step) : 0;
+    result.links.push_back(report);
+  }
+}
+
+StepMetrics mean_of(const std::vector<StepMetrics>& runs) {
+  StepMetrics m;
+  const auto n = static_cast<double>(runs.size());
+  for (const StepMetrics& r : runs) {
+    m.step_time_s += r.step_time_s / n;
+    m.tokens_per_s_per_node += r.tokens_per_s_per_node / n;
+    m.exposed_comm_s += r.exposed_comm_s / n;
+    m.host_stall_s += r.host_stall_s / n;
+    m.host_sync_s += r.host_sync_s / n;
+    m.races_manifested += r.races_manifested;
+    m.hung = m.hung || r.hung;
+  }
+  return m;
+}
+
+}  // namespace
+
+SimResult simulate(const Scenario& scenario, const Schedule& schedule, const SimOptions& options) {
+  SimResult result;
+  result.scenario = schedule.scenario;
+  result.variant = schedule.variant;
+  result.world_size = schedule.world_size;
+  result.nodes = scenario.cluster.nodes;
+  result.steps = scenario.run.steps;
+  result.collective_model = scenario.sim.collective_model;
+  result.network_model = scenario.sim.network_model;
+  result.bandwidth_factor = scenario.sim.bandwidth_factor;
+  result.latency_factor = scenario.sim.latency_factor;
+  if (options.check_races) {
+    const check::CheckResult checked = check::check_schedule(schedule);
+    for (const check::FindingGroup& g : checked.groups)
+      result.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
+    result.race_instances = race_instances(schedule, checked);
+  }
+  std::vector<EngineRun> runs = run_all(scenario, schedule, options);
+  for (const EngineRun& run : runs)
+    result.runs.push_back(step_metrics(scenario, schedule, run.timeline));
+  time_races(runs, result);
+  result.mean = mean_of(result.runs);
+  link_reports(scenario, runs.front(), result);
+  result.stats = runs.front().stats;
+  result.timeline = std::move(runs.front().timeline);
+  return result;
+}
+
+}  // namespace hpz::time

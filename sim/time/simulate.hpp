@@ -1,0 +1,88 @@
+// `hpzlab sim` as a library: play a schedule forward in simulated time (engine.hpp), once or
+// --runs times with different jitter seeds, and compute from Schedule + Timeline + link bytes
+// what a training step costs and which of the checker's races bite.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sim/check/checker.hpp"
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+#include "sim/time/engine.hpp"
+#include "sim/time/platform.hpp"
+#include "sim/time/races.hpp"
+#include "sim/timeline.hpp"
+
+namespace hpz::time {
+
+/** How to simulate. */
+struct SimOptions {
+  int runs = 1;             ///< runs, seeds run.seed, run.seed + 1, ...
+  int parallel = 2;         ///< child processes at once
+  bool check_races = true;  ///< run the race checker and time its races (off for benchmarks)
+  /** Called after each finished run with (runs done, runs in all). */
+  std::function<void(int, int)> progress;
+};
+
+/** The step-level numbers of one run (the schedule's last step). */
+struct StepMetrics {
+  double step_time_s = 0;            ///< end of step k-1's last op to end of step k's last op
+  double tokens_per_s_per_node = 0;  ///< seq_len x micro_batch x grad_accum x gpus/node / step
+  double exposed_comm_s = 0;  ///< mean over ranks: time in the step the compute stream S0 idles
+  double host_stall_s = 0;    ///< mean over ranks: time the host blocked in fix A's syncs
+  double host_sync_s = 0;     ///< mean over ranks: time the host blocked in any sync
+  std::uint64_t races_manifested = 0;  ///< race instances that manifested in this run
+  bool hung = false;                   ///< some ops never ran (mismatched collectives)
+};
+
+/** One race group of the checker and how often it manifested. */
+struct RaceReport {
+  check::FindingGroup group;
+  std::uint64_t instances = 0;                    ///< op pairs behind the group
+  std::vector<std::uint64_t> manifested_per_run;  ///< instances that manifested, per run
+  int runs_manifested = 0;   ///< runs in which at least one instance manifested
+  bool has_example = false;  ///< first run's first manifested instance is below
+  RaceInstance example;
+  Manifestation example_timing;
+  double max_overlap_s = 0;  ///< over the first run's instances
+};
+
+/** One link direction's traffic. */
+struct LinkReport {
+  LinkSpec spec;
+  double bytes = 0;            ///< whole run (first run)
+  double bytes_last_step = 0;  ///< the step that step_time_s measures
+  double utilisation = 0;      ///< bytes_last_step / (bandwidth x step time)
+};
+
+/** Everything `hpzlab sim` reports. */
+struct SimResult {
+  std::string scenario;
+  std::string variant;
+  int world_size = 0;
+  int nodes = 0;
+  int steps = 0;                 ///< steps in the schedule; the last one is measured
+  std::string collective_model;  ///< fine | coarse
+  std::string network_model;     ///< SimGrid model name
+  double bandwidth_factor = 0;
+  double latency_factor = 0;
+  std::vector<StepMetrics> runs;  ///< per run
+  StepMetrics mean;               ///< averaged over runs
+  std::vector<RaceReport> races;
+  std::vector<LinkReport> links;
+  Timeline timeline;  ///< the first run's
+  std::vector<RaceInstance> race_instances;
+  EngineStats stats;  ///< the first run's
+};
+
+/** Simulates `schedule` (built from `scenario`) per `options`; each run in a child process. */
+SimResult simulate(const Scenario& scenario, const Schedule& schedule, const SimOptions& options);
+
+/** The step metrics of one run. */
+StepMetrics step_metrics(const Scenario& scenario, const Schedule& schedule,
+                         const Timeline& timeline);
+
+}  // namespace hpz::time

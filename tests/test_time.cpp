@@ -1,0 +1,168 @@
+// The timing engine: cost model, collective plans, and the properties `hpzlab sim` must show on
+// small scenarios (hpZ's NIC savings, the fixes' costs, determinism, a valid trace).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "sim/builder.hpp"
+#include "sim/time/collective.hpp"
+#include "sim/time/cost_model.hpp"
+#include "sim/time/report.hpp"
+#include "sim/time/simulate.hpp"
+
+namespace hpz::time {
+namespace {
+
+Scenario scenario(const std::string& name, const std::vector<Override>& sets = {}) {
+  return load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/" + name, sets);
+}
+
+SimResult sim(const Scenario& sc, int runs = 1) {
+  SimOptions opts;
+  opts.runs = runs;
+  return simulate(sc, build_schedule(sc), opts);
+}
+
+double nic_bytes(const SimResult& r) {
+  double bytes = 0;
+  for (const LinkReport& l : r.links) bytes += l.spec.internode ? l.bytes_last_step : 0;
+  return bytes;
+}
+
+TEST(CostModel, KernelIsARooflineWithAFloor) {
+  Scenario sc = scenario("tiny.toml");
+  sc.sim.compute_efficiency = 0.5;
+  sc.sim.memory_efficiency = 1.0;
+  sc.sim.kernel_latency_us = 2;
+  const CostModel cost(sc);
+  const double peak = sc.cluster.gpu.peak_flops;
+  EXPECT_DOUBLE_EQ(cost.kernel_s(peak, 0), 2.0);  // compute bound at half the peak
+  EXPECT_DOUBLE_EQ(cost.kernel_s(0, sc.cluster.gpu.hbm_bytes_per_s), 1.0);  // memory bound
+  EXPECT_DOUBLE_EQ(cost.kernel_s(1, 1), 2e-6);                              // launch floor
+  EXPECT_DOUBLE_EQ(cost.host_copy_s(25e9), 1.0);                            // PCIe 25 GB/s
+}
+
+TEST(CollectivePlan, RingStepsAsNcclRunsThem) {
+  const auto ag = plan_collective(OpKind::kAllGather, 100, 8, CollectiveModel::kFine);
+  EXPECT_EQ(ag.steps, 7);
+  EXPECT_EQ(ag.step_bytes, 100u);
+  const auto ar = plan_collective(OpKind::kAllReduce, 800, 8, CollectiveModel::kFine);
+  EXPECT_EQ(ar.steps, 14);
+  EXPECT_EQ(ar.step_bytes, 100u);
+  const auto a2a = plan_collective(OpKind::kAllToAll, 800, 8, CollectiveModel::kFine);
+  EXPECT_TRUE(a2a.all_to_all);
+  EXPECT_EQ(a2a.step_bytes, 100u);
+  const auto coarse = plan_collective(OpKind::kAllGather, 100, 8, CollectiveModel::kCoarse);
+  EXPECT_EQ(coarse.steps, 1);
+  EXPECT_EQ(coarse.step_bytes, 700u);
+  EXPECT_EQ(plan_collective(OpKind::kAllGather, 100, 1, CollectiveModel::kFine).steps, 0);
+}
+
+TEST(Simulate, HpzMovesBackwardGathersOffTheNicsAndWinsAtSlowNics) {
+  const SimResult on = sim(scenario("llama2-7b.toml"));
+  const SimResult off = sim(scenario("llama2-7b.toml", {{"zero.zero_hpz_partition_size", "1"}}));
+  EXPECT_LT(nic_bytes(on), 0.8 * nic_bytes(off));
+  EXPECT_GT(on.mean.tokens_per_s_per_node, off.mean.tokens_per_s_per_node);
+  EXPECT_FALSE(on.mean.hung);
+}
+
+TEST(Simulate, NvlinkClassNicsShrinkHpzAdvantage) {
+  const auto ratio = [](const std::string& gbps) {
+    const std::vector<Override> fast = {{"cluster.nic_gbps", gbps}};
+    std::vector<Override> off = fast;
+    off.push_back({"zero.zero_hpz_partition_size", "1"});
+    return sim(scenario("llama2-7b.toml", fast)).mean.tokens_per_s_per_node /
+           sim(scenario("llama2-7b.toml", off)).mean.tokens_per_s_per_node;
+  };
+  const double slow = ratio("12.5");
+  const double fast = ratio("4800");
+  EXPECT_GT(slow, 1.0);
+  EXPECT_LT(fast, slow);
+}
+
+TEST(Simulate, EventWaitCostsUnderOnePercentAndHostSyncStallsTheHost) {
+  const SimResult stock = sim(scenario("llama2-7b.toml"));
+  const SimResult event = sim(scenario("llama2-7b.toml", {{"run.variant", "event-wait"}}));
+  const SimResult host = sim(scenario("llama2-7b.toml", {{"run.variant", "host-sync"}}));
+  EXPECT_NEAR(event.mean.step_time_s, stock.mean.step_time_s, 0.01 * stock.mean.step_time_s);
+  EXPECT_EQ(event.mean.host_stall_s, 0.0);
+  EXPECT_GT(host.mean.host_stall_s, 1e-3);
+  EXPECT_GE(host.mean.step_time_s, 0.999 * stock.mean.step_time_s);
+}
+
+TEST(Simulate, RaceManifestsWhenTheComputeStreamIsBacklogged) {
+  // A fast network and a bigger batch make the step compute-bound: S0 lags behind S_ag.
+  const Scenario sc =
+      scenario("llama2-7b.toml", {{"cluster.nic_gbps", "1600"}, {"training.micro_batch", "4"}});
+  const SimResult r = sim(sc, 2);
+  ASSERT_FALSE(r.races.empty());
+  EXPECT_GT(r.mean.races_manifested, 0u);
+  EXPECT_EQ(r.races.front().runs_manifested, 2);
+  EXPECT_TRUE(r.races.front().has_example);
+  EXPECT_GT(r.races.front().example_timing.overlap_s, 0);
+  // The fixes leave nothing to manifest.
+  EXPECT_EQ(sim(scenario("llama2-7b.toml", {{"cluster.nic_gbps", "1600"},
+                                            {"training.micro_batch", "4"},
+                                            {"run.variant", "event-wait"}}))
+                .mean.races_manifested,
+            0u);
+}
+
+TEST(Simulate, SameScenarioAndSeedGiveIdenticalJson) {
+  const Scenario sc = scenario("tiny.toml");
+  const Schedule schedule = build_schedule(sc);
+  const std::string a = JsonReporter().render(schedule, simulate(sc, schedule, {}));
+  const std::string b = JsonReporter().render(schedule, simulate(sc, schedule, {}));
+  EXPECT_EQ(a, b);
+  Scenario other = sc;
+  other.run.seed = 2;
+  EXPECT_NE(a, JsonReporter().render(schedule, simulate(other, schedule, {})));
+  const auto j = nlohmann::json::parse(a);
+  for (const char* key : {"step_time_s", "tokens_per_s_per_node", "races_manifested", "links"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_GT(j["step_time_s"].get<double>(), 0);
+}
+
+TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {
+  const Scenario sc = scenario("tiny.toml", {{"run.variant", "host-sync"}});
+  const Schedule schedule = build_schedule(sc);
+  const SimResult r = simulate(sc, schedule, {});
+  const auto trace = nlohmann::json::parse(TraceReporter().render(schedule, r));
+  std::set<std::string> processes, threads;
+  int flows = 0, host_stalls = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    const std::string ph = e.at("ph");
+    if (ph == "M" && e.at("name") == "process_name") processes.insert(e["args"]["name"]);
+    if (ph == "M" && e.at("name") == "thread_name") threads.insert(e["args"]["name"]);
+    if (ph == "s") ++flows;
+    if (ph == "X" && e.at("tid") == 0 && e.at("name") == "fix_host_sync" && e.at("dur") > 0) {
+      ++host_stalls;
+    }
+    if (ph == "X") {
+      ASSERT_GE(e.at("dur").get<double>(), 0);
+    }
+  }
+  EXPECT_EQ(processes.size(), static_cast<std::size_t>(sc.cluster.world_size()));
+  EXPECT_TRUE(processes.count("rank 0"));
+  for (const char* t : {"host", "S0", "S_ag", "S_nccl"}) EXPECT_TRUE(threads.count(t)) << t;
+  EXPECT_GT(flows, 0);
+  EXPECT_GT(host_stalls, 0);
+}
+
+TEST(Simulate, CoarseCollectivesStayCloseToFine) {
+  const SimResult fine = sim(scenario("tiny.toml"));
+  const SimResult coarse = sim(scenario("tiny.toml", {{"sim.collective_model", "coarse"}}));
+  EXPECT_NEAR(coarse.mean.step_time_s, fine.mean.step_time_s, 0.25 * fine.mean.step_time_s);
+  EXPECT_LT(coarse.stats.transfers, fine.stats.transfers);
+}
+
+TEST(Simulate, MismatchedCollectivesHang) {
+  const SimResult r = sim(scenario("mismatched-collectives.toml"));
+  EXPECT_TRUE(r.mean.hung);
+}
+
+}  // namespace
+}  // namespace hpz::time
