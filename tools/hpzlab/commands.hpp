@@ -35,5 +35,7 @@ void setup_check(CLI::App& app, int& exit_code);
 void setup_sim(CLI::App& app, int& exit_code);
 /** Registers `hpzlab real`. */
 void setup_real(CLI::App& app, int& exit_code);
+/** Registers `hpzlab repro`. */
+void setup_repro(CLI::App& app, int& exit_code);
 
 }  // namespace hpz::cli

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   hpz::cli::setup_check(app, exit_code);
   hpz::cli::setup_sim(app, exit_code);
   hpz::cli::setup_real(app, exit_code);
+  hpz::cli::setup_repro(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

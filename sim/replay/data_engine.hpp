@@ -1,0 +1,428 @@
+// The replay engine, generic over a value domain (numeric_domain.hpp, taint_domain.hpp): it
+// walks the timeline's start and end events in time order and carries out each op's data
+// movement (copies, gathers, reductions, (de)quantization as pass-through) itself, handing
+// kernels to the domain. See replay.hpp for the read/write timing rule.
+//
+// A Domain provides:
+//   using Chunk;                                  values of a contiguous element range
+//   static std::uint64_t size(const Chunk&);
+//   static Chunk slice(const Chunk&, std::uint64_t off, std::uint64_t n);
+//   static void splice(Chunk& dst, std::uint64_t off, const Chunk& src);   overwrite in place
+//   static void accumulate(Chunk& acc, const Chunk& x);                    element-wise sum
+//   Chunk read(Rank, BufferId, std::uint64_t begin, std::uint64_t n);      n = kWhole: to the end
+//   void write(Rank, BufferId, std::uint64_t begin, const Chunk&);
+//   void alloc(Rank, BufferId slot, BufferId previous_slot, Fill, std::uint64_t elements);
+// Storage is per buffer *lifetime* (a slot): each kAlloc opens a new slot, and an op refers to
+// the lifetime current when its rank's host issued it (the IR's buffer ids are reused across
+// lifetimes). A slot is created and filled when its kAlloc is issued: empty() is a host-side
+// allocator call, so a fresh buffer read before its stream reached the alloc already holds the
+// fill; `stale` carries over what the previous lifetime held at that moment.
+//   Chunk checkpoint(Rank, UnitId, std::uint64_t first_element, std::uint64_t n);
+//   std::vector<Write<Chunk>> kernel(Rank, const Op&, ReadFn);   ReadFn(BufferId, begin, n)
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+#include "sim/shard.hpp"
+#include "sim/timeline.hpp"
+
+namespace hpz::replay {
+
+/** Read "to the end of the buffer". */
+inline constexpr std::uint64_t kWhole = std::numeric_limits<std::uint64_t>::max();
+
+/** Values an op writes into an element range of one of its rank's buffers. */
+template <class Chunk>
+struct Write {
+  BufferId buffer = 0;
+  std::uint64_t begin = 0;  ///< first element
+  Chunk data;
+};
+
+/** Reads an element range of one of the op's rank's buffers, as the op sees it. */
+template <class Chunk>
+using ReadFn = std::function<Chunk(BufferId, std::uint64_t, std::uint64_t)>;
+
+template <class Domain>
+class DataEngine {
+ public:
+  using Chunk = typename Domain::Chunk;
+
+  DataEngine(const Schedule& s, const Timeline& t, Domain& d) : s_(s), t_(t), d_(d) {
+    for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
+    assign_slots();
+  }
+
+  /** Replays every op that ran; returns how many reads overlapped a write in flight. */
+  std::uint64_t run() {
+    match_collectives();
+    in_flight_.assign(s_.ranks.size(), {});
+    for (const Event& e : events()) (e.is_start ? on_start(e) : on_end(e));
+    return mixed_reads_;
+  }
+
+ private:
+  struct Event {
+    double t;
+    bool is_start;
+    Rank r;
+    std::uint32_t i;
+  };
+  struct Pending {
+    double start = 0, end = 0;
+    std::vector<Write<Chunk>> writes;
+    bool ready = false;  // writes computed (collectives: every member started)
+    bool ended = false;  // end event seen
+  };
+  /** The k-th collective of a group: every member's send data, gathered as members start. */
+  struct Instance {
+    std::vector<std::pair<Rank, std::uint32_t>> members;  // (rank, op), group order
+    std::vector<std::vector<Chunk>> sends;                // by member: what it contributed
+    std::size_t started = 0;
+  };
+
+  const Op& op(Rank r, std::uint32_t i) const { return s_.ranks[r].ops[i]; }
+  const OpTime& time(Rank r, std::uint32_t i) const { return t_.ranks[r][i]; }
+  bool is_quantized(Rank r, BufferId b) const {
+    return s_.ranks[r].buffers[b].role == BufferRole::kQuantized;
+  }
+  BufferRole role(Rank r, BufferId b) const { return s_.ranks[r].buffers[b].role; }
+  std::uint64_t elems(std::uint64_t bytes) const { return bytes / s_.dtype_bytes; }
+  std::pair<Rank, std::uint32_t> key(Rank r, std::uint32_t i) const { return {r, i}; }
+
+  std::vector<Event> events() const {
+    std::vector<Event> ev;
+    for (std::size_t r = 0; r < s_.ranks.size(); ++r) {
+      for (std::uint32_t i = 0; i < s_.ranks[r].ops.size(); ++i) {
+        const OpTime& ot = time(static_cast<Rank>(r), i);
+        if (op(static_cast<Rank>(r), i).kind == OpKind::kAlloc) {
+          if (std::isfinite(ot.issue_s)) ev.push_back({ot.issue_s, true, static_cast<Rank>(r), i});
+          continue;
+        }
+        if (!std::isfinite(ot.start_s) || !std::isfinite(ot.end_s)) continue;  // never ran
+        ev.push_back({ot.start_s, true, static_cast<Rank>(r), i});
+        ev.push_back({ot.end_s, false, static_cast<Rank>(r), i});
+      }
+    }
+    // Ends before starts at the same instant: a stream successor starts when its predecessor
+    // ends and must see its writes. An op's own end never precedes its start (atomic below).
+    std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) {
+      if (a.t != b.t) return a.t < b.t;
+      if (a.is_start != b.is_start) return !a.is_start;
+      return a.r != b.r ? a.r < b.r : a.i < b.i;
+    });
+    return ev;
+  }
+
+  // Host order decides which lifetime of a buffer each access refers to.
+  void assign_slots() {
+    slots_.resize(s_.ranks.size());
+    alloc_prev_.resize(s_.ranks.size());
+    alloc_count_.resize(s_.ranks.size());
+    for (std::size_t r = 0; r < s_.ranks.size(); ++r) {
+      const RankSchedule& rs = s_.ranks[r];
+      std::vector<BufferId> cur(rs.buffers.size());
+      for (std::size_t b = 0; b < cur.size(); ++b) cur[b] = static_cast<BufferId>(b);
+      auto next = static_cast<BufferId>(cur.size());
+      slots_[r].resize(rs.accesses.size());
+      for (const Op& o : rs.ops) {
+        alloc_count_[r].push_back(static_cast<std::uint32_t>(alloc_prev_[r].size()));
+        if (o.kind == OpKind::kAlloc) {
+          alloc_prev_[r].push_back(cur[o.buffer]);
+          cur[o.buffer] = next++;
+        }
+        for (std::uint32_t k = 0; k < o.access_count; ++k) {
+          slots_[r][o.access_begin + k] = cur[rs.accesses[o.access_begin + k].buffer];
+        }
+      }
+    }
+  }
+
+  /** The slot an access of rank r refers to. */
+  BufferId slot(Rank r, const Access& a) const {
+    return slots_[r][static_cast<std::size_t>(&a - s_.ranks[r].accesses.data())];
+  }
+  /** The slot buffer `b` refers to for op `o` (b is one of its accesses' buffers). */
+  BufferId slot(Rank r, const Op& o, BufferId b) const {
+    for (const Access& a : s_.accesses_of(r, o)) {
+      if (a.buffer == b) return slot(r, a);
+    }
+    return b;
+  }
+
+  void match_collectives() {
+    std::map<std::pair<GroupId, std::int64_t>, std::size_t> index;
+    std::vector<std::map<GroupId, std::int64_t>> count(s_.ranks.size());
+    for (std::size_t r = 0; r < s_.ranks.size(); ++r) {
+      for (std::uint32_t i = 0; i < s_.ranks[r].ops.size(); ++i) {
+        const Op& o = op(static_cast<Rank>(r), i);
+        if (!is_collective(o.kind)) continue;
+        const auto k = std::make_pair(o.group, count[r][o.group]++);
+        auto [it, fresh] = index.try_emplace(k, instances_.size());
+        if (fresh) instances_.emplace_back();
+        Instance& inst = instances_[it->second];
+        inst.members.emplace_back(static_cast<Rank>(r), i);
+        instance_of_[key(static_cast<Rank>(r), i)] = it->second;
+      }
+    }
+    for (Instance& inst : instances_) inst.sends.resize(inst.members.size());
+  }
+
+  // What the op sees of [begin, begin + n) of buffer b on rank r at time t: committed values
+  // overlaid with the written prefix of every write still in flight.
+  Chunk read_at(Rank r, BufferId b, std::uint64_t begin, std::uint64_t n, double t) {
+    Chunk c = d_.read(r, b, begin, n);
+    const std::uint64_t end = begin + Domain::size(c);
+    for (const auto& k : in_flight_[r]) {
+      const Pending& p = pending_.at(k);
+      if (!p.ready || !(p.start <= t && t < p.end)) continue;
+      const double f = (t - p.start) / (p.end - p.start);
+      for (const auto& w : p.writes) {
+        const std::uint64_t wend = w.begin + Domain::size(w.data);
+        if (w.buffer != b || wend <= begin || end <= w.begin) continue;
+        ++mixed_reads_;
+        const auto done = static_cast<std::uint64_t>(f * static_cast<double>(Domain::size(w.data)));
+        const std::uint64_t lo = std::max(begin, w.begin);
+        const std::uint64_t hi = std::min(end, w.begin + done);
+        if (hi > lo) Domain::splice(c, lo - begin, Domain::slice(w.data, lo - w.begin, hi - lo));
+      }
+    }
+    return c;
+  }
+
+  /** Element range of an access: [begin, begin + n). */
+  std::pair<std::uint64_t, std::uint64_t> range(const Access& a) const {
+    return {elems(a.offset), elems(a.bytes)};
+  }
+  const Access* find(Rank r, const Op& o, AccessMode m, int nth = 0) const {
+    for (const Access& a : s_.accesses_of(r, o)) {
+      if (a.mode == m && nth-- == 0) return &a;
+    }
+    return nullptr;
+  }
+  const Access* find_role(Rank r, const Op& o, AccessMode m, BufferRole want) const {
+    for (const Access& a : s_.accesses_of(r, o)) {
+      if (a.mode == m && role(r, a.buffer) == want) return &a;
+    }
+    return nullptr;
+  }
+  /** Reads what an access covers; a quantized buffer holds `logical` elements from 0. */
+  Chunk read_access(Rank r, const Access& a, double t, std::uint64_t logical = kWhole) {
+    if (is_quantized(r, a.buffer)) return read_at(r, slot(r, a), 0, logical, t);
+    const auto [b, n] = range(a);
+    return read_at(r, slot(r, a), b, n, t);
+  }
+
+  void on_start(const Event& e) {
+    const Op& o = op(e.r, e.i);
+    const OpTime& ot = time(e.r, e.i);
+    if (is_collective(o.kind)) return collective_start(e, o);
+    if (o.kind == OpKind::kAlloc) return alloc(e.r, e.i, o);
+    std::vector<Write<Chunk>> w = effects(e.r, o, ot.start_s);
+    for (auto& x : w) x.buffer = slot(e.r, o, x.buffer);
+    if (w.empty()) return;
+    if (ot.end_s <= ot.start_s) {
+      for (const auto& x : w) d_.write(e.r, x.buffer, x.begin, x.data);
+      return;
+    }
+    Pending& p = pending_[key(e.r, e.i)];
+    p.start = ot.start_s;
+    p.end = ot.end_s;
+    p.writes = std::move(w);
+    p.ready = true;
+    in_flight_[e.r].push_back(key(e.r, e.i));
+  }
+
+  void on_end(const Event& e) {
+    auto it = pending_.find(key(e.r, e.i));
+    if (it == pending_.end()) return;
+    it->second.ended = true;
+    if (it->second.ready) commit(e.r, it);
+  }
+
+  void commit(Rank r, typename std::map<std::pair<Rank, std::uint32_t>, Pending>::iterator it) {
+    for (const auto& x : it->second.writes) d_.write(r, x.buffer, x.begin, x.data);
+    auto& fl = in_flight_[r];
+    fl.erase(std::remove(fl.begin(), fl.end(), it->first), fl.end());
+    pending_.erase(it);
+  }
+
+  // Non-collective ops: what they write, computed from what they read at time t.
+  std::vector<Write<Chunk>> effects(Rank r, const Op& o, double t) {
+    switch (o.kind) {
+      case OpKind::kCopy:
+        return copy(r, o, t);
+      case OpKind::kQuantize:
+        return quantize(r, o, t);
+      case OpKind::kDequantize:
+        return dequantize(r, o, t);
+      case OpKind::kKernel: {
+        const ReadFn<Chunk> rd = [this, r, t, &o](BufferId b, std::uint64_t begin,
+                                                  std::uint64_t n) {
+          return read_at(r, slot(r, o, b), begin, n, t);
+        };
+        return d_.kernel(r, o, rd);
+      }
+      default:
+        return {};
+    }
+  }
+
+  void alloc(Rank r, std::uint32_t i, const Op& o) {
+    const Buffer& b = s_.ranks[r].buffers[o.buffer];
+    const std::uint64_t n = b.role == BufferRole::kQuantized && b.unit != kNoUnit
+                                ? s_.units[b.unit].padded_numel
+                                : elems(b.bytes);
+    const std::uint32_t k = alloc_count_[r][i];
+    const BufferId fresh = static_cast<BufferId>(s_.ranks[r].buffers.size() + k);
+    d_.alloc(r, fresh, alloc_prev_[r][k], static_cast<Fill>(o.fill), n);
+  }
+
+  std::vector<Write<Chunk>> copy(Rank r, const Op& o, double t) {
+    const Access* dst = find(r, o, AccessMode::kWrite);
+    if (dst == nullptr) return {};
+    const Access* src = find(r, o, AccessMode::kRead);
+    const auto [db, dn] = range(*dst);
+    if (src == nullptr) {  // a checkpoint load writes the primary shard from storage
+      const std::uint64_t first = layouts_[o.unit].primary_slice(r).begin + db;
+      return {{dst->buffer, db, d_.checkpoint(r, o.unit, first, dn)}};
+    }
+    return {{dst->buffer, db, read_access(r, *src, t, dn)}};
+  }
+
+  // qwZ / qgZ quantization is modelled as a pass-through: the quantized buffer holds the source
+  // elements from 0 (real rounding would change no-hpz and the fixes alike).
+  std::vector<Write<Chunk>> quantize(Rank r, const Op& o, double t) {
+    const Access* src = find(r, o, AccessMode::kRead);
+    const Access* dst = find(r, o, AccessMode::kWrite);
+    if (src == nullptr || dst == nullptr) return {};
+    return {{dst->buffer, 0, read_access(r, *src, t)}};
+  }
+
+  std::vector<Write<Chunk>> dequantize(Rank r, const Op& o, double t) {
+    const Access* src = find(r, o, AccessMode::kRead);
+    const Access* dst = find(r, o, AccessMode::kWrite);
+    if (src == nullptr || dst == nullptr) return {};
+    const BufferRole dr = role(r, dst->buffer);
+    if (dr == BufferRole::kQuantized)
+      return {{dst->buffer, 0, read_at(r, slot(r, *src), 0, kWhole, t)}};
+    if (dr == BufferRole::kFull) {
+      const auto [db, dn] = range(*dst);
+      return {{dst->buffer, db, read_at(r, slot(r, *src), db, dn, t)}};
+    }
+    // qgZ's last step: this rank's slice of the reduced gradient (+ what accumulated before).
+    const ElemRange slice = layouts_[o.unit].primary_slice(r);
+    const auto [db, dn] = range(*dst);
+    Chunk out = read_at(r, slot(r, *src), slice.begin + db, dn, t);
+    if (const Access* acc = find_role(r, o, AccessMode::kRead, BufferRole::kGradShard)) {
+      Domain::accumulate(out, read_access(r, *acc, t));
+    }
+    return {{dst->buffer, db, std::move(out)}};
+  }
+
+  void collective_start(const Event& e, const Op& o) {
+    Instance& inst = instances_[instance_of_.at(key(e.r, e.i))];
+    std::size_t m = 0;
+    while (inst.members[m] != key(e.r, e.i)) ++m;
+    const double t = time(e.r, e.i).start_s;
+    for (int nth = 0;; ++nth) {
+      const Access* a = find(e.r, o, AccessMode::kRead, nth);
+      if (a == nullptr) break;
+      inst.sends[m].push_back(read_access(e.r, *a, t));
+    }
+    Pending& p = pending_[key(e.r, e.i)];
+    p.start = t;
+    p.end = time(e.r, e.i).end_s;
+    in_flight_[e.r].push_back(key(e.r, e.i));
+    if (++inst.started == inst.members.size()) complete(inst);
+  }
+
+  // Every member has started: compute what each receives, and commit for those already ended.
+  void complete(Instance& inst) {
+    for (std::size_t m = 0; m < inst.members.size(); ++m) {
+      const auto [r, i] = inst.members[m];
+      auto it = pending_.find(key(r, i));
+      it->second.writes = receive(inst, m);
+      for (auto& x : it->second.writes) x.buffer = slot(r, op(r, i), x.buffer);
+      it->second.ready = true;
+      if (it->second.ended) commit(r, it);
+    }
+    inst.sends.clear();
+  }
+
+  std::vector<Write<Chunk>> receive(const Instance& inst, std::size_t m) {
+    const auto [r, i] = inst.members[m];
+    const Op& o = op(r, i);
+    const Access* dst = find(r, o, AccessMode::kWrite);
+    if (dst == nullptr) return {};
+    switch (o.kind) {
+      case OpKind::kAllGather:
+        return gather(inst, o, *dst);
+      case OpKind::kReduceScatter:
+        return reduce_scatter(inst, m, o, *dst);
+      default: {  // AllReduce, AllToAll (qgZ, modelled as a sum of the whole vectors)
+        Chunk sum = inst.sends[0].at(0);
+        for (std::size_t k = 1; k < inst.members.size(); ++k)
+          Domain::accumulate(sum, inst.sends[k].at(0));
+        const std::uint64_t db = is_quantized(r, dst->buffer) ? 0 : range(*dst).first;
+        return {{dst->buffer, db, std::move(sum)}};
+      }
+    }
+  }
+
+  // Each member's slice lands where it belongs in the full parameter: its secondary slice
+  // (hpZ group) or its primary slice (world).
+  std::vector<Write<Chunk>> gather(const Instance& inst, const Op& o, const Access& dst) {
+    const ShardLayout& lay = layouts_[o.unit];
+    const bool hpz = s_.groups[o.group].kind == GroupKind::kHpz;
+    std::vector<Write<Chunk>> out;
+    for (std::size_t k = 0; k < inst.members.size(); ++k) {
+      const Rank mr = inst.members[k].first;
+      const ElemRange v =
+          lay.valid(hpz ? lay.secondary_slice(static_cast<int>(k)) : lay.primary_slice(mr));
+      if (v.empty() || inst.sends[k].empty()) continue;
+      const Chunk& c = inst.sends[k][0];
+      out.push_back(
+          {dst.buffer, v.begin, Domain::slice(c, 0, std::min(v.size(), Domain::size(c)))});
+    }
+    return out;
+  }
+
+  std::vector<Write<Chunk>> reduce_scatter(const Instance& inst, std::size_t m, const Op& o,
+                                           const Access& dst) {
+    const auto [r, i] = inst.members[m];
+    const ElemRange slice = layouts_[o.unit].primary_slice(r);
+    const auto [db, dn] = range(dst);
+    Chunk sum = Domain::slice(inst.sends[0].at(0), slice.begin + db, dn);
+    for (std::size_t k = 1; k < inst.members.size(); ++k) {
+      Domain::accumulate(sum, Domain::slice(inst.sends[k].at(0), slice.begin + db, dn));
+    }
+    // A second read is this rank's own shard from earlier micro-steps: accumulate into it.
+    if (inst.sends[m].size() > 1) Domain::accumulate(sum, inst.sends[m][1]);
+    return {{dst.buffer, db, std::move(sum)}};
+  }
+
+  const Schedule& s_;
+  const Timeline& t_;
+  Domain& d_;
+  std::vector<ShardLayout> layouts_;
+  std::vector<Instance> instances_;
+  std::map<std::pair<Rank, std::uint32_t>, std::size_t> instance_of_;
+  std::map<std::pair<Rank, std::uint32_t>, Pending> pending_;
+  std::vector<std::vector<std::pair<Rank, std::uint32_t>>> in_flight_;
+  std::vector<std::vector<BufferId>> slots_;             // [rank][access]: lifetime slot
+  std::vector<std::vector<BufferId>> alloc_prev_;        // [rank][k-th alloc]: previous slot
+  std::vector<std::vector<std::uint32_t>> alloc_count_;  // [rank][op]: allocs before it
+  std::uint64_t mixed_reads_ = 0;
+};
+
+}  // namespace hpz::replay

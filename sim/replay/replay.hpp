@@ -1,0 +1,62 @@
+// Data replay (issue 5): play a schedule's data movement and arithmetic in the order a Timeline
+// gives, so that a race the checker proves possible shows what it does to training.
+//
+// Two levels, one engine (data_engine.hpp) over two value domains:
+//  - numeric: real fp32 math on the CPU for a small model (numeric_domain.hpp): every rank's
+//    shards, secondaries, gathers, backward, reductions and an Adam step, buffers freshly
+//    allocated per run.fill. Gives a loss per step.
+//  - taint: for any model size, what every buffer range holds (weights of some version, NaN,
+//    uninitialized garbage, a stale version) as run-length tags (taint_domain.hpp).
+//
+// Replay semantics (docs/repro.md): an op reads its inputs when it starts and its writes land
+// when it ends. A read that overlaps a write still in flight (writer start <= reader start <
+// writer end) sees the first fraction f = (reader start - writer start) / (writer duration) of
+// the writer's elements new and the rest old: a deterministic linear sweep.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+#include "sim/timeline.hpp"
+
+namespace hpz::replay {
+
+/** Which value domain a replay runs in. */
+enum class Mode { kNumeric, kTaint };
+
+/** What a value (or a run of values) is, for the taint replay and for summaries. */
+enum class Health : std::uint8_t {
+  kGood,   ///< what a correct run would hold
+  kWrong,  ///< finite but wrong: uninitialized garbage, zeros or a stale version
+  kNan,    ///< NaN (or derived from one)
+};
+
+/** What one optimizer step looked like. */
+struct StepRecord {
+  double loss = 0;                     ///< numeric: mean over ranks; taint: 0
+  Health loss_health = Health::kGood;  ///< taint: the loss's tag; numeric: kNan when not finite
+  std::uint64_t weights_hash = 0;      ///< numeric: hash of every rank's primary shards after it
+  std::uint64_t bad_elements = 0;      ///< taint: primary elements (all ranks) not good after it
+  std::vector<Rank> bad_ranks;         ///< taint: ranks holding bad primary elements after it
+  std::vector<std::string> bad_units;  ///< taint: units with bad primary elements after it
+};
+
+/** One replay of one schedule under one timeline. */
+struct ReplayResult {
+  Mode mode = Mode::kNumeric;
+  std::vector<StepRecord> steps;
+  std::uint64_t mixed_reads = 0;  ///< reads that overlapped a write in flight
+};
+
+/** True when the numeric replay can hold every rank's buffers of this scenario in memory. */
+bool numeric_fits(const Scenario& scenario);
+
+/** Replays `schedule` (built from `scenario`) in the order `timeline` gives. */
+ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,
+                    Mode mode);
+
+}  // namespace hpz::replay

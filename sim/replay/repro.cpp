@@ -1,0 +1,104 @@
+#include "sim/replay/repro.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "sim/builder.hpp"
+
+namespace hpz::replay {
+namespace {
+
+/** Tokens per second per node over the timeline's last step. */
+double throughput(const Scenario& sc, const Schedule& s, const Timeline& t) {
+  const int last = sc.run.steps - 1;
+  double end_last = 0, end_prev = 0;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    for (std::size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
+      const double e = t.ranks[r][i].end_s;
+      if (!std::isfinite(e)) return 0;
+      if (s.ranks[r].ops[i].step == last) end_last = std::max(end_last, e);
+      if (s.ranks[r].ops[i].step == last - 1) end_prev = std::max(end_prev, e);
+    }
+  }
+  const double tokens = static_cast<double>(sc.training.seq_len) * sc.training.micro_batch *
+                        sc.training.grad_accum * sc.cluster.gpus_per_node;
+  return end_last > end_prev ? tokens / (end_last - end_prev) : 0;
+}
+
+bool step_bad(const StepRecord& s, const StepRecord* base, Mode mode) {
+  if (mode == Mode::kTaint) return s.loss_health != Health::kGood || s.bad_elements > 0;
+  if (!std::isfinite(s.loss)) return true;
+  return base != nullptr && (s.loss != base->loss || s.weights_hash != base->weights_hash);
+}
+
+std::optional<int> first_bad(const ReplayResult& run, const ReplayResult* base) {
+  for (std::size_t k = 0; k < run.steps.size(); ++k) {
+    const StepRecord* b = base != nullptr && k < base->steps.size() ? &base->steps[k] : nullptr;
+    if (step_bad(run.steps[k], b, run.mode)) return static_cast<int>(k);
+  }
+  return std::nullopt;
+}
+
+VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
+                         const ReproOptions& o) {
+  VariantRepro v;
+  v.name = name;
+  for (int k = 0; k < o.runs; ++k) {
+    Scenario run = sc;
+    run.run.seed = sc.run.seed + static_cast<std::uint64_t>(k);
+    const Schedule s = build_schedule(run);
+    const Timeline t = o.timeline(run, s, run.run.seed);
+    v.runs.push_back(replay(run, s, t, mode));
+    v.mixed_reads += v.runs.back().mixed_reads;
+    v.tokens_per_s_per_node += throughput(run, s, t) / o.runs;
+  }
+  return v;
+}
+
+}  // namespace
+
+double VariantRepro::share_bad() const {
+  if (first_bad.empty()) return 0;
+  return static_cast<double>(std::count_if(first_bad.begin(), first_bad.end(),
+                                           [](const auto& f) { return f.has_value(); })) /
+         static_cast<double>(first_bad.size());
+}
+
+double VariantRepro::share_nan() const {
+  if (runs.empty()) return 0;
+  int n = 0;
+  for (const auto& r : runs) {
+    n += std::any_of(r.steps.begin(), r.steps.end(),
+                     [](const StepRecord& s) { return s.loss_health == Health::kNan; });
+  }
+  return static_cast<double>(n) / static_cast<double>(runs.size());
+}
+
+ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
+  ReproResult out;
+  out.scenario = scenario.path;
+  out.mode = o.mode.value_or(numeric_fits(scenario) ? Mode::kNumeric : Mode::kTaint);
+  out.timing = o.timing_name;
+  out.first_seed = scenario.run.seed;
+  out.steps = scenario.run.steps;
+  for (Variant v : {Variant::kStock, Variant::kHostSync, Variant::kEventWait}) {
+    Scenario sc = scenario;
+    sc.run.variant = v;
+    out.variants.push_back(run_variant(to_string(v), sc, out.mode, o));
+  }
+  Scenario off = scenario;
+  off.run.variant = Variant::kStock;
+  off.zero.zero_hpz_partition_size = 1;
+  out.variants.push_back(run_variant("no-hpz", off, out.mode, o));
+  const VariantRepro& base = out.variants.back();
+  for (VariantRepro& v : out.variants) {
+    for (std::size_t k = 0; k < v.runs.size(); ++k) {
+      const bool is_base = &v == &base;
+      v.first_bad.push_back(first_bad(v.runs[k], is_base ? nullptr : &base.runs[k]));
+    }
+  }
+  return out;
+}
+
+}  // namespace hpz::replay

@@ -1,0 +1,62 @@
+// `hpzlab repro` as a library: replay stock, host-sync, event-wait and hpZ off (no-hpz) on the
+// same seeds and compare them: first bad step, losses, share of runs that went bad, throughput.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sim/replay/replay.hpp"
+
+namespace hpz::replay {
+
+/** Gives the timeline of one run of a schedule (the timing engine, or the stand-in). */
+using TimelineSource = std::function<Timeline(const Scenario&, const Schedule&, std::uint64_t)>;
+
+/** How to reproduce. */
+struct ReproOptions {
+  int runs = 1;              ///< seeds run.seed, run.seed + 1, ...
+  std::optional<Mode> mode;  ///< default: numeric when numeric_fits(), else taint
+  TimelineSource timeline;   ///< required
+  std::string timing_name;   ///< what produced the timelines, for the reports
+};
+
+/** One variant over every run. */
+struct VariantRepro {
+  std::string name;                ///< stock | host-sync | event-wait | no-hpz
+  std::vector<ReplayResult> runs;  ///< per seed
+  std::vector<std::optional<int>>
+      first_bad;                     ///< per seed: first step whose weights or loss went bad
+  double tokens_per_s_per_node = 0;  ///< mean over runs, last step of the timeline
+  std::uint64_t mixed_reads = 0;     ///< over runs
+  /** Share of runs with a bad step. */
+  double share_bad() const;
+  /** Share of runs whose loss became NaN. */
+  double share_nan() const;
+};
+
+/** Everything `hpzlab repro` reports. */
+struct ReproResult {
+  std::string scenario;
+  Mode mode = Mode::kNumeric;
+  std::string timing;
+  std::uint64_t first_seed = 0;
+  int steps = 0;
+  std::vector<VariantRepro> variants;  ///< stock, host-sync, event-wait, no-hpz
+};
+
+/** Runs every variant of `scenario` (whose run.variant is ignored) per `options`. */
+ReproResult run_repro(const Scenario& scenario, const ReproOptions& options);
+
+/** The side-by-side table. */
+std::string repro_table(const ReproResult& r);
+/** Loss (or loss tag) per step, variant and run as CSV. */
+std::string repro_csv(const ReproResult& r);
+/** The loss curves of the first run as a self-contained SVG plot. */
+std::string repro_svg(const ReproResult& r);
+/** The JSON form: {"variants": {"stock": {"loss": [...], "first_bad_step": n|null, ...}}}. */
+std::string repro_json(const ReproResult& r);
+
+}  // namespace hpz::replay

@@ -1,0 +1,209 @@
+// The reports of `hpzlab repro`: table, CSV, SVG plot and JSON.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "sim/replay/repro.hpp"
+
+namespace hpz::replay {
+namespace {
+
+const char* health_name(Health h) {
+  switch (h) {
+    case Health::kGood:
+      return "good";
+    case Health::kWrong:
+      return "wrong";
+    case Health::kNan:
+      return "nan";
+  }
+  return "?";
+}
+
+std::string loss_text(const ReproResult& r, const StepRecord& s) {
+  if (r.mode == Mode::kTaint) return health_name(s.loss_health);
+  return fmt::format("{:.6g}", s.loss);
+}
+
+std::string first_bad_text(const std::optional<int>& f) {
+  return f ? std::to_string(*f) : std::string("-");
+}
+
+const char* kColours[] = {"#d62728", "#1f77b4", "#2ca02c", "#000000"};
+
+}  // namespace
+
+std::string repro_table(const ReproResult& r) {
+  std::string out =
+      fmt::format("repro {}: {} replay, {} step(s), {} run(s) from seed {}, timing: {}\n",
+                  r.scenario, r.mode == Mode::kNumeric ? "numeric" : "taint", r.steps,
+                  r.variants.empty() ? 0 : r.variants[0].runs.size(), r.first_seed, r.timing);
+  out += fmt::format("{:<11} {:>10} {:>14} {:>9} {:>9} {:>14} {:>12}\n", "variant", "first bad",
+                     "final loss", "runs bad", "runs NaN", "tokens/s/node", "mixed reads");
+  for (const VariantRepro& v : r.variants) {
+    const ReplayResult& run0 = v.runs.front();
+    const std::string last = run0.steps.empty() ? "-" : loss_text(r, run0.steps.back());
+    out += fmt::format("{:<11} {:>10} {:>14} {:>8.0f}% {:>8.0f}% {:>14.4g} {:>12}\n", v.name,
+                       first_bad_text(v.first_bad.front()), last, 100 * v.share_bad(),
+                       100 * v.share_nan(), v.tokens_per_s_per_node, v.mixed_reads);
+  }
+  out += "loss per step (first run):\n";
+  for (const VariantRepro& v : r.variants) {
+    out += fmt::format("  {:<11}", v.name);
+    for (const StepRecord& s : v.runs.front().steps) out += " " + loss_text(r, s);
+    out += "\n";
+  }
+  if (r.mode == Mode::kTaint) {
+    for (const VariantRepro& v : r.variants) {
+      const auto& f = v.first_bad.front();
+      if (!f) continue;
+      const StepRecord& s = v.runs.front().steps[*f];
+      out +=
+          fmt::format("  {}: weights bad after step {}: {} element(s) on {} rank(s), {} unit(s)\n",
+                      v.name, *f, s.bad_elements, s.bad_ranks.size(), s.bad_units.size());
+    }
+  }
+  return out;
+}
+
+std::string repro_csv(const ReproResult& r) {
+  std::string out = "variant,run,seed,step,loss\n";
+  for (const VariantRepro& v : r.variants) {
+    for (std::size_t k = 0; k < v.runs.size(); ++k) {
+      const auto& steps = v.runs[k].steps;
+      for (std::size_t s = 0; s < steps.size(); ++s) {
+        out +=
+            fmt::format("{},{},{},{},{}\n", v.name, k, r.first_seed + k, s, loss_text(r, steps[s]));
+      }
+    }
+  }
+  return out;
+}
+
+// Finite losses as lines; a NaN step as a cross on the top edge.
+std::string repro_svg(const ReproResult& r) {
+  const double w = 640, h = 400, left = 60, right = 150, top = 40, bottom = 50;
+  double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
+  for (const VariantRepro& v : r.variants) {
+    for (const StepRecord& s : v.runs.front().steps) {
+      if (std::isfinite(s.loss) && r.mode == Mode::kNumeric) {
+        lo = std::min(lo, s.loss);
+        hi = std::max(hi, s.loss);
+      }
+    }
+  }
+  if (lo > hi) lo = 0, hi = 1;
+  if (hi - lo < 1e-9) hi = lo + 1;
+  const int n = std::max(r.steps, 2);
+  auto x = [&](std::size_t s) {
+    return left + (w - left - right) * static_cast<double>(s) / (n - 1);
+  };
+  auto y = [&](double l) { return top + (h - top - bottom) * (hi - l) / (hi - lo); };
+  std::string out = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      "fill=\"white\"/>\n<text x=\"{}\" y=\"20\" font-size=\"14\">Loss per step, {} (seed {}; x "
+      "= NaN)</text>\n",
+      w, h, left, r.scenario, r.first_seed);
+  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left,
+                     top, h - bottom);
+  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left,
+                     h - bottom, w - right);
+  for (int s = 0; s < r.steps; ++s) {
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x(s),
+                       h - bottom + 18, s);
+  }
+  out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
+                     (left + w - right) / 2, h - 10);
+  for (int k = 0; k <= 4; ++k) {
+    const double l = lo + (hi - lo) * k / 4;
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6,
+                       y(l) + 4, l);
+  }
+  for (std::size_t vi = 0; vi < r.variants.size(); ++vi) {
+    const VariantRepro& v = r.variants[vi];
+    const char* c = kColours[vi % 4];
+    // Later variants dashed wider so that identical curves stay visible on top of each other.
+    const std::string dash = fmt::format("{} {}", 4 + 3 * vi, 3 + vi);
+    std::string path;
+    const auto& steps = v.runs.front().steps;
+    for (std::size_t s = 0; s < steps.size(); ++s) {
+      if (!std::isfinite(steps[s].loss) || r.mode != Mode::kNumeric) {
+        out += fmt::format(
+            "<text x=\"{}\" y=\"{}\" fill=\"{}\" text-anchor=\"middle\" "
+            "font-size=\"16\">x</text>\n",
+            x(s), top - 2 + 4 * static_cast<double>(vi), c);
+        continue;
+      }
+      path += fmt::format("{}{:.2f},{:.2f} ", path.empty() ? "M" : "L", x(s), y(steps[s].loss));
+    }
+    if (!path.empty()) {
+      out += fmt::format(
+          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" "
+          "stroke-dasharray=\"{}\"/>\n",
+          path, c, dash);
+    }
+    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", w - right + 10,
+                       top + 20 * static_cast<double>(vi + 1), c, v.name);
+  }
+  out += "</svg>\n";
+  return out;
+}
+
+std::string repro_json(const ReproResult& r) {
+  nlohmann::json j;
+  j["scenario"] = r.scenario;
+  j["mode"] = r.mode == Mode::kNumeric ? "numeric" : "taint";
+  j["timing"] = r.timing;
+  j["first_seed"] = r.first_seed;
+  j["steps"] = r.steps;
+  nlohmann::json vars = nlohmann::json::object();
+  for (const VariantRepro& v : r.variants) {
+    nlohmann::json jv;
+    auto loss_of = [&](const ReplayResult& run) {
+      nlohmann::json l = nlohmann::json::array();
+      for (const StepRecord& s : run.steps) {
+        // JSON has no NaN: a non-finite loss is the string "nan" (or "inf"); taint gives tags.
+        if (r.mode == Mode::kTaint) {
+          l.push_back(health_name(s.loss_health));
+        } else if (std::isfinite(s.loss)) {
+          l.push_back(s.loss);
+        } else {
+          l.push_back(std::isnan(s.loss) ? "nan" : "inf");
+        }
+      }
+      return l;
+    };
+    jv["loss"] = loss_of(v.runs.front());
+    const auto& f = v.first_bad.front();
+    jv["first_bad_step"] = f ? nlohmann::json(*f) : nlohmann::json(nullptr);
+    jv["share_bad"] = v.share_bad();
+    jv["share_nan"] = v.share_nan();
+    jv["tokens_per_s_per_node"] = v.tokens_per_s_per_node;
+    jv["mixed_reads"] = v.mixed_reads;
+    nlohmann::json runs = nlohmann::json::array();
+    for (std::size_t k = 0; k < v.runs.size(); ++k) {
+      nlohmann::json jr;
+      jr["seed"] = r.first_seed + k;
+      jr["loss"] = loss_of(v.runs[k]);
+      jr["first_bad_step"] =
+          v.first_bad[k] ? nlohmann::json(*v.first_bad[k]) : nlohmann::json(nullptr);
+      nlohmann::json spread = nlohmann::json::array();
+      for (const StepRecord& s : v.runs[k].steps) {
+        spread.push_back({{"bad_elements", s.bad_elements},
+                          {"bad_ranks", s.bad_ranks},
+                          {"bad_units", s.bad_units}});
+      }
+      if (r.mode == Mode::kTaint) jr["spread"] = spread;
+      runs.push_back(jr);
+    }
+    jv["runs"] = runs;
+    vars[v.name] = jv;
+  }
+  j["variants"] = vars;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace hpz::replay

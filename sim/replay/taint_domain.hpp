@@ -1,0 +1,62 @@
+// The taint value domain, for any model size: every buffer as runs of tags. A tag is a Health
+// and, for good weights, the version of the unit's weights they are (bumped by each optimizer
+// step and by a checkpoint load). A kernel's output is as bad as its worst input; weights of
+// an older version than the rank's primary shard count as wrong (stale). The gradient norm
+// spreads NaN to every update; a finite wrong norm is not followed (docs/repro.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "sim/replay/data_engine.hpp"
+#include "sim/replay/replay.hpp"
+
+namespace hpz::replay {
+
+/** Health in the top two bits, version below. */
+using Tag = std::uint32_t;
+
+/** A run of equal tags. */
+struct TagRun {
+  std::uint64_t len = 0;
+  Tag tag = 0;
+};
+
+class TaintDomain {
+ public:
+  using Chunk = std::vector<TagRun>;
+
+  TaintDomain(const Scenario& sc, const Schedule& s);
+
+  static std::uint64_t size(const Chunk& c);
+  static Chunk slice(const Chunk& c, std::uint64_t off, std::uint64_t n);
+  static void splice(Chunk& dst, std::uint64_t off, const Chunk& src);
+  static void accumulate(Chunk& acc, const Chunk& x);
+
+  Chunk read(Rank r, BufferId b, std::uint64_t begin, std::uint64_t n) const;
+  void write(Rank r, BufferId b, std::uint64_t begin, const Chunk& c);
+  void alloc(Rank r, BufferId b, BufferId previous, Fill fill, std::uint64_t elements);
+  Chunk checkpoint(Rank r, UnitId u, std::uint64_t first, std::uint64_t n);
+  std::vector<Write<Chunk>> kernel(Rank r, const Op& op, const ReadFn<Chunk>& read);
+
+  /** Per step: the loss's tag and how far bad weights have spread after the step. */
+  std::vector<StepRecord> steps() const;
+
+ private:
+  Health worst_input(Rank r, const Op& op, const ReadFn<Chunk>& read) const;
+  std::vector<Write<Chunk>> optimizer(Rank r, const Op& op, const ReadFn<Chunk>& read);
+
+  /** The storage of slot b of rank r, created on first use. */
+  Chunk& slot(Rank r, BufferId b);
+
+  const Scenario& sc_;
+  const Schedule& s_;
+  std::vector<std::vector<Chunk>> bufs_;             // [rank][buffer]
+  std::vector<std::vector<std::uint32_t>> version_;  // [rank][unit]
+  std::map<int, Health> loss_;                       // step -> worst loss tag of any rank
+  /** step -> (rank, unit) -> bad primary elements after that step's update */
+  std::map<int, std::map<std::pair<Rank, UnitId>, std::uint64_t>> bad_;
+};
+
+}  // namespace hpz::replay

@@ -1,0 +1,79 @@
+// `hpzlab repro SCENARIO [--steps N] [--runs N] [--mode M] [--json FILE] [--csv FILE]
+// [--plot FILE]`: replays stock, host-sync, event-wait and hpZ off on the same seeds and shows
+// whether the loss goes NaN (or wrong) and whether both fixes train bit for bit like no-hpz.
+// Exit 0 when both fixes match no-hpz, 1 when a fix does not, 2 on bad input.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sim/error.hpp"
+#include "sim/replay/repro.hpp"
+#include "sim/replay/standin_timeline.hpp"
+#include "tools/hpzlab/commands.hpp"
+
+namespace hpz::cli {
+namespace {
+
+/** What `hpzlab repro` takes. */
+struct ReproCliOptions {
+  ScenarioOptions common;
+  int steps = 0;  ///< 0: the scenario's run.steps
+  int runs = 1;
+  std::string mode = "auto";
+  std::string csv;
+  std::string plot;
+};
+
+void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
+  Scenario sc = load(o.common);
+  if (o.steps > 0) sc.run.steps = o.steps;
+  replay::ReproOptions ro;
+  ro.runs = o.runs;
+  if (o.mode == "numeric") ro.mode = replay::Mode::kNumeric;
+  if (o.mode == "taint") ro.mode = replay::Mode::kTaint;
+  if (ro.mode == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
+    throw InputError(o.common.scenario, "--mode",
+                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
+                     "(use taint or auto)");
+  }
+  ro.timeline = replay::standin_timeline;
+  ro.timing_name =
+      "STAND-IN (host issue order, compute stream backlogged 2 ms; not the timing "
+      "engine, see docs/repro.md)";
+  const replay::ReproResult r = replay::run_repro(sc, ro);
+  if (!o.common.json.empty()) write_output(o.common.json, replay::repro_json(r));
+  if (!o.csv.empty()) write_output(o.csv, replay::repro_csv(r));
+  if (!o.plot.empty()) write_output(o.plot, replay::repro_svg(r));
+  if (o.common.json != "-") {
+    const std::string text = replay::repro_table(r);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  }
+  bool fixes_ok = true;
+  for (const auto& v : r.variants) {
+    if (v.name == "host-sync" || v.name == "event-wait") fixes_ok = fixes_ok && v.share_bad() == 0;
+  }
+  exit_code = fixes_ok ? kExitOk : kExitFindings;
+}
+
+}  // namespace
+
+void setup_repro(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<ReproCliOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "repro",
+      "Replay the data of stock, host-sync, event-wait and no-hpz on the same seeds: first bad "
+      "step, losses, share of runs that went bad (exit 0 when both fixes match no-hpz)");
+  add_scenario_options(*sub, o->common);
+  sub->add_option("--steps", o->steps, "Optimizer steps (default: the scenario's run.steps)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--runs", o->runs, "Runs, seeds run.seed, run.seed + 1, ...")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--mode", o->mode, "numeric | taint | auto (numeric when the model is small)")
+      ->check(CLI::IsMember({"auto", "numeric", "taint"}));
+  sub->add_option("--csv", o->csv, "Write the loss per step, variant and run as CSV to FILE");
+  sub->add_option("--plot", o->plot, "Write the loss curves as an SVG plot to FILE");
+  sub->callback([o, &exit_code] { run_repro_cmd(*o, exit_code); });
+}
+
+}  // namespace hpz::cli
