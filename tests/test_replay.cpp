@@ -141,5 +141,28 @@ TEST(Repro, StaleFillGivesWrongFiniteLoss) {
   for (const auto& s : stock.runs[0].steps) EXPECT_TRUE(std::isfinite(s.loss));
 }
 
+// The stale-secondary bug classes train worse than the baseline once the primary has moved on
+// (an optimizer step, DeepSpeed issue 4851; a checkpoint load, issue 7606). Their scenarios use
+// fix B, so the secondary-copy race is ordered and the timing does not matter here.
+TEST(Repro, StaleSecondaryScenariosLoseMoreThanTheBaseline) {
+  for (const char* name : {"stale-after-step", "stale-after-load"}) {
+    const Scenario sc =
+        load_scenario(std::string(HPZLAB_SOURCE_DIR "/scenarios/") + name + ".toml");
+    ReproOptions o;
+    o.timeline = standin_timeline;
+    const ReproResult r = run_repro(sc, o);
+    const auto& stale = r.variants[2].runs[0].steps;  // event-wait, the scenario's own variant
+    const auto& base = r.variants[3].runs[0].steps;   // no-hpz
+    ASSERT_EQ(r.variants[2].name, "event-wait");
+    ASSERT_EQ(r.variants[3].name, "no-hpz");
+    ASSERT_EQ(stale.size(), base.size());
+    ASSERT_GE(stale.size(), 2u);
+    for (std::size_t st = 1; st < stale.size(); ++st) {
+      EXPECT_TRUE(std::isfinite(stale[st].loss)) << name << " step " << st;
+      EXPECT_GT(stale[st].loss, base[st].loss) << name << " step " << st;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hpz::replay
