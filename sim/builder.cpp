@@ -225,7 +225,7 @@ class RankEmitter {
   void wait_gather(UnitId u);
   void prefetch(std::size_t pos);
   void compute(UnitId u, TraceEntry::Kind kind);
-  void release(UnitId u, std::size_t pos, bool trace_complete, bool after_forward);
+  void release(UnitId u, std::size_t pos, bool trace_complete);
   void secondary_partition(UnitId u);
   void reduce_gradient(UnitId u);
   void optimizer();
@@ -437,7 +437,7 @@ void RankEmitter::run_entry(std::size_t pos, bool trace_complete) {
   if (st_[e.unit].inflight) wait_gather(e.unit);
   if (trace_complete) prefetch(pos);
   compute(e.unit, e.kind);
-  release(e.unit, pos, trace_complete, e.kind != K::kBackward);
+  release(e.unit, pos, trace_complete);
   if (e.kind == K::kBackward) reduce_gradient(e.unit);
 }
 
@@ -555,9 +555,11 @@ void RankEmitter::compute(UnitId u, TraceEntry::Kind kind) {
 }
 
 // release_sub_module(): frees the full parameter unless the prefetcher already needs it again
-// or it is reused within stage3_max_reuse_distance; after forward this is where the secondary
-// shard is created.
-void RankEmitter::release(UnitId u, std::size_t pos, bool trace_complete, bool after_forward) {
+// or it is reused within stage3_max_reuse_distance. param.partition() then creates the secondary
+// shard if none exists (_partition calls _partition_param_sec on every release, forward or
+// backward): normally after forward; after backward for a unit that stayed gathered from its
+// forward to its backward (the last modules).
+void RankEmitter::release(UnitId u, std::size_t pos, bool trace_complete) {
   const UnitScope scope(*this, u);
   if (trace_complete) {
     if (st_[u].fetched_for > static_cast<int>(pos)) return;
@@ -568,7 +570,7 @@ void RankEmitter::release(UnitId u, std::size_t pos, bool trace_complete, bool a
       traversed += static_cast<std::int64_t>(c_.units[c_.trace[at].unit].numel);
     }
   }
-  if (after_forward && c_.hpz > 1 && !st_[u].secondary) secondary_partition(u);
+  if (c_.hpz > 1 && !st_[u].secondary) secondary_partition(u);
   free_buffer(ub_[u].full, kS0, Purpose::kParamRelease);
   st_[u].available = false;
   n_available_ -= static_cast<std::int64_t>(c_.units[u].numel);
