@@ -57,6 +57,11 @@ TEST(CollectivePlan, RingStepsAsNcclRunsThem) {
   const auto coarse = plan_collective(OpKind::kAllGather, 100, 8, CollectiveModel::kCoarse);
   EXPECT_EQ(coarse.steps, 1);
   EXPECT_EQ(coarse.step_bytes, 700u);
+  // Coarse all-to-all: a member's 7 chunks of 100 bytes as one send to its ring neighbour.
+  const auto coarse_a2a = plan_collective(OpKind::kAllToAll, 800, 8, CollectiveModel::kCoarse);
+  EXPECT_FALSE(coarse_a2a.all_to_all);
+  EXPECT_EQ(coarse_a2a.steps, 1);
+  EXPECT_EQ(coarse_a2a.step_bytes, 700u);
   EXPECT_EQ(plan_collective(OpKind::kAllGather, 100, 1, CollectiveModel::kFine).steps, 0);
 }
 

@@ -9,7 +9,13 @@ CollectivePlan plan_collective(OpKind kind, std::uint64_t comm_bytes, int member
   const auto n = static_cast<std::uint64_t>(members);
   switch (kind) {
     case OpKind::kAllToAll:
-      return {members - 1, comm_bytes / n, true};
+      if (model == CollectiveModel::kFine) return {members - 1, comm_bytes / n, true};
+      // Coarse: the n - 1 chunks a member sends leave through its own links either way; folding
+      // them into one send to the ring neighbour keeps each member's bytes on its links and
+      // NIC while cutting n(n-1) concurrent flows to n (the max-min solver's cost grows with
+      // the square of the flows it couples).
+      plan = {members - 1, comm_bytes / n, false};
+      break;
     case OpKind::kAllReduce:
       plan = {2 * (members - 1), (comm_bytes + n - 1) / n, false};
       break;

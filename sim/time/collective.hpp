@@ -22,7 +22,8 @@ struct CollectivePlan {
 /** The plan for `kind` with `comm_bytes` (see OpKind) over `members` ranks:
  *  AllGather and ReduceScatter n-1 ring steps of comm_bytes, AllReduce 2(n-1) steps of
  *  comm_bytes / n, AllToAll n-1 concurrent sends of comm_bytes / n. The coarse model folds
- *  a ring's steps into one send of steps x step_bytes. */
+ *  a ring's steps into one send of steps x step_bytes, and an AllToAll's n-1 sends into one
+ *  send of (n-1) x comm_bytes / n to the ring neighbour. */
 CollectivePlan plan_collective(OpKind kind, std::uint64_t comm_bytes, int members,
                                CollectiveModel model);
 
