@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "sim/time/cost_model.hpp"
+
 namespace hpz::replay {
 namespace {
 
@@ -23,7 +25,8 @@ std::uint64_t mix(std::uint64_t z) {
 /** Plays every rank's host forward, blocking a rank only on what it cannot know yet. */
 class StandIn {
  public:
-  StandIn(const Scenario& sc, const Schedule& s, std::uint64_t seed) : sc_(sc), s_(s), seed_(seed) {
+  StandIn(const Scenario& sc, const Schedule& s, std::uint64_t seed)
+      : sc_(sc), s_(s), seed_(seed), cost_(sc) {
     const std::size_t n = s.ranks.size();
     tl_.seed = seed;
     tl_.ranks.resize(n);
@@ -62,7 +65,6 @@ class StandIn {
   }
 
   double duration(Rank r, std::uint32_t i, const Op& op) const {
-    const auto& gpu = sc_.cluster.gpu;
     double d = 0;
     if (is_collective(op.kind)) {
       const Group& g = s_.groups[op.group];
@@ -72,11 +74,9 @@ class StandIn {
       const double bw = one_node ? sc_.cluster.nvlink_gbytes_per_s * 1e9
                                  : sc_.cluster.nic_gbps * 1e9 / 8 * sc_.cluster.nics_per_node / gpn;
       d = static_cast<double>(op.comm_bytes) * (n - 1) / bw;
-    } else if (op.kind == OpKind::kKernel || op.kind == OpKind::kCopy ||
-               op.kind == OpKind::kQuantize || op.kind == OpKind::kDequantize) {
-      d = op.flops / (0.6 * gpu.peak_flops) + op.mem_bytes / (0.8 * gpu.hbm_bytes_per_s);
     } else {
-      return 0;
+      d = cost_.op_s(s_, r, op);  // the timing engine's roofline; 0 for events, syncs, allocs
+      if (d == 0) return 0;
     }
     return std::max(d, kMinOpS) * factor(r, i);
   }
@@ -148,6 +148,7 @@ class StandIn {
   const Scenario& sc_;
   const Schedule& s_;
   std::uint64_t seed_;
+  time::CostModel cost_;
   Timeline tl_;
   std::vector<RankState> ranks_;
   std::map<std::pair<GroupId, int>, std::vector<Arrival>> waiting_;

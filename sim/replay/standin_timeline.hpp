@@ -5,9 +5,9 @@
 //    has been recorded; a collective starts when every member's stream reached it.
 //  - The compute stream S0 is backlogged: each of its ops starts no earlier than kBacklogS
 //    after the host issued it (a busy GPU, as a real reproduction forces with a spin kernel).
-//  - Durations: kernels and copies flops / (0.6 peak) + bytes / (0.8 HBM), collectives
-//    bytes x (n - 1) over NVLink (inside a node) or the node's NICs, at least kMinOpS each,
-//    times a seeded factor in [0.8, 1.2].
+//  - Durations: kernels and copies from the timing engine's CostModel (sim/time/cost_model.hpp),
+//    collectives bytes x (n - 1) over NVLink (inside a node) or the node's NICs, at least
+//    kMinOpS each, times a seeded factor in [0.8, 1.2].
 // docs/repro.md says when `hpzlab repro` falls back to it.
 #pragma once
 
