@@ -24,11 +24,26 @@ std::vector<EngineRun> run_all(const Scenario& scenario, const Schedule& schedul
   return runs;
 }
 
-void time_races(const std::vector<EngineRun>& runs, SimResult& result) {
+void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& result) {
+  const Topology topology(scenario.cluster);
+  const double step = result.runs.front().step_time_s;
+  for (std::size_t l = 0; l < topology.links().size(); ++l) {
+    LinkReport report;
+    report.spec = topology.links()[l];
+    for (const auto& per_step : run.link_bytes) report.bytes += per_step[l];
+    report.bytes_last_step = run.link_bytes.back()[l];
+    report.utilisation = step > 0 ? report.bytes_last_step / (report.spec.bytes_per_s * step) : 0;
+    result.links.push_back(report);
+  }
+}
+
+}  // namespace
+
+void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
   for (RaceReport& report : result.races) report.manifested_per_run.assign(runs.size(), 0);
   for (std::size_t run = 0; run < runs.size(); ++run) {
     for (const RaceInstance& race : result.race_instances) {
-      const Manifestation m = manifestation(runs[run].timeline, race);
+      const Manifestation m = manifestation(*runs[run], race);
       RaceReport& report = result.races[race.group];
       if (run == 0) {
         ++report.instances;
@@ -51,19 +66,6 @@ void time_races(const std::vector<EngineRun>& runs, SimResult& result) {
   }
 }
 
-void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& result) {
-  const Topology topology(scenario.cluster);
-  const double step = result.runs.front().step_time_s;
-  for (std::size_t l = 0; l < topology.links().size(); ++l) {
-    LinkReport report;
-    report.spec = topology.links()[l];
-    for (const auto& per_step : run.link_bytes) report.bytes += per_step[l];
-    report.bytes_last_step = run.link_bytes.back()[l];
-    report.utilisation = step > 0 ? report.bytes_last_step / (report.spec.bytes_per_s * step) : 0;
-    result.links.push_back(report);
-  }
-}
-
 StepMetrics mean_of(const std::vector<StepMetrics>& runs) {
   StepMetrics m;
   const auto n = static_cast<double>(runs.size());
@@ -78,8 +80,6 @@ StepMetrics mean_of(const std::vector<StepMetrics>& runs) {
   }
   return m;
 }
-
-}  // namespace
 
 SimResult simulate(const Scenario& scenario, const Schedule& schedule, const SimOptions& options) {
   SimResult result;
@@ -101,7 +101,9 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   std::vector<EngineRun> runs = run_all(scenario, schedule, options);
   for (const EngineRun& run : runs)
     result.runs.push_back(step_metrics(scenario, schedule, run.timeline));
-  time_races(runs, result);
+  std::vector<const Timeline*> timelines;
+  for (const EngineRun& run : runs) timelines.push_back(&run.timeline);
+  time_races(timelines, result);
   result.mean = mean_of(result.runs);
   link_reports(scenario, runs.front(), result);
   result.stats = runs.front().stats;

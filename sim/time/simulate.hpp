@@ -81,6 +81,13 @@ struct SimResult {
 /** Simulates `schedule` (built from `scenario`) per `options`; each run in a child process. */
 SimResult simulate(const Scenario& scenario, const Schedule& schedule, const SimOptions& options);
 
+/** Times `result.race_instances` in each run: fills every RaceReport's counts and example
+ *  (first run) and result.runs[k].races_manifested. result.runs has one entry per timeline. */
+void time_races(const std::vector<const Timeline*>& timelines, SimResult& result);
+
+/** The mean of per-run metrics (races_manifested is summed, hung is any). */
+StepMetrics mean_of(const std::vector<StepMetrics>& runs);
+
 /** The step metrics of one run. */
 StepMetrics step_metrics(const Scenario& scenario, const Schedule& schedule,
                          const Timeline& timeline);
