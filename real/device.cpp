@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "real/backend.hpp"
+
 #ifdef HPZLAB_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -33,7 +35,10 @@ DeviceInfo probe_devices() {
     return info;
   }
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) info.name = prop.name;
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+    info.name = prop.name;
+    info.memory_bytes = prop.totalGlobalMem;
+  }
   return info;
 }
 
@@ -62,6 +67,10 @@ DeviceInfo probe_devices() {
 
 double spin_for(double) {
   throw std::runtime_error("hpzlab was built without CUDA");
+}
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  throw std::runtime_error("hpzlab was built without CUDA (HPZLAB_WITH_CUDA=OFF)");
 }
 #endif
 

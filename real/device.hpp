@@ -2,15 +2,18 @@
 // without a device, it says so.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 
 namespace hpz::real {
 
 /** What CUDA reports about this machine. */
 struct DeviceInfo {
-  int count = 0;        ///< usable CUDA devices
-  std::string name;     ///< device 0's name, when count > 0
-  std::string problem;  ///< why count is 0 (no driver, not built with CUDA, ...)
+  int count = 0;                   ///< usable CUDA devices
+  std::string name;                ///< device 0's name, when count > 0
+  std::uint64_t memory_bytes = 0;  ///< device 0's global memory, when count > 0
+  std::string problem;             ///< why count is 0 (no driver, not built with CUDA, ...)
 };
 
 /** Asks the CUDA runtime for devices; never throws. */

@@ -2,7 +2,17 @@
 // and fail (not skip) when a device is present but broken.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "real/device.hpp"
+#include "real/elements.hpp"
+#include "real/executor.hpp"
+#include "real/plan.hpp"
+#include "real/run.hpp"
+#include "sim/builder.hpp"
+#include "sim/scenario.hpp"
+#include "sim/shard.hpp"
 
 namespace hpz::real {
 namespace {
@@ -24,6 +34,208 @@ TEST(RealDevice, SpinKernelHoldsTheStreamForTheRequestedTime) {
   // not spin at all or spins forever.
   EXPECT_GT(measured, 1000.0);
   EXPECT_LT(measured, 4000.0);
+}
+
+}  // namespace
+}  // namespace hpz::real
+
+// ---- The executor's plan and the host reference backend (run everywhere) ----
+
+namespace hpz::real {
+namespace {
+
+Scenario tiny(const std::string& variant, int hpz = 2) {
+  return load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/tiny.toml",
+                       {{"run.variant", variant},
+                        {"zero.zero_hpz_partition_size", std::to_string(hpz)},
+                        {"run.steps", "3"}});
+}
+
+RunOutput run_host(const Scenario& sc, bool serialize = true, double timeout_s = 30) {
+  const Schedule s = build_schedule(sc);
+  const Plan plan = make_plan(sc, s);
+  auto backend = make_host_backend();
+  ExecOptions o;
+  o.serialize = serialize;
+  o.timeout_s = timeout_s;
+  return execute(s, plan, *backend, o);
+}
+
+TEST(RealElements, HalfConversionRoundsToNearestEvenAndKeepsNaN) {
+  EXPECT_EQ(float_to_half(1.0F), 0x3c00);
+  EXPECT_EQ(float_to_half(-2.0F), 0xc000);
+  EXPECT_EQ(float_to_half(65504.0F), 0x7bff);
+  EXPECT_EQ(float_to_half(1e6F), 0x7c00);                   // overflow: inf
+  EXPECT_EQ(float_to_half(1.0F + 1.0F / 2048), 0x3c00);     // tie: to even
+  EXPECT_EQ(float_to_half(1.0F + 3.0F / 2048), 0x3c02);     // tie: to even (up)
+  EXPECT_EQ(float_to_half(std::ldexp(1.0F, -24)), 0x0001);  // smallest subnormal
+  EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(half_to_float(0xffff)));  // what fill = nan leaves in a buffer
+  for (std::uint64_t i = 0; i < 1000; ++i) {       // the pattern survives fp16 exactly
+    const float v = pattern_value(kInitSalt, 3, i);
+    EXPECT_EQ(half_to_float(float_to_half(v)), v);
+    EXPECT_GE(v, -1.0F);
+    EXPECT_LT(v, 1.0F);
+  }
+}
+
+TEST(RealPlan, MatchesCollectivesAndPlacesHpzSlices) {
+  const Scenario sc = tiny("stock");
+  const Schedule s = build_schedule(sc);
+  const Plan plan = make_plan(sc, s);
+  ASSERT_EQ(plan.ranks.size(), s.ranks.size());
+  EXPECT_GT(plan.probes, 0U);
+  std::size_t hpz_gathers = 0;
+  for (const Instance& inst : plan.instances) {
+    EXPECT_EQ(inst.members.size(), s.groups[inst.group].ranks.size());
+    const auto [r, i] = inst.members.front();
+    const Op& op = s.ranks[r].ops[i];
+    if (op.kind != OpKind::kAllGather || s.groups[op.group].kind != GroupKind::kHpz) continue;
+    ++hpz_gathers;
+    // Every member receives one slice per member, each at that member's secondary slice.
+    const ShardLayout lay(s.units[op.unit].numel, s.world_size, s.hpz_size);
+    const PlanOp& po = plan.ranks[r].ops[i];
+    ASSERT_EQ(po.actions.size(), 2U);
+    for (std::size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(po.actions[k].dst.elem, lay.valid(lay.secondary_slice(static_cast<int>(k))).begin);
+      EXPECT_EQ(po.actions[k].src.front().rank, inst.members[k].first);
+    }
+  }
+  EXPECT_GT(hpz_gathers, 0U);
+  // Forward kernels hold their stream for the cost model's time.
+  bool spun = false;
+  for (std::size_t i = 0; i < s.ranks[0].ops.size(); ++i) {
+    if (s.ranks[0].ops[i].purpose == Purpose::kForwardCompute) {
+      spun = spun || plan.ranks[0].ops[i].spin_s > 0;
+    }
+  }
+  EXPECT_TRUE(spun);
+}
+
+// hpZ only moves data: run race-free, every variant and hpZ off train to the same bits.
+TEST(RealHostBackend, EveryVariantAndNoHpzGiveBitIdenticalWeights) {
+  const RunOutput base = run_host(tiny("stock", 1));
+  ASSERT_FALSE(base.hung) << base.hang;
+  ASSERT_FALSE(base.weights.empty());
+  for (const char* v : {"stock", "host-sync", "event-wait"}) {
+    const RunOutput out = run_host(tiny(v));
+    ASSERT_FALSE(out.hung) << out.hang;
+    EXPECT_EQ(out.weights, base.weights) << v;
+  }
+}
+
+TEST(RealHostBackend, TrainingChangesTheWeightsAndLeavesNoNaN) {
+  const Scenario sc = tiny("event-wait");
+  const Schedule s = build_schedule(sc);
+  const Plan plan = make_plan(sc, s);
+  const RunOutput out = run_host(sc);
+  std::uint64_t changed = 0, nans = 0, n = 0;
+  for (std::size_t r = 0; r < out.weights.size(); ++r) {
+    for (std::size_t u = 0; u < out.weights[r].size(); ++u) {
+      const auto& w = out.weights[r][u];
+      const Loc& loc = plan.ranks[r].weights[u];
+      const BufferId b = plan.ranks[r].slots[loc.slot].buffer;
+      const UnitId unit = s.ranks[r].buffers[b].unit;
+      const ShardLayout lay(s.units[unit].numel, s.world_size, s.hpz_size);
+      const std::uint64_t first = lay.valid(lay.primary_slice(static_cast<Rank>(r))).begin;
+      for (std::uint64_t i = 0; i < w.size() / 4; ++i) {
+        const float v = load(w.data(), i, 4);
+        nans += std::isnan(v) ? 1 : 0;
+        changed += v != pattern_value(kInitSalt, unit, first + i) ? 1 : 0;
+        ++n;
+      }
+    }
+  }
+  EXPECT_GT(n, 0U);
+  EXPECT_EQ(nans, 0U);
+  EXPECT_GT(changed, n / 2);  // three optimizer steps moved (almost) every weight
+}
+
+TEST(RealHostBackend, RunsAreDeterministic) {
+  const Scenario sc = tiny("stock");
+  const RunOutput a = run_host(sc, false);
+  const RunOutput b = run_host(sc, false);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.probes, b.probes);
+}
+
+TEST(RealCompare, CountsCorruptedElementsNaNsAndTheFirstBadGather) {
+  const Scenario sc = tiny("stock");
+  const Schedule s = build_schedule(sc);
+  const Plan plan = make_plan(sc, s);
+  const RunOutput ref = run_host(sc);
+  EXPECT_FALSE(compare_runs(plan, ref, ref).corrupted());
+  RunOutput bad = ref;
+  const float nan = std::nanf("");
+  std::memcpy(bad.weights[1][0].data(), &nan, 4);  // one NaN weight on rank 1
+  bad.probes[3].nans = 7;                          // two gathers saw other bits
+  bad.probes[5].hash ^= 1;
+  const Corruption c = compare_runs(plan, ref, bad);
+  EXPECT_TRUE(c.corrupted());
+  EXPECT_EQ(c.corrupted_elements, 1U);
+  EXPECT_EQ(c.nan_elements, 1U);
+  EXPECT_EQ(c.bad_probes, 2U);
+  EXPECT_EQ(
+      c.probe_nans, 7U + [&] {
+        std::uint64_t n = 0;
+        for (const ProbeValue& p : ref.probes) n += p.nans;
+        return n - ref.probes[3].nans;
+      }());
+  ASSERT_TRUE(c.has_first);
+  EXPECT_TRUE(plan.ranks[c.first_rank].ops[c.first_op].is_gather_probe);
+}
+
+TEST(RealHostBackend, MismatchedCollectivesTimeOutAsAHang) {
+  const Scenario sc =
+      load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/mismatched-collectives.toml");
+  const RunOutput out = run_host(sc, true, 1.0);
+  EXPECT_TRUE(out.hung);
+  EXPECT_NE(out.hang.find("HANG"), std::string::npos) << out.hang;
+  EXPECT_NE(out.hang.find("missing ranks"), std::string::npos) << out.hang;
+}
+
+// ---- On a GPU (skipped without one) ----
+
+RealResult run_gpu(const std::string& variant, int runs) {
+  const Scenario sc = load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/race-1gpu.toml",
+                                    {{"run.variant", variant}});
+  RealOptions o;
+  o.runs = runs;
+  o.timeout_s = 120;
+  return run_real(sc, build_schedule(sc), o);
+}
+
+TEST(RealGpu, StockCorruptsMostRunsAndBothFixesNone) {
+  const DeviceInfo info = probe_devices();
+  if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
+  constexpr int kRuns = 3;
+  const RealResult stock = run_gpu("stock", kRuns);
+  ASSERT_FALSE(stock.reference_hung) << stock.reference_hang;
+  EXPECT_GT(stock.corrupted_runs, kRuns / 2);
+  for (const char* v : {"host-sync", "event-wait"}) {
+    const RealResult fixed = run_gpu(v, kRuns);
+    ASSERT_FALSE(fixed.reference_hung) << fixed.reference_hang;
+    EXPECT_EQ(fixed.corrupted_runs, 0) << v;
+  }
+}
+
+// The CUDA kernels compute the same bits as the host reference, op for op.
+TEST(RealGpu, SerializedGpuRunEqualsTheHostReference) {
+  const DeviceInfo info = probe_devices();
+  if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
+  for (int hpz : {1, 2}) {
+    const Scenario sc = tiny("event-wait", hpz);
+    const Schedule s = build_schedule(sc);
+    const Plan plan = make_plan(sc, s);
+    ExecOptions o;
+    o.serialize = true;
+    auto gpu = make_cuda_backend();
+    const RunOutput g = execute(s, plan, *gpu, o);
+    const RunOutput h = run_host(sc);
+    ASSERT_FALSE(g.hung) << g.hang;
+    EXPECT_EQ(g.weights, h.weights);
+    EXPECT_EQ(g.probes, h.probes);
+  }
 }
 
 }  // namespace

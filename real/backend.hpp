@@ -1,0 +1,85 @@
+// What the executor asks of a device: streams, markers (events), buffers, data actions, spin
+// kernels, syncs. Two implementations: the CUDA backend (emulated ranks on one GPU, each with its
+// own streams and buffers) and the host backend, which carries out every call at once on the CPU
+// and so is a serialized reference that runs anywhere (tests, and machines without a GPU).
+//
+// Every call for rank r comes from rank r's host thread, in that rank's issue order, except
+// `mark`'s result, which other ranks' threads pass to `wait_mark` after a host-side rendezvous.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "real/plan.hpp"
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+#include "sim/timeline.hpp"
+
+namespace hpz::real {
+
+/** A marker recorded on a stream: an index into the backend's per-rank marker pool. */
+struct Mark {
+  Rank rank = 0;
+  std::uint32_t index = 0;
+};
+
+/** What a gather probe saw: a position-weighted checksum of the bits and the NaN count. */
+struct ProbeValue {
+  std::uint64_t hash = 0;
+  std::uint64_t nans = 0;
+  bool operator==(const ProbeValue&) const = default;
+};
+
+/** Thrown when a host wait passes its deadline: the schedule would hang. */
+struct HangError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /** "cuda" or "host", for reports. */
+  virtual std::string name() const = 0;
+
+  /** Prepares one run of `plan`: streams, marker and timing pools, probe slots. Buffers of an
+   *  earlier run may be kept (a caching allocator's blocks), but no run sees another's data
+   *  except through `Fill::kStale`. */
+  virtual void begin_run(const Schedule& schedule, const Plan& plan) = 0;
+
+  virtual void alloc(Rank r, StreamId s, SlotId slot, Fill fill) = 0;
+  virtual void free(Rank r, StreamId s, SlotId slot) = 0;
+  virtual void spin(Rank r, StreamId s, double seconds) = 0;
+  virtual void run_actions(Rank r, StreamId s, const std::vector<Action>& actions) = 0;
+  /** Records IR event `e` of rank r on stream s; `wait_event` makes stream s wait for it. */
+  virtual void record_event(Rank r, StreamId s, EventId e) = 0;
+  virtual void wait_event(Rank r, StreamId s, EventId e) = 0;
+  /** Records a marker on stream s and returns it; another rank's stream can wait for it. */
+  virtual Mark mark(Rank r, StreamId s) = 0;
+  virtual void wait_mark(Rank r, StreamId s, Mark m) = 0;
+  /** Blocks rank r's host until stream s (kHostStream: every stream of r) has drained; throws
+   *  HangError after `timeout_s`. */
+  virtual void host_sync(Rank r, StreamId s, double timeout_s) = 0;
+  /** Timing markers around op `op` of rank r on stream s. */
+  virtual void op_begin(Rank r, StreamId s, std::uint32_t op) = 0;
+  virtual void op_end(Rank r, StreamId s, std::uint32_t op) = 0;
+  /** Stores what the `index`-th probe of the run sees at `at` (n elements), in stream order. */
+  virtual void probe(Rank r, StreamId s, std::uint64_t index, Loc at, std::uint64_t n) = 0;
+
+  /** After every rank's thread is done: waits for the device (HangError after `timeout_s`) and
+   *  fills the start/end times of `timeline` (issue times come from the executor, in seconds
+   *  since the same origin as `origin_s`), the probes and the raw bytes of the weights. */
+  virtual void end_run(double timeout_s, double origin_s, Timeline& timeline,
+                       std::vector<ProbeValue>& probes,
+                       std::vector<std::vector<std::vector<std::uint8_t>>>& weights) = 0;
+};
+
+/** The CPU reference backend: every call takes effect at once, in host order. */
+std::unique_ptr<Backend> make_host_backend();
+
+/** The CUDA backend on device 0 (emulated ranks). Throws std::runtime_error when CUDA fails and
+ *  when hpzlab was built without CUDA. */
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace hpz::real

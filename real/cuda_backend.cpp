@@ -1,0 +1,377 @@
+// The CUDA backend: emulated ranks on device 0. Each rank has its own non-blocking streams (one
+// per IR stream), its own buffers and events; collectives are carried out by the executor's
+// rendezvous plus device copies and kernels on the members' streams. Memory comes from a small
+// caching allocator per (rank, buffer): a freed block is reused only once every stream of its
+// rank has passed the free (PyTorch's record_stream rule, conservatively), so lifetimes never
+// overlap, and `fill = stale` sees what that buffer's block last held.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "real/backend.hpp"
+#include "real/executor.hpp"
+#include "real/kernels.hpp"
+
+namespace hpz::real {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(
+        fmt::format("{}: {} ({})", what, cudaGetErrorString(err), static_cast<int>(err)));
+  }
+}
+#define HPZ_CUDA(call) check((call), #call)
+
+cudaEvent_t new_event(bool timing) {
+  cudaEvent_t e{};
+  HPZ_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return e;
+}
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend() {
+    HPZ_CUDA(cudaSetDevice(0));
+    HPZ_CUDA(cudaStreamCreateWithFlags(&origin_stream_, cudaStreamNonBlocking));
+    origin_event_ = new_event(true);
+  }
+
+  ~CudaBackend() override {
+    // Best effort: the process is about to exit, errors here change nothing.
+    cudaDeviceSynchronize();
+    for (RankState& rs : ranks_) {
+      for (auto& [b, list] : rs.free) {
+        for (Block& blk : list) cudaFree(blk.ptr);
+      }
+      for (Block& blk : rs.live) cudaFree(blk.ptr);
+    }
+    if (probe_dev_ != nullptr) cudaFree(probe_dev_);
+  }
+
+  std::string name() const override { return "cuda"; }
+
+  void begin_run(const Schedule& schedule, const Plan& plan) override {
+    HPZ_CUDA(cudaSetDevice(0));
+    plan_ = &plan;
+    eb_ = plan.element_bytes;
+    if (ranks_.size() != plan.ranks.size()) ranks_ = std::deque<RankState>(plan.ranks.size());
+    for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+      RankState& rs = ranks_[r];
+      const RankSchedule& sched = schedule.ranks[r];
+      while (rs.streams.size() < sched.streams.size()) {
+        cudaStream_t s{};
+        HPZ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        rs.streams.push_back(s);
+      }
+      if (rs.fill == nullptr) HPZ_CUDA(cudaStreamCreateWithFlags(&rs.fill, cudaStreamNonBlocking));
+      EventId max_event = -1;
+      std::size_t collectives = 0;
+      for (const Op& o : sched.ops) {
+        max_event = std::max(max_event, o.event);
+        collectives += is_collective(o.kind) ? 1 : 0;
+      }
+      grow(rs.ir_events, static_cast<std::size_t>(max_event + 1), false);
+      grow(rs.marks, 2 * collectives, false);
+      grow(rs.t_begin, sched.ops.size(), true);
+      grow(rs.t_end, sched.ops.size(), true);
+      rs.timed.assign(sched.ops.size(), false);
+      rs.next_mark = 0;
+      // Blocks still held from the last run go back to their free lists.
+      for (std::size_t k = 0; k < rs.live_slot.size(); ++k) release_live(static_cast<Rank>(r), k);
+      rs.slot_block.assign(plan.ranks[r].slots.size(), -1);
+      rs.live.clear();
+      rs.live_slot.clear();
+    }
+    if (probe_dev_ != nullptr) HPZ_CUDA(cudaFree(probe_dev_));
+    probe_dev_ = nullptr;
+    if (plan.probes > 0) {
+      HPZ_CUDA(cudaMalloc(&probe_dev_, plan.probes * 2 * sizeof(unsigned long long)));
+      HPZ_CUDA(cudaMemset(probe_dev_, 0, plan.probes * 2 * sizeof(unsigned long long)));
+    }
+    HPZ_CUDA(cudaDeviceSynchronize());
+    HPZ_CUDA(cudaEventRecord(origin_event_, origin_stream_));
+    HPZ_CUDA(cudaEventSynchronize(origin_event_));
+    origin_host_s_ = now_s();
+  }
+
+  void alloc(Rank r, StreamId, SlotId slot, Fill fill) override {
+    RankState& rs = ranks_[r];
+    std::lock_guard lock(rs.mu);
+    void* p = acquire(r, slot);
+    const std::size_t bytes = slot_bytes(r, slot);
+    // empty() hands out memory at once: the fill is in place before the host moves on.
+    if (fill == Fill::kNan) HPZ_CUDA(cudaMemsetAsync(p, 0xff, bytes, rs.fill));
+    if (fill == Fill::kZero) HPZ_CUDA(cudaMemsetAsync(p, 0, bytes, rs.fill));
+    if (fill != Fill::kStale) HPZ_CUDA(cudaStreamSynchronize(rs.fill));
+  }
+
+  void free(Rank r, StreamId, SlotId slot) override {
+    RankState& rs = ranks_[r];
+    std::lock_guard lock(rs.mu);
+    const int k = rs.slot_block[slot];
+    if (k < 0) return;
+    release_live(r, static_cast<std::size_t>(k));
+  }
+
+  void spin(Rank r, StreamId s, double seconds) override {
+    HPZ_CUDA(kernels::spin(static_cast<std::uint64_t>(seconds * 1e9), stream(r, s)));
+  }
+
+  void run_actions(Rank r, StreamId s, const std::vector<Action>& actions) override {
+    using K = Action::Kind;
+    cudaStream_t st = stream(r, s);
+    for (const Action& a : actions) {
+      if (a.n == 0) continue;
+      void* dst = at(a.dst);
+      switch (a.kind) {
+        case K::kCopy:
+          HPZ_CUDA(cudaMemcpyAsync(dst, at(a.src[0]), a.n * static_cast<std::uint64_t>(eb_),
+                                   cudaMemcpyDeviceToDevice, st));
+          break;
+        case K::kSum: {
+          std::vector<const void*> src;
+          for (const Loc& l : a.src) src.push_back(at(l));
+          HPZ_CUDA(kernels::sum(dst, src.data(), static_cast<int>(src.size()), a.n, eb_, st));
+          break;
+        }
+        case K::kPattern:
+          HPZ_CUDA(kernels::pattern(dst, a.n, eb_, a.salt, a.unit, a.pattern_base, st));
+          break;
+        case K::kZero:
+          HPZ_CUDA(cudaMemsetAsync(dst, 0, a.n * static_cast<std::uint64_t>(eb_), st));
+          break;
+        case K::kScale:
+        case K::kAxpy:
+          HPZ_CUDA(kernels::scale(dst, at(a.src[0]), a.scale, a.kind == K::kAxpy, a.n, eb_, st));
+          break;
+      }
+    }
+  }
+
+  void record_event(Rank r, StreamId s, EventId e) override {
+    HPZ_CUDA(cudaEventRecord(ranks_[r].ir_events.at(static_cast<std::size_t>(e)), stream(r, s)));
+  }
+  void wait_event(Rank r, StreamId s, EventId e) override {
+    HPZ_CUDA(
+        cudaStreamWaitEvent(stream(r, s), ranks_[r].ir_events.at(static_cast<std::size_t>(e)), 0));
+  }
+
+  Mark mark(Rank r, StreamId s) override {
+    RankState& rs = ranks_[r];
+    const std::uint32_t k = rs.next_mark++;
+    HPZ_CUDA(cudaEventRecord(rs.marks.at(k), stream(r, s)));
+    return {r, k};
+  }
+  void wait_mark(Rank r, StreamId s, Mark m) override {
+    HPZ_CUDA(cudaStreamWaitEvent(stream(r, s), ranks_[m.rank].marks.at(m.index), 0));
+  }
+
+  void host_sync(Rank r, StreamId s, double timeout_s) override {
+    RankState& rs = ranks_[r];
+    const double deadline = now_s() + timeout_s;
+    if (s != kHostStream) return drain(stream(r, s), deadline, r);
+    for (cudaStream_t st : rs.streams) drain(st, deadline, r);
+  }
+
+  void op_begin(Rank r, StreamId s, std::uint32_t op) override {
+    HPZ_CUDA(cudaEventRecord(ranks_[r].t_begin[op], stream(r, s)));
+  }
+  void op_end(Rank r, StreamId s, std::uint32_t op) override {
+    HPZ_CUDA(cudaEventRecord(ranks_[r].t_end[op], stream(r, s)));
+    ranks_[r].timed[op] = true;
+  }
+
+  void probe(Rank r, StreamId s, std::uint64_t index, Loc loc, std::uint64_t n) override {
+    HPZ_CUDA(kernels::probe(at(loc), n, eb_, probe_dev_ + 2 * index, stream(r, s)));
+  }
+
+  void end_run(double timeout_s, double origin_s, Timeline& timeline,
+               std::vector<ProbeValue>& probes,
+               std::vector<std::vector<std::vector<std::uint8_t>>>& weights) override {
+    const double deadline = now_s() + timeout_s;
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      for (cudaStream_t st : ranks_[r].streams) drain(st, deadline, static_cast<Rank>(r));
+    }
+    HPZ_CUDA(cudaDeviceSynchronize());
+    const double shift = origin_host_s_ - origin_s;
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      RankState& rs = ranks_[r];
+      for (std::size_t i = 0; i < rs.timed.size(); ++i) {
+        if (!rs.timed[i]) continue;
+        float b = 0, e = 0;
+        HPZ_CUDA(cudaEventElapsedTime(&b, origin_event_, rs.t_begin[i]));
+        HPZ_CUDA(cudaEventElapsedTime(&e, origin_event_, rs.t_end[i]));
+        timeline.ranks[r][i].start_s = shift + b / 1e3;
+        timeline.ranks[r][i].end_s = shift + e / 1e3;
+      }
+    }
+    std::vector<unsigned long long> raw(plan_->probes * 2);
+    if (!raw.empty()) {
+      HPZ_CUDA(
+          cudaMemcpy(raw.data(), probe_dev_, raw.size() * sizeof(raw[0]), cudaMemcpyDeviceToHost));
+    }
+    probes.assign(plan_->probes, {});
+    for (std::size_t k = 0; k < probes.size(); ++k) probes[k] = {raw[2 * k], raw[2 * k + 1]};
+    weights.assign(plan_->ranks.size(), {});
+    for (std::size_t r = 0; r < plan_->ranks.size(); ++r) {
+      const RankPlan& rp = plan_->ranks[r];
+      for (std::size_t u = 0; u < rp.weights.size(); ++u) {
+        std::vector<std::uint8_t> host(rp.weight_n[u] * static_cast<std::uint64_t>(eb_));
+        if (!host.empty()) {
+          HPZ_CUDA(cudaMemcpy(host.data(), at(rp.weights[u]), host.size(), cudaMemcpyDeviceToHost));
+        }
+        weights[r].push_back(std::move(host));
+      }
+    }
+  }
+
+ private:
+  struct Block {
+    void* ptr = nullptr;
+    std::size_t bytes = 0;
+    std::vector<cudaEvent_t> done;  // one per stream of the rank, recorded at the free
+  };
+  struct RankState {
+    std::vector<cudaStream_t> streams;
+    cudaStream_t fill = nullptr;
+    std::vector<cudaEvent_t> ir_events, marks, t_begin, t_end, spare;
+    std::vector<bool> timed;
+    std::uint32_t next_mark = 0;
+    std::map<BufferId, std::vector<Block>> free;  // per buffer id, oldest first
+    std::vector<Block> live;                      // blocks held by open lifetimes
+    std::vector<SlotId> live_slot;                // live[k] belongs to this slot
+    std::vector<int> slot_block;                  // slot -> index into live, or -1
+    std::mutex mu;
+  };
+
+  static void grow(std::vector<cudaEvent_t>& pool, std::size_t n, bool timing) {
+    while (pool.size() < n) pool.push_back(new_event(timing));
+  }
+
+  cudaStream_t stream(Rank r, StreamId s) {
+    return ranks_[r].streams.at(static_cast<std::size_t>(s));
+  }
+
+  std::size_t slot_bytes(Rank r, SlotId slot) const {
+    return std::max<std::size_t>(
+        plan_->ranks[r].slots[slot].elements * static_cast<std::size_t>(eb_), 16);
+  }
+
+  /** A block for `slot` (caller holds the rank's lock): the oldest free block of the same
+   *  buffer whose streams have all passed its free, else a new one. */
+  void* acquire(Rank r, SlotId slot) {
+    RankState& rs = ranks_[r];
+    const std::size_t bytes = slot_bytes(r, slot);
+    const BufferId buffer = plan_->ranks[r].slots[slot].buffer;
+    auto& list = rs.free[buffer];
+    for (auto it = list.begin(); it != list.end(); ++it) {
+      if (it->bytes < bytes || !idle(*it)) continue;
+      Block blk = std::move(*it);
+      list.erase(it);
+      for (cudaEvent_t e : blk.done) rs.spare.push_back(e);
+      blk.done.clear();
+      return keep(rs, slot, std::move(blk));
+    }
+    Block blk;
+    blk.bytes = bytes;
+    HPZ_CUDA(cudaMalloc(&blk.ptr, bytes));
+    HPZ_CUDA(cudaMemset(blk.ptr, 0xff, bytes));  // fresh memory: NaN, the same in every run
+    HPZ_CUDA(cudaDeviceSynchronize());
+    return keep(rs, slot, std::move(blk));
+  }
+
+  static bool idle(const Block& blk) {
+    for (cudaEvent_t e : blk.done) {
+      const cudaError_t q = cudaEventQuery(e);
+      if (q == cudaErrorNotReady) return false;
+      check(q, "cudaEventQuery");
+    }
+    return true;
+  }
+
+  void* keep(RankState& rs, SlotId slot, Block blk) {
+    void* p = blk.ptr;
+    rs.slot_block[slot] = static_cast<int>(rs.live.size());
+    rs.live.push_back(std::move(blk));
+    rs.live_slot.push_back(slot);
+    return p;
+  }
+
+  /** Ends the lifetime held in live[k]: events on every stream, back to the free list. */
+  void release_live(Rank r, std::size_t k) {
+    RankState& rs = ranks_[r];
+    Block blk = std::move(rs.live[k]);
+    if (blk.ptr == nullptr) return;
+    rs.live[k] = Block{};
+    for (cudaStream_t st : rs.streams) {
+      if (rs.spare.empty()) rs.spare.push_back(new_event(false));
+      cudaEvent_t e = rs.spare.back();
+      rs.spare.pop_back();
+      HPZ_CUDA(cudaEventRecord(e, st));
+      blk.done.push_back(e);
+    }
+    const SlotId slot = rs.live_slot[k];
+    if (slot < rs.slot_block.size()) rs.slot_block[slot] = -1;
+    const BufferId buffer = plan_->ranks[r].slots[slot].buffer;
+    rs.free[buffer].push_back(std::move(blk));
+  }
+
+  /** Device address of a location; a slot never allocated (a buffer used before any kAlloc,
+   *  or the staging slot) gets its block on first use. */
+  void* at(const Loc& l) {
+    RankState& rs = ranks_[l.rank];
+    std::lock_guard lock(rs.mu);
+    int k = rs.slot_block.at(l.slot);
+    if (k < 0) {
+      acquire(l.rank, l.slot);
+      k = rs.slot_block[l.slot];
+    }
+    return static_cast<std::uint8_t*>(rs.live[static_cast<std::size_t>(k)].ptr) +
+           l.elem * static_cast<std::uint64_t>(eb_);
+  }
+
+  void drain(cudaStream_t st, double deadline, Rank r) {
+    for (int polls = 0;; ++polls) {
+      const cudaError_t q = cudaStreamQuery(st);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check(q, "cudaStreamQuery");
+      if (now_s() > deadline) {
+        throw HangError(
+            fmt::format("HANG: rank {}'s host waited past the timeout for a stream "
+                        "to drain",
+                        r));
+      }
+      if (polls < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  }
+
+  const Plan* plan_ = nullptr;
+  int eb_ = 2;
+  std::deque<RankState> ranks_;
+  cudaStream_t origin_stream_ = nullptr;
+  cudaEvent_t origin_event_ = nullptr;
+  double origin_host_s_ = 0;
+  unsigned long long* probe_dev_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace hpz::real

@@ -1,0 +1,361 @@
+#include "real/plan.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "real/pattern.hpp"
+#include "sim/shard.hpp"
+#include "sim/time/cost_model.hpp"
+
+namespace hpz::real {
+namespace {
+
+/** Builds one rank's slots and every op's non-collective actions; collectives get theirs once
+ *  every member is known (PlanBuilder::collectives). */
+class PlanBuilder {
+ public:
+  PlanBuilder(const Scenario& sc, const Schedule& s) : sc_(sc), s_(s), cost_(sc) {
+    for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
+    plan_.element_bytes = s.dtype_bytes;
+    plan_.ranks.resize(s.ranks.size());
+    access_slot_.resize(s.ranks.size());
+  }
+
+  Plan build() {
+    for (std::size_t r = 0; r < s_.ranks.size(); ++r) rank(static_cast<Rank>(r));
+    for (RankPlan& rp : plan_.ranks) {
+      rp.staging = static_cast<SlotId>(rp.slots.size());
+      rp.slots.push_back({kNoBuffer, 1});
+    }
+    collectives();
+    return std::move(plan_);
+  }
+
+ private:
+  BufferRole role(Rank r, BufferId b) const { return s_.ranks[r].buffers[b].role; }
+  std::uint64_t elems(std::uint64_t bytes) const { return bytes / s_.dtype_bytes; }
+
+  std::uint64_t slot_elements(Rank r, BufferId b) const {
+    const Buffer& buf = s_.ranks[r].buffers[b];
+    // A quantized buffer holds the pass-through values of the whole parameter.
+    if (buf.role == BufferRole::kQuantized && buf.unit != kNoUnit) {
+      return s_.units[buf.unit].padded_numel;
+    }
+    return std::max<std::uint64_t>(elems(buf.bytes), 1);
+  }
+
+  /** Where an access points: its slot and first element, and how many elements it covers.
+   *  A quantized buffer is read from its start, whole (the replay's rule). */
+  struct Span {
+    Loc loc;
+    std::uint64_t n = 0;
+  };
+  Span span(Rank r, const Op& o, std::uint32_t k) const {
+    const Access& a = s_.ranks[r].accesses[o.access_begin + k];
+    const SlotId slot = access_slot_[r][o.access_begin + k];
+    if (role(r, a.buffer) == BufferRole::kQuantized && a.mode == AccessMode::kRead) {
+      return {{r, slot, 0}, plan_.ranks[r].slots[slot].elements};
+    }
+    if (role(r, a.buffer) == BufferRole::kQuantized) return {{r, slot, 0}, elems(a.bytes)};
+    return {{r, slot, elems(a.offset)}, elems(a.bytes)};
+  }
+  /** The k-th access of `mode` (nth = 0 first), or -1. */
+  int find(Rank r, const Op& o, AccessMode mode, int nth = 0) const {
+    for (std::uint32_t k = 0; k < o.access_count; ++k) {
+      if (s_.ranks[r].accesses[o.access_begin + k].mode == mode && nth-- == 0) {
+        return static_cast<int>(k);
+      }
+    }
+    return -1;
+  }
+  int find_role(Rank r, const Op& o, AccessMode mode, BufferRole want) const {
+    for (std::uint32_t k = 0; k < o.access_count; ++k) {
+      const Access& a = s_.ranks[r].accesses[o.access_begin + k];
+      if (a.mode == mode && role(r, a.buffer) == want) return static_cast<int>(k);
+    }
+    return -1;
+  }
+
+  void rank(Rank r) {
+    const RankSchedule& rs = s_.ranks[r];
+    RankPlan& rp = plan_.ranks[r];
+    std::vector<SlotId> cur(rs.buffers.size());
+    for (std::size_t b = 0; b < rs.buffers.size(); ++b) {
+      cur[b] = static_cast<SlotId>(b);
+      rp.slots.push_back({static_cast<BufferId>(b), slot_elements(r, static_cast<BufferId>(b))});
+    }
+    access_slot_[r].resize(rs.accesses.size());
+    rp.ops.resize(rs.ops.size());
+    for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+      const Op& o = rs.ops[i];
+      PlanOp& po = rp.ops[i];
+      if (o.kind == OpKind::kAlloc) {
+        cur[o.buffer] = static_cast<SlotId>(rp.slots.size());
+        rp.slots.push_back({o.buffer, slot_elements(r, o.buffer)});
+        po.alloc_slot = cur[o.buffer];
+      } else if (o.kind == OpKind::kFree) {
+        po.alloc_slot = cur[o.buffer];
+      }
+      for (std::uint32_t k = 0; k < o.access_count; ++k) {
+        access_slot_[r][o.access_begin + k] = cur[rs.accesses[o.access_begin + k].buffer];
+      }
+      effects(r, o, po);
+    }
+    for (std::size_t b = 0; b < rs.buffers.size(); ++b) {
+      const Buffer& buf = rs.buffers[b];
+      if (buf.role != BufferRole::kPrimary || buf.unit == kNoUnit) continue;
+      const ShardLayout& lay = layouts_[buf.unit];
+      const ElemRange p = lay.primary_slice(r);
+      const ElemRange v = lay.valid(p);
+      rp.weights.push_back({r, cur[b], v.begin - p.begin});
+      rp.weight_n.push_back(v.size());
+    }
+  }
+
+  void effects(Rank r, const Op& o, PlanOp& po) {
+    using K = Action::Kind;
+    if (o.kind == OpKind::kKernel || o.kind == OpKind::kQuantize || o.kind == OpKind::kDequantize) {
+      po.spin_s = cost_.op_s(s_, r, o);
+    }
+    switch (o.kind) {
+      case OpKind::kKernel:
+        return kernel(r, o, po);
+      case OpKind::kCopy: {
+        const int dst = find(r, o, AccessMode::kWrite);
+        if (dst < 0) return;
+        const Span d = span(r, o, static_cast<std::uint32_t>(dst));
+        const int src = find(r, o, AccessMode::kRead);
+        if (src < 0) {  // a checkpoint load writes the primary shard from storage
+          Action a{K::kPattern, d.loc, d.n, {}};
+          a.salt = kCheckpointSalt;
+          a.unit = o.unit;
+          a.pattern_base = layouts_[o.unit].primary_slice(r).begin + d.loc.elem;
+          po.actions.push_back(a);
+          return;
+        }
+        const Span s = span(r, o, static_cast<std::uint32_t>(src));
+        po.actions.push_back({K::kCopy, d.loc, std::min(d.n, s.n), {s.loc}});
+        return;
+      }
+      case OpKind::kQuantize: {
+        const int src = find(r, o, AccessMode::kRead);
+        const int dst = find(r, o, AccessMode::kWrite);
+        if (src < 0 || dst < 0) return;
+        const Span s = span(r, o, static_cast<std::uint32_t>(src));
+        Span d = span(r, o, static_cast<std::uint32_t>(dst));
+        const std::uint64_t cap = plan_.ranks[r].slots[d.loc.slot].elements;
+        po.actions.push_back({K::kCopy, {r, d.loc.slot, 0}, std::min(s.n, cap), {s.loc}});
+        return;
+      }
+      case OpKind::kDequantize:
+        return dequantize(r, o, po);
+      default:
+        return;
+    }
+  }
+
+  void kernel(Rank r, const Op& o, PlanOp& po) {
+    using K = Action::Kind;
+    if (o.purpose == Purpose::kParamInit) {
+      for (std::uint32_t k = 0; k < o.access_count; ++k) {
+        const Access& a = s_.ranks[r].accesses[o.access_begin + k];
+        if (a.mode != AccessMode::kWrite) continue;
+        const Span d = span(r, o, k);
+        if (role(r, a.buffer) == BufferRole::kFull) {
+          Action x{K::kPattern, d.loc, d.n, {}};
+          x.salt = kInitSalt;
+          x.unit = o.unit;
+          x.pattern_base = d.loc.elem;
+          po.actions.push_back(x);
+        } else {
+          po.actions.push_back({K::kZero, d.loc, d.n, {}});
+        }
+      }
+      return;
+    }
+    if (o.purpose == Purpose::kBackwardCompute) {
+      const int g = find_role(r, o, AccessMode::kWrite, BufferRole::kGradFull);
+      const int p = find_role(r, o, AccessMode::kRead, BufferRole::kFull);
+      if (g < 0 || p < 0) return;
+      const Span gs = span(r, o, static_cast<std::uint32_t>(g));
+      const Span ps = span(r, o, static_cast<std::uint32_t>(p));
+      Action x{K::kScale, gs.loc, std::min(gs.n, ps.n), {ps.loc}};
+      x.scale = 0.125F;
+      po.actions.push_back(x);
+      return;
+    }
+    if (o.purpose == Purpose::kOptimizerStep) {
+      const int g = find_role(r, o, AccessMode::kRead, BufferRole::kGradShard);
+      const int p = find_role(r, o, AccessMode::kWrite, BufferRole::kPrimary);
+      if (g < 0 || p < 0) return;
+      const Span gs = span(r, o, static_cast<std::uint32_t>(g));
+      const Span ps = span(r, o, static_cast<std::uint32_t>(p));
+      Action x{K::kAxpy, ps.loc, std::min(gs.n, ps.n), {gs.loc}};
+      x.scale = -0.0625F;
+      po.actions.push_back(x);
+    }
+  }
+
+  void dequantize(Rank r, const Op& o, PlanOp& po) {
+    using K = Action::Kind;
+    const int src = find(r, o, AccessMode::kRead);
+    const int dst = find(r, o, AccessMode::kWrite);
+    if (src < 0 || dst < 0) return;
+    const Span s = span(r, o, static_cast<std::uint32_t>(src));
+    const Span d = span(r, o, static_cast<std::uint32_t>(dst));
+    const Access& da = s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(dst)];
+    const BufferRole dr = role(r, da.buffer);
+    const std::uint64_t src_cap = plan_.ranks[r].slots[s.loc.slot].elements;
+    if (dr == BufferRole::kQuantized) {
+      const std::uint64_t cap = plan_.ranks[r].slots[d.loc.slot].elements;
+      po.actions.push_back({K::kCopy, {r, d.loc.slot, 0}, std::min(src_cap, cap), {s.loc}});
+      return;
+    }
+    if (dr == BufferRole::kFull) {
+      const std::uint64_t n = d.loc.elem < src_cap ? std::min(d.n, src_cap - d.loc.elem) : 0;
+      po.actions.push_back({K::kCopy, d.loc, n, {{r, s.loc.slot, d.loc.elem}}});
+      return;
+    }
+    // qgZ's last step: this rank's slice of the reduced gradient (+ what accumulated before).
+    const std::uint64_t from = layouts_[o.unit].primary_slice(r).begin + d.loc.elem;
+    const std::uint64_t n = from < src_cap ? std::min(d.n, src_cap - from) : 0;
+    Action x{K::kCopy, d.loc, n, {{r, s.loc.slot, from}}};
+    const int acc = find_role(r, o, AccessMode::kRead, BufferRole::kGradShard);
+    if (acc >= 0) {
+      x.kind = K::kSum;
+      x.src.push_back(span(r, o, static_cast<std::uint32_t>(acc)).loc);
+    }
+    po.actions.push_back(x);
+  }
+
+  // Matches the k-th collective of every group across its members (NCCL's rule), then gives
+  // each member the actions that fill its receive buffer from the members' send buffers.
+  void collectives() {
+    std::map<std::pair<GroupId, std::int64_t>, std::size_t> index;
+    for (std::size_t r = 0; r < s_.ranks.size(); ++r) {
+      std::map<GroupId, std::int64_t> count;
+      for (std::uint32_t i = 0; i < s_.ranks[r].ops.size(); ++i) {
+        const Op& o = s_.ranks[r].ops[i];
+        if (!is_collective(o.kind)) continue;
+        const auto key = std::make_pair(o.group, count[o.group]++);
+        auto [it, fresh] = index.try_emplace(key, plan_.instances.size());
+        if (fresh) plan_.instances.push_back({o.group, s_.groups[o.group].ranks, {}});
+        Instance& inst = plan_.instances[it->second];
+        PlanOp& po = plan_.ranks[r].ops[i];
+        po.instance = static_cast<std::int32_t>(it->second);
+        po.member = static_cast<std::int32_t>(inst.members.size());
+        inst.members.emplace_back(static_cast<Rank>(r), i);
+      }
+    }
+    for (const Instance& inst : plan_.instances) {
+      if (inst.members.size() != s_.groups[inst.group].ranks.size()) continue;  // would hang
+      for (std::size_t m = 0; m < inst.members.size(); ++m) receive(inst, m);
+    }
+  }
+
+  std::vector<Span> sends(Rank r, const Op& o) const {
+    std::vector<Span> out;
+    for (int nth = 0;; ++nth) {
+      const int k = find(r, o, AccessMode::kRead, nth);
+      if (k < 0) break;
+      out.push_back(span(r, o, static_cast<std::uint32_t>(k)));
+    }
+    return out;
+  }
+
+  void receive(const Instance& inst, std::size_t m) {
+    using K = Action::Kind;
+    const auto [r, i] = inst.members[m];
+    const Op& o = s_.ranks[r].ops[i];
+    PlanOp& po = plan_.ranks[r].ops[i];
+    const int dst = find(r, o, AccessMode::kWrite);
+    if (dst < 0) return;
+    const Span d = span(r, o, static_cast<std::uint32_t>(dst));
+    std::vector<std::vector<Span>> in;
+    for (const auto& [mr, mi] : inst.members) in.push_back(sends(mr, s_.ranks[mr].ops[mi]));
+    if (o.kind == OpKind::kAllGather) {
+      const ShardLayout& lay = layouts_[o.unit];
+      const bool hpz = s_.groups[o.group].kind == GroupKind::kHpz;
+      for (std::size_t k = 0; k < inst.members.size(); ++k) {
+        const Rank mr = inst.members[k].first;
+        const ElemRange v =
+            lay.valid(hpz ? lay.secondary_slice(static_cast<int>(k)) : lay.primary_slice(mr));
+        if (v.empty() || in[k].empty()) continue;
+        po.actions.push_back(
+            {K::kCopy, {r, d.loc.slot, v.begin}, std::min(v.size(), in[k][0].n), {in[k][0].loc}});
+      }
+      const Access& da = s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(dst)];
+      if (role(r, da.buffer) == BufferRole::kFull) {
+        po.is_gather_probe = true;
+        po.probe = d.loc;
+        po.probe_n = d.n;
+        ++plan_.probes;
+      }
+      return;
+    }
+    Action x{K::kSum, d.loc, d.n, {}};
+    if (o.kind == OpKind::kReduceScatter) {
+      const std::uint64_t from = layouts_[o.unit].primary_slice(r).begin + d.loc.elem;
+      for (const auto& snd : in) {
+        if (snd.empty()) return;
+        Loc l = snd[0].loc;
+        l.elem += from;
+        x.src.push_back(l);
+        x.n = std::min(x.n, snd[0].n > from ? snd[0].n - from : 0);
+      }
+      if (in[m].size() > 1) x.src.push_back(in[m][1].loc);  // the shard from earlier micro-steps
+    } else {  // AllReduce, AllToAll (qgZ, modelled as a sum of the whole vectors)
+      if (role(r, s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(dst)].buffer) ==
+          BufferRole::kQuantized) {
+        x.dst.elem = 0;
+      }
+      for (const auto& snd : in) {
+        if (snd.empty()) return;
+        x.src.push_back(snd[0].loc);
+        x.n = std::min(x.n, snd[0].n);
+      }
+      x.n = std::min(x.n, plan_.ranks[r].slots[x.dst.slot].elements - x.dst.elem);
+    }
+    const bool in_place = std::any_of(x.src.begin(), x.src.end(), [&](const Loc& l) {
+      return l.rank == r && l.slot == x.dst.slot;
+    });
+    if (in_place) {  // sum into staging, copy into place after every member has read
+      RankPlan& rp = plan_.ranks[r];
+      rp.slots[rp.staging].elements = std::max(rp.slots[rp.staging].elements, x.n);
+      po.post_actions.push_back({K::kCopy, x.dst, x.n, {{r, rp.staging, 0}}});
+      x.dst = {r, rp.staging, 0};
+    }
+    po.actions.push_back(x);
+  }
+
+  const Scenario& sc_;
+  const Schedule& s_;
+  time::CostModel cost_;
+  std::vector<ShardLayout> layouts_;
+  Plan plan_;
+  std::vector<std::vector<SlotId>> access_slot_;  // [rank][access]
+};
+
+}  // namespace
+
+Plan make_plan(const Scenario& scenario, const Schedule& schedule) {
+  return PlanBuilder(scenario, schedule).build();
+}
+
+float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i) {
+  return pattern_bits(salt, unit, i);
+}
+
+std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule) {
+  std::uint64_t total = 0;
+  for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+    std::vector<std::uint64_t> per_buffer(schedule.ranks[r].buffers.size(), 0);
+    for (const SlotInfo& s : plan.ranks[r].slots) {
+      per_buffer[s.buffer] = std::max(per_buffer[s.buffer], s.elements);
+    }
+    for (std::uint64_t e : per_buffer) total += e * static_cast<std::uint64_t>(plan.element_bytes);
+  }
+  return total;
+}
+
+}  // namespace hpz::real

@@ -1,0 +1,122 @@
+// What the real executor does for each op of the schedule IR, decided once on the CPU: the
+// buffer lifetime ("slot") every access refers to, the matching of collectives into instances,
+// how long each kernel holds its stream, and the data every op moves, as a few element-wise
+// actions. The CUDA backend and the host reference backend both carry out exactly this plan, so
+// the plan is what the non-GPU tests check.
+//
+// Data semantics (the same rules as the data replay, sim/replay/data_engine.hpp):
+//  - copies move their read range into their write range; a checkpoint load (a copy with no
+//    read) writes the checkpoint pattern;
+//  - quantize / dequantize are pass-through (real rounding would change every variant alike);
+//  - an AllGather puts member k's send at its slice of the full parameter: its secondary slice
+//    in an hpZ group, its primary slice otherwise; a ReduceScatter sums the members' slices (in
+//    group order) and adds this rank's earlier shard when it reads one; AllReduce and AllToAll
+//    sum the whole vectors;
+//  - kernels run as spin kernels for the time the timing engine's cost model gives them; in
+//    spin mode their data effect is synthetic but real: parameter init writes a pattern that
+//    depends on the element's place in the full parameter, a backward kernel writes
+//    grad = param / 8, an optimizer step writes primary -= grad / 16. A NaN the race lets into a
+//    gathered parameter therefore reaches the gradients and, through the ReduceScatter, every
+//    rank's weights, as it does in training.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+
+namespace hpz::real {
+
+/** A slot: one lifetime of one buffer of one rank (each kAlloc opens a new one). */
+using SlotId = std::uint32_t;
+
+/** An element range of one rank's slot. */
+struct Loc {
+  Rank rank = 0;
+  SlotId slot = 0;
+  std::uint64_t elem = 0;  ///< first element
+};
+
+/** One element-wise data action. */
+struct Action {
+  enum class Kind : std::uint8_t {
+    kCopy,     ///< dst[i] = src[0][i]
+    kSum,      ///< dst[i] = src[0][i] + src[1][i] + ... (in this order)
+    kPattern,  ///< dst[i] = pattern(salt, unit, pattern_base + i)
+    kZero,     ///< dst[i] = 0
+    kScale,    ///< dst[i] = src[0][i] * scale
+    kAxpy,     ///< dst[i] = dst[i] + src[0][i] * scale
+  };
+  Kind kind = Kind::kCopy;
+  Loc dst;
+  std::uint64_t n = 0;  ///< elements
+  std::vector<Loc> src;
+  float scale = 0;
+  std::uint32_t salt = 0;
+  UnitId unit = kNoUnit;
+  std::uint64_t pattern_base = 0;
+};
+
+/** Salts of the two patterns. */
+inline constexpr std::uint32_t kInitSalt = 1;
+inline constexpr std::uint32_t kCheckpointSalt = 2;
+
+/** The executor's view of one op. */
+struct PlanOp {
+  double spin_s = 0;            ///< stream time of a kernel / quantize kernel (cost model)
+  std::int32_t instance = -1;   ///< collectives: index into Plan::instances
+  std::int32_t member = -1;     ///< collectives: position in the instance
+  std::vector<Action> actions;  ///< data moved (for collectives: after every member arrived)
+  /** Collectives that write a buffer they also send (an in-place AllReduce): `actions` write
+   *  the rank's staging slot, and these copy it into place once every member has read its
+   *  inputs. */
+  std::vector<Action> post_actions;
+  SlotId alloc_slot = 0;         ///< kAlloc: the slot it opens; kFree: the slot it closes
+  bool is_gather_probe = false;  ///< an AllGather of a full parameter: its result is checked
+  Loc probe;                     ///< the gathered range (is_gather_probe)
+  std::uint64_t probe_n = 0;
+};
+
+/** One slot's shape. */
+struct SlotInfo {
+  BufferId buffer = 0;  ///< kNoBuffer for the rank's staging slot (the last one)
+  std::uint64_t elements = 0;
+};
+
+/** One rank's plan. */
+struct RankPlan {
+  std::vector<SlotInfo> slots;  ///< first one slot per buffer id (before any alloc), then one
+                                ///< per kAlloc in issue order, then the staging slot
+  SlotId staging = 0;
+  std::vector<PlanOp> ops;   ///< parallel to schedule.ranks[r].ops
+  std::vector<Loc> weights;  ///< the primary shards at the end of the run, per unit
+  std::vector<std::uint64_t> weight_n;
+};
+
+/** The k-th collective of a group. */
+struct Instance {
+  GroupId group = kNoGroup;
+  std::vector<Rank> group_ranks;  ///< every rank of the group: all must issue it, or it hangs
+  std::vector<std::pair<Rank, std::uint32_t>> members;  ///< (rank, op) that issue it, in order
+};
+
+/** Everything the executor needs. */
+struct Plan {
+  int element_bytes = 2;  ///< 2 (fp16 storage) or 4 (fp32)
+  std::vector<RankPlan> ranks;
+  std::vector<Instance> instances;
+  std::uint64_t probes = 0;  ///< gather probes over all ranks
+};
+
+/** Builds the plan of `schedule` (built from `scenario`). Throws InputError when the schedule's
+ *  collectives do not match (a schedule that would hang is reported, not executed). */
+Plan make_plan(const Scenario& scenario, const Schedule& schedule);
+
+/** The synthetic parameter value of element `i` of unit `unit` (the same on every backend). */
+float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i);
+
+/** Bytes of device memory the plan needs if every buffer had one lifetime at a time. */
+std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule);
+
+}  // namespace hpz::real

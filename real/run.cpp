@@ -1,0 +1,98 @@
+#include "real/run.hpp"
+
+#include <fmt/format.h>
+
+#include "real/device.hpp"
+#include "sim/check/checker.hpp"
+#include "sim/error.hpp"
+#include "sim/time/races.hpp"
+
+namespace hpz::real {
+namespace {
+
+// Room the CUDA context, the caching allocator's spare blocks and fragmentation need beyond
+// one lifetime of every buffer.
+constexpr double kMemoryHeadroom = 0.8;
+
+}  // namespace
+
+RealResult run_real(const Scenario& scenario, const Schedule& schedule,
+                    const RealOptions& options) {
+  const Plan plan = make_plan(scenario, schedule);
+  RealResult out;
+  out.ranks = schedule.world_size;
+  out.probes = plan.probes;
+  std::unique_ptr<Backend> backend;
+  if (options.cuda) {
+    const DeviceInfo dev = probe_devices();
+    const std::uint64_t need = peak_bytes_estimate(plan, schedule);
+    if (static_cast<double>(need) > kMemoryHeadroom * static_cast<double>(dev.memory_bytes)) {
+      throw InputError(scenario.path, "cluster",
+                       fmt::format("{} emulated ranks need about {:.1f} GiB of device memory, "
+                                   "more than {:.0f}% of the {:.1f} GiB of {}; use a smaller "
+                                   "model or fewer ranks (scenarios/race-1gpu.toml fits)",
+                                   schedule.world_size, static_cast<double>(need) / (1 << 30),
+                                   kMemoryHeadroom * 100,
+                                   static_cast<double>(dev.memory_bytes) / (1 << 30), dev.name));
+    }
+    backend = make_cuda_backend();
+    out.device = dev.name;
+    out.mode = fmt::format("emulated: {} ranks on one GPU, collectives as device copies",
+                           schedule.world_size);
+  } else {
+    backend = make_host_backend();
+    out.device = "cpu";
+    out.mode =
+        fmt::format("host reference: {} ranks, every op carried out at issue", schedule.world_size);
+  }
+  out.backend = backend->name();
+  const int total = options.runs + 1;
+
+  ExecOptions serialized;
+  serialized.serialize = true;
+  serialized.timeout_s = options.timeout_s;
+  const RunOutput reference = execute(schedule, plan, *backend, serialized);
+  out.reference_hung = reference.hung;
+  out.reference_hang = reference.hang;
+  if (options.progress) options.progress(1, total);
+
+  time::SimResult& t = out.timing;
+  t.scenario = schedule.scenario;
+  t.variant = schedule.variant;
+  t.world_size = schedule.world_size;
+  t.nodes = scenario.cluster.nodes;
+  t.steps = scenario.run.steps;
+  t.collective_model = options.cuda ? "emulated (device copies)" : "host";
+  t.network_model = "none (measured)";
+  const check::CheckResult checked = check::check_schedule(schedule);
+  for (const check::FindingGroup& g : checked.groups) {
+    t.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
+  }
+  t.race_instances = time::race_instances(schedule, checked);
+
+  ExecOptions timed;
+  timed.timeout_s = options.timeout_s;
+  std::vector<Timeline> timelines;
+  for (int k = 0; k < options.runs; ++k) {
+    RunOutput run = execute(schedule, plan, *backend, timed);
+    RealRun rr;
+    rr.hung = run.hung;
+    rr.hang = run.hang;
+    if (!run.hung && !reference.hung) rr.corruption = compare_runs(plan, reference, run);
+    out.corrupted_runs += rr.corruption.corrupted() ? 1 : 0;
+    out.runs.push_back(rr);
+    time::StepMetrics m = time::step_metrics(scenario, schedule, run.timeline);
+    m.hung = m.hung || run.hung;
+    t.runs.push_back(m);
+    timelines.push_back(std::move(run.timeline));
+    if (options.progress) options.progress(k + 2, total);
+  }
+  std::vector<const Timeline*> views;
+  for (const Timeline& tl : timelines) views.push_back(&tl);
+  time::time_races(views, t);
+  t.mean = time::mean_of(t.runs);
+  if (!timelines.empty()) t.timeline = std::move(timelines.front());
+  return out;
+}
+
+}  // namespace hpz::real

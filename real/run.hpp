@@ -1,0 +1,53 @@
+// `hpzlab real` as a library: a serialized reference run, then --runs timed runs of the same
+// plan on the chosen backend, each compared with the reference bit for bit, and the measured
+// timelines turned into the same step metrics and race timing as `hpzlab sim`.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "real/executor.hpp"
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+#include "sim/time/simulate.hpp"
+
+namespace hpz::real {
+
+/** How to run. */
+struct RealOptions {
+  int runs = 1;
+  double timeout_s = 60.0;  ///< per host wait; a longer wait is reported as a hang
+  bool cuda = true;         ///< false: the host reference backend (no GPU; for tests)
+  /** Called after the reference and after each run with (done, all). */
+  std::function<void(int, int)> progress;
+};
+
+/** One timed run and how it differed from the reference. */
+struct RealRun {
+  Corruption corruption;
+  bool hung = false;
+  std::string hang;
+};
+
+/** Everything `hpzlab real` reports. */
+struct RealResult {
+  std::string backend;  ///< "cuda" | "host"
+  std::string mode;     ///< e.g. "emulated: 16 ranks on one GPU"
+  std::string device;   ///< GPU name, or "cpu"
+  int ranks = 0;
+  std::uint64_t probes = 0;  ///< gathered parameters checked per run
+  bool reference_hung = false;
+  std::string reference_hang;
+  std::vector<RealRun> runs;
+  int corrupted_runs = 0;
+  /** The measured runs in the shape of `hpzlab sim`'s result: step metrics per run, race
+   *  timing, the first run's timeline (for --json and --trace). */
+  time::SimResult timing;
+};
+
+/** Runs `schedule` (built from `scenario`). Throws InputError when the scenario cannot run on
+ *  the device (not enough memory), std::runtime_error on CUDA failures. */
+RealResult run_real(const Scenario& scenario, const Schedule& schedule, const RealOptions& options);
+
+}  // namespace hpz::real
