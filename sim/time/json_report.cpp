@@ -1,3 +1,6 @@
+#include <fmt/format.h>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "sim/check/finding_log.hpp"
@@ -35,10 +38,15 @@ json race_json(const RaceReport& race) {
   return j;
 }
 
+json number_or_null(double v) {
+  return std::isfinite(v) ? json(v) : json(nullptr);
+}
+
 }  // namespace
 
-std::string JsonReporter::render(const Schedule&, const SimResult& r) const {
+nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_times) {
   json j = metrics_json(r.mean);
+  j["source"] = "sim";
   j["scenario"] = r.scenario;
   j["variant"] = r.variant;
   j["world_size"] = r.world_size;
@@ -63,7 +71,31 @@ std::string JsonReporter::render(const Schedule&, const SimResult& r) const {
                           {"utilisation", l.utilisation}});
   }
   j["engine"] = {{"transfers", r.stats.transfers}, {"execs", r.stats.execs}, {"ops", r.stats.ops}};
-  return j.dump(2) + "\n";
+  if (op_times) {
+    json times = json::array();
+    json labels = json::array();
+    for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+      json t = json::array();
+      json l = json::array();
+      const auto& ops = schedule.ranks[rank].ops;
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const OpTime& ot = r.timeline.ranks.at(rank).at(i);
+        t.push_back(
+            {number_or_null(ot.issue_s), number_or_null(ot.start_s), number_or_null(ot.end_s)});
+        l.push_back(fmt::format("{}/{}/{}", to_string(ops[i].kind), to_string(ops[i].purpose),
+                                ops[i].unit == kNoUnit ? "-" : schedule.units[ops[i].unit].name));
+      }
+      times.push_back(std::move(t));
+      labels.push_back(std::move(l));
+    }
+    j["op_times"] = std::move(times);
+    j["op_labels"] = std::move(labels);
+  }
+  return j;
+}
+
+std::string JsonReporter::render(const Schedule& schedule, const SimResult& r) const {
+  return to_json(schedule, r, op_times_).dump(2) + "\n";
 }
 
 }  // namespace hpz::time

@@ -2,6 +2,7 @@
 // JSON results (--json) and the Chrome trace-event file (--trace) that Perfetto opens.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "sim/schedule.hpp"
@@ -29,8 +30,19 @@ class ConsoleReporter : public Reporter {
  *  values, so the same scenario and seed give the same bytes. */
 class JsonReporter : public Reporter {
  public:
+  /** With `op_times`, the JSON also has `op_times` (per rank, per op in IR order:
+   *  [issue_s, start_s, end_s], null for an op that never ran) and `op_labels` (per rank, per
+   *  op: "kind/purpose/unit"), which `hpzlab compare` aligns. */
+  explicit JsonReporter(bool op_times = false) : op_times_(op_times) {}
   std::string render(const Schedule& schedule, const SimResult& result) const override;
+
+ private:
+  bool op_times_;
 };
+
+/** The JSON object JsonReporter writes, for callers that add keys of their own (`hpzlab real`
+ *  sets `source` to "real" and adds its corruption counts). */
+nlohmann::json to_json(const Schedule& schedule, const SimResult& result, bool op_times);
 
 /** Chrome trace-event JSON of the first run: one process per rank, one thread (track) per stream
  *  plus "host", flow arrows for event waits and collective rendezvous, manifested races marked. */

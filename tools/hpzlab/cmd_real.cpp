@@ -1,40 +1,159 @@
-// `hpzlab real SCENARIO`: run the schedule on real GPUs. The executor is not written yet
-// (issue 6); today this subcommand checks the scenario, looks for a CUDA device and says what it
-// found. It never pretends to have run anything.
+// `hpzlab real SCENARIO [--runs N] [--timeout S] [--json FILE] [--trace FILE] [--host]`: runs
+// the schedule on a GPU with CUDA streams, events and device copies, op for op, once serialized
+// (the reference) and N times for real, and reports how many runs corrupted the gathered
+// parameters or the weights, and the measured step time. Exit 0; 1 when a run corrupted data or
+// hung; 2 on bad input; 3 without a CUDA device.
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "real/device.hpp"
+#include "real/run.hpp"
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/time/report.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {
 namespace {
 
-void run_real(const ScenarioOptions& opts, int& exit_code) {
-  const Scenario sc = load(opts);
-  const real::DeviceInfo dev = real::probe_devices();
-  if (dev.count == 0) {
-    fmt::print(stderr, "hpzlab: no CUDA device found ({})\n", dev.problem);
-    exit_code = kExitNoDevice;
-    return;
+struct RealCliOptions {
+  ScenarioOptions scenario;
+  std::string trace;
+  int runs = 5;
+  double timeout_s = 60;
+  bool host = false;
+};
+
+void progress(int done, int total) {
+  if (!::isatty(STDERR_FILENO)) return;
+  std::fprintf(stderr, "\r[real] %d/%d runs (the first is the serialized reference)", done, total);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+std::string render_text(const Schedule& schedule, const real::RealResult& r) {
+  std::string s = fmt::format("hpzlab real: {} ({}), variant {}, {}\n", schedule.scenario, r.device,
+                              schedule.variant, r.mode);
+  if (r.reference_hung) {
+    return s + fmt::format("reference run: {}\n", r.reference_hang);
   }
-  fmt::print(stderr,
-             "hpzlab: found {} CUDA device(s) ({}), but the real-GPU executor is not implemented "
-             "yet (issue 6); nothing was run for {}\n",
-             dev.count, dev.name, sc.path);
-  exit_code = kExitInternal;
+  s += fmt::format("{:>4}  {:>12}  {:>10}  {:>12}  {:>10}  {}\n", "run", "step time", "bad gathers",
+                   "bad weights", "NaN weights", "first bad read");
+  for (std::size_t k = 0; k < r.runs.size(); ++k) {
+    const real::RealRun& run = r.runs[k];
+    if (run.hung) {
+      s += fmt::format("{:>4}  {}\n", k + 1, run.hang);
+      continue;
+    }
+    const real::Corruption& c = run.corruption;
+    std::string first = "-";
+    if (c.has_first) {
+      const Op& op = schedule.ranks[c.first_rank].ops[c.first_op];
+      first = fmt::format("rank {} op {} ({} {} of {}) at {:.3f} ms", c.first_rank, c.first_op,
+                          to_string(op.kind), to_string(op.purpose),
+                          op.unit == kNoUnit ? "-" : schedule.units[op.unit].name,
+                          c.first_start_s * 1e3);
+    }
+    s += fmt::format("{:>4}  {:>10.3f} ms  {:>6}/{:<4}  {:>12}  {:>10}  {}\n", k + 1,
+                     r.timing.runs[k].step_time_s * 1e3, c.bad_probes, r.probes,
+                     c.corrupted_elements, c.nan_elements, first);
+  }
+  s += fmt::format(
+      "corrupted in {} of {} runs; mean step time {:.3f} ms; races manifested "
+      "{} (summed over runs)\n",
+      r.corrupted_runs, r.runs.size(), r.timing.mean.step_time_s * 1e3,
+      r.timing.mean.races_manifested);
+  return s;
+}
+
+std::string render_json(const Schedule& schedule, const real::RealResult& r) {
+  nlohmann::json j = time::to_json(schedule, r.timing, true);
+  j["source"] = "real";
+  j["backend"] = r.backend;
+  j["mode"] = r.mode;
+  j["device"] = r.device;
+  j["ranks"] = r.ranks;
+  j["gather_probes_per_run"] = r.probes;
+  j["corrupted_runs"] = r.corrupted_runs;
+  j["reference_hung"] = r.reference_hung;
+  nlohmann::json runs = nlohmann::json::array();
+  for (const real::RealRun& run : r.runs) {
+    const real::Corruption& c = run.corruption;
+    nlohmann::json x = {{"hung", run.hung},
+                        {"corrupted", c.corrupted()},
+                        {"bad_gathers", c.bad_probes},
+                        {"gathered_nan_elements", c.probe_nans},
+                        {"corrupted_weight_elements", c.corrupted_elements},
+                        {"nan_weight_elements", c.nan_elements}};
+    if (c.has_first) {
+      x["first_bad_read"] = {
+          {"rank", c.first_rank}, {"op", c.first_op}, {"start_s", c.first_start_s}};
+    } else {
+      x["first_bad_read"] = nullptr;
+    }
+    if (run.hung) x["hang"] = run.hang;
+    runs.push_back(x);
+  }
+  j["corruption"] = runs;
+  return j.dump(2) + "\n";
+}
+
+void run_real(const RealCliOptions& opts, int& exit_code) {
+  if (opts.runs < 1) throw InputError("", "--runs", "must be at least 1");
+  if (!(opts.timeout_s > 0))
+    throw InputError("", "--timeout", "must be a positive number of seconds");
+  const Scenario sc = load(opts.scenario);
+  if (!opts.host) {
+    // Enough hardware queues for every stream of every emulated rank, so that unrelated
+    // streams are not serialized behind one another (the race needs them concurrent).
+    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    const real::DeviceInfo dev = real::probe_devices();
+    if (dev.count == 0) {
+      fmt::print(stderr, "hpzlab: no CUDA device found ({})\n", dev.problem);
+      exit_code = kExitNoDevice;
+      return;
+    }
+  }
+  const Schedule schedule = build_schedule(sc);
+  real::RealOptions ro;
+  ro.runs = opts.runs;
+  ro.timeout_s = opts.timeout_s;
+  ro.cuda = !opts.host;
+  ro.progress = progress;
+  const real::RealResult result = real::run_real(sc, schedule, ro);
+  if (!opts.scenario.json.empty()) write_output(opts.scenario.json, render_json(schedule, result));
+  if (!opts.trace.empty()) {
+    write_output(opts.trace, time::TraceReporter().render(schedule, result.timing));
+  }
+  if (opts.scenario.json != "-") {
+    const std::string text = render_text(schedule, result);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  }
+  const bool hung = result.reference_hung || result.timing.mean.hung;
+  exit_code = hung || result.corrupted_runs > 0 ? kExitFindings : kExitOk;
 }
 
 }  // namespace
 
 void setup_real(CLI::App& app, int& exit_code) {
-  auto opts = std::make_shared<ScenarioOptions>();
+  auto opts = std::make_shared<RealCliOptions>();
   CLI::App* sub = app.add_subcommand(
       "real",
-      "Run the schedule on real GPUs with CUDA streams and NCCL (not implemented yet: "
-      "reports the CUDA devices found; exit 3 when there is none)");
-  add_scenario_options(*sub, *opts);
+      "Run the schedule on a GPU (CUDA streams, events, device copies; ranks emulated on one "
+      "GPU), serialized once as the reference and --runs times for real; report corrupted runs "
+      "and measured timings. Exit 1 when a run corrupted data or hung, 3 without a CUDA device");
+  add_scenario_options(*sub, opts->scenario);
+  sub->add_option("--runs", opts->runs, "Timed runs after the reference (default 5)");
+  sub->add_option("--timeout", opts->timeout_s,
+                  "Seconds any host wait may take before the run is reported as a hang "
+                  "(default 60)");
+  sub->add_option("--trace", opts->trace, "Chrome trace-event JSON of the first timed run");
+  sub->add_flag("--host", opts->host,
+                "Use the host reference backend instead of a GPU (every op carried out at "
+                "issue: no races can show; for testing without a GPU)");
   sub->callback([opts, &exit_code] { run_real(*opts, exit_code); });
 }
 

@@ -20,8 +20,9 @@ namespace {
 /** What `hpzlab sim` takes. */
 struct SimCliOptions {
   ScenarioOptions scenario;
-  std::string trace;  ///< --trace FILE: Chrome trace-event JSON of the first run
-  int runs = 1;       ///< --runs N: jitter seeds run.seed .. run.seed + N - 1
+  std::string trace;      ///< --trace FILE: Chrome trace-event JSON of the first run
+  int runs = 1;           ///< --runs N: jitter seeds run.seed .. run.seed + N - 1
+  bool op_times = false;  ///< --op-times: per-op times in the JSON (for `hpzlab compare`)
 };
 
 /** A one-line progress bar on standard error, only when it is a terminal. */
@@ -44,7 +45,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   sim_opts.progress = progress;
   const time::SimResult result = time::simulate(sc, schedule, sim_opts);
   if (!opts.scenario.json.empty()) {
-    write_output(opts.scenario.json, time::JsonReporter().render(schedule, result));
+    write_output(opts.scenario.json, time::JsonReporter(opts.op_times).render(schedule, result));
   }
   if (!opts.trace.empty()) write_output(opts.trace, time::TraceReporter().render(schedule, result));
   if (opts.scenario.json != "-") {
@@ -69,6 +70,9 @@ void setup_sim(CLI::App& app, int& exit_code) {
                   "Simulate N runs with jitter seeds run.seed, run.seed + 1, ... and count in how "
                   "many each race manifested")
       ->check(CLI::PositiveNumber);
+  sub->add_flag("--op-times", opts->op_times,
+                "Put every op's issue/start/end time of the first run into the --json output "
+                "(op_times, op_labels), for `hpzlab compare`");
   sub->callback([opts, &exit_code] { run_sim(*opts, exit_code); });
 }
 
