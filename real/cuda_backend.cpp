@@ -282,11 +282,13 @@ class CudaBackend : public Backend {
       blk.done.clear();
       return keep(rs, slot, std::move(blk));
     }
+    // Stream-ordered on the rank's fill stream: a new block must not wait for the device (a
+    // cudaMalloc / cudaDeviceSynchronize would drain every stream and hide the race).
     Block blk;
     blk.bytes = bytes;
-    HPZ_CUDA(cudaMalloc(&blk.ptr, bytes));
-    HPZ_CUDA(cudaMemset(blk.ptr, 0xff, bytes));  // fresh memory: NaN, the same in every run
-    HPZ_CUDA(cudaDeviceSynchronize());
+    HPZ_CUDA(cudaMallocAsync(&blk.ptr, bytes, rs.fill));
+    HPZ_CUDA(cudaMemsetAsync(blk.ptr, 0xff, bytes, rs.fill));  // NaN, the same in every run
+    HPZ_CUDA(cudaStreamSynchronize(rs.fill));
     return keep(rs, slot, std::move(blk));
   }
 
