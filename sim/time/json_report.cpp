@@ -42,6 +42,19 @@ json number_or_null(double v) {
   return std::isfinite(v) ? json(v) : json(nullptr);
 }
 
+/** [issue_s, start_s, end_s], or null for an op that never ran: the engine leaves -1 there and
+ *  the real executor NaN. */
+json op_time_json(const OpTime& t) {
+  if (!std::isfinite(t.end_s) || t.end_s < 0) return nullptr;
+  return {number_or_null(t.issue_s), number_or_null(t.start_s), number_or_null(t.end_s)};
+}
+
+/** "kind/purpose/unit" ("-" for no unit): what `hpzlab compare` aligns two runs by. */
+std::string op_label(const Schedule& schedule, const Op& op) {
+  return fmt::format("{}/{}/{}", to_string(op.kind), to_string(op.purpose),
+                     op.unit == kNoUnit ? "-" : schedule.units[op.unit].name);
+}
+
 }  // namespace
 
 nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_times) {
@@ -79,11 +92,8 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
       json l = json::array();
       const auto& ops = schedule.ranks[rank].ops;
       for (std::size_t i = 0; i < ops.size(); ++i) {
-        const OpTime& ot = r.timeline.ranks.at(rank).at(i);
-        t.push_back(
-            {number_or_null(ot.issue_s), number_or_null(ot.start_s), number_or_null(ot.end_s)});
-        l.push_back(fmt::format("{}/{}/{}", to_string(ops[i].kind), to_string(ops[i].purpose),
-                                ops[i].unit == kNoUnit ? "-" : schedule.units[ops[i].unit].name));
+        t.push_back(op_time_json(r.timeline.ranks.at(rank).at(i)));
+        l.push_back(op_label(schedule, ops[i]));
       }
       times.push_back(std::move(t));
       labels.push_back(std::move(l));

@@ -1,7 +1,8 @@
-// `hpzlab sim SCENARIO [--set k=v] [--json FILE] [--trace FILE] [--runs N]`: plays the schedule
-// forward in simulated time (SimGrid) and reports the step time, tokens/s per node, exposed
-// communication, host stalls, link traffic and which races manifested. Exit 0, or 1 when the
-// simulated job hangs, 2 on bad input.
+// `hpzlab sim SCENARIO [--set k=v] [--json FILE] [--trace FILE] [--runs N] [--op-times]`: plays
+// the schedule forward in simulated time (SimGrid) and reports the step time, tokens/s per node,
+// exposed communication, host stalls, link traffic and which races manifested; --op-times puts
+// every op's times into the JSON for `hpzlab compare`. Exit 0, or 1 when the simulated job
+// hangs, 2 on bad input.
 #include <unistd.h>
 
 #include <cstdio>
@@ -71,8 +72,9 @@ void setup_sim(CLI::App& app, int& exit_code) {
                   "many each race manifested")
       ->check(CLI::PositiveNumber);
   sub->add_flag("--op-times", opts->op_times,
-                "Put every op's issue/start/end time of the first run into the --json output "
-                "(op_times, op_labels), for `hpzlab compare`");
+                "Put every op's [issue_s, start_s, end_s] of the first run (null if it never "
+                "ran) and its kind/purpose/unit label into the --json output (op_times, "
+                "op_labels), for `hpzlab compare`");
   sub->callback([opts, &exit_code] { run_sim(*opts, exit_code); });
 }
 
