@@ -37,5 +37,7 @@ void setup_sim(CLI::App& app, int& exit_code);
 void setup_real(CLI::App& app, int& exit_code);
 /** Registers `hpzlab repro`. */
 void setup_repro(CLI::App& app, int& exit_code);
+/** Registers `hpzlab compare` (takes two JSON files, not a scenario). */
+void setup_compare(CLI::App& app, int& exit_code);
 
 }  // namespace hpz::cli

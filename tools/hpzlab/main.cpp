@@ -53,7 +53,8 @@ void write_output(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{
       "hpzlab: simulator and race-reproduction harness for ZeRO++ hierarchical partitioning "
-      "(hpZ).\nEvery subcommand takes a scenario file first; see scenarios/README.md."};
+      "(hpZ).\nEvery subcommand but `compare` (which takes two JSON files) takes a scenario file "
+      "first; see scenarios/README.md."};
   app.require_subcommand(1);
   int exit_code = hpz::kExitOk;
   hpz::cli::setup_schedule(app, exit_code);
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   hpz::cli::setup_sim(app, exit_code);
   hpz::cli::setup_real(app, exit_code);
   hpz::cli::setup_repro(app, exit_code);
+  hpz::cli::setup_compare(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
