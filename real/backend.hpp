@@ -1,7 +1,8 @@
 // What the executor asks of a device: streams, markers (events), buffers, data actions, spin
 // kernels, syncs. Two implementations: the CUDA backend (emulated ranks on one GPU, each with its
-// own streams and buffers) and the host backend, which carries out every call at once on the CPU
-// and so is a serialized reference that runs anywhere (tests, and machines without a GPU).
+// own streams and buffers) and the host backends on the CPU, which run anywhere: eager (every
+// call at once: a serialized reference) and lazy (stream work deferred, compute stream last: an
+// adversarial but clock-free order).
 //
 // Every call for rank r comes from rank r's host thread, in that rank's issue order, except
 // `mark`'s result, which other ranks' threads pass to `wait_mark` after a host-side rendezvous.
@@ -75,8 +76,10 @@ class Backend {
                        std::vector<std::vector<std::vector<std::uint8_t>>>& weights) = 0;
 };
 
-/** The CPU reference backend: every call takes effect at once, in host order. */
-std::unique_ptr<Backend> make_host_backend();
+/** The CPU backends (host_backend.cpp). Eager: every call takes effect at once, in host order,
+ *  the race-free reference. Lazy: stream work runs only when the host waits for it, S0 last, so
+ *  every ordering the schedule leaves open is taken the bad way. */
+std::unique_ptr<Backend> make_host_backend(bool lazy = false);
 
 /** The CUDA backend on device 0 (emulated ranks). Throws std::runtime_error when CUDA fails and
  *  when hpzlab was built without CUDA. */

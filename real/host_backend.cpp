@@ -1,10 +1,19 @@
-// The host reference backend: every call takes effect when it is made, so each rank's ops run
-// one after another in issue order and the result is what a race-free execution gives. Buffers
-// are per buffer id (a new lifetime reuses the previous one's storage, which is what
-// `fill = stale` means in the IR).
-#include <chrono>
-#include <cstring>
+// The host backends. Every buffer lifetime (slot) has its own storage, so a lifetime never sees
+// another's data except through `fill = stale`, which copies what the previous lifetime of the
+// same buffer held when the new one was allocated.
+//
+// - Eager: every call takes effect when it is made, so each rank's ops run one after another in
+//   issue order: a race-free execution, the reference.
+// - Lazy: stream work is queued per stream and runs only when the host must wait for it (a
+//   host sync, the end of the run), in the order a GPU whose compute stream is backed up would
+//   run it: whatever any other stream can run goes first, S0's work only when nothing else can
+//   move. Event and marker waits hold a stream until what they wait for has run. No clock is
+//   involved, so the outcome depends only on the ordering the schedule leaves open: a race the
+//   IR allows is taken the bad way.
+#include <deque>
+#include <functional>
 #include <mutex>
+#include <unordered_set>
 
 #include "real/backend.hpp"
 #include "real/elements.hpp"
@@ -15,65 +24,114 @@ namespace {
 
 class HostBackend : public Backend {
  public:
-  std::string name() const override { return "host"; }
+  explicit HostBackend(bool lazy) : lazy_(lazy) {}
+
+  std::string name() const override { return lazy_ ? "host-lazy" : "host"; }
 
   void begin_run(const Schedule& schedule, const Plan& plan) override {
     plan_ = &plan;
     eb_ = plan.element_bytes;
-    if (store_.size() != plan.ranks.size()) {
-      store_.assign(plan.ranks.size(), {});
-      for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
-        store_[r].resize(schedule.ranks[r].buffers.size() + 1);  // + staging
-        for (const SlotInfo& s : plan.ranks[r].slots) {
-          auto& v = storage(static_cast<Rank>(r), s.buffer);
-          v.resize(std::max<std::size_t>(v.size(), s.elements * static_cast<std::size_t>(eb_)),
-                   0xff);
-        }
+    const std::size_t n = plan.ranks.size();
+    store_.assign(n, {});
+    prev_slot_.assign(n, {});
+    queues_.assign(n, {});
+    mark_count_.assign(n, 0);
+    times_.assign(n, {});
+    issued_.clear();
+    done_.clear();
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::vector<SlotInfo>& slots = plan.ranks[r].slots;
+      std::vector<SlotId> last(schedule.ranks[r].buffers.size(), kNoSlot);
+      for (std::size_t k = 0; k < slots.size(); ++k) {
+        store_[r].emplace_back(slots[k].elements * static_cast<std::size_t>(eb_), 0xff);
+        const BufferId b = slots[k].buffer;
+        prev_slot_[r].push_back(b == kNoBuffer ? kNoSlot : last[b]);
+        if (b != kNoBuffer) last[b] = static_cast<SlotId>(k);
       }
-    }
-    times_.assign(plan.ranks.size(), {});
-    for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+      queues_[r].resize(schedule.ranks[r].streams.size());
       times_[r].assign(schedule.ranks[r].ops.size(), {kNaN, kNaN});
     }
     probes_.assign(plan.probes, {});
   }
 
   void alloc(Rank r, StreamId, SlotId slot, Fill fill) override {
-    auto& v = storage(r, plan_->ranks[r].slots[slot].buffer);
-    if (fill == Fill::kNan) std::memset(v.data(), 0xff, v.size());
-    if (fill == Fill::kZero) std::memset(v.data(), 0, v.size());
+    std::lock_guard lock(mu_);  // a host-side call: takes effect at issue in both modes
+    auto& v = store_[r][slot];
+    if (fill == Fill::kNan) std::fill(v.begin(), v.end(), std::uint8_t{0xff});
+    if (fill == Fill::kZero) std::fill(v.begin(), v.end(), std::uint8_t{0});
+    const SlotId prev = prev_slot_[r][slot];
+    if (fill == Fill::kStale && prev != kNoSlot) {
+      const auto& p = store_[r][prev];
+      std::copy_n(p.begin(), std::min(p.size(), v.size()), v.begin());
+    }
   }
   void free(Rank, StreamId, SlotId) override {}
   void spin(Rank, StreamId, double) override {}
 
-  void run_actions(Rank, StreamId, const std::vector<Action>& actions) override {
-    for (const Action& a : actions) run(a);
+  void run_actions(Rank r, StreamId s, const std::vector<Action>& actions) override {
+    submit(r, s, [this, &actions] {
+      for (const Action& a : actions) run(a);
+    });
   }
 
-  void record_event(Rank, StreamId, EventId) override {}
-  void wait_event(Rank, StreamId, EventId) override {}
-  Mark mark(Rank r, StreamId) override { return {r, 0}; }
-  void wait_mark(Rank, StreamId, Mark) override {}
-  void host_sync(Rank, StreamId, double) override {}
+  void record_event(Rank r, StreamId s, EventId e) override { record(r, s, key(r, false, e)); }
+  void wait_event(Rank r, StreamId s, EventId e) override { wait(r, s, key(r, false, e)); }
+  Mark mark(Rank r, StreamId s) override {
+    const std::uint32_t k = mark_count_[r]++;
+    record(r, s, key(r, true, static_cast<std::int64_t>(k)));
+    return {r, k};
+  }
+  void wait_mark(Rank r, StreamId s, Mark m) override {
+    wait(r, s, key(m.rank, true, static_cast<std::int64_t>(m.index)));
+  }
 
-  void op_begin(Rank r, StreamId, std::uint32_t op) override { times_[r][op].first = now_s(); }
-  void op_end(Rank r, StreamId, std::uint32_t op) override { times_[r][op].second = now_s(); }
+  void host_sync(Rank r, StreamId s, double) override {
+    if (!lazy_) return;
+    std::lock_guard lock(mu_);
+    run_until([&] {
+      for (std::size_t k = 0; k < queues_[r].size(); ++k) {
+        if ((s == kHostStream || static_cast<StreamId>(k) == s) && !queues_[r][k].empty())
+          return false;
+      }
+      return true;
+    });
+  }
 
-  void probe(Rank r, StreamId, std::uint64_t index, Loc at, std::uint64_t n) override {
-    const std::uint8_t* base = ptr(r, at.slot);
-    ProbeValue pv;
-    for (std::uint64_t i = 0; i < n; ++i) {
-      std::uint64_t bits = 0;
-      std::memcpy(&bits, base + (at.elem + i) * static_cast<std::uint64_t>(eb_),
-                  static_cast<std::size_t>(eb_));
-      pv.hash += bits * (2 * i + 1);
-      pv.nans += is_nan_bits(base, at.elem + i, eb_) ? 1 : 0;
-    }
-    probes_[index] = pv;
+  void op_begin(Rank r, StreamId s, std::uint32_t op) override {
+    submit(r, s, [this, r, op] { times_[r][op].first = now_s(); });
+  }
+  void op_end(Rank r, StreamId s, std::uint32_t op) override {
+    submit(r, s, [this, r, op] { times_[r][op].second = now_s(); });
+  }
+
+  void probe(Rank r, StreamId s, std::uint64_t index, Loc at, std::uint64_t n) override {
+    submit(r, s, [this, r, index, at, n] {
+      const std::uint8_t* base = store_[r][at.slot].data();
+      ProbeValue pv;
+      for (std::uint64_t i = 0; i < n; ++i) {
+        std::uint64_t bits = 0;
+        std::memcpy(&bits, base + (at.elem + i) * static_cast<std::uint64_t>(eb_),
+                    static_cast<std::size_t>(eb_));
+        pv.hash += bits * (2 * i + 1);
+        pv.nans += is_nan_bits(base, at.elem + i, eb_) ? 1 : 0;
+      }
+      probes_[index] = pv;
+    });
   }
 
   void end_run(double, double origin_s, Timeline& timeline, std::vector<ProbeValue>& probes,
                std::vector<std::vector<std::vector<std::uint8_t>>>& weights) override {
+    {
+      std::lock_guard lock(mu_);
+      run_until([&] {
+        for (const auto& rank : queues_) {
+          for (const auto& q : rank) {
+            if (!q.empty()) return false;
+          }
+        }
+        return true;
+      });
+    }
     for (std::size_t r = 0; r < times_.size(); ++r) {
       for (std::size_t i = 0; i < times_[r].size(); ++i) {
         if (std::isnan(times_[r][i].first)) continue;
@@ -86,7 +144,7 @@ class HostBackend : public Backend {
     for (std::size_t r = 0; r < plan_->ranks.size(); ++r) {
       const RankPlan& rp = plan_->ranks[r];
       for (std::size_t u = 0; u < rp.weights.size(); ++u) {
-        const std::uint8_t* p = ptr(static_cast<Rank>(r), rp.weights[u].slot) +
+        const std::uint8_t* p = store_[r][rp.weights[u].slot].data() +
                                 rp.weights[u].elem * static_cast<std::uint64_t>(eb_);
         weights[r].emplace_back(p, p + rp.weight_n[u] * static_cast<std::uint64_t>(eb_));
       }
@@ -95,25 +153,83 @@ class HostBackend : public Backend {
 
  private:
   static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  static constexpr SlotId kNoSlot = 0xffffffffu;
 
-  std::vector<std::uint8_t>& storage(Rank r, BufferId b) {
-    return b == kNoBuffer ? store_[r].back() : store_[r][b];
+  /** A queued piece of stream work: run `fn`, or mark `key` reached, or wait for `key`. */
+  struct Item {
+    enum class Kind : std::uint8_t { kRun, kRecord, kWait } kind = Kind::kRun;
+    std::function<void()> fn;
+    std::uint64_t key = 0;
+  };
+
+  static std::uint64_t key(Rank r, bool is_mark, std::int64_t id) {
+    return (static_cast<std::uint64_t>(r) << 33) | (static_cast<std::uint64_t>(is_mark) << 32) |
+           static_cast<std::uint32_t>(id);
   }
-  std::uint8_t* ptr(Rank r, SlotId slot) {
-    return storage(r, plan_->ranks[r].slots[slot].buffer).data();
+
+  void submit(Rank r, StreamId s, std::function<void()> fn) {
+    if (!lazy_) return fn();
+    std::lock_guard lock(mu_);
+    queues_[r][static_cast<std::size_t>(s)].push_back({Item::Kind::kRun, std::move(fn), 0});
+  }
+  void record(Rank r, StreamId s, std::uint64_t k) {
+    if (!lazy_) return;
+    std::lock_guard lock(mu_);
+    issued_.insert(k);
+    done_.erase(k);  // a re-record: waits issued from now on wait for the new position
+    queues_[r][static_cast<std::size_t>(s)].push_back({Item::Kind::kRecord, {}, k});
+  }
+  void wait(Rank r, StreamId s, std::uint64_t k) {
+    if (!lazy_) return;
+    std::lock_guard lock(mu_);
+    if (issued_.count(k) == 0) return;  // waiting for an event never recorded: no-op (CUDA)
+    queues_[r][static_cast<std::size_t>(s)].push_back({Item::Kind::kWait, {}, k});
+  }
+
+  /** Runs one queued item that can run: streams other than S0 first (ranks in order), S0 only
+   *  when none of them can. False when nothing can run. Caller holds mu_. */
+  bool step() {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (auto& rank : queues_) {
+        for (std::size_t s = 0; s < rank.size(); ++s) {
+          if ((s == 0) != (pass == 1) || rank[s].empty()) continue;
+          Item& it = rank[s].front();
+          if (it.kind == Item::Kind::kWait && done_.count(it.key) == 0) continue;
+          Item item = std::move(it);
+          rank[s].pop_front();
+          if (item.kind == Item::Kind::kRun) item.fn();
+          if (item.kind == Item::Kind::kRecord) done_.insert(item.key);
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
+  template <class Done>
+  void run_until(Done done) {
+    while (!done()) {
+      if (!step()) {
+        throw HangError(
+            "HANG: no stream can make progress (every queued stream op waits for an event that "
+            "is never reached)");
+      }
+    }
   }
 
   void run(const Action& a) {
     using K = Action::Kind;
-    std::uint8_t* dst = ptr(a.dst.rank, a.dst.slot);
+    std::uint8_t* dst = store_[a.dst.rank][a.dst.slot].data();
+    const auto eb = static_cast<std::uint64_t>(eb_);
     for (std::uint64_t i = 0; i < a.n; ++i) {
       const std::uint64_t d = a.dst.elem + i;
       auto src = [&](std::size_t k) {
-        return load(ptr(a.src[k].rank, a.src[k].slot), a.src[k].elem + i, eb_);
+        return load(store_[a.src[k].rank][a.src[k].slot].data(), a.src[k].elem + i, eb_);
       };
       switch (a.kind) {
         case K::kCopy:
-          std::memcpy(dst + d * eb_, ptr(a.src[0].rank, a.src[0].slot) + (a.src[0].elem + i) * eb_,
+          std::memcpy(dst + d * eb,
+                      store_[a.src[0].rank][a.src[0].slot].data() + (a.src[0].elem + i) * eb,
                       static_cast<std::size_t>(eb_));
           break;
         case K::kSum: {
@@ -145,17 +261,23 @@ class HostBackend : public Backend {
     }
   }
 
+  bool lazy_;
   const Plan* plan_ = nullptr;
   int eb_ = 2;
-  std::vector<std::vector<std::vector<std::uint8_t>>> store_;  // [rank][buffer]
+  std::mutex mu_;
+  std::vector<std::vector<std::vector<std::uint8_t>>> store_;  // [rank][slot]
+  std::vector<std::vector<SlotId>> prev_slot_;  // [rank][slot]: previous lifetime, same buffer
+  std::vector<std::vector<std::deque<Item>>> queues_;  // [rank][stream] (lazy)
+  std::vector<std::uint32_t> mark_count_;
+  std::unordered_set<std::uint64_t> issued_, done_;
   std::vector<std::vector<std::pair<double, double>>> times_;  // [rank][op]
   std::vector<ProbeValue> probes_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_host_backend() {
-  return std::make_unique<HostBackend>();
+std::unique_ptr<Backend> make_host_backend(bool lazy) {
+  return std::make_unique<HostBackend>(lazy);
 }
 
 }  // namespace hpz::real

@@ -13,6 +13,8 @@ namespace {
 // Room the CUDA context, the caching allocator's spare blocks and fragmentation need beyond
 // one lifetime of every buffer.
 constexpr double kMemoryHeadroom = 0.8;
+// The host backends keep every lifetime's storage for the whole run.
+constexpr std::uint64_t kHostBackendBytes = std::uint64_t{4} << 30;
 
 }  // namespace
 
@@ -23,7 +25,8 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   out.ranks = schedule.world_size;
   out.probes = plan.probes;
   std::unique_ptr<Backend> backend;
-  if (options.cuda) {
+  const bool cuda = options.backend == "cuda";
+  if (cuda) {
     const DeviceInfo dev = probe_devices();
     const std::uint64_t need = peak_bytes_estimate(plan, schedule);
     if (static_cast<double>(need) > kMemoryHeadroom * static_cast<double>(dev.memory_bytes)) {
@@ -40,10 +43,29 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
     out.mode = fmt::format("emulated: {} ranks on one GPU, collectives as device copies",
                            schedule.world_size);
   } else {
-    backend = make_host_backend();
+    std::uint64_t bytes = 0;
+    for (const RankPlan& rp : plan.ranks) {
+      for (const SlotInfo& s : rp.slots) {
+        bytes += s.elements * static_cast<std::uint64_t>(plan.element_bytes);
+      }
+    }
+    if (bytes > kHostBackendBytes) {
+      throw InputError(scenario.path, "--backend",
+                       fmt::format("the host backends keep every buffer lifetime, {:.1f} GiB "
+                                   "here (at most {:.0f} GiB): use a small scenario such as "
+                                   "scenarios/tiny.toml",
+                                   static_cast<double>(bytes) / (1 << 30),
+                                   static_cast<double>(kHostBackendBytes) / (1 << 30)));
+    }
+    const bool lazy = options.backend == "host-lazy";
+    backend = make_host_backend(lazy);
     out.device = "cpu";
-    out.mode =
-        fmt::format("host reference: {} ranks, every op carried out at issue", schedule.world_size);
+    out.mode = lazy ? fmt::format(
+                          "host, lazy streams: {} ranks; stream work runs when the host "
+                          "waits, the compute stream last",
+                          schedule.world_size)
+                    : fmt::format("host reference: {} ranks, every op carried out at issue",
+                                  schedule.world_size);
   }
   out.backend = backend->name();
   const int total = options.runs + 1;
@@ -62,7 +84,7 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   t.world_size = schedule.world_size;
   t.nodes = scenario.cluster.nodes;
   t.steps = scenario.run.steps;
-  t.collective_model = options.cuda ? "emulated (device copies)" : "host";
+  t.collective_model = cuda ? "emulated (device copies)" : options.backend;
   t.network_model = "none (measured)";
   const check::CheckResult checked = check::check_schedule(schedule);
   for (const check::FindingGroup& g : checked.groups) {

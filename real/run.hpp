@@ -17,8 +17,8 @@ namespace hpz::real {
 /** How to run. */
 struct RealOptions {
   int runs = 1;
-  double timeout_s = 60.0;  ///< per host wait; a longer wait is reported as a hang
-  bool cuda = true;         ///< false: the host reference backend (no GPU; for tests)
+  double timeout_s = 60.0;       ///< per host wait; a longer wait is reported as a hang
+  std::string backend = "cuda";  ///< cuda | host | host-lazy (backend.hpp)
   /** Called after the reference and after each run with (done, all). */
   std::function<void(int, int)> progress;
 };
@@ -32,7 +32,7 @@ struct RealRun {
 
 /** Everything `hpzlab real` reports. */
 struct RealResult {
-  std::string backend;  ///< "cuda" | "host"
+  std::string backend;  ///< "cuda" | "host" | "host-lazy"
   std::string mode;     ///< e.g. "emulated: 16 ranks on one GPU"
   std::string device;   ///< GPU name, or "cpu"
   int ranks = 0;

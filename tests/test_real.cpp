@@ -194,6 +194,45 @@ TEST(RealHostBackend, MismatchedCollectivesTimeOutAsAHang) {
   EXPECT_NE(out.hang.find("missing ranks"), std::string::npos) << out.hang;
 }
 
+// The lazy host backend runs stream work as late as the host allows and the compute stream
+// last: the order in which a backed-up compute stream lets stock hpZ's gathers overtake the
+// secondary copies. The whole pipeline (plan, executor, rendezvous, probes, comparison) must
+// then find the corruption in stock and none with either fix or without hpZ.
+RealResult run_lazy(const Scenario& sc) {
+  RealOptions o;
+  o.runs = 1;
+  o.backend = "host-lazy";
+  o.timeout_s = 30;
+  return run_real(sc, build_schedule(sc), o);
+}
+
+TEST(RealLazyHost, StockReadsNaNSecondariesAndPoisonsTheWeights) {
+  const RealResult r = run_lazy(tiny("stock"));
+  ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+  ASSERT_EQ(r.runs.size(), 1U);
+  const Corruption& c = r.runs[0].corruption;
+  EXPECT_EQ(r.corrupted_runs, 1);
+  EXPECT_GT(c.bad_probes, 0U);
+  EXPECT_GT(c.probe_nans, 0U);    // the gathers read fill = nan secondaries
+  EXPECT_GT(c.nan_elements, 0U);  // and the NaN reached the weights
+  ASSERT_TRUE(c.has_first);
+  const Schedule s = build_schedule(tiny("stock"));
+  const Op& first = s.ranks[c.first_rank].ops[c.first_op];
+  EXPECT_EQ(first.kind, OpKind::kAllGather);
+  EXPECT_EQ(s.groups[first.group].kind, GroupKind::kHpz);  // an hpZ gather of a secondary
+  EXPECT_GT(r.timing.mean.races_manifested, 0U);
+}
+
+TEST(RealLazyHost, BothFixesAndNoHpzStayExact) {
+  for (const auto& [variant, hpz] :
+       {std::pair<const char*, int>{"host-sync", 2}, {"event-wait", 2}, {"stock", 1}}) {
+    const RealResult r = run_lazy(tiny(variant, hpz));
+    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+    EXPECT_EQ(r.corrupted_runs, 0) << variant << " hpz " << hpz;
+    EXPECT_EQ(r.runs[0].corruption.nan_elements, 0U) << variant;
+  }
+}
+
 // ---- On a GPU (skipped without one) ----
 
 RealResult run_gpu(const std::string& variant, int runs) {

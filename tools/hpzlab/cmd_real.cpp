@@ -1,4 +1,4 @@
-// `hpzlab real SCENARIO [--runs N] [--timeout S] [--json FILE] [--trace FILE] [--host]`: runs
+// `hpzlab real SCENARIO [--runs N] [--timeout S] [--json FILE] [--trace FILE] [--backend B]`: runs
 // the schedule on a GPU with CUDA streams, events and device copies, op for op, once serialized
 // (the reference) and N times for real, and reports how many runs corrupted the gathered
 // parameters or the weights, and the measured step time. Exit 0; 1 when a run corrupted data or
@@ -25,7 +25,7 @@ struct RealCliOptions {
   std::string trace;
   int runs = 5;
   double timeout_s = 60;
-  bool host = false;
+  std::string backend = "cuda";
 };
 
 void progress(int done, int total) {
@@ -106,7 +106,7 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   if (!(opts.timeout_s > 0))
     throw InputError("", "--timeout", "must be a positive number of seconds");
   const Scenario sc = load(opts.scenario);
-  if (!opts.host) {
+  if (opts.backend == "cuda") {
     // Enough hardware queues for every stream of every emulated rank, so that unrelated
     // streams are not serialized behind one another (the race needs them concurrent).
     ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
@@ -121,7 +121,7 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   real::RealOptions ro;
   ro.runs = opts.runs;
   ro.timeout_s = opts.timeout_s;
-  ro.cuda = !opts.host;
+  ro.backend = opts.backend;
   ro.progress = progress;
   const real::RealResult result = real::run_real(sc, schedule, ro);
   if (!opts.scenario.json.empty()) write_output(opts.scenario.json, render_json(schedule, result));
@@ -151,9 +151,11 @@ void setup_real(CLI::App& app, int& exit_code) {
                   "Seconds any host wait may take before the run is reported as a hang "
                   "(default 60)");
   sub->add_option("--trace", opts->trace, "Chrome trace-event JSON of the first timed run");
-  sub->add_flag("--host", opts->host,
-                "Use the host reference backend instead of a GPU (every op carried out at "
-                "issue: no races can show; for testing without a GPU)");
+  sub->add_option("--backend", opts->backend,
+                  "cuda (default: ranks emulated on GPU 0) | host (CPU, every op at issue: no "
+                  "race can show) | host-lazy (CPU, stream work deferred until the host waits, "
+                  "the compute stream last: every race the schedule allows bites)")
+      ->check(CLI::IsMember({"cuda", "host", "host-lazy"}));
   sub->callback([opts, &exit_code] { run_real(*opts, exit_code); });
 }
 
