@@ -6,10 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <simgrid/kernel/Timer.hpp>
 #include <simgrid/s4u/Activity.hpp>
 #include <simgrid/s4u/Comm.hpp>
 #include <simgrid/s4u/Engine.hpp>
-#include <simgrid/s4u/Exec.hpp>
 #include <simgrid/s4u/Host.hpp>
 #include <stdexcept>
 #include <unordered_map>
@@ -23,8 +23,6 @@ namespace {
 
 namespace s4u = simgrid::s4u;
 
-/** "Flops" per second of every simulated host core: an op of d seconds is d * kSpeed flops. */
-constexpr double kSpeed = 1e9;
 constexpr std::int32_t kNone = -1;
 
 /** A SimGrid activity in flight and what its completion means. */
@@ -125,7 +123,7 @@ class Simulation {
   void check_member(std::uint32_t inst, int member);
   void handle(const Task& task);
   Task& new_task(Task::Kind kind, Rank r);
-  void exec(Task::Kind kind, Rank r, std::uint32_t i, double seconds);
+  void after(Task::Kind kind, Rank r, std::uint32_t i, double seconds);
 
   const Schedule& schedule_;
   CostModel cost_;
@@ -253,7 +251,7 @@ void Simulation::ready(Rank r, std::uint32_t i) {
   const double issue = run_.timeline.ranks[static_cast<std::size_t>(r)][i].issue_s;
   const double now = s4u::Engine::get_clock();
   if (issue > now) {
-    exec(Task::Kind::kTimer, r, i, issue - now);  // the host has not reached it yet
+    after(Task::Kind::kTimer, r, i, issue - now);  // the host has not reached it yet
   } else {
     begin(r, i);
   }
@@ -266,7 +264,7 @@ void Simulation::begin(Rank r, std::uint32_t i) {
   if (is_collective(op.kind)) return arrive(r, i);
   const double seconds = cost_.op_s(schedule_, r, op);
   if (seconds <= 0) return finish(r, i);
-  exec(Task::Kind::kRun, r, i, seconds * jitter_.factor(r, i, 0));
+  after(Task::Kind::kRun, r, i, seconds * jitter_.factor(r, i, 0));
 }
 
 void Simulation::finish(Rank r, std::uint32_t i) {
@@ -398,16 +396,21 @@ Task& Simulation::new_task(Task::Kind kind, Rank r) {
   return task;
 }
 
-void Simulation::exec(Task::Kind kind, Rank r, std::uint32_t i, double seconds) {
-  Task& task = new_task(kind, r);
-  task.op = i;
-  s4u::ExecPtr e = s4u::Exec::init();
-  e->set_flops_amount(seconds * kSpeed);
-  e->set_host(hosts_[static_cast<std::size_t>(r)]);
-  e->set_data(&task);
-  task.activity = e;
+void Simulation::after(Task::Kind kind, Rank r, std::uint32_t i, double seconds) {
+  // A kernel, copy or host-issue delay occupies nothing SimGrid shares (concurrent kernels do
+  // not slow each other down), so it is a kernel timer, not an Exec: an Exec would add a
+  // variable to the CPU model's max-min system, and SimGrid 3.32 files every Exec started from
+  // maestro in maestro's activity list, which it scans linearly (std::list::remove) at each
+  // completion, a cost that grows with the number of execs in flight, i.e. with the ranks.
   ++run_.stats.execs;
-  e->start();
+  simgrid::kernel::timer::Timer::set(s4u::Engine::get_clock() + seconds, [this, kind, r, i] {
+    Task task;
+    task.kind = kind;
+    task.rank = r;
+    task.op = i;
+    handle(task);
+    drain();
+  });
 }
 
 double peak_rss_bytes() {
