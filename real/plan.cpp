@@ -28,6 +28,7 @@ class PlanBuilder {
       rp.slots.push_back({kNoBuffer, 1});
     }
     collectives();
+    mark_touched();
     return std::move(plan_);
   }
 
@@ -328,6 +329,27 @@ class PlanBuilder {
     po.actions.push_back(x);
   }
 
+  void touch(const Loc& l) { plan_.ranks[l.rank].slots[l.slot].touched = true; }
+  void touch(const std::vector<Action>& actions) {
+    for (const Action& a : actions) {
+      if (a.n == 0) continue;
+      touch(a.dst);
+      for (const Loc& l : a.src) touch(l);
+    }
+  }
+  void mark_touched() {
+    for (RankPlan& rp : plan_.ranks) {
+      for (const PlanOp& po : rp.ops) {
+        touch(po.actions);
+        touch(po.post_actions);
+        if (po.is_gather_probe && po.probe_n > 0) touch(po.probe);
+      }
+      for (std::size_t u = 0; u < rp.weights.size(); ++u) {
+        if (rp.weight_n[u] > 0) touch(rp.weights[u]);
+      }
+    }
+  }
+
   const Scenario& sc_;
   const Schedule& s_;
   time::CostModel cost_;
@@ -349,9 +371,13 @@ float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i) {
 std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule) {
   std::uint64_t total = 0;
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
-    std::vector<std::uint64_t> per_buffer(schedule.ranks[r].buffers.size(), 0);
+    // One entry per buffer id, plus the staging slot's (buffer kNoBuffer) at the end.
+    const std::size_t buffers = schedule.ranks[r].buffers.size();
+    std::vector<std::uint64_t> per_buffer(buffers + 1, 0);
     for (const SlotInfo& s : plan.ranks[r].slots) {
-      per_buffer[s.buffer] = std::max(per_buffer[s.buffer], s.elements);
+      if (!s.touched) continue;
+      const std::size_t k = s.buffer == kNoBuffer ? buffers : static_cast<std::size_t>(s.buffer);
+      per_buffer[k] = std::max(per_buffer[k], s.elements);
     }
     for (std::uint64_t e : per_buffer) total += e * static_cast<std::uint64_t>(plan.element_bytes);
   }

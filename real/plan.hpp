@@ -82,6 +82,9 @@ struct PlanOp {
 struct SlotInfo {
   BufferId buffer = 0;  ///< kNoBuffer for the rank's staging slot (the last one)
   std::uint64_t elements = 0;
+  /** Some action, probe or final-weight read touches it. Spin kernels move no data, so most
+   *  activation lifetimes are never touched: the CUDA backend gives those no memory. */
+  bool touched = false;
 };
 
 /** One rank's plan. */
@@ -116,7 +119,8 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule);
 /** The synthetic parameter value of element `i` of unit `unit` (the same on every backend). */
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i);
 
-/** Bytes of device memory the plan needs if every buffer had one lifetime at a time. */
+/** Bytes of device memory the plan needs if every buffer had one lifetime at a time (touched
+ *  slots only: the CUDA backend allocates no others). */
 std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule);
 
 }  // namespace hpz::real
