@@ -4,6 +4,14 @@
 // caching allocator per (rank, buffer): a freed block is reused only once every stream of its
 // rank has passed the free (PyTorch's record_stream rule, conservatively), so lifetimes never
 // overlap, and `fill = stale` sees what that buffer's block last held.
+//
+// An allocation never blocks the host: `empty()` returns at once in PyTorch, and a host that
+// waited here would be paced by the GPU and never run ahead, which is what the race needs. The
+// fill (NaN or zero) runs on one shared fill stream, and every stream of the rank waits for it
+// before its next op, so no read of the new lifetime, on any stream, precedes the fill.
+// Hardware queues: the GPU has at most 32 (CUDA_DEVICE_MAX_CONNECTIONS); streams beyond that
+// share a queue and get false dependencies, which can hide a race. The fill stream is created
+// first so that it gets a queue of its own whenever the IR streams number at most 31.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -18,6 +26,7 @@
 #include <thread>
 
 #include "real/backend.hpp"
+#include "real/device.hpp"
 #include "real/executor.hpp"
 #include "real/kernels.hpp"
 
@@ -42,7 +51,7 @@ class CudaBackend : public Backend {
  public:
   CudaBackend() {
     HPZ_CUDA(cudaSetDevice(0));
-    HPZ_CUDA(cudaStreamCreateWithFlags(&origin_stream_, cudaStreamNonBlocking));
+    HPZ_CUDA(cudaStreamCreateWithFlags(&fill_, cudaStreamNonBlocking));
     origin_event_ = new_event(true);
   }
 
@@ -73,7 +82,6 @@ class CudaBackend : public Backend {
         HPZ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         rs.streams.push_back(s);
       }
-      if (rs.fill == nullptr) HPZ_CUDA(cudaStreamCreateWithFlags(&rs.fill, cudaStreamNonBlocking));
       EventId max_event = -1;
       std::size_t collectives = 0;
       for (const Op& o : sched.ops) {
@@ -99,20 +107,23 @@ class CudaBackend : public Backend {
       HPZ_CUDA(cudaMemset(probe_dev_, 0, plan.probes * 2 * sizeof(unsigned long long)));
     }
     HPZ_CUDA(cudaDeviceSynchronize());
-    HPZ_CUDA(cudaEventRecord(origin_event_, origin_stream_));
+    HPZ_CUDA(cudaEventRecord(origin_event_, fill_));
     HPZ_CUDA(cudaEventSynchronize(origin_event_));
     origin_host_s_ = now_s();
   }
 
   void alloc(Rank r, StreamId, SlotId slot, Fill fill) override {
+    if (!plan_->ranks[r].slots[slot].touched) return;  // no action reads or writes it
     RankState& rs = ranks_[r];
     std::lock_guard lock(rs.mu);
-    void* p = acquire(r, slot);
-    const std::size_t bytes = slot_bytes(r, slot);
-    // empty() hands out memory at once: the fill is in place before the host moves on.
-    if (fill == Fill::kNan) HPZ_CUDA(cudaMemsetAsync(p, 0xff, bytes, rs.fill));
-    if (fill == Fill::kZero) HPZ_CUDA(cudaMemsetAsync(p, 0, bytes, rs.fill));
-    if (fill != Fill::kStale) HPZ_CUDA(cudaStreamSynchronize(rs.fill));
+    bool filled = false;
+    void* p = acquire(r, slot, filled);
+    if (fill != Fill::kStale) {
+      std::lock_guard fill_lock(fill_mu_);
+      HPZ_CUDA(cudaMemsetAsync(p, fill == Fill::kNan ? 0xff : 0, slot_bytes(r, slot), fill_));
+      filled = true;
+    }
+    if (filled) order_after_fill(rs);
   }
 
   void free(Rank r, StreamId, SlotId slot) override {
@@ -243,7 +254,7 @@ class CudaBackend : public Backend {
   };
   struct RankState {
     std::vector<cudaStream_t> streams;
-    cudaStream_t fill = nullptr;
+    cudaEvent_t filled = nullptr;  // the fill stream's last fill for this rank
     std::vector<cudaEvent_t> ir_events, marks, t_begin, t_end, spare;
     std::vector<bool> timed;
     std::uint32_t next_mark = 0;
@@ -269,7 +280,7 @@ class CudaBackend : public Backend {
 
   /** A block for `slot` (caller holds the rank's lock): the oldest free block of the same
    *  buffer whose streams have all passed its free, else a new one. */
-  void* acquire(Rank r, SlotId slot) {
+  void* acquire(Rank r, SlotId slot, bool& filled) {
     RankState& rs = ranks_[r];
     const std::size_t bytes = slot_bytes(r, slot);
     const BufferId buffer = plan_->ranks[r].slots[slot].buffer;
@@ -282,13 +293,17 @@ class CudaBackend : public Backend {
       blk.done.clear();
       return keep(rs, slot, std::move(blk));
     }
-    // Stream-ordered on the rank's fill stream: a new block must not wait for the device (a
-    // cudaMalloc / cudaDeviceSynchronize would drain every stream and hide the race).
+    // Stream-ordered on the fill stream: a new block must not wait for the device (a
+    // cudaMalloc / cudaDeviceSynchronize would drain every stream and hide the race). Its
+    // streams wait for the fill stream before using it (order_after_fill).
     Block blk;
     blk.bytes = bytes;
-    HPZ_CUDA(cudaMallocAsync(&blk.ptr, bytes, rs.fill));
-    HPZ_CUDA(cudaMemsetAsync(blk.ptr, 0xff, bytes, rs.fill));  // NaN, the same in every run
-    HPZ_CUDA(cudaStreamSynchronize(rs.fill));
+    {
+      std::lock_guard fill_lock(fill_mu_);
+      HPZ_CUDA(cudaMallocAsync(&blk.ptr, bytes, fill_));
+      HPZ_CUDA(cudaMemsetAsync(blk.ptr, 0xff, bytes, fill_));  // NaN, the same in every run
+    }
+    filled = true;
     return keep(rs, slot, std::move(blk));
   }
 
@@ -307,6 +322,17 @@ class CudaBackend : public Backend {
     rs.live.push_back(std::move(blk));
     rs.live_slot.push_back(slot);
     return p;
+  }
+
+  /** Makes every stream of the rank wait for the fill stream's work so far (caller holds the
+   *  rank's lock). */
+  void order_after_fill(RankState& rs) {
+    if (rs.filled == nullptr) rs.filled = new_event(false);
+    {
+      std::lock_guard fill_lock(fill_mu_);
+      HPZ_CUDA(cudaEventRecord(rs.filled, fill_));
+    }
+    for (cudaStream_t st : rs.streams) HPZ_CUDA(cudaStreamWaitEvent(st, rs.filled, 0));
   }
 
   /** Ends the lifetime held in live[k]: events on every stream, back to the free list. */
@@ -335,7 +361,12 @@ class CudaBackend : public Backend {
     std::lock_guard lock(rs.mu);
     int k = rs.slot_block.at(l.slot);
     if (k < 0) {
-      acquire(l.rank, l.slot);
+      // Rare (the staging slot, a buffer read before any kAlloc), and possibly another rank's
+      // thread asking: the block is made ready before any stream can use it.
+      bool filled = false;
+      acquire(l.rank, l.slot, filled);
+      std::lock_guard fill_lock(fill_mu_);
+      HPZ_CUDA(cudaStreamSynchronize(fill_));
       k = rs.slot_block[l.slot];
     }
     return static_cast<std::uint8_t*>(rs.live[static_cast<std::size_t>(k)].ptr) +
@@ -364,7 +395,8 @@ class CudaBackend : public Backend {
   const Plan* plan_ = nullptr;
   int eb_ = 2;
   std::deque<RankState> ranks_;
-  cudaStream_t origin_stream_ = nullptr;
+  cudaStream_t fill_ = nullptr;  // fills and new blocks of every rank; the timing origin
+  std::mutex fill_mu_;
   cudaEvent_t origin_event_ = nullptr;
   double origin_host_s_ = 0;
   unsigned long long* probe_dev_ = nullptr;
@@ -373,6 +405,7 @@ class CudaBackend : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend() {
+  claim_hardware_queues();
   return std::make_unique<CudaBackend>();
 }
 

@@ -16,7 +16,11 @@ struct DeviceInfo {
   std::string problem;             ///< why count is 0 (no driver, not built with CUDA, ...)
 };
 
-/** Asks the CUDA runtime for devices; never throws. */
+/** Sets CUDA_DEVICE_MAX_CONNECTIONS to 32 (unless set) so the emulated ranks' streams get
+ *  hardware queues of their own; must run before the first CUDA call of the process. */
+void claim_hardware_queues();
+
+/** Asks the CUDA runtime for devices (claiming the hardware queues first); never throws. */
 DeviceInfo probe_devices();
 
 /** Runs a kernel that holds device 0's default stream for about `micros` microseconds and

@@ -107,9 +107,6 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
     throw InputError("", "--timeout", "must be a positive number of seconds");
   const Scenario sc = load(opts.scenario);
   if (opts.backend == "cuda") {
-    // Enough hardware queues for every stream of every emulated rank, so that unrelated
-    // streams are not serialized behind one another (the race needs them concurrent).
-    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     const real::DeviceInfo dev = real::probe_devices();
     if (dev.count == 0) {
       fmt::print(stderr, "hpzlab: no CUDA device found ({})\n", dev.problem);
