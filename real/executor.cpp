@@ -21,6 +21,29 @@ double now_s() {
 
 namespace {
 
+struct ElementDiff {
+  std::uint64_t differ = 0;  ///< elements of `a` whose bits differ from `b`'s
+  std::uint64_t nans = 0;    ///< NaN elements of `a`
+};
+
+/** Compares n elements of T (uint16_t: fp16, uint32_t: fp32) bit for bit and counts NaNs in
+ *  `a`, in one branch-free pass the compiler vectorizes (weights run to gigabytes). */
+template <typename T>
+ElementDiff diff_elements(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n) {
+  constexpr bool half = sizeof(T) == 2;
+  constexpr auto exponent = static_cast<T>(half ? 0x7c00U : 0x7f800000U);
+  constexpr auto mantissa = static_cast<T>(half ? 0x03ffU : 0x007fffffU);
+  ElementDiff d;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    T x, y;
+    std::memcpy(&x, a + i * sizeof(T), sizeof(T));
+    std::memcpy(&y, b + i * sizeof(T), sizeof(T));
+    d.differ += x != y ? 1 : 0;
+    d.nans += ((x & exponent) == exponent && (x & mantissa) != 0) ? 1 : 0;
+  }
+  return d;
+}
+
 /** (rank, op) of every gather probe, in the order of their indices. */
 std::vector<std::pair<Rank, std::uint32_t>> probe_sites(const Plan& plan) {
   std::vector<std::pair<Rank, std::uint32_t>> out;
@@ -264,11 +287,10 @@ Corruption compare_runs(const Plan& plan, const RunOutput& reference, const RunO
       const auto& a = run.weights[r][u];
       const auto& b = reference.weights[r][u];
       const std::uint64_t n = std::min(a.size(), b.size()) / static_cast<std::size_t>(eb);
-      for (std::uint64_t i = 0; i < n; ++i) {
-        if (std::memcmp(a.data() + i * eb, b.data() + i * eb, static_cast<std::size_t>(eb)) != 0)
-          ++c.corrupted_elements;
-        if (is_nan_bits(a.data(), i, eb)) ++c.nan_elements;
-      }
+      const ElementDiff d = eb == 2 ? diff_elements<std::uint16_t>(a.data(), b.data(), n)
+                                    : diff_elements<std::uint32_t>(a.data(), b.data(), n);
+      c.corrupted_elements += d.differ;
+      c.nan_elements += d.nans;
     }
   }
   const auto sites = probe_sites(plan);
