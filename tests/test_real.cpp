@@ -2,8 +2,11 @@
 // and fail (not skip) when a device is present but broken.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "real/device.hpp"
 #include "real/elements.hpp"
@@ -16,6 +19,14 @@
 
 namespace hpz::real {
 namespace {
+
+// The source tree's scenarios. HPZLAB_SOURCE_DIR in the environment overrides the build's path,
+// so a test binary built on one machine runs on a GPU machine with the tree elsewhere.
+std::string scenario_path(const std::string& name) {
+  const char* env = std::getenv("HPZLAB_SOURCE_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : HPZLAB_SOURCE_DIR) + "/scenarios/" +
+         name + ".toml";
+}
 
 TEST(RealDevice, ProbeNeverThrowsAndExplainsAnAbsence) {
   const DeviceInfo info = probe_devices();
@@ -45,7 +56,7 @@ namespace hpz::real {
 namespace {
 
 Scenario tiny(const std::string& variant, int hpz = 2) {
-  return load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/tiny.toml",
+  return load_scenario(scenario_path("tiny"),
                        {{"run.variant", variant},
                         {"zero.zero_hpz_partition_size", std::to_string(hpz)},
                         {"run.steps", "3"}});
@@ -110,6 +121,43 @@ TEST(RealPlan, MatchesCollectivesAndPlacesHpzSlices) {
     }
   }
   EXPECT_TRUE(spun);
+}
+
+// The memory check counts one lifetime of every touched buffer, the staging slot (no buffer
+// id) too: at least the largest touched slot, at most every touched slot of every rank. Spin
+// kernels move no activations, so those are untouched; every shard and gathered parameter is.
+TEST(RealPlan, PeakBytesEstimateCoversEveryTouchedBufferAndTheStagingSlot) {
+  for (const char* variant : {"stock", "event-wait"}) {
+    const Scenario sc = tiny(variant);
+    const Schedule s = build_schedule(sc);
+    const Plan plan = make_plan(sc, s);
+    std::uint64_t largest = 0, all = 0;
+    std::size_t touched_activations = 0;
+    for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+      const RankPlan& rp = plan.ranks[r];
+      ASSERT_EQ(rp.slots[rp.staging].buffer, kNoBuffer);
+      std::vector<bool> buffer_touched(s.ranks[r].buffers.size(), false);
+      for (const SlotInfo& slot : rp.slots) {
+        if (!slot.touched) continue;
+        if (slot.buffer != kNoBuffer) buffer_touched[slot.buffer] = true;
+        const std::uint64_t bytes = slot.elements * static_cast<std::uint64_t>(plan.element_bytes);
+        largest = std::max(largest, bytes);
+        all += bytes;
+      }
+      for (std::size_t b = 0; b < buffer_touched.size(); ++b) {
+        const Buffer& buf = s.ranks[r].buffers[b];
+        if (buf.role == BufferRole::kPrimary || buf.role == BufferRole::kFull ||
+            buf.role == BufferRole::kSecondary) {
+          EXPECT_TRUE(buffer_touched[b]) << buf.name;
+        }
+        touched_activations += buf.role == BufferRole::kActivation && buffer_touched[b] ? 1 : 0;
+      }
+    }
+    EXPECT_EQ(touched_activations, 0U) << variant;
+    const std::uint64_t estimate = peak_bytes_estimate(plan, s);
+    EXPECT_GE(estimate, largest) << variant;
+    EXPECT_LE(estimate, all) << variant;
+  }
 }
 
 // hpZ only moves data: run race-free, every variant and hpZ off train to the same bits.
@@ -185,9 +233,28 @@ TEST(RealCompare, CountsCorruptedElementsNaNsAndTheFirstBadGather) {
   EXPECT_TRUE(plan.ranks[c.first_rank].ops[c.first_op].is_gather_probe);
 }
 
+// fp16 storage (what the GPU runs use): a NaN counts, an infinity does not, -0 differs from +0.
+TEST(RealCompare, CountsHalfPrecisionNaNsAndDifferingBits) {
+  const Scenario sc = tiny("stock");
+  Plan plan = make_plan(sc, build_schedule(sc));
+  plan.element_bytes = 2;
+  const std::vector<std::uint16_t> ref_bits = {0x3c00, 0x0000, 0x7c00, 0x1234, 0x7e00};
+  const std::vector<std::uint16_t> run_bits = {0x3c00, 0x8000, 0x7c00, 0x7e01, 0x7e00};
+  auto bytes = [](const std::vector<std::uint16_t>& v) {
+    std::vector<std::uint8_t> out(v.size() * 2);
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  };
+  RunOutput ref, run;
+  ref.weights = {{bytes(ref_bits)}};
+  run.weights = {{bytes(run_bits)}};
+  const Corruption c = compare_runs(plan, ref, run);
+  EXPECT_EQ(c.corrupted_elements, 2U);  // -0 and the new NaN
+  EXPECT_EQ(c.nan_elements, 2U);        // 0x7e01 and 0x7e00, not the infinity
+}
+
 TEST(RealHostBackend, MismatchedCollectivesTimeOutAsAHang) {
-  const Scenario sc =
-      load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/mismatched-collectives.toml");
+  const Scenario sc = load_scenario(scenario_path("mismatched-collectives"));
   const RunOutput out = run_host(sc, true, 1.0);
   EXPECT_TRUE(out.hung);
   EXPECT_NE(out.hang.find("HANG"), std::string::npos) << out.hang;
@@ -236,8 +303,7 @@ TEST(RealLazyHost, BothFixesAndNoHpzStayExact) {
 // ---- On a GPU (skipped without one) ----
 
 RealResult run_gpu(const std::string& variant, int runs) {
-  const Scenario sc = load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/race-1gpu.toml",
-                                    {{"run.variant", variant}});
+  const Scenario sc = load_scenario(scenario_path("race-1gpu"), {{"run.variant", variant}});
   RealOptions o;
   o.runs = runs;
   o.timeout_s = 120;
