@@ -10,8 +10,8 @@
 // fill (NaN or zero) runs on one shared fill stream, and every stream of the rank waits for it
 // before its next op, so no read of the new lifetime, on any stream, precedes the fill.
 // Hardware queues: the GPU has at most 32 (CUDA_DEVICE_MAX_CONNECTIONS); streams beyond that
-// share a queue and get false dependencies, which can hide a race. The fill stream is created
-// first so that it gets a queue of its own whenever the IR streams number at most 31.
+// share a queue and get false dependencies, which can hide a race. With at most 31 IR streams
+// (race-1gpu.toml has 16) every stream, the fill stream too, can have a queue of its own.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 

@@ -10,7 +10,6 @@
 #include <mutex>
 #include <thread>
 
-#include "real/elements.hpp"
 
 namespace hpz::real {
 
