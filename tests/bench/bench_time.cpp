@@ -1,5 +1,6 @@
 // Google Benchmark cases for the timing engine: one step of llama2-70b (stock, qwZ + qgZ) with
-// the fine collective model on 2 x 8 GPUs and the coarse model on 16 x 8 and 128 x 8 GPUs. Each
+// the fine collective model on 2 x 8 GPUs and the coarse model on 8, 16, 32, 64 and 128 x 8
+// GPUs (select with --benchmark_filter, e.g. 'BM_SimLlama70b/128/1'). Each
 // iteration simulates in a forked child (SimGrid runs once per process), so the time includes
 // the fork; the counters report the child's events per second and peak memory. The 2 x 8 case
 // also prints the coarse model's step-time error against the fine one.
@@ -71,7 +72,10 @@ void BM_SimLlama70b(benchmark::State& state) {
 
 BENCHMARK(BM_SimLlama70b)
     ->Args({2, 0})
+    ->Args({8, 1})
     ->Args({16, 1})
+    ->Args({32, 1})
+    ->Args({64, 1})
     ->Args({128, 1})
     ->Unit(benchmark::kSecond)
     ->Iterations(1)
