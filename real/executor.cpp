@@ -10,7 +10,6 @@
 #include <mutex>
 #include <thread>
 
-
 namespace hpz::real {
 
 double now_s() {
