@@ -116,14 +116,12 @@ class CudaBackend : public Backend {
     if (!plan_->ranks[r].slots[slot].touched) return;  // no action reads or writes it
     RankState& rs = ranks_[r];
     std::lock_guard lock(rs.mu);
-    bool filled = false;
-    void* p = acquire(r, slot, filled);
-    if (fill != Fill::kStale) {
-      std::lock_guard fill_lock(fill_mu_);
-      HPZ_CUDA(cudaMemsetAsync(p, fill == Fill::kNan ? 0xff : 0, slot_bytes(r, slot), fill_));
-      filled = true;
-    }
-    if (filled) order_after_fill(rs);
+    bool fresh = false;
+    void* p = acquire(r, slot, fresh);
+    // A stale fill keeps what a reused block held; a fresh block holds NaN, the same every run.
+    if (fill == Fill::kStale && !fresh) return;
+    fill_async(p, slot_bytes(r, slot), fill == Fill::kZero ? 0 : 0xff);
+    order_after_fill(rs);
   }
 
   void free(Rank r, StreamId, SlotId slot) override {
@@ -279,8 +277,9 @@ class CudaBackend : public Backend {
   }
 
   /** A block for `slot` (caller holds the rank's lock): the oldest free block of the same
-   *  buffer whose streams have all passed its free, else a new one. */
-  void* acquire(Rank r, SlotId slot, bool& filled) {
+   *  buffer whose streams have all passed its free, else a new one (`fresh`), allocated in
+   *  fill-stream order: the caller fills it before any stream uses it. */
+  void* acquire(Rank r, SlotId slot, bool& fresh) {
     RankState& rs = ranks_[r];
     const std::size_t bytes = slot_bytes(r, slot);
     const BufferId buffer = plan_->ranks[r].slots[slot].buffer;
@@ -294,16 +293,14 @@ class CudaBackend : public Backend {
       return keep(rs, slot, std::move(blk));
     }
     // Stream-ordered on the fill stream: a new block must not wait for the device (a
-    // cudaMalloc / cudaDeviceSynchronize would drain every stream and hide the race). Its
-    // streams wait for the fill stream before using it (order_after_fill).
+    // cudaMalloc / cudaDeviceSynchronize would drain every stream and hide the race).
     Block blk;
     blk.bytes = bytes;
     {
       std::lock_guard fill_lock(fill_mu_);
       HPZ_CUDA(cudaMallocAsync(&blk.ptr, bytes, fill_));
-      HPZ_CUDA(cudaMemsetAsync(blk.ptr, 0xff, bytes, fill_));  // NaN, the same in every run
     }
-    filled = true;
+    fresh = true;
     return keep(rs, slot, std::move(blk));
   }
 
@@ -322,6 +319,12 @@ class CudaBackend : public Backend {
     rs.live.push_back(std::move(blk));
     rs.live_slot.push_back(slot);
     return p;
+  }
+
+  /** Sets every byte of [p, p + bytes) to `byte` on the fill stream. */
+  void fill_async(void* p, std::size_t bytes, int byte) {
+    std::lock_guard fill_lock(fill_mu_);
+    HPZ_CUDA(cudaMemsetAsync(p, byte, bytes, fill_));
   }
 
   /** Makes every stream of the rank wait for the fill stream's work so far (caller holds the
@@ -363,10 +366,13 @@ class CudaBackend : public Backend {
     if (k < 0) {
       // Rare (the staging slot, a buffer read before any kAlloc), and possibly another rank's
       // thread asking: the block is made ready before any stream can use it.
-      bool filled = false;
-      acquire(l.rank, l.slot, filled);
-      std::lock_guard fill_lock(fill_mu_);
-      HPZ_CUDA(cudaStreamSynchronize(fill_));
+      bool fresh = false;
+      void* p = acquire(l.rank, l.slot, fresh);
+      if (fresh) {
+        fill_async(p, slot_bytes(l.rank, l.slot), 0xff);
+        std::lock_guard fill_lock(fill_mu_);
+        HPZ_CUDA(cudaStreamSynchronize(fill_));
+      }
       k = rs.slot_block[l.slot];
     }
     return static_cast<std::uint8_t*>(rs.live[static_cast<std::size_t>(k)].ptr) +

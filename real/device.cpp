@@ -1,5 +1,6 @@
 #include "real/device.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,8 @@ void claim_hardware_queues() {
 DeviceInfo probe_devices() {
   claim_hardware_queues();
   DeviceInfo info;
+  const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  info.hardware_queues = std::clamp(queues != nullptr ? std::atoi(queues) : 8, 1, 32);
   const cudaError_t err = cudaGetDeviceCount(&info.count);
   if (err != cudaSuccess) {
     info.count = 0;

@@ -14,6 +14,9 @@ struct DeviceInfo {
   std::string name;                ///< device 0's name, when count > 0
   std::uint64_t memory_bytes = 0;  ///< device 0's global memory, when count > 0
   std::string problem;             ///< why count is 0 (no driver, not built with CUDA, ...)
+  /** Hardware work queues CUDA gives this process's streams: CUDA_DEVICE_MAX_CONNECTIONS as
+   *  CUDA reads it (default 8, at most 32); streams beyond it share queues. */
+  int hardware_queues = 0;
 };
 
 /** Sets CUDA_DEVICE_MAX_CONNECTIONS to 32 (unless set) so the emulated ranks' streams get

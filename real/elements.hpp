@@ -59,9 +59,26 @@ inline void store(std::uint8_t* base, std::uint64_t i, int eb, float v) {
   std::memcpy(base + i * 2, &h, 2);
 }
 
-/** Whether the element's bits are a NaN. */
+/** Whether `bits`, a binary16 (std::uint16_t) or binary32 (std::uint32_t) value, is a NaN:
+ *  all exponent bits set and a nonzero mantissa. Branch-free, so loops over it vectorize. */
+template <typename T>
+constexpr bool is_nan_bits(T bits) {
+  constexpr bool half = sizeof(T) == 2;
+  constexpr auto exponent = static_cast<T>(half ? 0x7c00U : 0x7f800000U);
+  constexpr auto mantissa = static_cast<T>(half ? 0x03ffU : 0x007fffffU);
+  return (bits & exponent) == exponent && (bits & mantissa) != 0;
+}
+
+/** Whether element i of a buffer of `eb`-byte elements is a NaN. */
 inline bool is_nan_bits(const std::uint8_t* base, std::uint64_t i, int eb) {
-  return std::isnan(load(base, i, eb));
+  if (eb == 4) {
+    std::uint32_t x;
+    std::memcpy(&x, base + i * 4, 4);
+    return is_nan_bits(x);
+  }
+  std::uint16_t h;
+  std::memcpy(&h, base + i * 2, 2);
+  return is_nan_bits(h);
 }
 
 }  // namespace hpz::real

@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cstdlib>
-
 #include "real/device.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/error.hpp"
@@ -16,13 +13,6 @@ namespace {
 // Room the CUDA context, the caching allocator's spare blocks and fragmentation need beyond
 // one lifetime of every buffer.
 constexpr double kMemoryHeadroom = 0.8;
-// The hardware work queues CUDA gives this process: CUDA_DEVICE_MAX_CONNECTIONS (at most 32;
-// probe_devices sets 32 unless the user set a value; CUDA's own default is 8).
-std::size_t hardware_queues() {
-  const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  const long v = env != nullptr ? std::strtol(env, nullptr, 10) : 8;
-  return static_cast<std::size_t>(std::clamp(v, 1L, 32L));
-}
 // The host backends keep every lifetime's storage for the whole run.
 constexpr std::uint64_t kHostBackendBytes = std::uint64_t{4} << 30;
 
@@ -54,8 +44,8 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
     for (const RankSchedule& rs : schedule.ranks) streams += rs.streams.size();
     out.mode = fmt::format("emulated: {} ranks on one GPU, collectives as device copies",
                            schedule.world_size);
-    // The backend's fill stream takes one of the GPU's 32 hardware queues.
-    const std::size_t queues = hardware_queues();
+    // The backend's fill stream takes one hardware queue too.
+    const auto queues = static_cast<std::size_t>(dev.hardware_queues);
     if (streams + 1 > queues) {
       out.mode += fmt::format(
           "; WARNING: {} streams share {} hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), and "
