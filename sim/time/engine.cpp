@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -37,6 +38,17 @@ struct Task {
   s4u::ActivityPtr activity;
 };
 
+/** A delay that ends at `at`; `what` packs Task::Kind (2 bits), rank (30) and op (32). */
+struct Due {
+  double at = 0;
+  std::uint64_t seq = 0;  ///< ties at the same instant go in the order they were set
+  std::uint64_t what = 0;
+  /** The heap's order: std::push_heap keeps the greatest first, so "greater" is "earlier". */
+  static bool later(const Due& x, const Due& y) {
+    return x.at != y.at ? x.at > y.at : x.seq > y.seq;
+  }
+};
+
 /** One collective: the k-th collective of every member of a group. */
 struct Instance {
   GroupId group = kNoGroup;
@@ -48,17 +60,34 @@ struct Instance {
   std::vector<bool> finished;
 };
 
+/** What the engine needs of one op while it runs, packed so that handling an op touches one
+ *  small record (and its OpTime) instead of the 72-byte Op and four parallel arrays: with 1,024
+ *  ranks the per-op state is hundreds of MB, and the engine's cost is mostly cache misses. */
+struct OpState {
+  double run_s = 0;                  ///< CostModel::op_s(), before jitter
+  std::int32_t stream_next = kNone;  ///< the next op on its stream
+  std::int32_t instance = kNone;     ///< collectives: the collective instance
+  std::int32_t event = kNone;        ///< event records: the event (its waiters are released)
+  std::uint8_t deps = 0;             ///< unmet dependencies
+  StreamId stream = kHostStream;
+  bool collective = false;
+};
+
 /** Per-rank bookkeeping for dependency counting. */
 struct RankState {
-  std::vector<std::int32_t> stream_next;            ///< per op: the next op on its stream
-  std::vector<std::uint8_t> deps;                   ///< per op: unmet dependencies
-  std::vector<std::vector<std::uint32_t>> waiters;  ///< per event: the ops waiting on it
-  std::vector<std::int32_t> instance;               ///< per op: collective instance
-  std::vector<int> issued, done;                    ///< per stream: ops issued / finished
-  std::size_t next = 0;                             ///< next op the host issues
-  double host_time = 0;                             ///< when the host reaches `next`
-  bool blocked = false;                             ///< the host waits on a sync
+  std::vector<OpState> ops;
+  /** Waiters of event e: waiter_ops[waiter_begin[e] .. waiter_begin[e + 1]). */
+  std::vector<std::uint32_t> waiter_begin, waiter_ops;
+  std::size_t stream_base = 0;  ///< this rank's first entry in Simulation::in_flight_
+  int outstanding = 0;          ///< ops issued and not finished, over all streams
+  std::size_t next = 0;         ///< next op the host issues
+  double host_time = 0;         ///< when the host reaches `next`
+  /** What the host is blocked on: kNotBlocked, kAllStreams (a device sync) or a stream. */
+  std::int32_t blocked_on = -2;
 };
+
+constexpr std::int32_t kNotBlocked = -2;
+constexpr std::int32_t kAllStreams = -1;
 
 /** Host syncs run on the host thread; their `stream` names the stream they wait for. */
 bool on_host(const Op& op) {
@@ -110,7 +139,8 @@ class Simulation {
   void prepare_collective(const RankSchedule& rs, std::uint32_t i,
                           std::unordered_map<GroupId, std::uint32_t>& position);
   void run_host(Rank r);
-  bool sync_satisfied(Rank r, const Op& op) const;
+  std::int32_t sync_target(const Op& op) const;
+  bool drained(const RankState& s, std::int32_t target) const;
   void release(Rank r, std::uint32_t i);
   void drain();
   void ready(Rank r, std::uint32_t i);
@@ -124,6 +154,8 @@ class Simulation {
   void handle(const Task& task);
   Task& new_task(Task::Kind kind, Rank r);
   void after(Task::Kind kind, Rank r, std::uint32_t i, double seconds);
+  void arm();
+  void on_due();
 
   const Schedule& schedule_;
   CostModel cost_;
@@ -133,6 +165,9 @@ class Simulation {
   CollectiveModel model_;
   EngineRun run_;
   std::vector<RankState> ranks_;
+  /** Per rank and stream (RankState::stream_base + stream): ops issued and not finished. One
+   *  dense array for all ranks, so that it stays in cache. */
+  std::vector<int> in_flight_;
   std::vector<Instance> instances_;
   std::unordered_map<std::uint64_t, std::uint32_t> instance_index_;
   std::vector<std::pair<Rank, std::uint32_t>> pending_;  ///< ops whose dependencies are met
@@ -140,40 +175,66 @@ class Simulation {
   std::deque<Task> tasks_;
   std::vector<std::uint32_t> free_;
   std::vector<s4u::ActivityPtr> retired_;
+  /** Delays in flight (kernels, copies, host issue), earliest first by (at, seq), and the one
+   *  SimGrid timer that stands for the earliest. */
+  std::vector<Due> due_;
+  std::uint64_t due_seq_ = 0;
+  simgrid::kernel::timer::Timer* armed_ = nullptr;
+  double armed_at_ = 0;
 };
 
 void Simulation::prepare(const RankSchedule& rs) {
-  RankState st;
   const std::size_t n = rs.ops.size();
-  st.stream_next.assign(n, kNone);
-  st.deps.assign(n, 0);
-  st.instance.assign(n, kNone);
-  st.issued.assign(rs.streams.size(), 0);
-  st.done.assign(rs.streams.size(), 0);
-  std::vector<std::int32_t> last(rs.streams.size(), kNone);
-  std::unordered_map<EventId, bool> recorded;
-  std::unordered_map<GroupId, std::uint32_t> position;
-  ranks_.push_back(std::move(st));
+  ranks_.emplace_back();
   RankState& s = ranks_.back();
+  s.ops.resize(n);
+  s.stream_base = in_flight_.size();
+  in_flight_.resize(in_flight_.size() + rs.streams.size(), 0);
+  std::vector<std::int32_t> last(rs.streams.size(), kNone);
+  // A wait binds to the latest record of its event in issue order (CUDA's semantics); a wait
+  // on an event never recorded before it waits for nothing.
+  std::unordered_map<EventId, std::uint32_t> latest_record;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> record_waiter;  // (record op, wait op)
+  std::unordered_map<GroupId, std::uint32_t> position;
   for (std::uint32_t i = 0; i < n; ++i) {
     const Op& op = rs.ops[i];
     if (on_host(op)) continue;
-    s.deps[i] = 1;  // issued by the host
+    OpState& o = s.ops[i];
+    o.stream = op.stream;
+    o.run_s = cost_.op_s(schedule_, rs.rank, op);
+    o.deps = 1;  // issued by the host
     auto& prev = last[static_cast<std::size_t>(op.stream)];
     if (prev != kNone) {
-      s.stream_next[static_cast<std::size_t>(prev)] = static_cast<std::int32_t>(i);
-      ++s.deps[i];
+      s.ops[static_cast<std::size_t>(prev)].stream_next = static_cast<std::int32_t>(i);
+      ++o.deps;
     }
     prev = static_cast<std::int32_t>(i);
-    if (op.kind == OpKind::kEventRecord) recorded[op.event] = true;
-    if (op.kind == OpKind::kStreamWaitEvent && recorded.count(op.event) != 0) {
-      const auto e = static_cast<std::size_t>(op.event);
-      if (s.waiters.size() <= e) s.waiters.resize(e + 1);
-      s.waiters[e].push_back(i);
-      ++s.deps[i];
+    if (op.kind == OpKind::kEventRecord) latest_record[op.event] = i;
+    if (op.kind == OpKind::kStreamWaitEvent) {
+      const auto rec = latest_record.find(op.event);
+      if (rec != latest_record.end()) {
+        record_waiter.emplace_back(rec->second, i);
+        ++o.deps;
+      }
     }
-    if (is_collective(op.kind)) prepare_collective(rs, i, position);
+    if (is_collective(op.kind)) {
+      o.collective = true;
+      prepare_collective(rs, i, position);
+    }
   }
+  // Waiters in compressed rows, one row per record op that has any.
+  std::stable_sort(record_waiter.begin(), record_waiter.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  s.waiter_begin.push_back(0);
+  for (std::size_t k = 0; k < record_waiter.size(); ++k) {
+    const std::uint32_t rec = record_waiter[k].first;
+    if (k == 0 || record_waiter[k - 1].first != rec) {
+      if (k != 0) s.waiter_begin.push_back(static_cast<std::uint32_t>(k));
+      s.ops[rec].event = static_cast<std::int32_t>(s.waiter_begin.size() - 1);
+    }
+    s.waiter_ops.push_back(record_waiter[k].second);
+  }
+  s.waiter_begin.push_back(static_cast<std::uint32_t>(record_waiter.size()));
   run_.timeline.ranks.emplace_back(n, OpTime{-1, -1, -1});
 }
 
@@ -198,17 +259,22 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
   }
   const auto member = std::lower_bound(g.ranks.begin(), g.ranks.end(), rs.rank) - g.ranks.begin();
   instances_[it->second].ops[static_cast<std::size_t>(member)] = i;
-  ranks_.back().instance[i] = static_cast<std::int32_t>(it->second);
+  ranks_.back().ops[i].instance = static_cast<std::int32_t>(it->second);
 }
 
-bool Simulation::sync_satisfied(Rank r, const Op& op) const {
-  const RankState& s = ranks_[static_cast<std::size_t>(r)];
+/** What a host op waits for: one stream (kHostStreamSync), nothing (a stream sync naming the
+ *  host), or every stream of the rank (kHostDeviceSync and any other op on the host). */
+std::int32_t Simulation::sync_target(const Op& op) const {
   if (op.kind == OpKind::kHostStreamSync) {
-    if (op.stream == kHostStream) return true;
-    const auto st = static_cast<std::size_t>(op.stream);
-    return s.done[st] == s.issued[st];
+    return op.stream == kHostStream ? kNotBlocked : op.stream;
   }
-  return s.done == s.issued;
+  return kAllStreams;
+}
+
+bool Simulation::drained(const RankState& s, std::int32_t target) const {
+  if (target == kNotBlocked) return true;
+  if (target == kAllStreams) return s.outstanding == 0;
+  return in_flight_[s.stream_base + static_cast<std::size_t>(target)] == 0;
 }
 
 void Simulation::run_host(Rank r) {
@@ -221,21 +287,23 @@ void Simulation::run_host(Rank r) {
     times[i].issue_s = s.host_time;
     if (on_host(op)) {
       times[i].start_s = s.host_time;
-      if (!sync_satisfied(r, op)) {
-        s.blocked = true;
+      const std::int32_t target = sync_target(op);
+      if (!drained(s, target)) {
+        s.blocked_on = target;
         return;
       }
       times[i].end_s = s.host_time;
       continue;
     }
     s.host_time += cost_.launch_s() * jitter_.factor(r, i, 1);
-    ++s.issued[static_cast<std::size_t>(op.stream)];
+    ++in_flight_[s.stream_base + static_cast<std::size_t>(op.stream)];
+    ++s.outstanding;
     release(r, i);
   }
 }
 
 void Simulation::release(Rank r, std::uint32_t i) {
-  if (--ranks_[static_cast<std::size_t>(r)].deps[i] == 0) pending_.emplace_back(r, i);
+  if (--ranks_[static_cast<std::size_t>(r)].ops[i].deps == 0) pending_.emplace_back(r, i);
 }
 
 void Simulation::drain() {
@@ -258,40 +326,41 @@ void Simulation::ready(Rank r, std::uint32_t i) {
 }
 
 void Simulation::begin(Rank r, std::uint32_t i) {
-  const Op& op = schedule_.ranks[static_cast<std::size_t>(r)].ops[i];
-  auto& t = run_.timeline.ranks[static_cast<std::size_t>(r)][i];
-  t.start_s = s4u::Engine::get_clock();
-  if (is_collective(op.kind)) return arrive(r, i);
-  const double seconds = cost_.op_s(schedule_, r, op);
+  const OpState& o = ranks_[static_cast<std::size_t>(r)].ops[i];
+  run_.timeline.ranks[static_cast<std::size_t>(r)][i].start_s = s4u::Engine::get_clock();
+  if (o.collective) return arrive(r, i);
+  const double seconds = o.run_s;
   if (seconds <= 0) return finish(r, i);
   after(Task::Kind::kRun, r, i, seconds * jitter_.factor(r, i, 0));
 }
 
 void Simulation::finish(Rank r, std::uint32_t i) {
   RankState& s = ranks_[static_cast<std::size_t>(r)];
-  const RankSchedule& rs = schedule_.ranks[static_cast<std::size_t>(r)];
-  const Op& op = rs.ops[i];
+  const OpState& o = s.ops[i];
   const double now = s4u::Engine::get_clock();
   run_.timeline.ranks[static_cast<std::size_t>(r)][i].end_s = now;
   ++run_.stats.ops;
-  ++s.done[static_cast<std::size_t>(op.stream)];
-  if (s.stream_next[i] != kNone) release(r, static_cast<std::uint32_t>(s.stream_next[i]));
-  const auto e = static_cast<std::size_t>(op.event);
-  if (op.kind == OpKind::kEventRecord && op.event >= 0 && e < s.waiters.size()) {
-    for (std::uint32_t w : s.waiters[e]) release(r, w);
+  --in_flight_[s.stream_base + static_cast<std::size_t>(o.stream)];
+  --s.outstanding;
+  if (o.stream_next != kNone) release(r, static_cast<std::uint32_t>(o.stream_next));
+  if (o.event != kNone) {
+    const auto e = static_cast<std::size_t>(o.event);
+    for (std::uint32_t k = s.waiter_begin[e]; k < s.waiter_begin[e + 1]; ++k) {
+      release(r, s.waiter_ops[k]);
+    }
   }
-  if (s.blocked && sync_satisfied(r, rs.ops[s.next])) {
+  if (s.blocked_on != kNotBlocked && drained(s, s.blocked_on)) {
     auto& t = run_.timeline.ranks[static_cast<std::size_t>(r)][s.next];
     t.end_s = std::max(t.issue_s, now);
     s.host_time = t.end_s;
-    s.blocked = false;
+    s.blocked_on = kNotBlocked;
     ++s.next;
     run_host(r);
   }
 }
 
 void Simulation::arrive(Rank r, std::uint32_t i) {
-  const auto inst = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(r)].instance[i]);
+  const auto inst = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(r)].ops[i].instance);
   Instance& in = instances_[inst];
   const auto n = static_cast<int>(in.ops.size());
   if (++in.arrived == n) launch(inst);
@@ -398,19 +467,46 @@ Task& Simulation::new_task(Task::Kind kind, Rank r) {
 
 void Simulation::after(Task::Kind kind, Rank r, std::uint32_t i, double seconds) {
   // A kernel, copy or host-issue delay occupies nothing SimGrid shares (concurrent kernels do
-  // not slow each other down), so it is a kernel timer, not an Exec: an Exec would add a
-  // variable to the CPU model's max-min system, and SimGrid 3.32 files every Exec started from
-  // maestro in maestro's activity list, which it scans linearly (std::list::remove) at each
-  // completion, a cost that grows with the number of execs in flight, i.e. with the ranks.
+  // not slow each other down), so it is not an Exec: an Exec would add a variable to the CPU
+  // model's max-min system, and SimGrid 3.32 files every Exec started from maestro in maestro's
+  // activity list, which it scans linearly (std::list::remove) at each completion. Nor is each
+  // one a SimGrid timer: those live in a Fibonacci heap of allocated nodes. They wait in this
+  // engine's own binary heap, and one SimGrid timer stands for its earliest entry.
   ++run_.stats.execs;
-  simgrid::kernel::timer::Timer::set(s4u::Engine::get_clock() + seconds, [this, kind, r, i] {
+  const double at = s4u::Engine::get_clock() + seconds;
+  const std::uint64_t what = (static_cast<std::uint64_t>(kind) << 62) |
+                             (static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) << 32) | i;
+  due_.push_back({at, due_seq_++, what});
+  std::push_heap(due_.begin(), due_.end(), Due::later);
+  arm();
+}
+
+void Simulation::arm() {
+  if (due_.empty()) return;
+  const double at = due_.front().at;
+  if (armed_ != nullptr) {
+    if (armed_at_ <= at) return;
+    armed_->remove();
+  }
+  armed_at_ = at;
+  armed_ = simgrid::kernel::timer::Timer::set(at, [this] { on_due(); });
+}
+
+void Simulation::on_due() {
+  armed_ = nullptr;
+  const double now = s4u::Engine::get_clock();
+  while (!due_.empty() && due_.front().at <= now) {
+    std::pop_heap(due_.begin(), due_.end(), Due::later);
+    const std::uint64_t what = due_.back().what;
+    due_.pop_back();
     Task task;
-    task.kind = kind;
-    task.rank = r;
-    task.op = i;
+    task.kind = static_cast<Task::Kind>(what >> 62);
+    task.rank = static_cast<Rank>((what >> 32) & 0x3fffffffu);
+    task.op = static_cast<std::uint32_t>(what);
     handle(task);
     drain();
-  });
+  }
+  arm();
 }
 
 double peak_rss_bytes() {
