@@ -118,6 +118,7 @@ class Simulation {
 
   void on_complete(const s4u::Activity& activity) {
     retired_.clear();  // activities completed in earlier callbacks: safe to release now
+    now_ = s4u::Engine::get_clock();
     auto* task = activity.get_data<Task>();
     if (task == nullptr) return;
     const Task done = *task;
@@ -180,6 +181,8 @@ class Simulation {
   std::vector<Due> due_;
   std::uint64_t due_seq_ = 0;
   simgrid::kernel::timer::Timer* armed_ = nullptr;
+  /** SimGrid's clock, read once per callback (it does not move within one). */
+  double now_ = 0;
   double armed_at_ = 0;
 };
 
@@ -317,7 +320,7 @@ void Simulation::drain() {
 
 void Simulation::ready(Rank r, std::uint32_t i) {
   const double issue = run_.timeline.ranks[static_cast<std::size_t>(r)][i].issue_s;
-  const double now = s4u::Engine::get_clock();
+  const double now = now_;
   if (issue > now) {
     after(Task::Kind::kTimer, r, i, issue - now);  // the host has not reached it yet
   } else {
@@ -327,7 +330,7 @@ void Simulation::ready(Rank r, std::uint32_t i) {
 
 void Simulation::begin(Rank r, std::uint32_t i) {
   const OpState& o = ranks_[static_cast<std::size_t>(r)].ops[i];
-  run_.timeline.ranks[static_cast<std::size_t>(r)][i].start_s = s4u::Engine::get_clock();
+  run_.timeline.ranks[static_cast<std::size_t>(r)][i].start_s = now_;
   if (o.collective) return arrive(r, i);
   const double seconds = o.run_s;
   if (seconds <= 0) return finish(r, i);
@@ -337,7 +340,7 @@ void Simulation::begin(Rank r, std::uint32_t i) {
 void Simulation::finish(Rank r, std::uint32_t i) {
   RankState& s = ranks_[static_cast<std::size_t>(r)];
   const OpState& o = s.ops[i];
-  const double now = s4u::Engine::get_clock();
+  const double now = now_;
   run_.timeline.ranks[static_cast<std::size_t>(r)][i].end_s = now;
   ++run_.stats.ops;
   --in_flight_[s.stream_base + static_cast<std::size_t>(o.stream)];
@@ -369,7 +372,7 @@ void Simulation::arrive(Rank r, std::uint32_t i) {
 void Simulation::launch(std::uint32_t inst) {
   Instance& in = instances_[inst];
   const Group& g = schedule_.groups[static_cast<std::size_t>(in.group)];
-  const double now = s4u::Engine::get_clock();
+  const double now = now_;
   const auto n = static_cast<int>(in.ops.size());
   for (int m = 0; m < n; ++m) {
     const auto rank = static_cast<std::size_t>(g.ranks[static_cast<std::size_t>(m)]);
@@ -473,7 +476,7 @@ void Simulation::after(Task::Kind kind, Rank r, std::uint32_t i, double seconds)
   // one a SimGrid timer: those live in a Fibonacci heap of allocated nodes. They wait in this
   // engine's own binary heap, and one SimGrid timer stands for its earliest entry.
   ++run_.stats.execs;
-  const double at = s4u::Engine::get_clock() + seconds;
+  const double at = now_ + seconds;
   const std::uint64_t what = (static_cast<std::uint64_t>(kind) << 62) |
                              (static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) << 32) | i;
   due_.push_back({at, due_seq_++, what});
@@ -494,7 +497,7 @@ void Simulation::arm() {
 
 void Simulation::on_due() {
   armed_ = nullptr;
-  const double now = s4u::Engine::get_clock();
+  const double now = now_ = s4u::Engine::get_clock();
   while (!due_.empty() && due_.front().at <= now) {
     std::pop_heap(due_.begin(), due_.end(), Due::later);
     const std::uint64_t what = due_.back().what;
