@@ -202,17 +202,17 @@ TEST_P(EveryShippedScenario, SimulatesToTheEndOrReportsTheHang) {
   EXPECT_GT(r.mean.tokens_per_s_per_node, 0.0);
 }
 
+/** "llama2-7b-100g.toml" -> "llama2_7b_100g": a test name GoogleTest accepts. */
+std::string test_name(const ::testing::TestParamInfo<std::string>& scenario_file) {
+  std::string name = scenario_file.param.substr(0, scenario_file.param.size() - 5);
+  std::replace_if(
+      name.begin(), name.end(),
+      [](char c) { return std::isalnum(static_cast<unsigned char>(c)) == 0; }, '_');
+  return name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Scenarios, EveryShippedScenario, ::testing::ValuesIn(shipped_scenarios()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param.substr(0, info.param.size() - 5);
-                           std::replace_if(
-                               name.begin(), name.end(),
-                               [](char c) {
-                                 return std::isalnum(static_cast<unsigned char>(c)) == 0;
-                               },
-                               '_');
-                           return name;
-                         });
+                         test_name);
 
 }  // namespace
 }  // namespace hpz::time
