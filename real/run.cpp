@@ -100,7 +100,7 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   for (const check::FindingGroup& g : checked.groups) {
     t.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
   }
-  t.race_instances = time::race_instances(schedule, checked);
+  t.race_instances = time::race_instances(checked);
 
   ExecOptions timed;
   timed.timeout_s = options.timeout_s;

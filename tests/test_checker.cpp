@@ -118,6 +118,11 @@ TEST(Race, UnorderedWriteAndReadOnTwoStreamsIsReported) {
   EXPECT_EQ(f.buffer, "x");
   EXPECT_EQ(f.offset, 0u);
   EXPECT_EQ(f.bytes, 256u);
+  // The occurrence list names the same pair, for the engines that time it.
+  ASSERT_EQ(r.groups[0].occurrences.size(), 1u);
+  EXPECT_EQ(r.groups[0].occurrences[0].rank, 0);
+  EXPECT_EQ(r.groups[0].occurrences[0].first, 0u);
+  EXPECT_EQ(r.groups[0].occurrences[0].second, 1u);
   EXPECT_NE(f.fix.find("record an event on S0"), std::string::npos) << f.fix;
   EXPECT_NE(f.fix.find("make S1 wait"), std::string::npos) << f.fix;
 }

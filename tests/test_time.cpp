@@ -107,6 +107,9 @@ TEST(Simulate, RaceManifestsWhenTheComputeStreamIsBacklogged) {
       scenario("llama2-7b.toml", {{"cluster.nic_gbps", "1600"}, {"training.micro_batch", "4"}});
   const SimResult r = sim(sc, 2);
   ASSERT_FALSE(r.races.empty());
+  // The engine times the checker's own pairs: as many instances as `hpzlab check` counts.
+  EXPECT_EQ(r.races.front().instances, r.races.front().group.count);
+  EXPECT_EQ(r.races.front().group.occurrences.size(), r.races.front().group.count);
   EXPECT_GT(r.mean.races_manifested, 0u);
   EXPECT_EQ(r.races.front().runs_manifested, 2);
   EXPECT_TRUE(r.races.front().has_example);

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sim/schedule.hpp"
 
@@ -61,10 +62,22 @@ struct Finding {
   std::string fix;             ///< the edge (or change) that would order or repair it
 };
 
+/** One occurrence of a race, uninitialized read or stale read: the rank and its two ops, in the
+ *  roles of Finding::first and Finding::second (first is kNoOp when there is none, e.g. a read
+ *  of a buffer never allocated). */
+struct OpPair {
+  Rank rank = 0;
+  std::uint32_t first = 0;
+  std::uint32_t second = 0;
+};
+
 /** The same bug repeated: one worked example, a count, and what it spans. */
 struct FindingGroup {
   Finding example;
   std::uint64_t count = 0;
+  /** Every occurrence, in the order the checker found them (count of them), for the engines
+   *  that time or replay them; empty for collective mismatches, which span two ranks. */
+  std::vector<OpPair> occurrences;
   std::set<Rank> ranks;
   std::set<std::int32_t> layers;
   std::set<std::int32_t> steps;

@@ -62,11 +62,13 @@ OpLabel FindingLog::label(Rank r, std::uint32_t index) const {
   return l;
 }
 
-FindingGroup* FindingLog::slot(std::uint64_t key, Rank r, std::uint32_t op) {
+FindingGroup* FindingLog::slot(std::uint64_t key, Rank r, std::uint32_t first, std::uint32_t op,
+                               bool pair) {
   auto [it, fresh] = index_.try_emplace(key, groups_.size());
   if (fresh) groups_.emplace_back();
   FindingGroup& g = groups_[it->second];
   ++g.count;
+  if (pair) g.occurrences.push_back({r, first, op});
   g.ranks.insert(r);
   const OpLabel l = label(r, op);
   if (l.layer >= 0) g.layers.insert(l.layer);
@@ -85,7 +87,7 @@ void FindingLog::race(Rank r, std::uint32_t prior, AccessMode prior_mode, std::u
             static_cast<unsigned>(o.purpose), stream_code(a), stream_code(o),
             static_cast<unsigned>(buf.role),
             static_cast<unsigned>(prior_mode) * 2 + static_cast<unsigned>(mode)});
-  FindingGroup* g = slot(key, r, op);
+  FindingGroup* g = slot(key, r, prior, op, true);
   if (!g) return;
   Finding& f = g->example;
   f.kind = FindingKind::kRace;
@@ -123,7 +125,7 @@ void FindingLog::uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, Bu
   const std::uint64_t key =
       pack({static_cast<unsigned>(FindingKind::kUninitializedRead), alloc_purpose,
             static_cast<unsigned>(o.purpose), stream_code(o), static_cast<unsigned>(buf.role)});
-  FindingGroup* g = slot(key, r, op);
+  FindingGroup* g = slot(key, r, alloc, op, true);
   if (!g) return;
   Finding& f = g->example;
   f.kind = FindingKind::kUninitializedRead;
@@ -157,7 +159,7 @@ void FindingLog::stale(Rank r, std::uint32_t primary_write, std::uint32_t copy, 
   const std::uint64_t key =
       pack({static_cast<unsigned>(FindingKind::kStaleRead), writer_purpose,
             static_cast<unsigned>(o.purpose), stream_code(o), static_cast<unsigned>(buf.role)});
-  FindingGroup* g = slot(key, r, op);
+  FindingGroup* g = slot(key, r, primary_write, op, true);
   if (!g) return;
   Finding& f = g->example;
   f.kind = FindingKind::kStaleRead;
@@ -186,7 +188,8 @@ void FindingLog::mismatch(GroupId g, std::uint32_t position, Rank a, std::uint32
   const Group& grp = schedule_.groups[g];
   const std::uint64_t key = pack(
       {static_cast<unsigned>(FindingKind::kCollectiveMismatch), static_cast<unsigned>(grp.kind)});
-  FindingGroup* slot_g = op_b == kNoOp ? slot(key, a, op_a) : slot(key, b, op_b);
+  FindingGroup* slot_g =
+      op_b == kNoOp ? slot(key, a, kNoOp, op_a, false) : slot(key, b, kNoOp, op_b, false);
   if (!slot_g) return;
   Finding& f = slot_g->example;
   f.kind = FindingKind::kCollectiveMismatch;

@@ -37,7 +37,7 @@ class FindingLog {
   OpLabel label(Rank r, std::uint32_t op) const;
 
  private:
-  FindingGroup* slot(std::uint64_t key, Rank r, std::uint32_t op);
+  FindingGroup* slot(std::uint64_t key, Rank r, std::uint32_t first, std::uint32_t op, bool pair);
 
   const Schedule& schedule_;
   std::unordered_map<std::uint64_t, std::size_t> index_;

@@ -29,12 +29,9 @@ struct Manifestation {
   double overlap_s = 0;       ///< first_end_s - second_start_s (> 0 when manifested)
 };
 
-/** Every op pair behind the race groups of `result`: on each rank the group spans, the ops with
- *  the group example's (purpose, stream, access mode) on both sides that access overlapping bytes
- *  of one buffer of the example's role within one lifetime; each first-side access is paired
- *  with its first such access only, as the checker counts. */
-std::vector<RaceInstance> race_instances(const Schedule& schedule,
-                                         const check::CheckResult& result);
+/** Every op pair behind the race groups of `result`, as the checker found them
+ *  (FindingGroup::occurrences), each pair once. */
+std::vector<RaceInstance> race_instances(const check::CheckResult& result);
 
 /** How `race` played out in `timeline`. */
 Manifestation manifestation(const Timeline& timeline, const RaceInstance& race);

@@ -96,7 +96,7 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
     const check::CheckResult checked = check::check_schedule(schedule);
     for (const check::FindingGroup& g : checked.groups)
       result.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
-    result.race_instances = race_instances(schedule, checked);
+    result.race_instances = race_instances(checked);
   }
   std::vector<EngineRun> runs = run_all(scenario, schedule, options);
   for (const EngineRun& run : runs)
