@@ -1,9 +1,11 @@
 // The timing engine: cost model, collective plans, and the properties `hpzlab sim` must show on
 // small scenarios (hpZ's NIC savings, the fixes' costs, determinism, a valid trace).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -174,6 +176,16 @@ TEST(Simulate, CoarseCollectivesStayCloseToFine) {
 TEST(Simulate, MismatchedCollectivesHang) {
   const SimResult r = sim(scenario("mismatched-collectives.toml"));
   EXPECT_TRUE(r.mean.hung);
+}
+
+TEST(ChildRun, AChildNeverWaitedForIsKilledAndReaped) {
+  // simulate() forks its runs before the checker; if the checker throws, the runs are abandoned.
+  const Scenario sc = scenario("tiny.toml");
+  const Schedule schedule = build_schedule(sc);
+  { const ChildRun abandoned(sc, schedule, 1); }
+  errno = 0;
+  EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1);  // no child left, not even a zombie
+  EXPECT_EQ(errno, ECHILD);
 }
 
 /** Every scenario file shipped in scenarios/, by file name. */

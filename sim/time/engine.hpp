@@ -46,11 +46,17 @@ struct EngineRun {
 /** Runs the schedule in this process's SimGrid engine (once per process). */
 EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
 
-/** A run_engine() call in a forked child process; wait() collects its result (call it once). */
+/** A run_engine() call in a forked child process; wait() collects its result (call it once).
+ *  A child never waited for (the caller threw in between) is killed and reaped. */
 class ChildRun {
  public:
   /** Forks and starts simulating in the child. */
   ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
+  ChildRun(ChildRun&& other) noexcept;
+  ChildRun& operator=(ChildRun&&) = delete;
+  ChildRun(const ChildRun&) = delete;
+  ChildRun& operator=(const ChildRun&) = delete;
+  ~ChildRun();
   /** Reads the child's result and reaps it; throws std::runtime_error if the child failed. */
   EngineRun wait();
 

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -108,6 +109,20 @@ ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint
   fd_ = fds[0];
 }
 
+ChildRun::ChildRun(ChildRun&& other) noexcept : pid_(other.pid_), fd_(other.fd_) {
+  other.pid_ = -1;
+  other.fd_ = -1;
+}
+
+ChildRun::~ChildRun() {
+  if (fd_ >= 0) ::close(fd_);
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+}
+
 EngineRun ChildRun::wait() {
   EngineRun run;
   bool complete = true;
@@ -117,8 +132,10 @@ EngineRun ChildRun::wait() {
     complete = false;  // the child died or failed: its exit status says which
   }
   ::close(fd_);
+  fd_ = -1;
   int status = 0;
   ::waitpid(pid_, &status, 0);
+  pid_ = -1;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     throw std::runtime_error("the simulation child process failed");
   }

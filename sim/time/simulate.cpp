@@ -6,23 +6,45 @@
 namespace hpz::time {
 namespace {
 
-std::vector<EngineRun> run_all(const Scenario& scenario, const Schedule& schedule,
-                               const SimOptions& options) {
-  std::vector<EngineRun> runs;
-  std::deque<ChildRun> running;
-  const int total = std::max(1, options.runs);
-  int started = 0;
-  while (static_cast<int>(runs.size()) < total) {
-    while (started < total && static_cast<int>(running.size()) < std::max(1, options.parallel)) {
-      running.emplace_back(scenario, schedule,
-                           scenario.run.seed + static_cast<std::uint64_t>(started++));
-    }
-    runs.push_back(running.front().wait());
-    running.pop_front();
-    if (options.progress) options.progress(static_cast<int>(runs.size()), total);
+/** The runs' child processes: at most `parallel` at once, seeds run.seed, run.seed + 1, ... */
+class Runs {
+ public:
+  Runs(const Scenario& scenario, const Schedule& schedule, const SimOptions& options)
+      : scenario_(scenario),
+        schedule_(schedule),
+        options_(options),
+        total_(std::max(1, options.runs)) {
+    top_up();
   }
-  return runs;
-}
+
+  /** Waits for every run, in seed order. */
+  std::vector<EngineRun> collect() {
+    std::vector<EngineRun> runs;
+    while (static_cast<int>(runs.size()) < total_) {
+      runs.push_back(running_.front().wait());
+      running_.pop_front();
+      top_up();
+      if (options_.progress) options_.progress(static_cast<int>(runs.size()), total_);
+    }
+    return runs;
+  }
+
+ private:
+  void top_up() {
+    while (started_ < total_ &&
+           static_cast<int>(running_.size()) < std::max(1, options_.parallel)) {
+      running_.emplace_back(scenario_, schedule_,
+                            scenario_.run.seed + static_cast<std::uint64_t>(started_++));
+    }
+  }
+
+  const Scenario& scenario_;
+  const Schedule& schedule_;
+  const SimOptions& options_;
+  const int total_;
+  int started_ = 0;
+  std::deque<ChildRun> running_;
+};
 
 void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& result) {
   const Topology topology(scenario.cluster);
@@ -92,13 +114,16 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   result.network_model = scenario.sim.network_model;
   result.bandwidth_factor = scenario.sim.bandwidth_factor;
   result.latency_factor = scenario.sim.latency_factor;
+  // The children simulate while this process runs the checker (two cores: the checker's time
+  // mostly disappears from the wall time).
+  Runs children(scenario, schedule, options);
   if (options.check_races) {
     const check::CheckResult checked = check::check_schedule(schedule);
     for (const check::FindingGroup& g : checked.groups)
       result.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
     result.race_instances = race_instances(checked);
   }
-  std::vector<EngineRun> runs = run_all(scenario, schedule, options);
+  std::vector<EngineRun> runs = children.collect();
   for (const EngineRun& run : runs)
     result.runs.push_back(step_metrics(scenario, schedule, run.timeline));
   std::vector<const Timeline*> timelines;
