@@ -188,6 +188,34 @@ TEST(ChildRun, AChildNeverWaitedForIsKilledAndReaped) {
   EXPECT_EQ(errno, ECHILD);
 }
 
+TEST(ChildRun, ReportsTheShareOfOpsDone) {
+  const Scenario sc = scenario("tiny.toml");
+  const Schedule schedule = build_schedule(sc);
+  ChildRun child(sc, schedule, 1);
+  while (!child.ready(50)) {
+    EXPECT_GE(child.fraction(), 0.0);
+    EXPECT_LE(child.fraction(), 1.0);
+  }
+  const EngineRun run = child.wait();
+  EXPECT_EQ(run.stats.unfinished, 0u);
+  EXPECT_DOUBLE_EQ(child.fraction(), 1.0);  // every op the engine times has finished
+}
+
+TEST(Simulate, ProgressCountsRunsUpToTheTotal) {
+  std::vector<double> seen;
+  SimOptions opts;
+  opts.runs = 3;
+  opts.progress = [&](double done, int total) {
+    EXPECT_EQ(total, 3);
+    seen.push_back(done);
+  };
+  const Scenario sc = scenario("tiny.toml");
+  simulate(sc, build_schedule(sc), opts);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_DOUBLE_EQ(seen.back(), 3.0);
+}
+
 /** Every scenario file shipped in scenarios/, by file name. */
 std::vector<std::string> shipped_scenarios() {
   std::vector<std::string> names;

@@ -111,6 +111,12 @@ class Simulation {
     for (const RankSchedule& rs : schedule.ranks) prepare(rs);
   }
 
+  /** Keeps `progress` (may be null) up to date from now on. */
+  void report_to(EngineProgress* progress) {
+    progress_ = progress;
+    if (progress_ != nullptr) progress_->ops_total.store(stream_ops_, std::memory_order_relaxed);
+  }
+
   void kick() {
     for (Rank r = 0; r < static_cast<Rank>(ranks_.size()); ++r) run_host(r);
     drain();
@@ -129,6 +135,7 @@ class Simulation {
   }
 
   EngineRun finish_run() {
+    if (progress_ != nullptr) progress_->ops_done.store(run_.stats.ops, std::memory_order_relaxed);
     for (const auto& rank : run_.timeline.ranks) {
       for (const OpTime& t : rank) run_.stats.unfinished += t.end_s < 0 ? 1 : 0;
     }
@@ -181,6 +188,8 @@ class Simulation {
   std::vector<Due> due_;
   std::uint64_t due_seq_ = 0;
   simgrid::kernel::timer::Timer* armed_ = nullptr;
+  EngineProgress* progress_ = nullptr;
+  std::uint64_t stream_ops_ = 0;  ///< ops the engine times (all but host ops), all ranks
   /** SimGrid's clock, read once per callback (it does not move within one). */
   double now_ = 0;
   double armed_at_ = 0;
@@ -202,6 +211,7 @@ void Simulation::prepare(const RankSchedule& rs) {
   for (std::uint32_t i = 0; i < n; ++i) {
     const Op& op = rs.ops[i];
     if (on_host(op)) continue;
+    ++stream_ops_;
     OpState& o = s.ops[i];
     o.stream = op.stream;
     o.run_s = cost_.op_s(schedule_, rs.rank, op);
@@ -342,7 +352,9 @@ void Simulation::finish(Rank r, std::uint32_t i) {
   const OpState& o = s.ops[i];
   const double now = now_;
   run_.timeline.ranks[static_cast<std::size_t>(r)][i].end_s = now;
-  ++run_.stats.ops;
+  if ((++run_.stats.ops & 0xfff) == 0 && progress_ != nullptr) {
+    progress_->ops_done.store(run_.stats.ops, std::memory_order_relaxed);
+  }
   --in_flight_[s.stream_base + static_cast<std::size_t>(o.stream)];
   --s.outstanding;
   if (o.stream_next != kNone) release(r, static_cast<std::uint32_t>(o.stream_next));
@@ -534,7 +546,8 @@ CollectiveModel collective_model_of(const Scenario& scenario) {
                                                    : CollectiveModel::kFine;
 }
 
-EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed) {
+EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+                     EngineProgress* progress) {
   static bool used = false;
   if (used) throw std::logic_error("SimGrid's engine runs once per process: use run_isolated()");
   used = true;
@@ -546,6 +559,7 @@ EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::ui
   s4u::Engine engine(&argc, argv.data());
   const Topology topology(scenario.cluster);
   Simulation sim(scenario, schedule, seed, topology, install(topology, used_pairs(schedule)));
+  sim.report_to(progress);
   s4u::Activity::on_completion_cb([&sim](const s4u::Activity& a) { sim.on_complete(a); });
   sim.kick();
   engine.run();

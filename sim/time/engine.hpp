@@ -13,6 +13,7 @@
 // run_isolated() runs it in a forked child.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,8 +44,16 @@ struct EngineRun {
   EngineStats stats;
 };
 
-/** Runs the schedule in this process's SimGrid engine (once per process). */
-EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
+/** How far a run has come, readable from another process (ChildRun shares it). */
+struct EngineProgress {
+  std::atomic<std::uint64_t> ops_total{0};  ///< stream ops the run will time
+  std::atomic<std::uint64_t> ops_done{0};   ///< of which finished (updated every few thousand)
+};
+
+/** Runs the schedule in this process's SimGrid engine (once per process); `progress`, when
+ *  given, is kept up to date as ops finish. */
+EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+                     EngineProgress* progress = nullptr);
 
 /** A run_engine() call in a forked child process; wait() collects its result (call it once).
  *  A child never waited for (the caller threw in between) is killed and reaped. */
@@ -59,10 +68,15 @@ class ChildRun {
   ~ChildRun();
   /** Reads the child's result and reaps it; throws std::runtime_error if the child failed. */
   EngineRun wait();
+  /** True when the child's result can be read without blocking, waiting at most `timeout_ms`. */
+  bool ready(int timeout_ms) const;
+  /** The share of the run's ops done so far, 0 to 1. */
+  double fraction() const;
 
  private:
   int pid_ = -1;
   int fd_ = -1;
+  EngineProgress* progress_ = nullptr;  ///< shared with the child (anonymous shared mapping)
 };
 
 /** Runs run_engine() in a forked child and returns its result. */

@@ -1,12 +1,16 @@
 // run_isolated(): SimGrid's engine is a process-wide singleton, so every run gets a forked child
 // that simulates and writes its EngineRun back through a pipe.
+#include <poll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -88,16 +92,28 @@ EngineRun receive_run(int fd) {
 }  // namespace
 
 ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed) {
+  void* shared = ::mmap(nullptr, sizeof(EngineProgress), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) throw std::runtime_error("mmap() failed");
+  progress_ = new (shared) EngineProgress;
   int fds[2];
-  if (::pipe(fds) != 0) throw std::runtime_error("pipe() failed");
+  if (::pipe(fds) != 0) {
+    ::munmap(shared, sizeof(EngineProgress));
+    throw std::runtime_error("pipe() failed");
+  }
   std::fflush(nullptr);  // the child must not flush the parent's buffered output again
   const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork() failed");
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ::munmap(shared, sizeof(EngineProgress));
+    throw std::runtime_error("fork() failed");
+  }
   if (pid == 0) {
     ::close(fds[0]);
     int code = 0;
     try {
-      send_run(fds[1], run_engine(scenario, schedule, seed));
+      send_run(fds[1], run_engine(scenario, schedule, seed, progress_));
     } catch (const std::exception&) {
       code = 1;
     }
@@ -109,12 +125,15 @@ ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint
   fd_ = fds[0];
 }
 
-ChildRun::ChildRun(ChildRun&& other) noexcept : pid_(other.pid_), fd_(other.fd_) {
+ChildRun::ChildRun(ChildRun&& other) noexcept
+    : pid_(other.pid_), fd_(other.fd_), progress_(other.progress_) {
   other.pid_ = -1;
   other.fd_ = -1;
+  other.progress_ = nullptr;
 }
 
 ChildRun::~ChildRun() {
+  if (progress_ != nullptr) ::munmap(progress_, sizeof(EngineProgress));
   if (fd_ >= 0) ::close(fd_);
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);
@@ -141,6 +160,17 @@ EngineRun ChildRun::wait() {
   }
   if (!complete) throw std::runtime_error("simulation child returned a short result");
   return run;
+}
+
+bool ChildRun::ready(int timeout_ms) const {
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) != 0;  // readable, closed, or an error wait() will report
+}
+
+double ChildRun::fraction() const {
+  const auto total = progress_->ops_total.load(std::memory_order_relaxed);
+  const auto done = progress_->ops_done.load(std::memory_order_relaxed);
+  return total == 0 ? 0.0 : std::min(1.0, static_cast<double>(done) / static_cast<double>(total));
 }
 
 EngineRun run_isolated(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed) {

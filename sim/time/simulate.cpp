@@ -21,10 +21,13 @@ class Runs {
   std::vector<EngineRun> collect() {
     std::vector<EngineRun> runs;
     while (static_cast<int>(runs.size()) < total_) {
+      while (options_.progress && !running_.front().ready(250)) {
+        options_.progress(static_cast<double>(runs.size()) + running_.front().fraction(), total_);
+      }
       runs.push_back(running_.front().wait());
       running_.pop_front();
       top_up();
-      if (options_.progress) options_.progress(static_cast<int>(runs.size()), total_);
+      if (options_.progress) options_.progress(static_cast<double>(runs.size()), total_);
     }
     return runs;
   }

@@ -23,8 +23,9 @@ struct SimOptions {
   int runs = 1;             ///< runs, seeds run.seed, run.seed + 1, ...
   int parallel = 2;         ///< child processes at once
   bool check_races = true;  ///< run the race checker and time its races (off for benchmarks)
-  /** Called after each finished run with (runs done, runs in all). */
-  std::function<void(int, int)> progress;
+  /** Called with (runs done, runs in all) after each run and about 4 times a second while one
+   *  runs; runs done counts the run in progress by its share of ops done (e.g. 0.45). */
+  std::function<void(double, int)> progress;
 };
 
 /** The step-level numbers of one run (the schedule's last step). */

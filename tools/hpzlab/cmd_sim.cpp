@@ -26,15 +26,17 @@ struct SimCliOptions {
   bool op_times = false;  ///< --op-times: per-op times in the JSON (for `hpzlab compare`)
 };
 
-/** A one-line progress bar on standard error, only when it is a terminal. */
-void progress(int done, int total) {
+/** A one-line progress bar on standard error, only when it is a terminal: runs done (the one in
+ *  progress by its share of ops simulated). */
+void progress(double done, int total) {
   if (!::isatty(STDERR_FILENO)) return;
   constexpr int kWidth = 30;
-  const int filled = done * kWidth / total;
-  std::fprintf(stderr, "\r[%s%s] %d/%d runs",
+  const int filled = static_cast<int>(done * kWidth / total);
+  std::fprintf(stderr, "\r[%s%s] %d/%d runs, %3.0f%% of ops simulated",
                std::string(static_cast<std::size_t>(filled), '#').c_str(),
-               std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(), done, total);
-  if (done == total) std::fprintf(stderr, "\n");
+               std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
+               static_cast<int>(done), total, 100.0 * done / total);
+  if (static_cast<int>(done) == total) std::fprintf(stderr, "\n");
 }
 
 void run_sim(const SimCliOptions& opts, int& exit_code) {
