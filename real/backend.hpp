@@ -43,6 +43,9 @@ class Backend {
   virtual ~Backend() = default;
   /** "cuda" or "host", for reports. */
   virtual std::string name() const = 0;
+  /** Device streams the backend creates for itself, besides one per IR stream of every rank
+   *  (the CUDA backend's shared fill stream); they take hardware queues too. */
+  virtual int own_streams() const { return 0; }
 
   /** Prepares one run of `plan`: streams, marker and timing pools, probe slots. Buffers of an
    *  earlier run may be kept (a caching allocator's blocks), but no run sees another's data

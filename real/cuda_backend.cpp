@@ -68,6 +68,7 @@ class CudaBackend : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  int own_streams() const override { return 1; }  // fill_: every allocation's fill
 
   void begin_run(const Schedule& schedule, const Plan& plan) override {
     HPZ_CUDA(cudaSetDevice(0));

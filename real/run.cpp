@@ -40,17 +40,16 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
     }
     backend = make_cuda_backend();
     out.device = dev.name;
-    std::size_t streams = 0;
+    auto streams = static_cast<std::size_t>(backend->own_streams());
     for (const RankSchedule& rs : schedule.ranks) streams += rs.streams.size();
     out.mode = fmt::format("emulated: {} ranks on one GPU, collectives as device copies",
                            schedule.world_size);
-    // The backend's fill stream takes one hardware queue too.
     const auto queues = static_cast<std::size_t>(dev.hardware_queues);
-    if (streams + 1 > queues) {
+    if (streams > queues) {
       out.mode += fmt::format(
           "; WARNING: {} streams share {} hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), and "
           "the false dependencies between them can hide a race (use fewer ranks)",
-          streams + 1, queues);
+          streams, queues);
     }
   } else {
     std::uint64_t bytes = 0;
