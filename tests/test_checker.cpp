@@ -11,6 +11,7 @@
 #include "sim/check/checker.hpp"
 #include "sim/check/report.hpp"
 #include "sim/scenario.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz::check {
 namespace {
@@ -512,9 +513,7 @@ TEST(Report, FirstLineSaysCleanOrCounts) {
 
 // ---- shipped scenarios ----
 
-std::string scenario_path(const std::string& name) {
-  return std::string(HPZLAB_SOURCE_DIR) + "/scenarios/" + name + ".toml";
-}
+using test::scenario_path;
 
 CheckResult check_scenario(const std::string& name, const std::vector<Override>& sets = {}) {
   return check_schedule(build_schedule(load_scenario(scenario_path(name), sets)));
@@ -572,8 +571,7 @@ TEST(Golden, DefaultScenarioReport) {
   CheckResult shown = r;
   shown.scenario = "scenarios/llama2-7b.toml";
   const std::string text = TextReporter().render_one(shown);
-  const std::string golden_path =
-      std::string(HPZLAB_SOURCE_DIR) + "/tests/golden/check-llama2-7b.txt";
+  const std::string golden_path = test::source_dir() + "/tests/golden/check-llama2-7b.txt";
   if (std::getenv("HPZLAB_UPDATE_GOLDEN")) std::ofstream(golden_path) << text;
   std::ifstream in(golden_path);
   ASSERT_TRUE(in) << "missing " << golden_path << " (run with HPZLAB_UPDATE_GOLDEN=1)";

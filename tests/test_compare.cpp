@@ -14,13 +14,14 @@
 #include "sim/time/compare.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/simulate.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz::time {
 namespace {
 
 using nlohmann::json;
 
-const std::string kSource = HPZLAB_SOURCE_DIR;
+const std::string kSource = test::source_dir();
 
 Scenario scenario(const std::string& name, const std::vector<Override>& sets = {}) {
   return load_scenario(kSource + "/scenarios/" + name, sets);

@@ -16,17 +16,12 @@
 #include "sim/builder.hpp"
 #include "sim/scenario.hpp"
 #include "sim/shard.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz::real {
 namespace {
 
-// The source tree's scenarios. HPZLAB_SOURCE_DIR in the environment overrides the build's path,
-// so a test binary built on one machine runs on a GPU machine with the tree elsewhere.
-std::string scenario_path(const std::string& name) {
-  const char* env = std::getenv("HPZLAB_SOURCE_DIR");
-  return std::string(env != nullptr && *env != '\0' ? env : HPZLAB_SOURCE_DIR) + "/scenarios/" +
-         name + ".toml";
-}
+using test::scenario_path;
 
 TEST(RealDevice, ProbeNeverThrowsAndExplainsAnAbsence) {
   const DeviceInfo info = probe_devices();

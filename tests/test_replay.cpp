@@ -9,12 +9,13 @@
 #include "sim/replay/replay.hpp"
 #include "sim/replay/repro.hpp"
 #include "sim/replay/standin_timeline.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz::replay {
 namespace {
 
 Scenario tiny(int steps = 3) {
-  Scenario sc = load_scenario(HPZLAB_SOURCE_DIR "/scenarios/tiny.toml");
+  Scenario sc = load_scenario(test::scenario_path("tiny"));
   sc.run.steps = steps;
   return sc;
 }
@@ -92,7 +93,7 @@ TEST(NumericReplay, GatherBeforeCopyEndsReadsNan) {
 }
 
 TEST(TaintReplay, StaleAfterStepMarksWeightsBad) {
-  Scenario sc = load_scenario(HPZLAB_SOURCE_DIR "/scenarios/stale-after-step.toml");
+  Scenario sc = load_scenario(test::scenario_path("stale-after-step"));
   const Schedule s = build_schedule(sc);
   const ReplayResult res = replay(sc, s, serial(s), Mode::kTaint);
   ASSERT_EQ(res.steps.size(), 3u);
@@ -146,8 +147,7 @@ TEST(Repro, StaleFillGivesWrongFiniteLoss) {
 // fix B, so the secondary-copy race is ordered and the timing does not matter here.
 TEST(Repro, StaleSecondaryScenariosLoseMoreThanTheBaseline) {
   for (const char* name : {"stale-after-step", "stale-after-load"}) {
-    const Scenario sc =
-        load_scenario(std::string(HPZLAB_SOURCE_DIR "/scenarios/") + name + ".toml");
+    const Scenario sc = load_scenario(test::scenario_path(name));
     ReproOptions o;
     o.timeline = standin_timeline;
     const ReproResult r = run_repro(sc, o);

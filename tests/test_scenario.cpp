@@ -10,13 +10,14 @@
 
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz {
 namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kSourceDir = HPZLAB_SOURCE_DIR;
+const fs::path kSourceDir = test::source_dir();
 const fs::path kScenarios = kSourceDir / "scenarios";
 const fs::path kData = kSourceDir / "tests" / "data";
 

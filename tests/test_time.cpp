@@ -17,12 +17,13 @@
 #include "sim/time/cost_model.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/simulate.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz::time {
 namespace {
 
 Scenario scenario(const std::string& name, const std::vector<Override>& sets = {}) {
-  return load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/" + name, sets);
+  return load_scenario(test::scenario_path(name), sets);
 }
 
 SimResult sim(const Scenario& sc, int runs = 1) {
@@ -219,8 +220,7 @@ TEST(Simulate, ProgressCountsRunsUpToTheTotal) {
 /** Every scenario file shipped in scenarios/, by file name. */
 std::vector<std::string> shipped_scenarios() {
   std::vector<std::string> names;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(HPZLAB_SOURCE_DIR) + "/scenarios")) {
+  for (const auto& entry : std::filesystem::directory_iterator(test::source_dir() + "/scenarios")) {
     if (entry.path().extension() == ".toml") names.push_back(entry.path().filename().string());
   }
   std::sort(names.begin(), names.end());
