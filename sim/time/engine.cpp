@@ -73,6 +73,10 @@ struct OpState {
   bool collective = false;
 };
 
+/** RankState::blocked_on when the host is not blocked, and when it waits for every stream. */
+constexpr std::int32_t kNotBlocked = -2;
+constexpr std::int32_t kAllStreams = -1;
+
 /** Per-rank bookkeeping for dependency counting. */
 struct RankState {
   std::vector<OpState> ops;
@@ -83,11 +87,8 @@ struct RankState {
   std::size_t next = 0;         ///< next op the host issues
   double host_time = 0;         ///< when the host reaches `next`
   /** What the host is blocked on: kNotBlocked, kAllStreams (a device sync) or a stream. */
-  std::int32_t blocked_on = -2;
+  std::int32_t blocked_on = kNotBlocked;
 };
-
-constexpr std::int32_t kNotBlocked = -2;
-constexpr std::int32_t kAllStreams = -1;
 
 /** Host syncs run on the host thread; their `stream` names the stream they wait for. */
 bool on_host(const Op& op) {

@@ -8,11 +8,9 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <new>
 #include <stdexcept>
-#include <string>
 
 #include "sim/time/engine.hpp"
 
