@@ -1,7 +1,12 @@
 #include "sim/time/simulate.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 namespace hpz::time {
 namespace {
@@ -15,6 +20,11 @@ class Runs {
         options_(options),
         total_(std::max(1, options.runs)) {
     top_up();
+  }
+
+  /** Reports the first run's share of ops done (before any run has been collected). */
+  void report_progress() const {
+    if (options_.progress) options_.progress(running_.front().fraction(), total_);
   }
 
   /** Waits for every run, in seed order. */
@@ -48,6 +58,39 @@ class Runs {
   int started_ = 0;
   std::deque<ChildRun> running_;
 };
+
+/** The race checker; with a progress callback it runs on a thread of its own while this one
+ *  keeps reporting the runs' progress (the checker takes seconds at 1,024 ranks). */
+check::CheckResult check_showing_progress(const Schedule& schedule, const Runs& children,
+                                          const SimOptions& options) {
+  if (!options.progress) return check::check_schedule(schedule);
+  check::CheckResult checked;
+  std::exception_ptr failed;
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::thread checker([&] {
+    try {
+      checked = check::check_schedule(schedule);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    const std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+    finished.notify_one();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!finished.wait_for(lock, std::chrono::milliseconds(250), [&] { return done; })) {
+      lock.unlock();
+      children.report_progress();
+      lock.lock();
+    }
+  }
+  checker.join();
+  if (failed) std::rethrow_exception(failed);
+  return checked;
+}
 
 void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& result) {
   const Topology topology(scenario.cluster);
@@ -121,7 +164,7 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   // mostly disappears from the wall time).
   Runs children(scenario, schedule, options);
   if (options.check_races) {
-    const check::CheckResult checked = check::check_schedule(schedule);
+    const check::CheckResult checked = check_showing_progress(schedule, children, options);
     for (const check::FindingGroup& g : checked.groups)
       result.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
     result.race_instances = race_instances(checked);
