@@ -95,11 +95,7 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   t.steps = scenario.run.steps;
   t.collective_model = cuda ? "emulated (device copies)" : options.backend;
   t.network_model = "none (measured)";
-  const check::CheckResult checked = check::check_schedule(schedule);
-  for (const check::FindingGroup& g : checked.groups) {
-    t.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
-  }
-  t.race_instances = time::race_instances(checked);
+  time::attach_races(check::check_schedule(schedule), t);
 
   ExecOptions timed;
   timed.timeout_s = options.timeout_s;

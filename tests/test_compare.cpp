@@ -24,7 +24,7 @@ using nlohmann::json;
 const std::string kSource = test::source_dir();
 
 Scenario scenario(const std::string& name, const std::vector<Override>& sets = {}) {
-  return load_scenario(kSource + "/scenarios/" + name, sets);
+  return load_scenario(test::scenario_path(name), sets);
 }
 
 /** A simulated run and the schedule it timed. */

@@ -38,11 +38,13 @@ struct Task {
   s4u::ActivityPtr activity;
 };
 
-/** A delay that ends at `at`; `what` packs Task::Kind (2 bits), rank (30) and op (32). */
+/** A delay of op `op` of rank `rank` that ends at `at`; `kind` says what its end means. */
 struct Due {
   double at = 0;
   std::uint64_t seq = 0;  ///< ties at the same instant go in the order they were set
-  std::uint64_t what = 0;
+  Task::Kind kind = Task::Kind::kRun;
+  Rank rank = 0;
+  std::uint32_t op = 0;
   /** The heap's order: std::push_heap keeps the greatest first, so "greater" is "earlier". */
   static bool later(const Due& x, const Due& y) {
     return x.at != y.at ? x.at > y.at : x.seq > y.seq;
@@ -67,7 +69,7 @@ struct OpState {
   double run_s = 0;                  ///< CostModel::op_s(), before jitter
   std::int32_t stream_next = kNone;  ///< the next op on its stream
   std::int32_t instance = kNone;     ///< collectives: the collective instance
-  std::int32_t event = kNone;        ///< event records: the event (its waiters are released)
+  std::int32_t waiter_row = kNone;   ///< event records with waiters: their row (RankState)
   std::uint8_t deps = 0;             ///< unmet dependencies
   StreamId stream = kHostStream;
   bool collective = false;
@@ -80,7 +82,8 @@ constexpr std::int32_t kAllStreams = -1;
 /** Per-rank bookkeeping for dependency counting. */
 struct RankState {
   std::vector<OpState> ops;
-  /** Waiters of event e: waiter_ops[waiter_begin[e] .. waiter_begin[e + 1]). */
+  /** The ops waiting on the record whose waiter_row is w: waiter_ops[waiter_begin[w] ..
+   *  waiter_begin[w + 1]). */
   std::vector<std::uint32_t> waiter_begin, waiter_ops;
   std::size_t stream_base = 0;  ///< this rank's first entry in Simulation::in_flight_
   int outstanding = 0;          ///< ops issued and not finished, over all streams
@@ -244,7 +247,7 @@ void Simulation::prepare(const RankSchedule& rs) {
     const std::uint32_t rec = record_waiter[k].first;
     if (k == 0 || record_waiter[k - 1].first != rec) {
       if (k != 0) s.waiter_begin.push_back(static_cast<std::uint32_t>(k));
-      s.ops[rec].event = static_cast<std::int32_t>(s.waiter_begin.size() - 1);
+      s.ops[rec].waiter_row = static_cast<std::int32_t>(s.waiter_begin.size() - 1);
     }
     s.waiter_ops.push_back(record_waiter[k].second);
   }
@@ -359,9 +362,9 @@ void Simulation::finish(Rank r, std::uint32_t i) {
   --in_flight_[s.stream_base + static_cast<std::size_t>(o.stream)];
   --s.outstanding;
   if (o.stream_next != kNone) release(r, static_cast<std::uint32_t>(o.stream_next));
-  if (o.event != kNone) {
-    const auto e = static_cast<std::size_t>(o.event);
-    for (std::uint32_t k = s.waiter_begin[e]; k < s.waiter_begin[e + 1]; ++k) {
+  if (o.waiter_row != kNone) {
+    const auto w = static_cast<std::size_t>(o.waiter_row);
+    for (std::uint32_t k = s.waiter_begin[w]; k < s.waiter_begin[w + 1]; ++k) {
       release(r, s.waiter_ops[k]);
     }
   }
@@ -489,10 +492,7 @@ void Simulation::after(Task::Kind kind, Rank r, std::uint32_t i, double seconds)
   // one a SimGrid timer: those live in a Fibonacci heap of allocated nodes. They wait in this
   // engine's own binary heap, and one SimGrid timer stands for its earliest entry.
   ++run_.stats.execs;
-  const double at = now_ + seconds;
-  const std::uint64_t what = (static_cast<std::uint64_t>(kind) << 62) |
-                             (static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) << 32) | i;
-  due_.push_back({at, due_seq_++, what});
+  due_.push_back({now_ + seconds, due_seq_++, kind, r, i});
   std::push_heap(due_.begin(), due_.end(), Due::later);
   arm();
 }
@@ -513,12 +513,12 @@ void Simulation::on_due() {
   const double now = now_ = s4u::Engine::get_clock();
   while (!due_.empty() && due_.front().at <= now) {
     std::pop_heap(due_.begin(), due_.end(), Due::later);
-    const std::uint64_t what = due_.back().what;
+    const Due due = due_.back();
     due_.pop_back();
     Task task;
-    task.kind = static_cast<Task::Kind>(what >> 62);
-    task.rank = static_cast<Rank>((what >> 32) & 0x3fffffffu);
-    task.op = static_cast<std::uint32_t>(what);
+    task.kind = due.kind;
+    task.rank = due.rank;
+    task.op = due.op;
     handle(task);
     drain();
   }

@@ -28,7 +28,7 @@ namespace hpz::time {
 /** What one run produced, besides the timeline. */
 struct EngineStats {
   std::uint64_t transfers = 0;   ///< SimGrid comms started
-  std::uint64_t execs = 0;       ///< SimGrid execs started (kernels, copies, timers)
+  std::uint64_t execs = 0;       ///< timed delays: kernels, copies, waits for the host to issue
   std::uint64_t ops = 0;         ///< schedule ops timed
   std::uint64_t unfinished = 0;  ///< ops that never ran: the job hangs (collective mismatch)
   double wall_s = 0;             ///< host seconds the simulation took

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
+#include <functional>
+#include <future>
 
 namespace hpz::time {
 namespace {
@@ -22,18 +20,18 @@ class Runs {
     top_up();
   }
 
-  /** Reports the first run's share of ops done (before any run has been collected). */
-  void report_progress() const {
-    if (options_.progress) options_.progress(running_.front().fraction(), total_);
+  /** Reports `collected` runs done plus the share of the next one's ops done. */
+  void report_progress(std::size_t collected = 0) const {
+    if (options_.progress) {
+      options_.progress(static_cast<double>(collected) + running_.front().fraction(), total_);
+    }
   }
 
   /** Waits for every run, in seed order. */
   std::vector<EngineRun> collect() {
     std::vector<EngineRun> runs;
     while (static_cast<int>(runs.size()) < total_) {
-      while (options_.progress && !running_.front().ready(250)) {
-        options_.progress(static_cast<double>(runs.size()) + running_.front().fraction(), total_);
-      }
+      while (options_.progress && !running_.front().ready(250)) report_progress(runs.size());
       runs.push_back(running_.front().wait());
       running_.pop_front();
       top_up();
@@ -64,32 +62,11 @@ class Runs {
 check::CheckResult check_showing_progress(const Schedule& schedule, const Runs& children,
                                           const SimOptions& options) {
   if (!options.progress) return check::check_schedule(schedule);
-  check::CheckResult checked;
-  std::exception_ptr failed;
-  std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false;
-  std::thread checker([&] {
-    try {
-      checked = check::check_schedule(schedule);
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    const std::lock_guard<std::mutex> lock(mutex);
-    done = true;
-    finished.notify_one();
-  });
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    while (!finished.wait_for(lock, std::chrono::milliseconds(250), [&] { return done; })) {
-      lock.unlock();
-      children.report_progress();
-      lock.lock();
-    }
+  auto checked = std::async(std::launch::async, check::check_schedule, std::cref(schedule));
+  while (checked.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready) {
+    children.report_progress();
   }
-  checker.join();
-  if (failed) std::rethrow_exception(failed);
-  return checked;
+  return checked.get();  // rethrows what the checker threw
 }
 
 void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& result) {
@@ -106,6 +83,12 @@ void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& res
 }
 
 }  // namespace
+
+void attach_races(const check::CheckResult& checked, SimResult& result) {
+  for (const check::FindingGroup& g : checked.groups)
+    result.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
+  result.race_instances = race_instances(checked);
+}
 
 void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
   for (RaceReport& report : result.races) report.manifested_per_run.assign(runs.size(), 0);
@@ -163,12 +146,8 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   // The children simulate while this process runs the checker (two cores: the checker's time
   // mostly disappears from the wall time).
   Runs children(scenario, schedule, options);
-  if (options.check_races) {
-    const check::CheckResult checked = check_showing_progress(schedule, children, options);
-    for (const check::FindingGroup& g : checked.groups)
-      result.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
-    result.race_instances = race_instances(checked);
-  }
+  if (options.check_races)
+    attach_races(check_showing_progress(schedule, children, options), result);
   std::vector<EngineRun> runs = children.collect();
   for (const EngineRun& run : runs)
     result.runs.push_back(step_metrics(scenario, schedule, run.timeline));

@@ -82,6 +82,10 @@ struct SimResult {
 /** Simulates `schedule` (built from `scenario`) per `options`; each run in a child process. */
 SimResult simulate(const Scenario& scenario, const Schedule& schedule, const SimOptions& options);
 
+/** Puts the checker's verdict into `result`: a RaceReport per finding group (nothing timed
+ *  yet) and the race pairs to time (race_instances()). */
+void attach_races(const check::CheckResult& checked, SimResult& result);
+
 /** Times `result.race_instances` in each run: fills every RaceReport's counts and example
  *  (first run) and result.runs[k].races_manifested. result.runs has one entry per timeline. */
 void time_races(const std::vector<const Timeline*>& timelines, SimResult& result);
