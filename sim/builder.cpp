@@ -578,7 +578,9 @@ void RankEmitter::release(UnitId u, std::size_t pos, bool trace_complete) {
 
 // _partition_param_sec(): empty() + an asynchronous copy of this rank's slice on the compute
 // stream; then fix A's host sync or fix B's event. Zero-length slices copy nothing (PR 5652);
-// with legacy_copy_bounds the copy follows the primary shard's bounds (before PR 5216).
+// with legacy_copy_bounds the copy follows the primary shard's bounds (before PR 5216). With
+// run.spin_before_copy_us a spin kernel holds S0 ahead of each copy of a training step, as a
+// reproduction on a real GPU does.
 void RankEmitter::secondary_partition(UnitId u) {
   const UnitScope scope(*this, u);
   const UnitBuffers& b = ub_[u];
@@ -586,6 +588,10 @@ void RankEmitter::secondary_partition(UnitId u) {
   const bool copies = !c_.sc.bugs.legacy_copy_bounds || c_.layouts[u].legacy_copy_happens(rank_);
   alloc(b.secondary, kS0, Purpose::kSecondaryAlloc);
   if (copies && !c_.layouts[u].valid(slice).empty()) {
+    if (phase_ != Phase::kInit && c_.sc.run.spin_before_copy_us > 0) {
+      push(OpKind::kKernel, kS0, Purpose::kReproSpin).spin_us =
+          static_cast<float>(c_.sc.run.spin_before_copy_us);
+    }
     Op& copy = push(OpKind::kCopy, kS0, Purpose::kSecondaryPartitionCopy,
                     {full_part(u, b.full, slice, AccessMode::kRead),
                      valid_part(u, b.secondary, slice, AccessMode::kWrite)});

@@ -253,6 +253,7 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"run", "seed", Kind::kInteger, HPZ_SET(run.seed, seed_of)},
       {"run", "steps", Kind::kInteger, HPZ_SET(run.steps, int_of)},
+      {"run", "spin_before_copy_us", Kind::kNumber, HPZ_SET(run.spin_before_copy_us, double_of)},
       {"bugs", "skip_secondary_invalidation", Kind::kBool,
        HPZ_SET(bugs.skip_secondary_invalidation, bool_of)},
       {"bugs", "checkpoint_load_at_step", Kind::kInteger,
@@ -819,6 +820,10 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
   check_training(s.training, where_of);
   check_zero(s.zero, s.cluster.world_size(), where_of);
   at_least(s.run.steps, 1, where_of, "run.steps");
+  require(s.run.spin_before_copy_us >= 0 && s.run.spin_before_copy_us <= 1e6, where_of,
+          "run.spin_before_copy_us",
+          fmt::format("{} is out of range (allowed: 0 to 1000000 microseconds)",
+                      s.run.spin_before_copy_us));
   check_bugs(s.bugs, s.run.steps, s.cluster.world_size(), where_of);
   check_sim(s.sim, where_of);
 }

@@ -33,27 +33,27 @@ struct GpuSpec {
 
 /** [cluster]: nodes, GPUs and the links between them. */
 struct ClusterConfig {
-  int nodes = 2;                       ///< number of nodes
-  int gpus_per_node = 8;               ///< GPUs (ranks) per node
-  GpuSpec gpu;                         ///< resolved from the `gpu` preset
-  double nvlink_gbytes_per_s = 600;    ///< NVLink bandwidth per GPU to the node switch, GB/s
-  double nvlink_latency_us = 0.7;      ///< NVLink hop latency, microseconds
-  double nic_gbps = 12.5;              ///< bandwidth of one NIC, Gbit/s
-  int nics_per_node = 1;               ///< NICs per node
-  double internode_latency_us = 10;    ///< one-way latency between nodes, microseconds
+  int nodes = 2;                     ///< number of nodes
+  int gpus_per_node = 8;             ///< GPUs (ranks) per node
+  GpuSpec gpu;                       ///< resolved from the `gpu` preset
+  double nvlink_gbytes_per_s = 600;  ///< NVLink bandwidth per GPU to the node switch, GB/s
+  double nvlink_latency_us = 0.7;    ///< NVLink hop latency, microseconds
+  double nic_gbps = 12.5;            ///< bandwidth of one NIC, Gbit/s
+  int nics_per_node = 1;             ///< NICs per node
+  double internode_latency_us = 10;  ///< one-way latency between nodes, microseconds
 
   int world_size() const { return nodes * gpus_per_node; }
 };
 
 /** [model]: a decoder-only transformer (Llama / Falcon shape). */
 struct ModelConfig {
-  std::string name;   ///< preset name, HF config path or "custom"
-  int layers = 0;     ///< decoder layers
-  int hidden = 0;     ///< hidden size
-  int ffn = 0;        ///< MLP intermediate size
-  int heads = 0;      ///< attention heads
-  int kv_heads = 0;   ///< key/value heads (grouped-query attention when < heads)
-  int vocab = 0;      ///< vocabulary size
+  std::string name;       ///< preset name, HF config path or "custom"
+  int layers = 0;         ///< decoder layers
+  int hidden = 0;         ///< hidden size
+  int ffn = 0;            ///< MLP intermediate size
+  int heads = 0;          ///< attention heads
+  int kv_heads = 0;       ///< key/value heads (grouped-query attention when < heads)
+  int vocab = 0;          ///< vocabulary size
   bool gated_mlp = true;  ///< Llama-style gate/up/down MLP (3 matrices) or 2 matrices (Falcon)
 };
 
@@ -70,15 +70,15 @@ struct TrainingConfig {
 
 /** [zero]: the DeepSpeed ZeRO-3 / ZeRO++ keys, under their DeepSpeed names and defaults. */
 struct ZeroConfig {
-  int zero_hpz_partition_size = 1;  ///< P', ranks per hpZ group (1 = hpZ off)
-  bool zero_quantized_weights = false;    ///< qwZ
-  bool zero_quantized_gradients = false;  ///< qgZ
-  bool overlap_comm = true;               ///< gathers on their own stream
-  std::int64_t stage3_prefetch_bucket_size = 50'000'000;       ///< elements
-  std::int64_t stage3_max_live_parameters = 1'000'000'000;     ///< elements
-  std::int64_t stage3_max_reuse_distance = 1'000'000'000;      ///< elements
-  std::int64_t stage3_param_persistence_threshold = 100'000;   ///< elements
-  bool offload_param = false;             ///< parameters live in host memory
+  int zero_hpz_partition_size = 1;                        ///< P', ranks per hpZ group (1 = hpZ off)
+  bool zero_quantized_weights = false;                    ///< qwZ
+  bool zero_quantized_gradients = false;                  ///< qgZ
+  bool overlap_comm = true;                               ///< gathers on their own stream
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;  ///< elements
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;    ///< elements
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;     ///< elements
+  std::int64_t stage3_param_persistence_threshold = 100'000;  ///< elements
+  bool offload_param = false;                                 ///< parameters live in host memory
 };
 
 /** [run]: which variant to build and how to run it. */
@@ -87,6 +87,10 @@ struct RunConfig {
   Fill fill = Fill::kNan;
   std::uint64_t seed = 1;
   int steps = 2;  ///< optimizer steps to build
+  /// A spin kernel of this many microseconds on the compute stream ahead of every secondary
+  /// copy of a training step (0 = none): the way a reproduction keeps the producer stream busy
+  /// so that the race shows even where the compute stream would not back up by itself.
+  double spin_before_copy_us = 0;
 };
 
 /** [bugs]: re-introduce the other public hpZ bug classes (all off by default). */
@@ -127,7 +131,7 @@ struct Scenario {
   ZeroConfig zero;
   RunConfig run;
   BugConfig bugs;
-  SimConfig sim;  ///< timing-engine parameters
+  SimConfig sim;                   ///< timing-engine parameters
   std::vector<std::string> notes;  ///< informational notes from loading (ignored ds_config keys)
 };
 

@@ -24,7 +24,7 @@ constexpr std::array<std::string_view, 14> kOpKindNames = {"kernel",
                                                            "free"};
 constexpr std::array<std::string_view, 6> kPhaseNames = {
     "init", "checkpoint_load", "forward", "backward", "grad_reduce", "optimizer"};
-constexpr std::array<std::string_view, 25> kPurposeNames = {
+constexpr std::array<std::string_view, 26> kPurposeNames = {
     "param_init",        "param_fetch",
     "prefetch",          "weight_quantize",
     "weight_dequantize", "nccl_handshake",
@@ -37,7 +37,7 @@ constexpr std::array<std::string_view, 25> kPurposeNames = {
     "grad_reduce",       "grad_norm",
     "optimizer_step",    "secondary_invalidate",
     "checkpoint_load",   "offload_copy",
-    "step_sync"};
+    "step_sync",         "repro_spin"};
 constexpr std::array<std::string_view, 8> kRoleNames = {"primary",    "secondary", "full",
                                                         "quantized",  "grad_full", "grad_shard",
                                                         "activation", "scratch"};

@@ -54,7 +54,7 @@ inline constexpr StreamId kHostStream = -1;  ///< for ops that run on the host t
 
 /** What an operation does. */
 enum class OpKind : std::uint8_t {
-  kKernel,           ///< compute kernel: `flops`, `mem_bytes` of HBM traffic
+  kKernel,           ///< compute kernel: `flops`, `mem_bytes` of HBM traffic, or `spin_us`
   kCopy,             ///< memory copy (D2D, or H2D / D2H when a buffer lives on the host)
   kAllGather,        ///< collective over `group`; `comm_bytes` = bytes each rank contributes
   kReduceScatter,    ///< collective over `group`; `comm_bytes` = bytes of each rank's output
@@ -107,6 +107,8 @@ enum class Purpose : std::uint8_t {
   kCheckpointLoad,
   kOffloadCopy,  ///< parameter moved between host and device
   kStepSync,     ///< loss.item(): host waits for the compute stream
+  kReproSpin,    ///< a spin kernel that holds the compute stream ahead of the secondary copy
+                 ///< (`run.spin_before_copy_us`): how a reproduction widens the race window
 };
 
 /** Which role a buffer plays; the checker's stale-read rule keys on kSecondary. */
@@ -159,6 +161,7 @@ struct Op {
   double mem_bytes = 0;          ///< HBM bytes moved by kernels and copies
   std::uint64_t comm_bytes = 0;  ///< collectives, see OpKind
   std::uint8_t fill = 0;         ///< kAlloc: a Fill value
+  float spin_us = 0;             ///< kKernel: when > 0, runs this long whatever its flops
 };
 
 /** A stream of one rank. */

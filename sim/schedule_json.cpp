@@ -1,5 +1,7 @@
 #include "sim/schedule_json.hpp"
 
+#include <cmath>
+
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
 
@@ -29,6 +31,7 @@ json op_to_json(const RankSchedule& rank, const Op& op) {
   if (op.flops != 0) j["flops"] = op.flops;
   if (op.mem_bytes != 0) j["mem_bytes"] = op.mem_bytes;
   if (op.comm_bytes != 0) j["comm_bytes"] = op.comm_bytes;
+  if (op.spin_us != 0) j["spin_us"] = op.spin_us;
   if (op.kind == OpKind::kAlloc) j["fill"] = to_string(static_cast<Fill>(op.fill));
   if (op.access_count != 0) {
     json accesses = json::array();
@@ -131,6 +134,10 @@ void read_op(const Reader& rd, const json& j, const std::string& path, RankSched
   op.flops = rd.get_or<double>(j, "flops", 0.0, path);
   op.mem_bytes = rd.get_or<double>(j, "mem_bytes", 0.0, path);
   op.comm_bytes = rd.get_or<std::uint64_t>(j, "comm_bytes", 0, path);
+  op.spin_us = rd.get_or<float>(j, "spin_us", 0.0F, path);
+  if (!(op.spin_us >= 0) || !std::isfinite(op.spin_us)) {
+    rd.fail(path + ".spin_us", "must be a finite number of microseconds >= 0");
+  }
   if (op.kind == OpKind::kAlloc) {
     op.fill = static_cast<std::uint8_t>(rd.parse_enum(parse_fill, j, "fill", path));
   }

@@ -39,6 +39,10 @@ std::string schedule_summary(const Scenario& sc, const Schedule& s) {
   out += fmt::format("scenario   {} (variant {}, fill {}, {} step(s), seed {})\n",
                      sc.path.empty() ? "(built in code)" : sc.path, s.variant,
                      to_string(sc.run.fill), sc.run.steps, sc.run.seed);
+  if (sc.run.spin_before_copy_us > 0) {
+    out += fmt::format("repro      a {} us spin kernel on S0 ahead of every secondary copy\n",
+                       sc.run.spin_before_copy_us);
+  }
   out += fmt::format(
       "cluster    {} node(s) x {} {}; NVLink {} GB/s per GPU; {} x {} Gbit/s NIC per node\n",
       c.nodes, c.gpus_per_node, c.gpu.name, c.nvlink_gbytes_per_s, c.nics_per_node, c.nic_gbps);
@@ -104,6 +108,7 @@ std::string format_rank(const Schedule& s, Rank r) {
                           human_bytes(static_cast<double>(op.comm_bytes)));
     }
     if (op.event != kNoEvent) line += fmt::format(" | event {}", op.event);
+    if (op.spin_us > 0) line += fmt::format(" | spin {} us", op.spin_us);
     if (op.buffer != kNoBuffer) {
       line += fmt::format(" | {}", rank.buffers[op.buffer].name);
       if (op.kind == OpKind::kAlloc)

@@ -223,6 +223,37 @@ TEST(Builder, SecondariesAreCreatedAtInitAndAfterEveryInvalidation) {
   EXPECT_EQ(lm_head_copy_phase, Phase::kBackward);
 }
 
+// run.spin_before_copy_us: a spin kernel on S0 right before every secondary copy of a training
+// step, touching no memory, and nothing else changes.
+TEST(Builder, SpinBeforeCopyPrecedesEveryTrainingStepCopyOnS0) {
+  Scenario sc = small();
+  const Schedule plain = build_schedule(sc);
+  sc.run.spin_before_copy_us = 150;
+  const Schedule s = build_schedule(sc);
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    const auto& ops = s.ranks[r].ops;
+    std::size_t spins = 0, copies = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].purpose == Purpose::kSecondaryPartitionCopy && ops[i].phase != Phase::kInit) {
+        ++copies;
+        ASSERT_GT(i, 0u);
+        EXPECT_EQ(ops[i - 1].purpose, Purpose::kReproSpin);
+        EXPECT_EQ(ops[i - 1].unit, ops[i].unit);
+      }
+      if (ops[i].purpose != Purpose::kReproSpin) continue;
+      ++spins;
+      EXPECT_EQ(ops[i].kind, OpKind::kKernel);
+      EXPECT_EQ(ops[i].stream, 0);  // S0, the stream the copy runs on
+      EXPECT_EQ(ops[i].spin_us, 150.0F);
+      EXPECT_EQ(ops[i].access_count, 0u);
+      EXPECT_NE(ops[i].phase, Phase::kInit);
+    }
+    EXPECT_GT(copies, 0u);
+    EXPECT_EQ(spins, copies);
+    EXPECT_EQ(ops.size(), plain.ranks[r].ops.size() + spins);
+  }
+}
+
 TEST(Builder, SkippedInvalidationNeverRefreshesSecondaries) {
   Scenario sc = small(Variant::kEventWait);
   sc.bugs.skip_secondary_invalidation = true;

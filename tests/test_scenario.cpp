@@ -109,6 +109,7 @@ TEST(ShippedScenarios, DefaultIsTheStudysCluster) {
   EXPECT_EQ(s.run.variant, Variant::kStock);
   EXPECT_EQ(s.run.fill, Fill::kNan);
   EXPECT_EQ(s.run.steps, 2);
+  EXPECT_EQ(s.run.spin_before_copy_us, 0);  // the default scenario is timed as it is
   EXPECT_TRUE(s.notes.empty());
 }
 
@@ -121,6 +122,7 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   EXPECT_EQ(tiny.training.dtype_bytes(), 4);
   EXPECT_EQ(tiny.training.seq_len, 32);
   EXPECT_EQ(tiny.run.steps, 4);
+  EXPECT_EQ(tiny.run.spin_before_copy_us, 200);
 
   const auto bug = [](const char* name) {
     const Scenario s = load_scenario((kScenarios / name).string());
@@ -422,7 +424,9 @@ TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
   EXPECT_HAS(error_of([&] { load_scenario(top); }),
              "top.toml: nodes: a key must belong to a section; did you mean 'cluster.nodes'?");
   const std::string far = load_error("[run]\ncolour = 1\n");
-  EXPECT_HAS(far, "run.colour: unknown key (allowed in [run]: variant, fill, seed, steps)");
+  EXPECT_HAS(far,
+             "run.colour: unknown key (allowed in [run]: variant, fill, seed, steps, "
+             "spin_before_copy_us)");
 }
 
 TEST_F(ScenarioFile, WrongTypes) {

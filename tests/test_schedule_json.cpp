@@ -23,6 +23,7 @@ Schedule tiny_schedule() {
   sc.zero.zero_quantized_gradients = true;
   sc.zero.stage3_param_persistence_threshold = 0;
   sc.run.variant = Variant::kEventWait;
+  sc.run.spin_before_copy_us = 12.5;  // a spin kernel before each secondary copy
   return build_schedule(sc);
 }
 
@@ -46,6 +47,7 @@ TEST(ScheduleJson, RoundTripIsLossless) {
       EXPECT_EQ(a.flops, b.flops);
       EXPECT_EQ(a.mem_bytes, b.mem_bytes);
       EXPECT_EQ(a.comm_bytes, b.comm_bytes);
+      EXPECT_EQ(a.spin_us, b.spin_us);
       EXPECT_EQ(a.access_count, b.access_count);
     }
   }
@@ -91,6 +93,17 @@ TEST(ScheduleJson, RejectsAccessToAMissingBuffer) {
   EXPECT_THROW(schedule_from_json(j), InputError);
 }
 
+TEST(ScheduleJson, RejectsANegativeSpin) {
+  nlohmann::json j = schedule_to_json(tiny_schedule());
+  j["ranks"][0]["ops"][0]["spin_us"] = -1.0;
+  try {
+    schedule_from_json(j, "sched.json");
+    FAIL() << "a negative spin was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks[0].ops[0].spin_us"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ScheduleJson, RejectsMissingSections) {
   nlohmann::json j = schedule_to_json(tiny_schedule());
   j.erase("units");
@@ -104,7 +117,7 @@ namespace hpz {
 namespace {
 
 TEST(ScheduleNames, EveryEnumNameParsesBackToItself) {
-  for (int i = 0; i <= static_cast<int>(Purpose::kStepSync); ++i) {
+  for (int i = 0; i <= static_cast<int>(Purpose::kReproSpin); ++i) {
     EXPECT_EQ(parse_purpose(to_string(static_cast<Purpose>(i))), static_cast<Purpose>(i));
   }
   for (int i = 0; i <= static_cast<int>(OpKind::kFree); ++i) {
@@ -116,7 +129,7 @@ TEST(ScheduleNames, EveryEnumNameParsesBackToItself) {
   for (int i = 0; i <= static_cast<int>(BufferRole::kScratch); ++i) {
     EXPECT_EQ(parse_buffer_role(to_string(static_cast<BufferRole>(i))), static_cast<BufferRole>(i));
   }
-  EXPECT_EQ(to_string(Purpose::kStepSync), "step_sync");  // the last name lines up with the enum
+  EXPECT_EQ(to_string(Purpose::kReproSpin), "repro_spin");  // the last name lines up with the enum
 }
 
 }  // namespace

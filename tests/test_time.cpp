@@ -51,6 +51,34 @@ TEST(CostModel, KernelIsARooflineWithAFloor) {
   EXPECT_DOUBLE_EQ(cost.host_copy_s(25e9), 1.0);                            // PCIe 25 GB/s
 }
 
+TEST(CostModel, ASpinKernelRunsExactlyItsSpinTime) {
+  const Scenario sc = scenario("tiny.toml");
+  const CostModel cost(sc);
+  const Schedule s = build_schedule(sc);
+  Op spin;
+  spin.kind = OpKind::kKernel;
+  spin.purpose = Purpose::kReproSpin;
+  spin.spin_us = 250;
+  spin.flops = 1e18;  // a spin kernel's time does not depend on any work it claims
+  EXPECT_DOUBLE_EQ(cost.op_s(s, 0, spin), 250e-6);
+  spin.spin_us = 0;
+  EXPECT_DOUBLE_EQ(cost.op_s(s, 0, spin), cost.kernel_s(1e18, 0));
+}
+
+// tiny.toml's kernels are a few microseconds: S0 never backs up and its race never bites. Its
+// spin kernel ahead of each secondary copy holds S0 long enough that the prefetched hpZ gather
+// reads the secondary before the copy lands, in every run; fix B orders them again.
+TEST(Simulate, TheSpinBeforeTheCopyIsWhatMakesTheTinyRaceBite) {
+  const SimResult plain = sim(scenario("tiny.toml", {{"run.spin_before_copy_us", "0"}}), 2);
+  ASSERT_FALSE(plain.races.empty());
+  EXPECT_EQ(plain.mean.races_manifested, 0u);
+  const SimResult spun = sim(scenario("tiny.toml"), 2);
+  ASSERT_FALSE(spun.races.empty());
+  EXPECT_EQ(spun.races.front().runs_manifested, 2);
+  EXPECT_GT(spun.mean.step_time_s, plain.mean.step_time_s);
+  EXPECT_EQ(sim(scenario("tiny.toml", {{"run.variant", "event-wait"}})).mean.races_manifested, 0u);
+}
+
 TEST(CollectivePlan, RingStepsAsNcclRunsThem) {
   const auto ag = plan_collective(OpKind::kAllGather, 100, 8, CollectiveModel::kFine);
   EXPECT_EQ(ag.steps, 7);

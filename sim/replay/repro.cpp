@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "sim/builder.hpp"
+#include "sim/time/engine.hpp"
 
 namespace hpz::replay {
 namespace {
@@ -41,7 +42,7 @@ std::optional<int> first_bad(const ReplayResult& run, const ReplayResult* base) 
 }
 
 VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
-                         const ReproOptions& o) {
+                         const ReproOptions& o, int& done) {
   VariantRepro v;
   v.name = name;
   for (int k = 0; k < o.runs; ++k) {
@@ -52,11 +53,16 @@ VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
     v.runs.push_back(replay(run, s, t, mode));
     v.mixed_reads += v.runs.back().mixed_reads;
     v.tokens_per_s_per_node += throughput(run, s, t) / o.runs;
+    if (o.progress) o.progress(++done, 4 * o.runs);
   }
   return v;
 }
 
 }  // namespace
+
+Timeline sim_timeline(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed) {
+  return time::run_isolated(scenario, schedule, seed).timeline;
+}
 
 double VariantRepro::share_bad() const {
   if (first_bad.empty()) return 0;
@@ -82,15 +88,17 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
   out.timing = o.timing_name;
   out.first_seed = scenario.run.seed;
   out.steps = scenario.run.steps;
+  out.spin_before_copy_us = scenario.run.spin_before_copy_us;
+  int done = 0;
   for (Variant v : {Variant::kStock, Variant::kHostSync, Variant::kEventWait}) {
     Scenario sc = scenario;
     sc.run.variant = v;
-    out.variants.push_back(run_variant(to_string(v), sc, out.mode, o));
+    out.variants.push_back(run_variant(to_string(v), sc, out.mode, o, done));
   }
   Scenario off = scenario;
   off.run.variant = Variant::kStock;
   off.zero.zero_hpz_partition_size = 1;
-  out.variants.push_back(run_variant("no-hpz", off, out.mode, o));
+  out.variants.push_back(run_variant("no-hpz", off, out.mode, o, done));
   const VariantRepro& base = out.variants.back();
   for (VariantRepro& v : out.variants) {
     for (std::size_t k = 0; k < v.runs.size(); ++k) {

@@ -12,15 +12,21 @@
 
 namespace hpz::replay {
 
-/** Gives the timeline of one run of a schedule (the timing engine, or the stand-in). */
+/** Gives the timeline of one run of a schedule. */
 using TimelineSource = std::function<Timeline(const Scenario&, const Schedule&, std::uint64_t)>;
+
+/** One seeded run of the SimGrid timing engine (`hpzlab sim`), in a child process: SimGrid's
+ *  engine is a per-process singleton. */
+Timeline sim_timeline(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
 
 /** How to reproduce. */
 struct ReproOptions {
-  int runs = 1;              ///< seeds run.seed, run.seed + 1, ...
-  std::optional<Mode> mode;  ///< default: numeric when numeric_fits(), else taint
-  TimelineSource timeline;   ///< required
-  std::string timing_name;   ///< what produced the timelines, for the reports
+  int runs = 1;                            ///< seeds run.seed, run.seed + 1, ...
+  std::optional<Mode> mode;                ///< default: numeric when numeric_fits(), else taint
+  TimelineSource timeline = sim_timeline;  ///< tests give hand-made timelines
+  std::string timing_name = "the SimGrid timing engine (hpzlab sim), one seeded run each";
+  /** Called after each replay with the replays done and the total (for a progress bar). */
+  std::function<void(int done, int total)> progress;
 };
 
 /** One variant over every run. */
@@ -44,6 +50,7 @@ struct ReproResult {
   std::string timing;
   std::uint64_t first_seed = 0;
   int steps = 0;
+  double spin_before_copy_us = 0;      ///< the scenario's run.spin_before_copy_us
   std::vector<VariantRepro> variants;  ///< stock, host-sync, event-wait, no-hpz
 };
 

@@ -40,6 +40,13 @@ std::string repro_table(const ReproResult& r) {
       fmt::format("repro {}: {} replay, {} step(s), {} run(s) from seed {}, timing: {}\n",
                   r.scenario, r.mode == Mode::kNumeric ? "numeric" : "taint", r.steps,
                   r.variants.empty() ? 0 : r.variants[0].runs.size(), r.first_seed, r.timing);
+  if (r.spin_before_copy_us > 0) {
+    out += fmt::format(
+        "spin: a {} us spin kernel holds S0 ahead of every secondary copy "
+        "(run.spin_before_copy_us), as a reproduction on a GPU does; no-hpz makes no copies, so "
+        "its tokens/s/node have no spins in them\n",
+        r.spin_before_copy_us);
+  }
   out += fmt::format("{:<11} {:>10} {:>14} {:>9} {:>9} {:>14} {:>12}\n", "variant", "first bad",
                      "final loss", "runs bad", "runs NaN", "tokens/s/node", "mixed reads");
   for (const VariantRepro& v : r.variants) {
@@ -159,6 +166,7 @@ std::string repro_json(const ReproResult& r) {
   j["timing"] = r.timing;
   j["first_seed"] = r.first_seed;
   j["steps"] = r.steps;
+  j["spin_before_copy_us"] = r.spin_before_copy_us;
   nlohmann::json vars = nlohmann::json::object();
   for (const VariantRepro& v : r.variants) {
     nlohmann::json jv;

@@ -26,6 +26,8 @@ double CostModel::host_copy_s(double bytes) const {
 double CostModel::op_s(const Schedule& schedule, Rank rank, const Op& op) const {
   switch (op.kind) {
     case OpKind::kKernel:
+      if (op.spin_us > 0) return static_cast<double>(op.spin_us) * 1e-6;
+      [[fallthrough]];
     case OpKind::kQuantize:
     case OpKind::kDequantize:
       return kernel_s(op.flops, op.mem_bytes);

@@ -28,7 +28,8 @@ class CostModel {
   double launch_s() const { return launch_s_; }
 
   /** Seconds op `op` of schedule rank `rank` occupies its stream, before jitter; 0 for events,
-   *  allocations, host syncs and collectives (the network model times those). */
+   *  allocations, host syncs and collectives (the network model times those). A spin kernel
+   *  (Op::spin_us > 0) runs exactly its spin time. */
   double op_s(const Schedule& schedule, Rank rank, const Op& op) const;
 
  private:

@@ -4,7 +4,6 @@
 // parameters or the weights, and the measured step time. Exit 0; 1 when a run corrupted data or
 // hung; 2 on bad input; 3 without a CUDA device.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,9 +28,8 @@ struct RealCliOptions {
 };
 
 void progress(int done, int total) {
-  if (!::isatty(STDERR_FILENO)) return;
-  std::fprintf(stderr, "\r[real] %d/%d runs (the first is the serialized reference)", done, total);
-  if (done == total) std::fprintf(stderr, "\n");
+  progress_bar(done, total,
+               fmt::format("{}/{} runs (the first is the serialized reference)", done, total));
 }
 
 std::string render_text(const Schedule& schedule, const real::RealResult& r) {

@@ -2,6 +2,8 @@
 // [--plot FILE]`: replays stock, host-sync, event-wait and hpZ off on the same seeds and shows
 // whether the loss goes NaN (or wrong) and whether both fixes train bit for bit like no-hpz.
 // Exit 0 when both fixes match no-hpz, 1 when a fix does not, 2 on bad input.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,8 +11,6 @@
 
 #include "sim/error.hpp"
 #include "sim/replay/repro.hpp"
-#include "sim/replay/standin_timeline.hpp"
-#include "sim/time/engine.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {
@@ -22,7 +22,6 @@ struct ReproCliOptions {
   int steps = 0;  ///< 0: the scenario's run.steps
   int runs = 1;
   std::string mode = "auto";
-  std::string timeline = "sim";
   std::string csv;
   std::string plot;
 };
@@ -39,19 +38,9 @@ void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
                      "numeric replay needs a small model with kv_heads = heads and a gated MLP "
                      "(use taint or auto)");
   }
-  if (o.timeline == "sim") {
-    // Each run's timeline comes from the SimGrid timing engine, in a child process (SimGrid's
-    // engine is a per-process singleton).
-    ro.timeline = [](const Scenario& s, const Schedule& sched, std::uint64_t seed) {
-      return time::run_isolated(s, sched, seed).timeline;
-    };
-    ro.timing_name = "the SimGrid timing engine (hpzlab sim), one seeded run each";
-  } else {
-    ro.timeline = replay::standin_timeline;
-    ro.timing_name =
-        "WHAT-IF backlog: host issue order with the compute stream held 2 ms behind the host "
-        "(not the timing engine; see docs/repro.md)";
-  }
+  ro.progress = [](int done, int total) {
+    progress_bar(done, total, fmt::format("{}/{} replays (4 variants x --runs)", done, total));
+  };
   const replay::ReproResult r = replay::run_repro(sc, ro);
   if (!o.common.json.empty()) write_output(o.common.json, replay::repro_json(r));
   if (!o.csv.empty()) write_output(o.csv, replay::repro_csv(r));
@@ -82,11 +71,6 @@ void setup_repro(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--mode", o->mode, "numeric | taint | auto (numeric when the model is small)")
       ->check(CLI::IsMember({"auto", "numeric", "taint"}));
-  sub->add_option("--timeline", o->timeline,
-                  "sim: time each run with the SimGrid engine (default); backlog: a what-if in "
-                  "which the compute stream lags the host by 2 ms, so every unordered read of a "
-                  "secondary shard happens before its copy")
-      ->check(CLI::IsMember({"sim", "backlog"}));
   sub->add_option("--csv", o->csv, "Write the loss per step, variant and run as CSV to FILE");
   sub->add_option("--plot", o->plot, "Write the loss curves as an SVG plot to FILE");
   sub->callback([o, &exit_code] { run_repro_cmd(*o, exit_code); });

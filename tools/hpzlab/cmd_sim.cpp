@@ -3,7 +3,7 @@
 // exposed communication, host stalls, link traffic and which races manifested; --op-times puts
 // every op's times into the JSON for `hpzlab compare`. Exit 0, or 1 when the simulated job
 // hangs, 2 on bad input.
-#include <unistd.h>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <memory>
@@ -26,17 +26,11 @@ struct SimCliOptions {
   bool op_times = false;  ///< --op-times: per-op times in the JSON (for `hpzlab compare`)
 };
 
-/** A one-line progress bar on standard error, only when it is a terminal: runs done (the one in
- *  progress by its share of ops simulated). */
+/** Runs done, the one in progress counted by its share of ops simulated. */
 void progress(double done, int total) {
-  if (!::isatty(STDERR_FILENO)) return;
-  constexpr int kWidth = 30;
-  const int filled = static_cast<int>(done * kWidth / total);
-  std::fprintf(stderr, "\r[%s%s] %d/%d runs, %3.0f%% of ops simulated",
-               std::string(static_cast<std::size_t>(filled), '#').c_str(),
-               std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
-               static_cast<int>(done), total, 100.0 * done / total);
-  if (static_cast<int>(done) == total) std::fprintf(stderr, "\n");
+  progress_bar(done, total,
+               fmt::format("{}/{} runs, {:3.0f}% of ops simulated", static_cast<int>(done), total,
+                           100.0 * done / total));
 }
 
 void run_sim(const SimCliOptions& opts, int& exit_code) {

@@ -27,6 +27,10 @@ Scenario load(const ScenarioOptions& opts);
  *  place, so a failed run never leaves a half-written file. Throws InputError if it cannot. */
 void write_output(const std::string& path, const std::string& text);
 
+/** A one-line progress bar on standard error, only when it is a terminal: a bar filled to
+ *  done / total, then `what`; ends the line once done reaches total. */
+void progress_bar(double done, int total, const std::string& what);
+
 /** Registers `hpzlab schedule`; the callback stores its exit code in exit_code. */
 void setup_schedule(CLI::App& app, int& exit_code);
 /** Registers `hpzlab check`. */
