@@ -93,6 +93,7 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   t.world_size = schedule.world_size;
   t.nodes = scenario.cluster.nodes;
   t.steps = scenario.run.steps;
+  t.spin_before_copy_us = scenario.run.spin_before_copy_us;
   t.collective_model = cuda ? "emulated (device copies)" : options.backend;
   t.network_model = "none (measured)";
   time::attach_races(check::check_schedule(schedule), t);

@@ -59,6 +59,12 @@ std::string ConsoleReporter::render(const Schedule&, const SimResult& r) const {
       fmt::format("{} [{}]: {} ranks on {} nodes, step {} of {}{}\n", r.scenario, r.variant,
                   r.world_size, r.nodes, r.steps - 1, r.steps,
                   r.runs.size() > 1 ? fmt::format(", mean of {} runs", r.runs.size()) : "");
+  if (r.spin_before_copy_us > 0) {
+    out += fmt::format(
+        "  spin               {} on S0 ahead of every secondary copy "
+        "(run.spin_before_copy_us)\n",
+        seconds(r.spin_before_copy_us * 1e-6));
+  }
   if (m.hung) out += "  HANG: some ops never ran (mismatched collectives); times are partial\n";
   out += fmt::format("  step time          {}\n", seconds(m.step_time_s));
   out += fmt::format("  tokens/s/node      {:.1f}\n", m.tokens_per_s_per_node);

@@ -64,6 +64,7 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
   j["variant"] = r.variant;
   j["world_size"] = r.world_size;
   j["steps"] = r.steps;
+  j["spin_before_copy_us"] = r.spin_before_copy_us;
   j["network"] = {{"simgrid_model", r.network_model},
                   {"bandwidth_factor", r.bandwidth_factor},
                   {"latency_factor", r.latency_factor},

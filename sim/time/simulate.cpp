@@ -139,6 +139,7 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   result.world_size = schedule.world_size;
   result.nodes = scenario.cluster.nodes;
   result.steps = scenario.run.steps;
+  result.spin_before_copy_us = scenario.run.spin_before_copy_us;
   result.collective_model = scenario.sim.collective_model;
   result.network_model = scenario.sim.network_model;
   result.bandwidth_factor = scenario.sim.bandwidth_factor;

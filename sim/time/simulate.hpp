@@ -65,9 +65,10 @@ struct SimResult {
   std::string variant;
   int world_size = 0;
   int nodes = 0;
-  int steps = 0;                 ///< steps in the schedule; the last one is measured
-  std::string collective_model;  ///< fine | coarse
-  std::string network_model;     ///< SimGrid model name
+  int steps = 0;                   ///< steps in the schedule; the last one is measured
+  double spin_before_copy_us = 0;  ///< run.spin_before_copy_us: a reproduction's spin kernels
+  std::string collective_model;    ///< fine | coarse
+  std::string network_model;       ///< SimGrid model name
   double bandwidth_factor = 0;
   double latency_factor = 0;
   std::vector<StepMetrics> runs;  ///< per run
