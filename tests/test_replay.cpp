@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "sim/builder.hpp"
 #include "sim/replay/replay.hpp"
@@ -146,6 +148,20 @@ TEST(Repro, WithoutTheSpinTheTinyRaceDoesNotBite) {
   ASSERT_EQ(r.variants[0].name, "stock");
   EXPECT_EQ(r.variants[0].share_bad(), 0.0);
   EXPECT_EQ(r.variants[0].mixed_reads, 0u);
+}
+
+TEST(Repro, ProgressCountsEveryReplayUpToTheTotal) {
+  ReproOptions o;
+  o.runs = 2;
+  o.timeline = [](const Scenario&, const Schedule& s, std::uint64_t) { return serial(s); };
+  std::vector<std::pair<int, int>> calls;
+  o.progress = [&](int done, int total) { calls.emplace_back(done, total); };
+  run_repro(tiny(1), o);
+  ASSERT_EQ(calls.size(), 8u);  // 4 variants x 2 runs
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].first, static_cast<int>(i) + 1);
+    EXPECT_EQ(calls[i].second, 8);
+  }
 }
 
 TEST(Repro, StaleFillGivesWrongFiniteLoss) {
