@@ -1,7 +1,5 @@
 #include "sim/schedule_json.hpp"
 
-#include <cmath>
-
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
 
@@ -134,10 +132,11 @@ void read_op(const Reader& rd, const json& j, const std::string& path, RankSched
   op.flops = rd.get_or<double>(j, "flops", 0.0, path);
   op.mem_bytes = rd.get_or<double>(j, "mem_bytes", 0.0, path);
   op.comm_bytes = rd.get_or<std::uint64_t>(j, "comm_bytes", 0, path);
-  op.spin_us = rd.get_or<float>(j, "spin_us", 0.0F, path);
-  if (!(op.spin_us >= 0) || !std::isfinite(op.spin_us)) {
-    rd.fail(path + ".spin_us", "must be a finite number of microseconds >= 0");
+  const double spin_us = rd.get_or<double>(j, "spin_us", 0.0, path);
+  if (!(spin_us >= 0 && spin_us <= 1e6)) {
+    rd.fail(path + ".spin_us", "out of range (allowed: 0 to 1000000 microseconds)");
   }
+  op.spin_us = static_cast<float>(spin_us);
   if (op.kind == OpKind::kAlloc) {
     op.fill = static_cast<std::uint8_t>(rd.parse_enum(parse_fill, j, "fill", path));
   }
