@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "sim/builder.hpp"
@@ -42,7 +43,7 @@ std::optional<int> first_bad(const ReplayResult& run, const ReplayResult* base) 
 }
 
 VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
-                         const ReproOptions& o, int& done) {
+                         const ReproOptions& o, int& done, int total) {
   VariantRepro v;
   v.name = name;
   for (int k = 0; k < o.runs; ++k) {
@@ -53,7 +54,7 @@ VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
     v.runs.push_back(replay(run, s, t, mode));
     v.mixed_reads += v.runs.back().mixed_reads;
     v.tokens_per_s_per_node += throughput(run, s, t) / o.runs;
-    if (o.progress) o.progress(++done, 4 * o.runs);
+    if (o.progress) o.progress(++done, total);
   }
   return v;
 }
@@ -89,16 +90,18 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
   out.first_seed = scenario.run.seed;
   out.steps = scenario.run.steps;
   out.spin_before_copy_us = scenario.run.spin_before_copy_us;
+  constexpr Variant kHpzVariants[] = {Variant::kStock, Variant::kHostSync, Variant::kEventWait};
+  const int total = static_cast<int>(std::size(kHpzVariants) + 1) * o.runs;  // and no-hpz
   int done = 0;
-  for (Variant v : {Variant::kStock, Variant::kHostSync, Variant::kEventWait}) {
+  for (Variant v : kHpzVariants) {
     Scenario sc = scenario;
     sc.run.variant = v;
-    out.variants.push_back(run_variant(to_string(v), sc, out.mode, o, done));
+    out.variants.push_back(run_variant(to_string(v), sc, out.mode, o, done, total));
   }
   Scenario off = scenario;
   off.run.variant = Variant::kStock;
   off.zero.zero_hpz_partition_size = 1;
-  out.variants.push_back(run_variant("no-hpz", off, out.mode, o, done));
+  out.variants.push_back(run_variant("no-hpz", off, out.mode, o, done, total));
   const VariantRepro& base = out.variants.back();
   for (VariantRepro& v : out.variants) {
     for (std::size_t k = 0; k < v.runs.size(); ++k) {
