@@ -46,10 +46,10 @@ VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
                          const ReproOptions& o, int& done, int total) {
   VariantRepro v;
   v.name = name;
+  const Schedule s = build_schedule(sc);  // the seed moves times and data, not the schedule
   for (int k = 0; k < o.runs; ++k) {
     Scenario run = sc;
     run.run.seed = sc.run.seed + static_cast<std::uint64_t>(k);
-    const Schedule s = build_schedule(run);
     const Timeline t = o.timeline(run, s, run.run.seed);
     v.runs.push_back(replay(run, s, t, mode));
     v.mixed_reads += v.runs.back().mixed_reads;
