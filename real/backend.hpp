@@ -47,6 +47,19 @@ class Backend {
    *  (the CUDA backend's shared fill stream); they take hardware queues too. */
   virtual int own_streams() const { return 0; }
 
+  /** True when the backend carries out collectives itself, as one process per rank does (NCCL,
+   *  or the host backend over the store): the executor then calls `collective` instead of
+   *  meeting the other members in its own rendezvous. */
+  virtual bool native_collectives() const { return false; }
+  /** Carries out rank r's part of collective `op` (over IR group `group`) on stream s, as
+   *  `op.native` and `op.actions` describe it (native_collectives() backends only). */
+  virtual void collective(Rank r, StreamId s, GroupId group, const PlanOp& op) {
+    (void)r, (void)s, (void)group, (void)op;
+  }
+
+  /** Called first on each rank's host thread (the CUDA backend makes its GPU current there). */
+  virtual void bind_thread(Rank r) { (void)r; }
+
   /** Prepares one run of `plan`: streams, marker and timing pools, probe slots. Buffers of an
    *  earlier run may be kept (a caching allocator's blocks), but no run sees another's data
    *  except through `Fill::kStale`. */
@@ -84,8 +97,22 @@ class Backend {
  *  every ordering the schedule leaves open is taken the bad way. */
 std::unique_ptr<Backend> make_host_backend(bool lazy = false);
 
+class Store;
+
+/** The eager host backend for one rank of a run with one process per rank: collectives go
+ *  through `store` (each member publishes its send span; every member then runs the plan's
+ *  actions on its copies), so the result is the single-process reference's, bit for bit. */
+std::unique_ptr<Backend> make_host_rank_backend(Rank rank, Store& store);
+
 /** The CUDA backend on device 0 (emulated ranks). Throws std::runtime_error when CUDA fails and
  *  when hpzlab was built without CUDA. */
 std::unique_ptr<Backend> make_cuda_backend();
+
+/** The CUDA backend for one rank of a run with one process per rank: GPU `device`, collectives
+ *  as NCCL calls on one communicator per IR group, set up through `store` (rank 0's unique id,
+ *  then ncclCommSplit of the world). Throws std::runtime_error when CUDA or NCCL fails and when
+ *  hpzlab was built without CUDA. */
+std::unique_ptr<Backend> make_nccl_backend(const Schedule& schedule, Rank rank, int device,
+                                           Store& store);
 
 }  // namespace hpz::real

@@ -14,14 +14,17 @@
 // (race-1gpu.toml has 16) every stream, the fill stream too, can have a queue of its own.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -29,6 +32,7 @@
 #include "real/device.hpp"
 #include "real/executor.hpp"
 #include "real/kernels.hpp"
+#include "real/store.hpp"
 
 namespace hpz::real {
 namespace {
@@ -41,6 +45,22 @@ void check(cudaError_t err, const char* what) {
 }
 #define HPZ_CUDA(call) check((call), #call)
 
+void check_nccl(ncclResult_t err, const char* what) {
+  if (err != ncclSuccess) {
+    throw std::runtime_error(fmt::format(
+        "{}: {} ({}){}", what, ncclGetErrorString(err), static_cast<int>(err),
+        err == ncclSystemError || err == ncclRemoteError ? "; NCCL_DEBUG=WARN says more" : ""));
+  }
+}
+#define HPZ_NCCL(call) check_nccl((call), #call)
+
+/** One process's share of a run with one process per rank: its rank and its communicators. */
+struct NcclRank {
+  Rank rank = 0;
+  ncclComm_t world = nullptr;
+  std::vector<ncclComm_t> groups;  ///< per IR group; nullptr where this rank is not a member
+};
+
 cudaEvent_t new_event(bool timing) {
   cudaEvent_t e{};
   HPZ_CUDA(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
@@ -49,8 +69,9 @@ cudaEvent_t new_event(bool timing) {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend() {
-    HPZ_CUDA(cudaSetDevice(0));
+  CudaBackend() : CudaBackend(0, std::nullopt) {}
+  CudaBackend(int device, std::optional<NcclRank> nccl) : device_(device), nccl_(std::move(nccl)) {
+    HPZ_CUDA(cudaSetDevice(device_));
     HPZ_CUDA(cudaStreamCreateWithFlags(&fill_, cudaStreamNonBlocking));
     origin_event_ = new_event(true);
   }
@@ -65,17 +86,49 @@ class CudaBackend : public Backend {
       for (Block& blk : rs.live) cudaFree(blk.ptr);
     }
     if (probe_dev_ != nullptr) cudaFree(probe_dev_);
+    if (nccl_) {
+      for (ncclComm_t c : nccl_->groups) {
+        if (c != nullptr) ncclCommDestroy(c);
+      }
+      ncclCommDestroy(nccl_->world);
+    }
   }
 
   std::string name() const override { return "cuda"; }
+  bool native_collectives() const override { return nccl_.has_value(); }
+  void bind_thread(Rank) override { HPZ_CUDA(cudaSetDevice(device_)); }
+
+  void collective(Rank r, StreamId s, GroupId group, const PlanOp& po) override {
+    using K = NativeCollective::Kind;
+    if (aborted_) throw HangError("HANG: NCCL was aborted after an earlier hang");
+    const NativeCollective& n = po.native;
+    ncclComm_t comm = nccl_->groups.at(static_cast<std::size_t>(group));
+    const ncclDataType_t type = eb_ == 2 ? ncclHalf : ncclFloat;
+    cudaStream_t st = stream(r, s);
+    switch (n.kind) {
+      case K::kAllGather:
+        HPZ_NCCL(ncclAllGather(at(n.send), at(n.recv), n.count, type, comm, st));
+        break;
+      case K::kReduceScatter:
+        HPZ_NCCL(ncclReduceScatter(at(n.send), at(n.recv), n.count, type, ncclSum, comm, st));
+        break;
+      case K::kAllReduce:
+        HPZ_NCCL(ncclAllReduce(at(n.send), at(n.recv), n.count, type, ncclSum, comm, st));
+        break;
+      case K::kNone:
+        throw std::runtime_error("a collective with no NCCL form reached the NCCL backend");
+    }
+    run_actions(r, s, n.after);
+  }
   int own_streams() const override { return 1; }  // fill_: every allocation's fill
 
   void begin_run(const Schedule& schedule, const Plan& plan) override {
-    HPZ_CUDA(cudaSetDevice(0));
+    HPZ_CUDA(cudaSetDevice(device_));
     plan_ = &plan;
     eb_ = plan.element_bytes;
     if (ranks_.size() != plan.ranks.size()) ranks_ = std::deque<RankState>(plan.ranks.size());
     for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+      if (!mine(r)) continue;
       RankState& rs = ranks_[r];
       const RankSchedule& sched = schedule.ranks[r];
       while (rs.streams.size() < sched.streams.size()) {
@@ -212,6 +265,7 @@ class CudaBackend : public Backend {
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       for (cudaStream_t st : ranks_[r].streams) drain(st, deadline, static_cast<Rank>(r));
     }
+    if (aborted_) throw HangError("HANG: NCCL was aborted after an earlier hang");
     HPZ_CUDA(cudaDeviceSynchronize());
     const double shift = origin_host_s_ - origin_s;
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
@@ -234,6 +288,7 @@ class CudaBackend : public Backend {
     for (std::size_t k = 0; k < probes.size(); ++k) probes[k] = {raw[2 * k], raw[2 * k + 1]};
     weights.assign(plan_->ranks.size(), {});
     for (std::size_t r = 0; r < plan_->ranks.size(); ++r) {
+      if (!mine(r)) continue;
       const RankPlan& rp = plan_->ranks[r];
       for (std::size_t u = 0; u < rp.weights.size(); ++u) {
         std::vector<std::uint8_t> host(rp.weight_n[u] * static_cast<std::uint64_t>(eb_));
@@ -263,6 +318,29 @@ class CudaBackend : public Backend {
     std::vector<int> slot_block;                  // slot -> index into live, or -1
     std::mutex mu;
   };
+
+  /** Whether this process runs rank r (all of them unless one process per rank). */
+  bool mine(std::size_t r) const { return !nccl_ || static_cast<std::size_t>(nccl_->rank) == r; }
+
+  /** NCCL's asynchronous errors; after a timeout, aborts every communicator so that kernels
+   *  stuck waiting for a peer give the GPU back. */
+  void poll_nccl(bool timed_out) {
+    if (!nccl_ || aborted_) return;
+    for (ncclComm_t c : nccl_->groups) {
+      if (c == nullptr) continue;
+      ncclResult_t async = ncclSuccess;
+      HPZ_NCCL(ncclCommGetAsyncError(c, &async));
+      if (async != ncclSuccess && async != ncclInProgress) check_nccl(async, "NCCL async error");
+    }
+    if (!timed_out) return;
+    aborted_ = true;
+    for (ncclComm_t& c : nccl_->groups) {
+      if (c != nullptr) ncclCommAbort(c);
+      c = nullptr;
+    }
+    ncclCommAbort(nccl_->world);
+    nccl_->world = nullptr;
+  }
 
   static void grow(std::vector<cudaEvent_t>& pool, std::size_t n, bool timing) {
     while (pool.size() < n) pool.push_back(new_event(timing));
@@ -385,7 +463,9 @@ class CudaBackend : public Backend {
       const cudaError_t q = cudaStreamQuery(st);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) check(q, "cudaStreamQuery");
+      if (polls % 1000 == 999) poll_nccl(false);
       if (now_s() > deadline) {
+        poll_nccl(true);
         throw HangError(
             fmt::format("HANG: rank {}'s host waited past the timeout for a stream "
                         "to drain",
@@ -399,6 +479,9 @@ class CudaBackend : public Backend {
     }
   }
 
+  int device_ = 0;
+  std::optional<NcclRank> nccl_;  // one process per rank: this process's rank and communicators
+  bool aborted_ = false;          // NCCL aborted after a hang: no further run can use it
   const Plan* plan_ = nullptr;
   int eb_ = 2;
   std::deque<RankState> ranks_;
@@ -414,6 +497,39 @@ class CudaBackend : public Backend {
 std::unique_ptr<Backend> make_cuda_backend() {
   claim_hardware_queues();
   return std::make_unique<CudaBackend>();
+}
+
+std::unique_ptr<Backend> make_nccl_backend(const Schedule& schedule, Rank rank, int device,
+                                           Store& store) {
+  claim_hardware_queues();
+  HPZ_CUDA(cudaSetDevice(device));
+  ncclUniqueId id{};
+  if (store.rank() == 0) {
+    HPZ_NCCL(ncclGetUniqueId(&id));
+    store.set("nccl/id", std::string(reinterpret_cast<const char*>(&id), sizeof id),
+              store.world() - 1);
+  } else {
+    const std::string bytes = store.get("nccl/id");
+    if (bytes.size() != sizeof id) throw std::runtime_error("store: a malformed NCCL unique id");
+    std::memcpy(&id, bytes.data(), sizeof id);
+  }
+  // NCCL's init blocks until every rank has joined: meet at the store first, where waiting
+  // has a deadline, so that a rank that never starts is reported instead of waited for.
+  store.barrier("nccl/init");
+  NcclRank n;
+  n.rank = rank;
+  HPZ_NCCL(ncclCommInitRank(&n.world, store.world(), id, store.rank()));
+  // One communicator per IR group, in the IR's group order on every rank (a split is a
+  // collective of the world communicator); member order is rank order, as in the plan.
+  for (std::size_t g = 0; g < schedule.groups.size(); ++g) {
+    const auto& ranks = schedule.groups[g].ranks;
+    const bool member = std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+    ncclComm_t c = nullptr;
+    HPZ_NCCL(ncclCommSplit(n.world, member ? static_cast<int>(g) : NCCL_SPLIT_NOCOLOR,
+                           static_cast<int>(rank), &c, nullptr));
+    n.groups.push_back(member ? c : nullptr);
+  }
+  return std::make_unique<CudaBackend>(device, std::move(n));
 }
 
 }  // namespace hpz::real

@@ -87,6 +87,10 @@ double spin_for(double) {
 std::unique_ptr<Backend> make_cuda_backend() {
   throw std::runtime_error("hpzlab was built without CUDA (HPZLAB_WITH_CUDA=OFF)");
 }
+
+std::unique_ptr<Backend> make_nccl_backend(const Schedule&, Rank, int, Store&) {
+  throw std::runtime_error("hpzlab was built without CUDA (HPZLAB_WITH_CUDA=OFF)");
+}
 #endif
 
 }  // namespace hpz::real

@@ -142,6 +142,7 @@ class RankThread {
         t_(t) {}
 
   void run() {
+    b_.bind_thread(r_);
     const RankSchedule& rs = s_.ranks[r_];
     for (std::uint32_t i = 0; i < rs.ops.size(); ++i) {
       const Op& op = rs.ops[i];
@@ -193,6 +194,12 @@ class RankThread {
   }
 
   void collective(const Op& op, std::uint32_t i, const PlanOp& po) {
+    if (b_.native_collectives()) {
+      b_.op_begin(r_, op.stream, i);
+      b_.collective(r_, op.stream, op.group, po);
+      probe(op, i, po);
+      return b_.op_end(r_, op.stream, i);
+    }
     const auto inst = static_cast<std::size_t>(po.instance);
     const auto member = static_cast<std::size_t>(po.member);
     const std::vector<Mark> arrived = rv_.meet(inst, member, 0, b_.mark(r_, op.stream));
@@ -201,15 +208,19 @@ class RankThread {
     }
     b_.op_begin(r_, op.stream, i);
     b_.run_actions(r_, op.stream, po.actions);
-    if (po.is_gather_probe) {
-      b_.probe(r_, op.stream, static_cast<std::uint64_t>(probe_index_[i]), po.probe, po.probe_n);
-    }
+    probe(op, i, po);
     const std::vector<Mark> done = rv_.meet(inst, member, 1, b_.mark(r_, op.stream));
     for (std::size_t k = 0; k < done.size(); ++k) {
       if (k != member) b_.wait_mark(r_, op.stream, done[k]);
     }
     b_.run_actions(r_, op.stream, po.post_actions);
     b_.op_end(r_, op.stream, i);
+  }
+
+  void probe(const Op& op, std::uint32_t i, const PlanOp& po) {
+    if (po.is_gather_probe) {
+      b_.probe(r_, op.stream, static_cast<std::uint64_t>(probe_index_[i]), po.probe, po.probe_n);
+    }
   }
 
   const Schedule& s_;
@@ -243,11 +254,21 @@ RunOutput execute(const Schedule& schedule, const Plan& plan, Backend& backend,
   }
   backend.begin_run(schedule, plan);
   Rendezvous rv(plan, options.timeout_s);
+  if (options.before_start) {
+    try {
+      options.before_start();
+    } catch (const HangError& e) {
+      out.hung = true;
+      out.hang = e.what();
+      return out;
+    }
+  }
   const double origin = now_s();
   std::mutex mu;
   std::exception_ptr failure;
   std::vector<std::thread> threads;
   for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
+    if (options.only_rank >= 0 && static_cast<std::size_t>(options.only_rank) != r) continue;
     threads.emplace_back([&, r] {
       try {
         RankThread(schedule, plan, backend, rv, probe_index[r], options, origin,

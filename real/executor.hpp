@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,11 @@ double now_s();
 struct ExecOptions {
   bool serialize = false;   ///< wait for every op before issuing the next (the reference)
   double timeout_s = 60.0;  ///< longest host wait before the run is declared hung
+  /** Runs only this rank's ops (one process per rank); -1: every rank, one thread each. */
+  int only_rank = -1;
+  /** Called after the backend is ready and before the clock starts (a barrier across the
+   *  processes, so that every rank's times share an origin). */
+  std::function<void()> before_start;
 };
 
 /** What one run produced. */

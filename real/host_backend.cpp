@@ -10,6 +10,8 @@
 //   move. Event and marker waits hold a stream until what they wait for has run. No clock is
 //   involved, so the outcome depends only on the ordering the schedule leaves open: a race the
 //   IR allows is taken the bad way.
+#include <fmt/format.h>
+
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -18,6 +20,7 @@
 #include "real/backend.hpp"
 #include "real/elements.hpp"
 #include "real/executor.hpp"
+#include "real/store.hpp"
 
 namespace hpz::real {
 namespace {
@@ -25,10 +28,43 @@ namespace {
 class HostBackend : public Backend {
  public:
   explicit HostBackend(bool lazy) : lazy_(lazy) {}
+  /** One rank of a run with one process per rank (eager only). */
+  HostBackend(Rank rank, Store& store) : lazy_(false), only_(rank), dist_(&store) {}
 
   std::string name() const override { return lazy_ ? "host-lazy" : "host"; }
+  bool native_collectives() const override { return dist_ != nullptr; }
+
+  void collective(Rank r, StreamId, GroupId, const PlanOp& po) override {
+    const Instance& inst = plan_->instances[static_cast<std::size_t>(po.instance)];
+    const auto member = static_cast<std::size_t>(po.member);
+    const auto key = [&](std::size_t m) {
+      return fmt::format("run{}/c{}/m{}", run_, po.instance, m);
+    };
+    if (po.native.send_n > 0) {
+      const Loc& l = po.native.send;
+      const auto eb = static_cast<std::size_t>(eb_);
+      const auto* p = store_[r][l.slot].data() + l.elem * eb;
+      dist_->set(key(member), std::string(reinterpret_cast<const char*>(p), po.native.send_n * eb),
+                 static_cast<int>(inst.members.size()) - 1);
+    }
+    // Each member's send span into this process's copy of that member's slot: the plan's
+    // actions then read it where they would read the member's own memory.
+    for (std::size_t k = 0; k < inst.members.size(); ++k) {
+      const auto [mr, mi] = inst.members[k];
+      const NativeCollective& theirs = plan_->ranks[mr].ops[mi].native;
+      if (k == member || theirs.send_n == 0) continue;
+      const std::string bytes = dist_->get(key(k));
+      auto& slot = store_[mr][theirs.send.slot];
+      const std::size_t at = theirs.send.elem * static_cast<std::size_t>(eb_);
+      std::copy_n(bytes.begin(), std::min(bytes.size(), slot.size() - at),
+                  slot.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+    for (const Action& a : po.actions) run(a);
+    for (const Action& a : po.post_actions) run(a);
+  }
 
   void begin_run(const Schedule& schedule, const Plan& plan) override {
+    ++run_;
     plan_ = &plan;
     eb_ = plan.element_bytes;
     const std::size_t n = plan.ranks.size();
@@ -142,6 +178,7 @@ class HostBackend : public Backend {
     probes = probes_;
     weights.assign(plan_->ranks.size(), {});
     for (std::size_t r = 0; r < plan_->ranks.size(); ++r) {
+      if (only_ >= 0 && static_cast<std::size_t>(only_) != r) continue;  // another process's
       const RankPlan& rp = plan_->ranks[r];
       for (std::size_t u = 0; u < rp.weights.size(); ++u) {
         const std::uint8_t* p = store_[r][rp.weights[u].slot].data() +
@@ -262,6 +299,9 @@ class HostBackend : public Backend {
   }
 
   bool lazy_;
+  int only_ = -1;          // one process per rank: the rank this process runs
+  Store* dist_ = nullptr;  // ... and the store its collectives go through
+  int run_ = 0;            // runs so far: keeps one run's store keys from another's
   const Plan* plan_ = nullptr;
   int eb_ = 2;
   std::mutex mu_;
@@ -278,6 +318,10 @@ class HostBackend : public Backend {
 
 std::unique_ptr<Backend> make_host_backend(bool lazy) {
   return std::make_unique<HostBackend>(lazy);
+}
+
+std::unique_ptr<Backend> make_host_rank_backend(Rank rank, Store& store) {
+  return std::make_unique<HostBackend>(rank, store);
 }
 
 }  // namespace hpz::real

@@ -26,6 +26,8 @@ class PlanBuilder {
     for (RankPlan& rp : plan_.ranks) {
       rp.staging = static_cast<SlotId>(rp.slots.size());
       rp.slots.push_back({kNoBuffer, 1});
+      rp.native_staging = static_cast<SlotId>(rp.slots.size());
+      rp.slots.push_back({kNoBuffer, 1});
     }
     collectives();
     mark_touched();
@@ -265,38 +267,78 @@ class PlanBuilder {
   }
 
   void receive(const Instance& inst, std::size_t m) {
+    const auto [r, i] = inst.members[m];
+    const Op& o = s_.ranks[r].ops[i];
+    PlanOp& po = plan_.ranks[r].ops[i];
+    std::vector<std::vector<Span>> in;
+    for (const auto& [mr, mi] : inst.members) in.push_back(sends(mr, s_.ranks[mr].ops[mi]));
+    if (!in[m].empty()) {
+      po.native.send = in[m][0].loc;
+      po.native.send_n = in[m][0].n;
+    }
+    const int dst = find(r, o, AccessMode::kWrite);
+    if (dst < 0) return;
+    const Span d = span(r, o, static_cast<std::uint32_t>(dst));
+    if (o.kind == OpKind::kAllGather) return all_gather(inst, m, d, in);
+    reduce(inst, m, d, in);
+  }
+
+  void all_gather(const Instance& inst, std::size_t m, const Span& d,
+                  const std::vector<std::vector<Span>>& in) {
+    const auto [r, i] = inst.members[m];
+    const Op& o = s_.ranks[r].ops[i];
+    PlanOp& po = plan_.ranks[r].ops[i];
+    const ShardLayout& lay = layouts_[o.unit];
+    const bool hpz = s_.groups[o.group].kind == GroupKind::kHpz;
+    auto slice = [&](std::size_t k) {
+      return hpz ? lay.secondary_slice(static_cast<int>(k))
+                 : lay.primary_slice(inst.members[k].first);
+    };
+    for (std::size_t k = 0; k < inst.members.size(); ++k) {
+      const ElemRange v = lay.valid(slice(k));
+      if (v.empty() || in[k].empty()) continue;
+      po.actions.push_back({Action::Kind::kCopy,
+                            {r, d.loc.slot, v.begin},
+                            std::min(v.size(), in[k][0].n),
+                            {in[k][0].loc}});
+    }
+    // NCCL's AllGather puts member k's `count` elements at recv + k * count: the slices must be
+    // that layout, every member must send `count` and the receive slot must hold them all.
+    const std::uint64_t count = slice(0).size();
+    bool fits = count > 0 && d.loc.elem + inst.members.size() * count <=
+                                 plan_.ranks[r].slots[d.loc.slot].elements;
+    for (std::size_t k = 0; k < inst.members.size() && fits; ++k) {
+      fits = slice(k).begin == slice(0).begin + k * count && !in[k].empty() && in[k][0].n >= count;
+    }
+    if (fits) {
+      po.native.kind = NativeCollective::Kind::kAllGather;
+      po.native.recv = {r, d.loc.slot, slice(0).begin};
+      po.native.count = count;
+    }
+    const Access& da =
+        s_.ranks[r]
+            .accesses[o.access_begin + static_cast<std::uint32_t>(find(r, o, AccessMode::kWrite))];
+    if (role(r, da.buffer) == BufferRole::kFull) {
+      po.is_gather_probe = true;
+      po.probe = d.loc;
+      po.probe_n = d.n;
+      ++plan_.probes;
+    }
+  }
+
+  void reduce(const Instance& inst, std::size_t m, const Span& d,
+              const std::vector<std::vector<Span>>& in) {
     using K = Action::Kind;
     const auto [r, i] = inst.members[m];
     const Op& o = s_.ranks[r].ops[i];
     PlanOp& po = plan_.ranks[r].ops[i];
-    const int dst = find(r, o, AccessMode::kWrite);
-    if (dst < 0) return;
-    const Span d = span(r, o, static_cast<std::uint32_t>(dst));
-    std::vector<std::vector<Span>> in;
-    for (const auto& [mr, mi] : inst.members) in.push_back(sends(mr, s_.ranks[mr].ops[mi]));
-    if (o.kind == OpKind::kAllGather) {
-      const ShardLayout& lay = layouts_[o.unit];
-      const bool hpz = s_.groups[o.group].kind == GroupKind::kHpz;
-      for (std::size_t k = 0; k < inst.members.size(); ++k) {
-        const Rank mr = inst.members[k].first;
-        const ElemRange v =
-            lay.valid(hpz ? lay.secondary_slice(static_cast<int>(k)) : lay.primary_slice(mr));
-        if (v.empty() || in[k].empty()) continue;
-        po.actions.push_back(
-            {K::kCopy, {r, d.loc.slot, v.begin}, std::min(v.size(), in[k][0].n), {in[k][0].loc}});
-      }
-      const Access& da = s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(dst)];
-      if (role(r, da.buffer) == BufferRole::kFull) {
-        po.is_gather_probe = true;
-        po.probe = d.loc;
-        po.probe_n = d.n;
-        ++plan_.probes;
-      }
-      return;
-    }
+    RankPlan& rp = plan_.ranks[r];
     Action x{K::kSum, d.loc, d.n, {}};
+    NativeCollective& nat = po.native;
+    std::vector<Loc> local;  // what this rank adds after the native call
     if (o.kind == OpKind::kReduceScatter) {
-      const std::uint64_t from = layouts_[o.unit].primary_slice(r).begin + d.loc.elem;
+      const ElemRange own = layouts_[o.unit].primary_slice(r);
+      const std::uint64_t from = own.begin + d.loc.elem;
       for (const auto& snd : in) {
         if (snd.empty()) return;
         Loc l = snd[0].loc;
@@ -304,10 +346,22 @@ class PlanBuilder {
         x.src.push_back(l);
         x.n = std::min(x.n, snd[0].n > from ? snd[0].n - from : 0);
       }
-      if (in[m].size() > 1) x.src.push_back(in[m][1].loc);  // the shard from earlier micro-steps
+      if (in[m].size() > 1) {  // the shard from earlier micro-steps
+        x.src.push_back(in[m][1].loc);
+        local.push_back(in[m][1].loc);
+      }
+      // NCCL hands member k the k-th `count` elements of the summed send.
+      const std::uint64_t count = own.size();
+      if (d.loc.elem == 0 && own.begin == m * count && x.n <= count &&
+          in[m][0].n >= inst.members.size() * count) {
+        nat.kind = NativeCollective::Kind::kReduceScatter;
+        nat.count = count;
+      }
     } else {  // AllReduce, AllToAll (qgZ, modelled as a sum of the whole vectors)
-      if (role(r, s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(dst)].buffer) ==
-          BufferRole::kQuantized) {
+      if (role(r, s_.ranks[r]
+                      .accesses[o.access_begin +
+                                static_cast<std::uint32_t>(find(r, o, AccessMode::kWrite))]
+                      .buffer) == BufferRole::kQuantized) {
         x.dst.elem = 0;
       }
       for (const auto& snd : in) {
@@ -315,13 +369,21 @@ class PlanBuilder {
         x.src.push_back(snd[0].loc);
         x.n = std::min(x.n, snd[0].n);
       }
-      x.n = std::min(x.n, plan_.ranks[r].slots[x.dst.slot].elements - x.dst.elem);
+      x.n = std::min(x.n, rp.slots[x.dst.slot].elements - x.dst.elem);
+      nat.kind = NativeCollective::Kind::kAllReduce;
+      nat.count = x.n;
+    }
+    if (nat.kind != NativeCollective::Kind::kNone) {
+      nat.recv = {r, rp.native_staging, 0};
+      rp.slots[rp.native_staging].elements =
+          std::max(rp.slots[rp.native_staging].elements, nat.count);
+      local.insert(local.begin(), nat.recv);
+      nat.after.push_back({local.size() > 1 ? K::kSum : K::kCopy, x.dst, x.n, local});
     }
     const bool in_place = std::any_of(x.src.begin(), x.src.end(), [&](const Loc& l) {
       return l.rank == r && l.slot == x.dst.slot;
     });
     if (in_place) {  // sum into staging, copy into place after every member has read
-      RankPlan& rp = plan_.ranks[r];
       rp.slots[rp.staging].elements = std::max(rp.slots[rp.staging].elements, x.n);
       po.post_actions.push_back({K::kCopy, x.dst, x.n, {{r, rp.staging, 0}}});
       x.dst = {r, rp.staging, 0};
@@ -368,9 +430,15 @@ float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i) {
   return pattern_bits(salt, unit, i);
 }
 
-std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule) {
+std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule, int rank) {
   std::uint64_t total = 0;
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+    if (rank >= 0 && static_cast<std::size_t>(rank) != r) continue;
+    if (rank >= 0) {
+      const RankPlan& rp = plan.ranks[r];
+      total +=
+          rp.slots[rp.native_staging].elements * static_cast<std::uint64_t>(plan.element_bytes);
+    }
     // One entry per buffer id, plus the staging slot's (buffer kNoBuffer) at the end.
     const std::size_t buffers = schedule.ranks[r].buffers.size();
     std::vector<std::uint64_t> per_buffer(buffers + 1, 0);

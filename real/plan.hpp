@@ -62,6 +62,26 @@ struct Action {
 inline constexpr std::uint32_t kInitSalt = 1;
 inline constexpr std::uint32_t kCheckpointSalt = 2;
 
+/** A collective as the one NCCL call each member makes on its own buffers, for runs with one
+ *  process per rank, where no member can read another's memory. Derived from the same spans
+ *  as `actions`, which stay the emulated form: member k's send span is what every member's
+ *  actions read from member k. */
+struct NativeCollective {
+  enum class Kind : std::uint8_t {
+    kNone,           ///< no single NCCL call does what `actions` do (the layout does not fit)
+    kAllGather,      ///< member k's `count` elements land at recv + k * count
+    kReduceScatter,  ///< the members' sends summed; this member gets `count` at its position
+    kAllReduce,      ///< the members' sends summed, `count` elements (qgZ's all-to-all too)
+  };
+  Kind kind = Kind::kNone;
+  Loc send;                   ///< this member's send span: what the members' actions read from it
+  std::uint64_t send_n = 0;   ///< elements of the send span (0: it sends nothing)
+  Loc recv;                   ///< kAllGather: member 0's part; otherwise the native staging slot
+  std::uint64_t count = 0;    ///< NCCL's count (per member for kAllGather and kReduceScatter)
+  std::vector<Action> after;  ///< local actions after the call: staging into place (+ this
+                              ///< rank's accumulated shard)
+};
+
 /** The executor's view of one op. */
 struct PlanOp {
   double spin_s = 0;            ///< stream time of a kernel / quantize kernel (cost model)
@@ -72,6 +92,7 @@ struct PlanOp {
    *  the rank's staging slot, and these copy it into place once every member has read its
    *  inputs. */
   std::vector<Action> post_actions;
+  NativeCollective native;       ///< collectives: the same data movement as one NCCL call
   SlotId alloc_slot = 0;         ///< kAlloc: the slot it opens; kFree: the slot it closes
   bool is_gather_probe = false;  ///< an AllGather of a full parameter: its result is checked
   Loc probe;                     ///< the gathered range (is_gather_probe)
@@ -90,10 +111,13 @@ struct SlotInfo {
 /** One rank's plan. */
 struct RankPlan {
   std::vector<SlotInfo> slots;  ///< first one slot per buffer id (before any alloc), then one
-                                ///< per kAlloc in issue order, then the staging slot
+                                ///< per kAlloc in issue order, then the staging slot, then the
+                                ///< native staging slot
   SlotId staging = 0;
-  std::vector<PlanOp> ops;   ///< parallel to schedule.ranks[r].ops
-  std::vector<Loc> weights;  ///< the primary shards at the end of the run, per unit
+  SlotId native_staging = 0;  ///< where a native ReduceScatter / AllReduce lands (not `touched`:
+                              ///< only the multi-process runs use it)
+  std::vector<PlanOp> ops;    ///< parallel to schedule.ranks[r].ops
+  std::vector<Loc> weights;   ///< the primary shards at the end of the run, per unit
   std::vector<std::uint64_t> weight_n;
 };
 
@@ -120,7 +144,8 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule);
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i);
 
 /** Bytes of device memory the plan needs if every buffer had one lifetime at a time (touched
- *  slots only: the CUDA backend allocates no others). */
-std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule);
+ *  slots only: the CUDA backend allocates no others), over every rank or only `rank`'s (one
+ *  process per rank, whose native collectives also need the native staging slot). */
+std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule, int rank = -1);
 
 }  // namespace hpz::real

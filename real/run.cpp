@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "real/device.hpp"
+#include "real/store.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/error.hpp"
 #include "sim/time/races.hpp"
@@ -16,6 +19,184 @@ constexpr double kMemoryHeadroom = 0.8;
 // The host backends keep every lifetime's storage for the whole run.
 constexpr std::uint64_t kHostBackendBytes = std::uint64_t{4} << 30;
 
+void check_memory(const Scenario& scenario, std::uint64_t need, const DeviceInfo& dev,
+                  const std::string& who) {
+  if (static_cast<double>(need) <= kMemoryHeadroom * static_cast<double>(dev.memory_bytes)) return;
+  throw InputError(scenario.path, "cluster",
+                   fmt::format("{} need about {:.1f} GiB of device memory, more than {:.0f}% of "
+                               "the {:.1f} GiB of {}; use a smaller model or fewer ranks "
+                               "(scenarios/race-1gpu.toml fits)",
+                               who, static_cast<double>(need) / (1 << 30), kMemoryHeadroom * 100,
+                               static_cast<double>(dev.memory_bytes) / (1 << 30), dev.name));
+}
+
+void check_host_memory(const Scenario& scenario, const Plan& plan) {
+  std::uint64_t bytes = 0;
+  for (const RankPlan& rp : plan.ranks) {
+    for (const SlotInfo& s : rp.slots) {
+      bytes += s.elements * static_cast<std::uint64_t>(plan.element_bytes);
+    }
+  }
+  if (bytes <= kHostBackendBytes) return;
+  throw InputError(scenario.path, "--backend",
+                   fmt::format("the host backends keep every buffer lifetime, {:.1f} GiB "
+                               "here (at most {:.0f} GiB): use a small scenario such as "
+                               "scenarios/tiny.toml",
+                               static_cast<double>(bytes) / (1 << 30),
+                               static_cast<double>(kHostBackendBytes) / (1 << 30)));
+}
+
+/** Every rank in this process: emulated on one GPU, or on the CPU. */
+std::unique_ptr<Backend> emulated_backend(const Scenario& scenario, const Schedule& schedule,
+                                          const Plan& plan, const RealOptions& options,
+                                          RealResult& out) {
+  if (options.backend != "cuda") {
+    check_host_memory(scenario, plan);
+    const bool lazy = options.backend == "host-lazy";
+    out.device = "cpu";
+    out.mode = lazy ? fmt::format(
+                          "host, lazy streams: {} ranks; stream work runs when the host "
+                          "waits, the compute stream last",
+                          schedule.world_size)
+                    : fmt::format("host reference: {} ranks, every op carried out at issue",
+                                  schedule.world_size);
+    return make_host_backend(lazy);
+  }
+  const DeviceInfo dev = probe_devices();
+  check_memory(scenario, peak_bytes_estimate(plan, schedule), dev,
+               fmt::format("{} emulated ranks", schedule.world_size));
+  std::unique_ptr<Backend> backend = make_cuda_backend();
+  out.device = dev.name;
+  auto streams = static_cast<std::size_t>(backend->own_streams());
+  for (const RankSchedule& rs : schedule.ranks) streams += rs.streams.size();
+  out.mode = fmt::format("emulated: {} ranks on one GPU, collectives as device copies",
+                         schedule.world_size);
+  const auto queues = static_cast<std::size_t>(dev.hardware_queues);
+  if (streams > queues) {
+    out.mode += fmt::format(
+        "; WARNING: {} streams share {} hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), and "
+        "the false dependencies between them can hide a race (use fewer ranks)",
+        streams, queues);
+  }
+  return backend;
+}
+
+/** This process's rank of a run with one process per rank. */
+std::unique_ptr<Backend> rank_backend(const Scenario& scenario, const Schedule& schedule,
+                                      const Plan& plan, const RealOptions& options, Store& store,
+                                      RealResult& out) {
+  const Launch& l = *options.launch;
+  const auto rank = static_cast<Rank>(l.rank);
+  if (options.backend == "host") {
+    check_host_memory(scenario, plan);
+    out.device = "cpu";
+    out.mode = fmt::format(
+        "one process per rank: {} processes ({}), host backend, collectives through rank 0's "
+        "store",
+        l.world, l.via);
+    return make_host_rank_backend(rank, store);
+  }
+  for (const PlanOp& po : plan.ranks[rank].ops) {
+    if (po.instance >= 0 && po.native.kind == NativeCollective::Kind::kNone) {
+      throw InputError(scenario.path, "model",
+                       "a collective's buffers do not fit one NCCL call (plan.hpp, "
+                       "NativeCollective); run it with ranks emulated on one GPU");
+    }
+  }
+  const DeviceInfo dev = probe_devices();
+  if (l.local_rank >= dev.count) {
+    throw InputError("environment", l.via,
+                     fmt::format("local rank {} needs GPU {}, but this node has {} CUDA "
+                                 "device(s); start at most one process per GPU",
+                                 l.local_rank, l.local_rank, dev.count));
+  }
+  check_memory(scenario, peak_bytes_estimate(plan, schedule, l.rank), dev,
+               fmt::format("rank {}'s buffers", l.rank));
+  out.device = dev.name;
+  out.mode =
+      fmt::format("one process per rank: {} processes ({}), NCCL collectives, one GPU per process",
+                  l.world, l.via);
+  return make_nccl_backend(schedule, rank, l.local_rank, store);
+}
+
+/** FNV-1a over bytes, continuing from `h`. */
+std::uint64_t fnv1a(std::uint64_t h, const std::uint8_t* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+constexpr std::uint64_t kFnvBasis = 0xcbf29ce484222325ULL;
+
+/** The hash of rank r's final weights in `run`. */
+std::uint64_t rank_weights_hash(const RunOutput& run, Rank r) {
+  std::uint64_t h = kFnvBasis;
+  if (static_cast<std::size_t>(r) >= run.weights.size()) return h;
+  for (const auto& unit : run.weights[r]) h = fnv1a(h, unit.data(), unit.size());
+  return h;
+}
+
+/** Per-rank weight hashes combined in rank order. */
+std::uint64_t combine_hashes(const std::vector<std::uint64_t>& per_rank) {
+  return fnv1a(kFnvBasis, reinterpret_cast<const std::uint8_t*>(per_rank.data()),
+               per_rank.size() * sizeof(std::uint64_t));
+}
+
+/** What one process knows of a run: its rank's timeline rows, weights hash and corruption, and
+ *  whether it hung. CBOR, which keeps NaN times (ops that never ran) as they are. */
+std::string encode_part(const RunOutput& run, const Corruption& c, Rank rank) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const OpTime& t : run.timeline.ranks[rank]) rows.push_back({t.issue_s, t.start_s, t.end_s});
+  const nlohmann::json j = {{"hung", run.hung},
+                            {"hang", run.hang},
+                            {"corrupted", c.corrupted_elements},
+                            {"nans", c.nan_elements},
+                            {"bad_probes", c.bad_probes},
+                            {"probe_nans", c.probe_nans},
+                            {"has_first", c.has_first},
+                            {"first_rank", c.first_rank},
+                            {"first_op", c.first_op},
+                            {"first_start_s", c.first_start_s},
+                            {"weights_hash", rank_weights_hash(run, rank)},
+                            {"rows", rows}};
+  const std::vector<std::uint8_t> bytes = nlohmann::json::to_cbor(j);
+  return {bytes.begin(), bytes.end()};
+}
+
+/** Merges every process's part of run `key` into `run` and `c`: each rank's rows from its own
+ *  process, counts summed, the earliest first bad read (clocks aligned at the run's start
+ *  barrier), hung when any process hung. Returns the per-rank weight hashes. */
+std::vector<std::uint64_t> merge_parts(Store& store, const std::string& key, Rank rank,
+                                       RunOutput& run, Corruption& c) {
+  const std::vector<std::string> parts = store.all_gather(key, encode_part(run, c, rank));
+  Corruption all;
+  std::vector<std::uint64_t> hashes;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const nlohmann::json j = nlohmann::json::from_cbor(parts[p]);
+    hashes.push_back(j.at("weights_hash").get<std::uint64_t>());
+    if (j.at("hung").get<bool>() && !run.hung) {
+      run.hung = true;
+      run.hang = j.at("hang").get<std::string>();
+    }
+    all.corrupted_elements += j.at("corrupted").get<std::uint64_t>();
+    all.nan_elements += j.at("nans").get<std::uint64_t>();
+    all.bad_probes += j.at("bad_probes").get<std::uint64_t>();
+    all.probe_nans += j.at("probe_nans").get<std::uint64_t>();
+    const double start = j.at("first_start_s").get<double>();
+    if (j.at("has_first").get<bool>() && (!all.has_first || start < all.first_start_s)) {
+      all.has_first = true;
+      all.first_rank = j.at("first_rank").get<Rank>();
+      all.first_op = j.at("first_op").get<std::uint32_t>();
+      all.first_start_s = start;
+    }
+    auto& rows = run.timeline.ranks.at(p);
+    const auto& in = j.at("rows");
+    for (std::size_t i = 0; i < rows.size() && i < in.size(); ++i) {
+      rows[i] = {in[i][0].get<double>(), in[i][1].get<double>(), in[i][2].get<double>()};
+    }
+  }
+  c = all;
+  return hashes;
+}
+
 }  // namespace
 
 RealResult run_real(const Scenario& scenario, const Schedule& schedule,
@@ -24,65 +205,59 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   RealResult out;
   out.ranks = schedule.world_size;
   out.probes = plan.probes;
+  std::unique_ptr<Store> store;
   std::unique_ptr<Backend> backend;
-  const bool cuda = options.backend == "cuda";
-  if (cuda) {
-    const DeviceInfo dev = probe_devices();
-    const std::uint64_t need = peak_bytes_estimate(plan, schedule);
-    if (static_cast<double>(need) > kMemoryHeadroom * static_cast<double>(dev.memory_bytes)) {
-      throw InputError(scenario.path, "cluster",
-                       fmt::format("{} emulated ranks need about {:.1f} GiB of device memory, "
-                                   "more than {:.0f}% of the {:.1f} GiB of {}; use a smaller "
-                                   "model or fewer ranks (scenarios/race-1gpu.toml fits)",
-                                   schedule.world_size, static_cast<double>(need) / (1 << 30),
-                                   kMemoryHeadroom * 100,
-                                   static_cast<double>(dev.memory_bytes) / (1 << 30), dev.name));
+  ExecOptions base;
+  base.timeout_s = options.timeout_s;
+  Rank rank = 0;
+  if (options.launch) {
+    const Launch& l = *options.launch;
+    if (l.world != schedule.world_size) {
+      throw InputError("environment", l.via,
+                       fmt::format("the launcher started {} processes, but {} has {} ranks "
+                                   "(cluster.nodes x cluster.gpus_per_node): start one per rank",
+                                   l.world, scenario.path, schedule.world_size));
     }
-    backend = make_cuda_backend();
-    out.device = dev.name;
-    auto streams = static_cast<std::size_t>(backend->own_streams());
-    for (const RankSchedule& rs : schedule.ranks) streams += rs.streams.size();
-    out.mode = fmt::format("emulated: {} ranks on one GPU, collectives as device copies",
-                           schedule.world_size);
-    const auto queues = static_cast<std::size_t>(dev.hardware_queues);
-    if (streams > queues) {
-      out.mode += fmt::format(
-          "; WARNING: {} streams share {} hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), and "
-          "the false dependencies between them can hide a race (use fewer ranks)",
-          streams, queues);
+    if (options.backend == "host-lazy") {
+      throw InputError("", "--backend",
+                       "host-lazy needs every rank in one process; with one process per rank "
+                       "use cuda or host");
     }
+    rank = static_cast<Rank>(l.rank);
+    store = std::make_unique<Store>(l.rank, l.world, l.store_addr, l.store_port, options.timeout_s);
+    backend = rank_backend(scenario, schedule, plan, options, *store, out);
+    base.only_rank = l.rank;
+    out.processes = l.world;
+    out.reports = l.rank == 0;
   } else {
-    std::uint64_t bytes = 0;
-    for (const RankPlan& rp : plan.ranks) {
-      for (const SlotInfo& s : rp.slots) {
-        bytes += s.elements * static_cast<std::uint64_t>(plan.element_bytes);
-      }
-    }
-    if (bytes > kHostBackendBytes) {
-      throw InputError(scenario.path, "--backend",
-                       fmt::format("the host backends keep every buffer lifetime, {:.1f} GiB "
-                                   "here (at most {:.0f} GiB): use a small scenario such as "
-                                   "scenarios/tiny.toml",
-                                   static_cast<double>(bytes) / (1 << 30),
-                                   static_cast<double>(kHostBackendBytes) / (1 << 30)));
-    }
-    const bool lazy = options.backend == "host-lazy";
-    backend = make_host_backend(lazy);
-    out.device = "cpu";
-    out.mode = lazy ? fmt::format(
-                          "host, lazy streams: {} ranks; stream work runs when the host "
-                          "waits, the compute stream last",
-                          schedule.world_size)
-                    : fmt::format("host reference: {} ranks, every op carried out at issue",
-                                  schedule.world_size);
+    backend = emulated_backend(scenario, schedule, plan, options, out);
   }
   out.backend = backend->name();
   const int total = options.runs + 1;
+  int run_no = 0;
+  // Runs once; with one process per rank the processes start together and each run's parts
+  // are merged, so every process ends with the whole run.
+  std::vector<std::uint64_t> hashes;
+  auto run_once = [&](bool serialize, const RunOutput* reference, Corruption& c) {
+    ExecOptions o = base;
+    o.serialize = serialize;
+    const int k = run_no++;
+    if (store) o.before_start = [&store, k] { store->barrier(fmt::format("start/{}", k)); };
+    RunOutput run = execute(schedule, plan, *backend, o);
+    if (reference != nullptr && !run.hung && !reference->hung)
+      c = compare_runs(plan, *reference, run);
+    hashes.clear();
+    if (store) {
+      hashes = merge_parts(*store, fmt::format("parts/{}", k), rank, run, c);
+    } else {
+      for (Rank r = 0; r < schedule.world_size; ++r) hashes.push_back(rank_weights_hash(run, r));
+    }
+    return run;
+  };
 
-  ExecOptions serialized;
-  serialized.serialize = true;
-  serialized.timeout_s = options.timeout_s;
-  const RunOutput reference = execute(schedule, plan, *backend, serialized);
+  Corruption none;
+  const RunOutput reference = run_once(true, nullptr, none);
+  out.reference_weights_hash = combine_hashes(hashes);
   out.reference_hung = reference.hung;
   out.reference_hang = reference.hang;
   if (options.progress) options.progress(1, total);
@@ -94,19 +269,18 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   t.nodes = scenario.cluster.nodes;
   t.steps = scenario.run.steps;
   t.spin_before_copy_us = scenario.run.spin_before_copy_us;
-  t.collective_model = cuda ? "emulated (device copies)" : options.backend;
+  t.collective_model = options.launch && options.backend == "cuda" ? "NCCL"
+                       : options.backend == "cuda"                 ? "emulated (device copies)"
+                                                                   : options.backend;
   t.network_model = "none (measured)";
   time::attach_races(check::check_schedule(schedule), t);
 
-  ExecOptions timed;
-  timed.timeout_s = options.timeout_s;
   std::vector<Timeline> timelines;
   for (int k = 0; k < options.runs; ++k) {
-    RunOutput run = execute(schedule, plan, *backend, timed);
     RealRun rr;
+    RunOutput run = run_once(false, &reference, rr.corruption);
     rr.hung = run.hung;
     rr.hang = run.hang;
-    if (!run.hung && !reference.hung) rr.corruption = compare_runs(plan, reference, run);
     out.corrupted_runs += rr.corruption.corrupted() ? 1 : 0;
     out.runs.push_back(rr);
     time::StepMetrics m = time::step_metrics(scenario, schedule, run.timeline);

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "real/executor.hpp"
+#include "real/launch.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule.hpp"
 #include "sim/time/simulate.hpp"
@@ -19,6 +21,9 @@ struct RealOptions {
   int runs = 1;
   double timeout_s = 60.0;       ///< per host wait; a longer wait is reported as a hang
   std::string backend = "cuda";  ///< cuda | host | host-lazy (backend.hpp)
+  /** Set: one process per rank, this process is `launch->rank` (cuda: NCCL on GPU
+   *  `local_rank`; host: collectives through the store). Unset: every rank in this process. */
+  std::optional<Launch> launch;
   /** Called after the reference and after each run with (done, all). */
   std::function<void(int, int)> progress;
 };
@@ -36,9 +41,14 @@ struct RealResult {
   std::string mode;     ///< e.g. "emulated: 16 ranks on one GPU"
   std::string device;   ///< GPU name, or "cpu"
   int ranks = 0;
+  int processes = 1;         ///< processes that ran the ranks (one per rank, or this one)
+  bool reports = true;       ///< this process writes the report (rank 0 of several)
   std::uint64_t probes = 0;  ///< gathered parameters checked per run
   bool reference_hung = false;
   std::string reference_hang;
+  /** A hash of the reference run's final weights, every rank's in rank order: the same for
+   *  the same scenario on the same backend kind, whatever the number of processes. */
+  std::uint64_t reference_weights_hash = 0;
   std::vector<RealRun> runs;
   int corrupted_runs = 0;
   /** The measured runs in the shape of `hpzlab sim`'s result: step metrics per run, race

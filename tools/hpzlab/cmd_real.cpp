@@ -1,8 +1,10 @@
-// `hpzlab real SCENARIO [--runs N] [--timeout S] [--json FILE] [--trace FILE] [--backend B]`: runs
-// the schedule on a GPU with CUDA streams, events and device copies, op for op, once serialized
-// (the reference) and N times for real, and reports how many runs corrupted the gathered
-// parameters or the weights, and the measured step time. Exit 0; 1 when a run corrupted data or
-// hung; 2 on bad input; 3 without a CUDA device.
+// `hpzlab real SCENARIO [--runs N] [--timeout S] [--json FILE] [--trace FILE] [--backend B]
+// [--distributed]`: runs the schedule on a GPU with CUDA streams, events and device copies, op
+// for op, once serialized (the reference) and N times for real, and reports how many runs
+// corrupted the gathered parameters or the weights, and the measured step time. With
+// --distributed, each process started by a launcher runs one rank (NCCL on its own GPU) and
+// rank 0 reports for all. Exit 0; 1 when a run corrupted data or hung; 2 on bad input; 3
+// without a CUDA device.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -25,6 +27,7 @@ struct RealCliOptions {
   int runs = 5;
   double timeout_s = 60;
   std::string backend = "cuda";
+  bool distributed = false;
 };
 
 void progress(int done, int total) {
@@ -61,9 +64,9 @@ std::string render_text(const Schedule& schedule, const real::RealResult& r) {
   }
   s += fmt::format(
       "corrupted in {} of {} runs; mean step time {:.3f} ms; races manifested "
-      "{} (summed over runs)\n",
+      "{} (summed over runs); reference weights hash {:016x}\n",
       r.corrupted_runs, r.runs.size(), r.timing.mean.step_time_s * 1e3,
-      r.timing.mean.races_manifested);
+      r.timing.mean.races_manifested, r.reference_weights_hash);
   return s;
 }
 
@@ -74,9 +77,11 @@ std::string render_json(const Schedule& schedule, const real::RealResult& r) {
   j["mode"] = r.mode;
   j["device"] = r.device;
   j["ranks"] = r.ranks;
+  j["processes"] = r.processes;
   j["gather_probes_per_run"] = r.probes;
   j["corrupted_runs"] = r.corrupted_runs;
   j["reference_hung"] = r.reference_hung;
+  j["reference_weights_hash"] = fmt::format("{:016x}", r.reference_weights_hash);
   nlohmann::json runs = nlohmann::json::array();
   for (const real::RealRun& run : r.runs) {
     const real::Corruption& c = run.corruption;
@@ -104,6 +109,16 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   if (!(opts.timeout_s > 0))
     throw InputError("", "--timeout", "must be a positive number of seconds");
   const Scenario sc = load(opts.scenario);
+  real::RealOptions ro;
+  if (opts.distributed) {
+    ro.launch = real::detect_launch();
+    if (!ro.launch) {
+      throw InputError("", "--distributed",
+                       "no launcher variables found (HPZLAB_RANK and HPZLAB_WORLD_SIZE, "
+                       "OMPI_COMM_WORLD_*, PMI_*, SLURM_*, or RANK and WORLD_SIZE): start it "
+                       "with tools/launch-local, mpirun, srun or torchrun");
+    }
+  }
   if (opts.backend == "cuda") {
     const real::DeviceInfo dev = real::probe_devices();
     if (dev.count == 0) {
@@ -113,12 +128,14 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
     }
   }
   const Schedule schedule = build_schedule(sc);
-  real::RealOptions ro;
   ro.runs = opts.runs;
   ro.timeout_s = opts.timeout_s;
   ro.backend = opts.backend;
-  ro.progress = progress;
+  if (!ro.launch || ro.launch->rank == 0) ro.progress = progress;
   const real::RealResult result = real::run_real(sc, schedule, ro);
+  const bool hung = result.reference_hung || result.timing.mean.hung;
+  exit_code = hung || result.corrupted_runs > 0 ? kExitFindings : kExitOk;
+  if (!result.reports) return;  // rank 0 reports for every process
   if (!opts.scenario.json.empty()) write_output(opts.scenario.json, render_json(schedule, result));
   if (!opts.trace.empty()) {
     write_output(opts.trace, time::TraceReporter().render(schedule, result.timing));
@@ -127,8 +144,6 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
     const std::string text = render_text(schedule, result);
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
-  const bool hung = result.reference_hung || result.timing.mean.hung;
-  exit_code = hung || result.corrupted_runs > 0 ? kExitFindings : kExitOk;
 }
 
 }  // namespace
@@ -138,7 +153,8 @@ void setup_real(CLI::App& app, int& exit_code) {
   CLI::App* sub = app.add_subcommand(
       "real",
       "Run the schedule on a GPU (CUDA streams, events, device copies; ranks emulated on one "
-      "GPU), serialized once as the reference and --runs times for real; report corrupted runs "
+      "GPU, or one process per GPU with NCCL: --distributed), serialized once as the reference and "
+      "--runs times for real; report corrupted runs "
       "and measured timings. Exit 1 when a run corrupted data or hung, 3 without a CUDA device");
   add_scenario_options(*sub, opts->scenario);
   sub->add_option("--runs", opts->runs, "Timed runs after the reference (default 5)");
@@ -151,6 +167,11 @@ void setup_real(CLI::App& app, int& exit_code) {
                   "race can show) | host-lazy (CPU, stream work deferred until the host waits, "
                   "the compute stream last: every race the schedule allows bites)")
       ->check(CLI::IsMember({"cuda", "host", "host-lazy"}));
+  sub->add_flag("--distributed", opts->distributed,
+                "One process per rank, started by a launcher (tools/launch-local, mpirun, srun, "
+                "torchrun) that sets the rank and world size; rank 0's store at MASTER_ADDR:"
+                "MASTER_PORT (default 127.0.0.1:29517). cuda: NCCL, GPU = local rank; host: "
+                "collectives through the store. Rank 0 prints and writes the report");
   sub->callback([opts, &exit_code] { run_real(*opts, exit_code); });
 }
 
