@@ -12,6 +12,7 @@
 //   IR allows is taken the bad way.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -37,6 +38,7 @@ class HostBackend : public Backend {
   void collective(Rank r, StreamId, GroupId, const PlanOp& po) override {
     const Instance& inst = plan_->instances[static_cast<std::size_t>(po.instance)];
     const auto member = static_cast<std::size_t>(po.member);
+    if (inst.members.size() < inst.group_ranks.size()) return missing_member(r, inst);
     const auto key = [&](std::size_t m) {
       return fmt::format("run{}/c{}/m{}", run_, po.instance, m);
     };
@@ -61,6 +63,25 @@ class HostBackend : public Backend {
     }
     for (const Action& a : po.actions) run(a);
     for (const Action& a : po.post_actions) run(a);
+  }
+
+  /** A collective some member never issues: NCCL would wait forever, so this waits for a
+   *  store key nobody sets, which ends in HangError after the store's timeout. */
+  [[noreturn]] void missing_member(Rank r, const Instance& inst) {
+    std::string missing;
+    for (Rank g : inst.group_ranks) {
+      const bool here = std::any_of(inst.members.begin(), inst.members.end(),
+                                    [&](const auto& m) { return m.first == g; });
+      if (!here) missing += fmt::format("{}{}", missing.empty() ? "" : ",", g);
+    }
+    try {
+      dist_->get(fmt::format("run{}/never", run_));
+    } catch (const HangError&) {
+    }
+    throw HangError(fmt::format(
+        "HANG: rank {} waited in a collective on group {} that only {} of its {} ranks issue "
+        "(missing ranks: {})",
+        r, inst.group, inst.members.size(), inst.group_ranks.size(), missing));
   }
 
   void begin_run(const Schedule& schedule, const Plan& plan) override {

@@ -97,7 +97,12 @@ std::unique_ptr<Backend> rank_backend(const Scenario& scenario, const Schedule& 
     return make_host_rank_backend(rank, store);
   }
   for (const PlanOp& po : plan.ranks[rank].ops) {
-    if (po.instance >= 0 && po.native.kind == NativeCollective::Kind::kNone) {
+    if (po.instance < 0) continue;
+    const Instance& inst = plan.instances[static_cast<std::size_t>(po.instance)];
+    // A collective some member never issues hangs in NCCL as it would in training: the run
+    // reports that; one whose buffers do not fit a single NCCL call cannot run at all.
+    if (inst.members.size() == inst.group_ranks.size() &&
+        po.native.kind == NativeCollective::Kind::kNone) {
       throw InputError(scenario.path, "model",
                        "a collective's buffers do not fit one NCCL call (plan.hpp, "
                        "NativeCollective); run it with ranks emulated on one GPU");
