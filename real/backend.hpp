@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ class Backend {
   virtual void alloc(Rank r, StreamId s, SlotId slot, Fill fill) = 0;
   virtual void free(Rank r, StreamId s, SlotId slot) = 0;
   virtual void spin(Rank r, StreamId s, double seconds) = 0;
+  /** Runs a GEMM of shape `g` on stream s (--compute real; the CUDA backend only). */
+  virtual void gemm(Rank r, StreamId s, const GemmShape& g) {
+    (void)r, (void)s, (void)g;
+    throw std::runtime_error("only the cuda backend runs GEMMs (--compute real)");
+  }
   virtual void run_actions(Rank r, StreamId s, const std::vector<Action>& actions) = 0;
   /** Records IR event `e` of rank r on stream s; `wait_event` makes stream s wait for it. */
   virtual void record_event(Rank r, StreamId s, EventId e) = 0;
@@ -106,13 +112,13 @@ std::unique_ptr<Backend> make_host_rank_backend(Rank rank, Store& store);
 
 /** The CUDA backend on device 0 (emulated ranks). Throws std::runtime_error when CUDA fails and
  *  when hpzlab was built without CUDA. */
-std::unique_ptr<Backend> make_cuda_backend();
+std::unique_ptr<Backend> make_cuda_backend(bool real_compute = false);
 
 /** The CUDA backend for one rank of a run with one process per rank: GPU `device`, collectives
  *  as NCCL calls on one communicator per IR group, set up through `store` (rank 0's unique id,
  *  then ncclCommSplit of the world). Throws std::runtime_error when CUDA or NCCL fails and when
  *  hpzlab was built without CUDA. */
 std::unique_ptr<Backend> make_nccl_backend(const Schedule& schedule, Rank rank, int device,
-                                           Store& store);
+                                           Store& store, bool real_compute = false);
 
 }  // namespace hpz::real

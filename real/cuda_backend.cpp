@@ -31,6 +31,7 @@
 #include "real/backend.hpp"
 #include "real/device.hpp"
 #include "real/executor.hpp"
+#include "real/gemm_runner.hpp"
 #include "real/kernels.hpp"
 #include "real/store.hpp"
 
@@ -69,8 +70,8 @@ cudaEvent_t new_event(bool timing) {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend() : CudaBackend(0, std::nullopt) {}
-  CudaBackend(int device, std::optional<NcclRank> nccl) : device_(device), nccl_(std::move(nccl)) {
+  CudaBackend(int device, std::optional<NcclRank> nccl, bool real_compute)
+      : device_(device), nccl_(std::move(nccl)), real_compute_(real_compute) {
     HPZ_CUDA(cudaSetDevice(device_));
     HPZ_CUDA(cudaStreamCreateWithFlags(&fill_, cudaStreamNonBlocking));
     origin_event_ = new_event(true);
@@ -154,6 +155,7 @@ class CudaBackend : public Backend {
       rs.live.clear();
       rs.live_slot.clear();
     }
+    if (real_compute_ && !gemm_) make_gemm_runner(plan);
     if (probe_dev_ != nullptr) HPZ_CUDA(cudaFree(probe_dev_));
     probe_dev_ = nullptr;
     if (plan.probes > 0) {
@@ -188,6 +190,10 @@ class CudaBackend : public Backend {
 
   void spin(Rank r, StreamId s, double seconds) override {
     HPZ_CUDA(kernels::spin(static_cast<std::uint64_t>(seconds * 1e9), stream(r, s)));
+  }
+
+  void gemm(Rank r, StreamId s, const GemmShape& g) override {
+    gemm_->run(static_cast<int>(r), stream(r, s), g);
   }
 
   void run_actions(Rank r, StreamId s, const std::vector<Action>& actions) override {
@@ -318,6 +324,24 @@ class CudaBackend : public Backend {
     std::vector<int> slot_block;                  // slot -> index into live, or -1
     std::mutex mu;
   };
+
+  /** The GEMMs of every layer kernel this process runs: scratch for the largest, each shape
+   *  loaded and run once before any run is timed. */
+  void make_gemm_runner(const Plan& plan) {
+    std::vector<GemmShape> shapes;
+    for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+      if (!mine(r)) continue;
+      for (const PlanOp& po : plan.ranks[r].ops) {
+        if (po.gemm && std::find(shapes.begin(), shapes.end(), *po.gemm) == shapes.end()) {
+          shapes.push_back(*po.gemm);
+        }
+      }
+    }
+    if (shapes.empty()) return;
+    gemm_ = std::make_unique<GemmRunner>(static_cast<int>(plan.ranks.size()), max_shape(shapes),
+                                         plan.element_bytes);
+    gemm_->warm_up(shapes);
+  }
 
   /** Whether this process runs rank r (all of them unless one process per rank). */
   bool mine(std::size_t r) const { return !nccl_ || static_cast<std::size_t>(nccl_->rank) == r; }
@@ -482,6 +506,8 @@ class CudaBackend : public Backend {
   int device_ = 0;
   std::optional<NcclRank> nccl_;  // one process per rank: this process's rank and communicators
   bool aborted_ = false;          // NCCL aborted after a hang: no further run can use it
+  bool real_compute_ = false;     // layer kernels as cuBLAS GEMMs
+  std::unique_ptr<GemmRunner> gemm_;
   const Plan* plan_ = nullptr;
   int eb_ = 2;
   std::deque<RankState> ranks_;
@@ -494,13 +520,13 @@ class CudaBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(bool real_compute) {
   claim_hardware_queues();
-  return std::make_unique<CudaBackend>();
+  return std::make_unique<CudaBackend>(0, std::nullopt, real_compute);
 }
 
 std::unique_ptr<Backend> make_nccl_backend(const Schedule& schedule, Rank rank, int device,
-                                           Store& store) {
+                                           Store& store, bool real_compute) {
   claim_hardware_queues();
   HPZ_CUDA(cudaSetDevice(device));
   ncclUniqueId id{};
@@ -529,7 +555,7 @@ std::unique_ptr<Backend> make_nccl_backend(const Schedule& schedule, Rank rank, 
                            static_cast<int>(rank), &c, nullptr));
     n.groups.push_back(member ? c : nullptr);
   }
-  return std::make_unique<CudaBackend>(device, std::move(n));
+  return std::make_unique<CudaBackend>(device, std::move(n), real_compute);
 }
 
 }  // namespace hpz::real

@@ -84,11 +84,11 @@ double spin_for(double) {
   throw std::runtime_error("hpzlab was built without CUDA");
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(bool) {
   throw std::runtime_error("hpzlab was built without CUDA (HPZLAB_WITH_CUDA=OFF)");
 }
 
-std::unique_ptr<Backend> make_nccl_backend(const Schedule&, Rank, int, Store&) {
+std::unique_ptr<Backend> make_nccl_backend(const Schedule&, Rank, int, Store&, bool) {
   throw std::runtime_error("hpzlab was built without CUDA (HPZLAB_WITH_CUDA=OFF)");
 }
 #endif

@@ -184,7 +184,11 @@ class RankThread {
       case OpKind::kDequantize:
       case OpKind::kCopy:
         b_.op_begin(r_, op.stream, i);
-        if (po.spin_s > 0) b_.spin(r_, op.stream, po.spin_s);
+        if (o_.real_compute && po.gemm) {
+          b_.gemm(r_, op.stream, *po.gemm);
+        } else if (po.spin_s > 0) {
+          b_.spin(r_, op.stream, po.spin_s);
+        }
         b_.run_actions(r_, op.stream, po.actions);
         b_.op_end(r_, op.stream, i);
         return;

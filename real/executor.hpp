@@ -26,6 +26,8 @@ struct ExecOptions {
   double timeout_s = 60.0;  ///< longest host wait before the run is declared hung
   /** Runs only this rank's ops (one process per rank); -1: every rank, one thread each. */
   int only_rank = -1;
+  /** Layer kernels run as cuBLAS GEMMs of their shape (PlanOp::gemm) instead of spinning. */
+  bool real_compute = false;
   /** Called after the backend is ready and before the clock starts (a barrier across the
    *  processes, so that every rank's times share an origin). */
   std::function<void()> before_start;

@@ -119,6 +119,7 @@ class PlanBuilder {
     using K = Action::Kind;
     if (o.kind == OpKind::kKernel || o.kind == OpKind::kQuantize || o.kind == OpKind::kDequantize) {
       po.spin_s = cost_.op_s(s_, r, o);
+      po.gemm = gemm_shape(sc_, o);
     }
     switch (o.kind) {
       case OpKind::kKernel:

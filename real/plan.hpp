@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "real/gemm.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule.hpp"
 
@@ -84,10 +85,11 @@ struct NativeCollective {
 
 /** The executor's view of one op. */
 struct PlanOp {
-  double spin_s = 0;            ///< stream time of a kernel / quantize kernel (cost model)
-  std::int32_t instance = -1;   ///< collectives: index into Plan::instances
-  std::int32_t member = -1;     ///< collectives: position in the instance
-  std::vector<Action> actions;  ///< data moved (for collectives: after every member arrived)
+  double spin_s = 0;              ///< stream time of a kernel / quantize kernel (cost model)
+  std::optional<GemmShape> gemm;  ///< layer kernels: the GEMM they run under --compute real
+  std::int32_t instance = -1;     ///< collectives: index into Plan::instances
+  std::int32_t member = -1;       ///< collectives: position in the instance
+  std::vector<Action> actions;    ///< data moved (for collectives: after every member arrived)
   /** Collectives that write a buffer they also send (an in-place AllReduce): `actions` write
    *  the rank's staging slot, and these copy it into place once every member has read its
    *  inputs. */

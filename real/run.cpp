@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "real/device.hpp"
+#include "real/gemm.hpp"
 #include "real/store.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/error.hpp"
@@ -46,6 +47,15 @@ void check_host_memory(const Scenario& scenario, const Plan& plan) {
                                static_cast<double>(kHostBackendBytes) / (1 << 30)));
 }
 
+/** Device memory --compute real's GEMM scratch takes (GemmRunner: one set for all ranks). */
+std::uint64_t gemm_bytes(const Scenario& scenario, const Schedule& schedule,
+                         const RealOptions& options) {
+  if (options.compute != "real") return 0;
+  const int ranks = options.launch ? 1 : schedule.world_size;
+  return gemm_scratch_bytes(max_shape(gemm_shapes(scenario, schedule)), schedule.dtype_bytes,
+                            ranks);
+}
+
 /** Every rank in this process: emulated on one GPU, or on the CPU. */
 std::unique_ptr<Backend> emulated_backend(const Scenario& scenario, const Schedule& schedule,
                                           const Plan& plan, const RealOptions& options,
@@ -63,9 +73,10 @@ std::unique_ptr<Backend> emulated_backend(const Scenario& scenario, const Schedu
     return make_host_backend(lazy);
   }
   const DeviceInfo dev = probe_devices();
-  check_memory(scenario, peak_bytes_estimate(plan, schedule), dev,
+  check_memory(scenario,
+               peak_bytes_estimate(plan, schedule) + gemm_bytes(scenario, schedule, options), dev,
                fmt::format("{} emulated ranks", schedule.world_size));
-  std::unique_ptr<Backend> backend = make_cuda_backend();
+  std::unique_ptr<Backend> backend = make_cuda_backend(options.compute == "real");
   out.device = dev.name;
   auto streams = static_cast<std::size_t>(backend->own_streams());
   for (const RankSchedule& rs : schedule.ranks) streams += rs.streams.size();
@@ -115,13 +126,15 @@ std::unique_ptr<Backend> rank_backend(const Scenario& scenario, const Schedule& 
                                  "device(s); start at most one process per GPU",
                                  l.local_rank, l.local_rank, dev.count));
   }
-  check_memory(scenario, peak_bytes_estimate(plan, schedule, l.rank), dev,
-               fmt::format("rank {}'s buffers", l.rank));
+  check_memory(
+      scenario,
+      peak_bytes_estimate(plan, schedule, l.rank) + gemm_bytes(scenario, schedule, options), dev,
+      fmt::format("rank {}'s buffers", l.rank));
   out.device = dev.name;
   out.mode =
       fmt::format("one process per rank: {} processes ({}), NCCL collectives, one GPU per process",
                   l.world, l.via);
-  return make_nccl_backend(schedule, rank, l.local_rank, store);
+  return make_nccl_backend(schedule, rank, l.local_rank, store, options.compute == "real");
 }
 
 /** FNV-1a over bytes, continuing from `h`. */
@@ -212,8 +225,13 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   out.probes = plan.probes;
   std::unique_ptr<Store> store;
   std::unique_ptr<Backend> backend;
+  if (options.compute == "real" && options.backend != "cuda") {
+    throw InputError("", "--compute",
+                     "real runs cuBLAS GEMMs and needs --backend cuda; the host backends spin");
+  }
   ExecOptions base;
   base.timeout_s = options.timeout_s;
+  base.real_compute = options.compute == "real";
   Rank rank = 0;
   if (options.launch) {
     const Launch& l = *options.launch;
@@ -238,6 +256,7 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
     backend = emulated_backend(scenario, schedule, plan, options, out);
   }
   out.backend = backend->name();
+  if (options.compute == "real") out.mode += "; layer kernels as cuBLAS GEMMs of the layer shapes";
   const int total = options.runs + 1;
   int run_no = 0;
   // Runs once; with one process per rank the processes start together and each run's parts

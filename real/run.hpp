@@ -21,6 +21,9 @@ struct RealOptions {
   int runs = 1;
   double timeout_s = 60.0;       ///< per host wait; a longer wait is reported as a hang
   std::string backend = "cuda";  ///< cuda | host | host-lazy (backend.hpp)
+  /** spin: kernels hold their stream for the cost model's time; real: layer kernels run as
+   *  cuBLAS GEMMs of the layer's shapes (gemm.hpp; cuda only). */
+  std::string compute = "spin";
   /** Set: one process per rank, this process is `launch->rank` (cuda: NCCL on GPU
    *  `local_rank`; host: collectives through the store). Unset: every rank in this process. */
   std::optional<Launch> launch;

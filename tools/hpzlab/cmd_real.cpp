@@ -28,6 +28,7 @@ struct RealCliOptions {
   double timeout_s = 60;
   std::string backend = "cuda";
   bool distributed = false;
+  std::string compute = "spin";
 };
 
 void progress(int done, int total) {
@@ -131,6 +132,7 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   ro.runs = opts.runs;
   ro.timeout_s = opts.timeout_s;
   ro.backend = opts.backend;
+  ro.compute = opts.compute;
   if (!ro.launch || ro.launch->rank == 0) ro.progress = progress;
   const real::RealResult result = real::run_real(sc, schedule, ro);
   const bool hung = result.reference_hung || result.timing.mean.hung;
@@ -167,6 +169,11 @@ void setup_real(CLI::App& app, int& exit_code) {
                   "race can show) | host-lazy (CPU, stream work deferred until the host waits, "
                   "the compute stream last: every race the schedule allows bites)")
       ->check(CLI::IsMember({"cuda", "host", "host-lazy"}));
+  sub->add_option("--compute", opts->compute,
+                  "spin (default: every kernel holds its stream for the cost model's time) | "
+                  "real (forward and backward layer kernels as cuBLAS GEMMs of the layer's "
+                  "shapes; cuda only)")
+      ->check(CLI::IsMember({"spin", "real"}));
   sub->add_flag("--distributed", opts->distributed,
                 "One process per rank, started by a launcher (tools/launch-local, mpirun, srun, "
                 "torchrun) that sets the rank and world size; rank 0's store at MASTER_ADDR:"
