@@ -91,7 +91,7 @@ class CudaBackend : public Backend {
       for (ncclComm_t c : nccl_->groups) {
         if (c != nullptr) ncclCommDestroy(c);
       }
-      ncclCommDestroy(nccl_->world);
+      if (nccl_->world != nullptr) ncclCommDestroy(nccl_->world);
     }
   }
 
