@@ -27,8 +27,10 @@ namespace {
 // Wire format, one request after another on a connection:
 //   set: 'S' u32 key_len, key, i32 reads, u64 value_len, value      (no reply)
 //   get: 'G' u32 key_len, key                                        reply: u64 value_len, value
+//   bye: 'B' u32 0                                                   (no reply; the client is done)
 constexpr char kSet = 'S';
 constexpr char kGet = 'G';
+constexpr char kBye = 'B';
 // Keys and values are small; a length beyond this is a corrupt stream, not a value.
 constexpr std::uint64_t kMaxLength = std::uint64_t{1} << 34;
 constexpr std::uint32_t kMaxKey = 4096;
@@ -64,10 +66,12 @@ bool write_exact(int fd, const void* data, std::size_t n) {
 
 }  // namespace
 
-/** Rank 0's side: one thread accepts, one thread per connection answers its requests. */
+/** Rank 0's side: one thread accepts, one thread per connection answers its requests. It
+ *  outlives rank 0's own work until every rank has said goodbye (or the timeout passed), so
+ *  that no rank loses the store while it still reads the last values. */
 class StoreServer {
  public:
-  explicit StoreServer(int port) {
+  StoreServer(int port, int world, double timeout_s) : world_(world), timeout_s_(timeout_s) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     if (listen_fd_ < 0) throw std::runtime_error("store: socket: " + errno_text());
     const int one = 1;
@@ -90,7 +94,9 @@ class StoreServer {
 
   ~StoreServer() {
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
+                   [&] { return byes_ >= world_; });
       stop_ = true;
       for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
     }
@@ -164,11 +170,19 @@ class StoreServer {
         const std::uint64_t n = value.size();
         if (!write_exact(fd, &n, sizeof n) || !write_exact(fd, value.data(), n)) return;
       } else {
+        if (op == kBye) {
+          std::lock_guard lock(mu_);
+          ++byes_;
+          cv_.notify_all();
+        }
         return;
       }
     }
   }
 
+  int world_;
+  double timeout_s_;
+  int byes_ = 0;
   int listen_fd_ = -1;
   int port_ = 0;
   std::mutex mu_;
@@ -183,7 +197,7 @@ class StoreServer {
 Store::Store(int rank, int world, const std::string& addr, int port, double timeout_s)
     : rank_(rank), world_(world), port_(port), addr_(addr), timeout_s_(timeout_s) {
   if (rank == 0) {
-    server_ = std::make_unique<StoreServer>(port);
+    server_ = std::make_unique<StoreServer>(port, world, timeout_s);
     port_ = server_->port();
   }
   connect_to_server();
@@ -226,7 +240,12 @@ void Store::connect_to_server() {
 }
 
 Store::~Store() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  if (!broken_) {
+    const char bye[1 + sizeof(std::uint32_t)] = {kBye, 0, 0, 0, 0};
+    write_exact(fd_, bye, sizeof bye);  // best effort: rank 0 stops waiting for this rank
+  }
+  ::close(fd_);
 }
 
 void Store::send_all(const void* data, std::size_t n) {

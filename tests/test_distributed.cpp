@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <string>
@@ -129,6 +130,24 @@ TEST(Store, AKeyNobodySetsIsAHangAndTheStoreStillWorksAfterIt) {
   EXPECT_THROW(s.get("never"), HangError);
   s.set("k", "value", 1);
   EXPECT_EQ(s.get("k"), "value");
+}
+
+TEST(Store, RankZeroKeepsServingUntilEveryRankIsDone) {
+  const int port = free_port();
+  std::string got;
+  std::thread late([&] {
+    Store s(1, 2, "127.0.0.1", port, 10);
+    s.set("v/1", "one", 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    got = s.get("v/0");  // after rank 0 has finished
+  });
+  {
+    Store root(0, 2, "127.0.0.1", port, 10);
+    root.set("v/0", "zero", 1);
+    EXPECT_EQ(root.get("v/1"), "one");
+  }
+  late.join();
+  EXPECT_EQ(got, "zero");
 }
 
 TEST(Store, ARankThatCannotReachRankZeroGivesUpWithAHang) {
