@@ -116,8 +116,15 @@ class CudaBackend : public Backend {
       case K::kAllReduce:
         HPZ_NCCL(ncclAllReduce(at(n.send), at(n.recv), n.count, type, ncclSum, comm, st));
         break;
-      case K::kNone:
-        throw std::runtime_error("a collective with no NCCL form reached the NCCL backend");
+      case K::kNone: {
+        // run_real refuses complete collectives without a native form, so this one lacks
+        // members: NCCL would wait for them forever.
+        const Instance& inst = plan_->instances.at(static_cast<std::size_t>(po.instance));
+        throw HangError(fmt::format(
+            "HANG: rank {} reached a collective on group {} that only {} of its {} ranks issue; "
+            "NCCL would wait forever, so it was not issued",
+            r, group, inst.members.size(), inst.group_ranks.size()));
+      }
     }
     run_actions(r, s, n.after);
   }

@@ -110,8 +110,8 @@ std::unique_ptr<Backend> rank_backend(const Scenario& scenario, const Schedule& 
   for (const PlanOp& po : plan.ranks[rank].ops) {
     if (po.instance < 0) continue;
     const Instance& inst = plan.instances[static_cast<std::size_t>(po.instance)];
-    // A collective some member never issues hangs in NCCL as it would in training: the run
-    // reports that; one whose buffers do not fit a single NCCL call cannot run at all.
+    // A collective some member never issues is reported as a hang when a rank reaches it; one
+    // whose buffers do not fit a single NCCL call cannot run at all.
     if (inst.members.size() == inst.group_ranks.size() &&
         po.native.kind == NativeCollective::Kind::kNone) {
       throw InputError(scenario.path, "model",
