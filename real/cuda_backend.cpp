@@ -121,9 +121,9 @@ class CudaBackend : public Backend {
         // members: NCCL would wait for them forever.
         const Instance& inst = plan_->instances.at(static_cast<std::size_t>(po.instance));
         throw HangError(fmt::format(
-            "HANG: rank {} reached a collective on group {} that only {} of its {} ranks issue; "
-            "NCCL would wait forever, so it was not issued",
-            r, group, inst.members.size(), inst.group_ranks.size()));
+            "HANG: rank {} reached a collective on group {} that only {} of its {} ranks issue "
+            "(missing ranks: {}); NCCL would wait forever, so it was not issued",
+            r, group, inst.members.size(), inst.group_ranks.size(), missing_ranks(inst)));
       }
     }
     run_actions(r, s, n.after);
@@ -335,15 +335,7 @@ class CudaBackend : public Backend {
   /** The GEMMs of every layer kernel this process runs: scratch for the largest, each shape
    *  loaded and run once before any run is timed. */
   void make_gemm_runner(const Plan& plan) {
-    std::vector<GemmShape> shapes;
-    for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
-      if (!mine(r)) continue;
-      for (const PlanOp& po : plan.ranks[r].ops) {
-        if (po.gemm && std::find(shapes.begin(), shapes.end(), *po.gemm) == shapes.end()) {
-          shapes.push_back(*po.gemm);
-        }
-      }
-    }
+    const std::vector<GemmShape> shapes = gemm_shapes(plan, nccl_ ? nccl_->rank : -1);
     if (shapes.empty()) return;
     gemm_ = std::make_unique<GemmRunner>(static_cast<int>(plan.ranks.size()), max_shape(shapes),
                                          plan.element_bytes);

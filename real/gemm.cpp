@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
 
 namespace hpz::real {
 
@@ -26,20 +25,6 @@ std::optional<GemmShape> gemm_shape(const Scenario& sc, const Op& op) {
   const double columns = op.flops / (2.0 * static_cast<double>(g.m) * static_cast<double>(g.k));
   g.n = static_cast<std::uint64_t>(std::max(1LL, std::llround(columns)));
   return g;
-}
-
-std::vector<GemmShape> gemm_shapes(const Scenario& sc, const Schedule& schedule) {
-  std::vector<GemmShape> shapes;
-  for (const RankSchedule& rs : schedule.ranks) {
-    for (const Op& op : rs.ops) {
-      if (const auto g = gemm_shape(sc, op)) shapes.push_back(*g);
-    }
-  }
-  const auto key = [](const GemmShape& g) { return std::tie(g.m, g.n, g.k); };
-  std::sort(shapes.begin(), shapes.end(),
-            [&](const GemmShape& a, const GemmShape& b) { return key(a) < key(b); });
-  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
-  return shapes;
 }
 
 GemmShape max_shape(const std::vector<GemmShape>& shapes) {

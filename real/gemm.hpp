@@ -36,10 +36,6 @@ struct GemmShape {
 /** The GEMM that `op` of a schedule built from `sc` runs as, or nullopt for a spin kernel. */
 std::optional<GemmShape> gemm_shape(const Scenario& sc, const Op& op);
 
-/** Every distinct GEMM shape of `schedule` (built from `sc`), over all ranks, sorted by (m, n,
- *  k): what a runner warms up before a timed run. */
-std::vector<GemmShape> gemm_shapes(const Scenario& sc, const Schedule& schedule);
-
 /** The element-wise maximum of `shapes` ({0, 0, 0} when empty): what scratch is sized for. */
 GemmShape max_shape(const std::vector<GemmShape>& shapes);
 

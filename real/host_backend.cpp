@@ -12,7 +12,6 @@
 //   IR allows is taken the bad way.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -68,12 +67,6 @@ class HostBackend : public Backend {
   /** A collective some member never issues: NCCL would wait forever, so this waits for a
    *  store key nobody sets, which ends in HangError after the store's timeout. */
   [[noreturn]] void missing_member(Rank r, const Instance& inst) {
-    std::string missing;
-    for (Rank g : inst.group_ranks) {
-      const bool here = std::any_of(inst.members.begin(), inst.members.end(),
-                                    [&](const auto& m) { return m.first == g; });
-      if (!here) missing += fmt::format("{}{}", missing.empty() ? "" : ",", g);
-    }
     try {
       dist_->get(fmt::format("run{}/never", run_));
     } catch (const HangError&) {
@@ -81,7 +74,7 @@ class HostBackend : public Backend {
     throw HangError(fmt::format(
         "HANG: rank {} waited in a collective on group {} that only {} of its {} ranks issue "
         "(missing ranks: {})",
-        r, inst.group, inst.members.size(), inst.group_ranks.size(), missing));
+        r, inst.group, inst.members.size(), inst.group_ranks.size(), missing_ranks(inst)));
   }
 
   void begin_run(const Schedule& schedule, const Plan& plan) override {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "real/pattern.hpp"
 #include "sim/shard.hpp"
@@ -429,6 +430,31 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule) {
 
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i) {
   return pattern_bits(salt, unit, i);
+}
+
+std::vector<GemmShape> gemm_shapes(const Plan& plan, int rank) {
+  std::vector<GemmShape> shapes;
+  for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+    if (rank >= 0 && static_cast<std::size_t>(rank) != r) continue;
+    for (const PlanOp& po : plan.ranks[r].ops) {
+      if (po.gemm) shapes.push_back(*po.gemm);
+    }
+  }
+  const auto key = [](const GemmShape& g) { return std::tie(g.m, g.n, g.k); };
+  std::sort(shapes.begin(), shapes.end(),
+            [&](const GemmShape& a, const GemmShape& b) { return key(a) < key(b); });
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  return shapes;
+}
+
+std::string missing_ranks(const Instance& inst) {
+  std::string out;
+  for (Rank g : inst.group_ranks) {
+    const bool here = std::any_of(inst.members.begin(), inst.members.end(),
+                                  [&](const auto& m) { return m.first == g; });
+    if (!here) out += (out.empty() ? "" : ",") + std::to_string(g);
+  }
+  return out;
 }
 
 std::uint64_t peak_bytes_estimate(const Plan& plan, const Schedule& schedule, int rank) {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "real/gemm.hpp"
@@ -144,6 +145,13 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule);
 
 /** The synthetic parameter value of element `i` of unit `unit` (the same on every backend). */
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i);
+
+/** Every distinct GEMM shape of the plan's ops (PlanOp::gemm), of every rank or only `rank`'s,
+ *  sorted by (m, n, k): what a runner is sized for and warms up before a timed run. */
+std::vector<GemmShape> gemm_shapes(const Plan& plan, int rank = -1);
+
+/** The ranks of the instance's group that never issue it, comma-separated ("" when none). */
+std::string missing_ranks(const Instance& inst);
 
 /** Bytes of device memory the plan needs if every buffer had one lifetime at a time (touched
  *  slots only: the CUDA backend allocates no others), over every rank or only `rank`'s (one

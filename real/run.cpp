@@ -47,13 +47,13 @@ void check_host_memory(const Scenario& scenario, const Plan& plan) {
                                static_cast<double>(kHostBackendBytes) / (1 << 30)));
 }
 
-/** Device memory --compute real's GEMM scratch takes (GemmRunner: one set for all ranks). */
-std::uint64_t gemm_bytes(const Scenario& scenario, const Schedule& schedule,
-                         const RealOptions& options) {
+/** Device memory --compute real's GEMM scratch takes (GemmRunner: one set for the ranks this
+ *  process runs). */
+std::uint64_t gemm_bytes(const Plan& plan, const RealOptions& options) {
   if (options.compute != "real") return 0;
-  const int ranks = options.launch ? 1 : schedule.world_size;
-  return gemm_scratch_bytes(max_shape(gemm_shapes(scenario, schedule)), schedule.dtype_bytes,
-                            ranks);
+  const int rank = options.launch ? options.launch->rank : -1;
+  return gemm_scratch_bytes(max_shape(gemm_shapes(plan, rank)), plan.element_bytes,
+                            static_cast<int>(plan.ranks.size()));
 }
 
 /** Every rank in this process: emulated on one GPU, or on the CPU. */
@@ -73,8 +73,7 @@ std::unique_ptr<Backend> emulated_backend(const Scenario& scenario, const Schedu
     return make_host_backend(lazy);
   }
   const DeviceInfo dev = probe_devices();
-  check_memory(scenario,
-               peak_bytes_estimate(plan, schedule) + gemm_bytes(scenario, schedule, options), dev,
+  check_memory(scenario, peak_bytes_estimate(plan, schedule) + gemm_bytes(plan, options), dev,
                fmt::format("{} emulated ranks", schedule.world_size));
   std::unique_ptr<Backend> backend = make_cuda_backend(options.compute == "real");
   out.device = dev.name;
@@ -126,10 +125,8 @@ std::unique_ptr<Backend> rank_backend(const Scenario& scenario, const Schedule& 
                                  "device(s); start at most one process per GPU",
                                  l.local_rank, l.local_rank, dev.count));
   }
-  check_memory(
-      scenario,
-      peak_bytes_estimate(plan, schedule, l.rank) + gemm_bytes(scenario, schedule, options), dev,
-      fmt::format("rank {}'s buffers", l.rank));
+  check_memory(scenario, peak_bytes_estimate(plan, schedule, l.rank) + gemm_bytes(plan, options),
+               dev, fmt::format("rank {}'s buffers", l.rank));
   out.device = dev.name;
   out.mode =
       fmt::format("one process per rank: {} processes ({}), NCCL collectives, one GPU per process",

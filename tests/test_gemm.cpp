@@ -12,6 +12,7 @@
 
 #include "real/device.hpp"
 #include "real/gemm.hpp"
+#include "real/plan.hpp"
 #include "sim/builder.hpp"
 #include "sim/scenario.hpp"
 #include "tests/paths.hpp"
@@ -80,7 +81,7 @@ TEST(GemmShape, LayerKernelsOfRace1gpuAreTokensByHiddenGemmsWithTheirFlops) {
 // persistence threshold) and get no kernel of their own.
 TEST(GemmShape, Llama7bUnitsGetWholeColumnCounts) {
   const Scenario sc = load_scenario(scenario_path("race-1gpu"));
-  const std::vector<GemmShape> shapes = gemm_shapes(sc, build_schedule(sc));
+  const std::vector<GemmShape> shapes = gemm_shapes(make_plan(sc, build_schedule(sc)));
   std::vector<std::uint64_t> columns;
   for (const GemmShape& g : shapes) {
     EXPECT_EQ(g.m, 8192U);
@@ -115,7 +116,7 @@ TEST(GemmShape, ColumnsRoundToTheNearestAndAreAtLeastOne) {
 
 TEST(GemmShape, TokensPerMicroStepSetM) {
   const Scenario sc = load_scenario(scenario_path("tiny"), {{"training.micro_batch", "3"}});
-  const std::vector<GemmShape> shapes = gemm_shapes(sc, build_schedule(sc));
+  const std::vector<GemmShape> shapes = gemm_shapes(make_plan(sc, build_schedule(sc)));
   ASSERT_FALSE(shapes.empty());
   for (const GemmShape& g : shapes) {
     EXPECT_EQ(g.m, 32U * 3);  // tiny.toml: seq_len 32
