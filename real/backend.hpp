@@ -75,6 +75,8 @@ class Backend {
     throw std::runtime_error("only the cuda backend runs GEMMs (--compute real)");
   }
   virtual void run_actions(Rank r, StreamId s, const std::vector<Action>& actions) = 0;
+  /** Runs a kernel of the tiny model's real math on stream s (Plan::model). */
+  virtual void model(Rank r, StreamId s, const ModelOp& m) = 0;
   /** Records IR event `e` of rank r on stream s; `wait_event` makes stream s wait for it. */
   virtual void record_event(Rank r, StreamId s, EventId e) = 0;
   virtual void wait_event(Rank r, StreamId s, EventId e) = 0;
@@ -96,6 +98,9 @@ class Backend {
   virtual void end_run(double timeout_s, double origin_s, Timeline& timeline,
                        std::vector<ProbeValue>& probes,
                        std::vector<std::vector<std::vector<std::uint8_t>>>& weights) = 0;
+  /** After end_run: rank r's loss values under the model math (RankPlan::losses, as many as
+   *  RankPlan::loss_steps); empty for a rank another process runs. */
+  virtual std::vector<float> losses(Rank r) = 0;
 };
 
 /** The CPU backends (host_backend.cpp). Eager: every call takes effect at once, in host order,

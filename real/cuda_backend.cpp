@@ -33,6 +33,7 @@
 #include "real/executor.hpp"
 #include "real/gemm_runner.hpp"
 #include "real/kernels.hpp"
+#include "real/model_kernels.hpp"
 #include "real/store.hpp"
 
 namespace hpz::real {
@@ -87,6 +88,7 @@ class CudaBackend : public Backend {
       for (Block& blk : rs.live) cudaFree(blk.ptr);
     }
     if (probe_dev_ != nullptr) cudaFree(probe_dev_);
+    release_model();
     if (nccl_) {
       for (ncclComm_t c : nccl_->groups) {
         if (c != nullptr) ncclCommDestroy(c);
@@ -163,6 +165,7 @@ class CudaBackend : public Backend {
       rs.live_slot.clear();
     }
     if (real_compute_ && !gemm_) make_gemm_runner(plan);
+    if (plan.model) prepare_model(plan);
     if (probe_dev_ != nullptr) HPZ_CUDA(cudaFree(probe_dev_));
     probe_dev_ = nullptr;
     if (plan.probes > 0) {
@@ -199,6 +202,71 @@ class CudaBackend : public Backend {
     HPZ_CUDA(kernels::spin(static_cast<std::uint64_t>(seconds * 1e9), stream(r, s)));
   }
 
+  void model(Rank r, StreamId s, const ModelOp& m) override {
+    using MK = ModelOp::Kind;
+    cudaStream_t st = stream(r, s);
+    const model::Dims d{plan_->dims.seq, plan_->dims.hidden, plan_->dims.ffn, plan_->dims.vocab};
+    float* scratch = model_scratch_.at(r).at(static_cast<std::size_t>(s));
+    const int* tokens =
+        m.tokens >= 0 ? tokens_dev_.at(static_cast<std::size_t>(m.tokens)) : nullptr;
+    const auto f = [&](const Range& x) {
+      return x.n > 0 ? static_cast<float*>(at(x.at)) : nullptr;
+    };
+    switch (m.kind) {
+      case MK::kNone:
+        return;
+      case MK::kForward:
+        HPZ_CUDA(model::unit_forward(m.fn, d, f(m.w), f(m.x), tokens, f(m.out), scratch, st));
+        return;
+      case MK::kLoss:
+        HPZ_CUDA(model::next_token_loss(d, f(m.x), tokens, f(m.out),
+                                        static_cast<float*>(at(m.loss)), scratch, st));
+        return;
+      case MK::kBackward: {
+        // dw whole in the scratch's tail, then this rank's slice of it into place.
+        float* dw = scratch + model_scratch_floats_;
+        HPZ_CUDA(model::unit_backward(m.fn, d, m.numel, f(m.w), f(m.x), tokens, f(m.dy), f(m.out),
+                                      dw, scratch, st));
+        if (m.grad.n > 0) {
+          HPZ_CUDA(cudaMemcpyAsync(f(m.grad), dw + m.grad_first, m.grad.n * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, st));
+        }
+        return;
+      }
+      case MK::kGradNorm: {
+        std::vector<const float*> parts;
+        std::vector<std::uint64_t> n;
+        for (const Range& x : m.parts) {
+          if (x.n == 0) continue;
+          parts.push_back(f(x));
+          n.push_back(x.n);
+        }
+        HPZ_CUDA(model::sum_squares(parts.data(), n.data(), static_cast<int>(parts.size()),
+                                    f(m.out), reinterpret_cast<double*>(scratch), st));
+        return;
+      }
+      case MK::kAdam:
+        if (m.fresh_state) {
+          HPZ_CUDA(cudaMemsetAsync(f(m.m), 0, m.m.n * sizeof(float), st));
+          HPZ_CUDA(cudaMemsetAsync(f(m.v), 0, m.v.n * sizeof(float), st));
+        }
+        HPZ_CUDA(model::adam(f(m.out), f(m.x), f(m.grad), f(m.norm), f(m.m), f(m.v), m.x.n, m.scale,
+                             m.step, st));
+        return;
+    }
+  }
+
+  std::vector<float> losses(Rank r) override {
+    if (!mine(r)) return {};
+    const RankPlan& rp = plan_->ranks[r];
+    std::vector<float> out(rp.loss_steps.size());
+    if (!out.empty()) {
+      HPZ_CUDA(cudaMemcpy(out.data(), at({r, rp.losses, 0}), out.size() * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+    }
+    return out;
+  }
+
   void gemm(Rank r, StreamId s, const GemmShape& g) override {
     gemm_->run(static_cast<int>(r), stream(r, s), g);
   }
@@ -222,6 +290,10 @@ class CudaBackend : public Backend {
         }
         case K::kPattern:
           HPZ_CUDA(kernels::pattern(dst, a.n, eb_, a.salt, a.unit, a.pattern_base, st));
+          break;
+        case K::kConst:
+          HPZ_CUDA(cudaMemcpyAsync(dst, consts_dev_.at(a.const_id) + a.pattern_base,
+                                   a.n * sizeof(float), cudaMemcpyDeviceToDevice, st));
           break;
         case K::kZero:
           HPZ_CUDA(cudaMemsetAsync(dst, 0, a.n * static_cast<std::uint64_t>(eb_), st));
@@ -340,6 +412,49 @@ class CudaBackend : public Backend {
     gemm_ = std::make_unique<GemmRunner>(static_cast<int>(plan.ranks.size()), max_shape(shapes),
                                          plan.element_bytes);
     gemm_->warm_up(shapes);
+  }
+
+  /** The model math's inputs on the device (initial weights, token batches) and a scratch
+   *  area per (rank, stream), so that two streams of a rank never share one. Allocated anew for
+   *  every run, before the clock starts. */
+  void prepare_model(const Plan& plan) {
+    {
+      release_model();
+      for (const std::vector<float>& c : plan.consts) consts_dev_.push_back(upload(c));
+      for (const std::vector<int>& t : plan.tokens) tokens_dev_.push_back(upload(t));
+      std::uint64_t numel = 1;
+      for (const RankPlan& rp : plan.ranks) {
+        for (const PlanOp& po : rp.ops) numel = std::max(numel, po.model.numel);
+      }
+      const model::Dims d{plan.dims.seq, plan.dims.hidden, plan.dims.ffn, plan.dims.vocab};
+      model_scratch_floats_ = model::scratch_floats(d, numel);
+      model_scratch_.assign(ranks_.size(), {});
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        if (!mine(r)) continue;
+        for (std::size_t k = 0; k < ranks_[r].streams.size(); ++k) {
+          void* p = nullptr;
+          HPZ_CUDA(cudaMalloc(&p, (model_scratch_floats_ + numel) * sizeof(float)));
+          model_scratch_[r].push_back(static_cast<float*>(p));
+        }
+      }
+    }
+  }
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    void* p = nullptr;
+    HPZ_CUDA(cudaMalloc(&p, std::max<std::size_t>(v.size(), 1) * sizeof(T)));
+    if (!v.empty()) HPZ_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return static_cast<T*>(p);
+  }
+  void release_model() {
+    for (float* p : consts_dev_) cudaFree(p);
+    for (int* p : tokens_dev_) cudaFree(p);
+    for (auto& per_rank : model_scratch_) {
+      for (float* p : per_rank) cudaFree(p);
+    }
+    consts_dev_.clear();
+    tokens_dev_.clear();
+    model_scratch_.clear();
   }
 
   /** Whether this process runs rank r (all of them unless one process per rank). */
@@ -515,6 +630,11 @@ class CudaBackend : public Backend {
   cudaEvent_t origin_event_ = nullptr;
   double origin_host_s_ = 0;
   unsigned long long* probe_dev_ = nullptr;
+  // The tiny model's real math (Plan::model).
+  std::vector<float*> consts_dev_;
+  std::vector<int*> tokens_dev_;
+  std::vector<std::vector<float*>> model_scratch_;  // [rank][stream]: scratch, then a dw
+  std::size_t model_scratch_floats_ = 0;
 };
 
 }  // namespace

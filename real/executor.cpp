@@ -184,7 +184,9 @@ class RankThread {
       case OpKind::kDequantize:
       case OpKind::kCopy:
         b_.op_begin(r_, op.stream, i);
-        if (o_.real_compute && po.gemm) {
+        if (po.model.kind != ModelOp::Kind::kNone) {
+          b_.model(r_, op.stream, po.model);
+        } else if (o_.real_compute && po.gemm) {
           b_.gemm(r_, op.stream, *po.gemm);
         } else if (po.spin_s > 0) {
           b_.spin(r_, op.stream, po.spin_s);
@@ -294,6 +296,11 @@ RunOutput execute(const Schedule& schedule, const Plan& plan, Backend& backend,
   if (failure) std::rethrow_exception(failure);
   try {
     backend.end_run(options.timeout_s, origin, out.timeline, out.probes, out.weights);
+    if (plan.model) {
+      for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+        out.losses.push_back(backend.losses(static_cast<Rank>(r)));
+      }
+    }
   } catch (const HangError& e) {
     out.hung = true;
     if (out.hang.empty()) out.hang = e.what();

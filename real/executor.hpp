@@ -38,6 +38,7 @@ struct RunOutput {
   Timeline timeline;               ///< issue/start/end per op, seconds since the run began
   std::vector<ProbeValue> probes;  ///< per gather probe, in plan order
   std::vector<std::vector<std::vector<std::uint8_t>>> weights;  ///< [rank][unit] raw bytes
+  std::vector<std::vector<float>> losses;  ///< model math: [rank][k], RankPlan::loss_steps order
   bool hung = false;
   std::string hang;  ///< what timed out
 };

@@ -21,6 +21,7 @@
 #include "real/elements.hpp"
 #include "real/executor.hpp"
 #include "real/store.hpp"
+#include "sim/replay/tiny_model.hpp"
 
 namespace hpz::real {
 namespace {
@@ -122,6 +123,16 @@ class HostBackend : public Backend {
     submit(r, s, [this, &actions] {
       for (const Action& a : actions) run(a);
     });
+  }
+
+  void model(Rank r, StreamId s, const ModelOp& m) override {
+    submit(r, s, [this, &m] { run_model(m); });
+  }
+
+  std::vector<float> losses(Rank r) override {
+    if (only_ >= 0 && only_ != static_cast<int>(r)) return {};
+    const RankPlan& rp = plan_->ranks[r];
+    return get({{r, rp.losses, 0}, rp.loss_steps.size()});
   }
 
   void record_event(Rank r, StreamId s, EventId e) override { record(r, s, key(r, false, e)); }
@@ -268,6 +279,73 @@ class HostBackend : public Backend {
     }
   }
 
+  /** The floats of a range (model math: fp32 storage). */
+  std::vector<float> get(const Range& x) const {
+    std::vector<float> v(x.n);
+    if (x.n > 0) {
+      std::memcpy(v.data(), store_[x.at.rank][x.at.slot].data() + x.at.elem * sizeof(float),
+                  x.n * sizeof(float));
+    }
+    return v;
+  }
+  /** Writes at most `n` floats of `v` at `at`. */
+  void put(const Loc& at, const std::vector<float>& v, std::uint64_t n) {
+    std::memcpy(store_[at.rank][at.slot].data() + at.elem * sizeof(float), v.data(),
+                std::min<std::uint64_t>(n, v.size()) * sizeof(float));
+  }
+
+  /** A kernel of the tiny model's math, with the numeric replay's own functions. */
+  void run_model(const ModelOp& m) {
+    using MK = ModelOp::Kind;
+    const replay::TinyDims d{plan_->dims.seq, plan_->dims.hidden, plan_->dims.ffn,
+                             plan_->dims.vocab};
+    const auto fn = static_cast<replay::UnitFn>(m.fn);
+    static const std::vector<int> kNone;
+    const std::vector<int>& tokens =
+        m.tokens >= 0 ? plan_->tokens[static_cast<std::size_t>(m.tokens)] : kNone;
+    switch (m.kind) {
+      case MK::kNone:
+        return;
+      case MK::kForward:
+        return put(m.out.at, replay::unit_forward(fn, d, get(m.w), get(m.x), tokens), m.out.n);
+      case MK::kLoss: {
+        std::vector<float> logits = get(m.x);
+        logits.resize(static_cast<std::size_t>(d.seq) * d.vocab, 0.0F);
+        std::vector<float> dlogits;
+        const float loss = replay::next_token_loss(d, logits, tokens, dlogits);
+        put(m.out.at, dlogits, m.out.n);
+        return put(m.loss, {loss}, 1);
+      }
+      case MK::kBackward: {
+        std::vector<float> dw(m.numel, 0.0F);
+        const std::vector<float> dx =
+            replay::unit_backward(fn, d, get(m.w), get(m.x), tokens, get(m.dy), dw);
+        put(m.out.at, dx, m.out.n);
+        const auto first = static_cast<std::ptrdiff_t>(m.grad_first);
+        return put(m.grad.at,
+                   {dw.begin() + first, dw.begin() + first + static_cast<std::ptrdiff_t>(m.grad.n)},
+                   m.grad.n);
+      }
+      case MK::kGradNorm: {
+        double ss = 0;  // NumericDomain::grad_norm's order: parts in turn, in double
+        for (const Range& x : m.parts) {
+          for (float g : get(x)) ss += static_cast<double>(g) * g;
+        }
+        return put(m.out.at, {static_cast<float>(ss)}, 1);
+      }
+      case MK::kAdam: {
+        std::vector<float> p = get(m.x);
+        std::vector<float> mom = m.fresh_state ? std::vector<float>(m.m.n, 0.0F) : get(m.m);
+        std::vector<float> vel = m.fresh_state ? std::vector<float>(m.v.n, 0.0F) : get(m.v);
+        const float norm_sq = m.norm.n > 0 ? get(m.norm)[0] : 0.0F;
+        replay::adam_step(p, get(m.grad), mom, vel, norm_sq, m.scale, m.step);
+        put(m.m.at, mom, m.m.n);
+        put(m.v.at, vel, m.v.n);
+        return put(m.out.at, p, m.out.n);
+      }
+    }
+  }
+
   void run(const Action& a) {
     using K = Action::Kind;
     std::uint8_t* dst = store_[a.dst.rank][a.dst.slot].data();
@@ -298,6 +376,9 @@ class HostBackend : public Backend {
         }
         case K::kPattern:
           store(dst, d, eb_, pattern_value(a.salt, a.unit, a.pattern_base + i));
+          break;
+        case K::kConst:
+          store(dst, d, eb_, plan_->consts[a.const_id][a.pattern_base + i]);
           break;
         case K::kZero:
           store(dst, d, eb_, 0.0F);

@@ -1,10 +1,15 @@
 #include "real/plan.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <tuple>
 
 #include "real/pattern.hpp"
+#include "sim/error.hpp"
+#include "sim/replay/replay.hpp"
+#include "sim/replay/tiny_model.hpp"
 #include "sim/shard.hpp"
 #include "sim/time/cost_model.hpp"
 
@@ -15,9 +20,14 @@ namespace {
  *  every member is known (PlanBuilder::collectives). */
 class PlanBuilder {
  public:
-  PlanBuilder(const Scenario& sc, const Schedule& s) : sc_(sc), s_(s), cost_(sc) {
+  PlanBuilder(const Scenario& sc, const Schedule& s, bool model) : sc_(sc), s_(s), cost_(sc) {
     for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
     plan_.element_bytes = s.dtype_bytes;
+    plan_.model = model;
+    if (model) {
+      plan_.dims = {sc.training.seq_len * sc.training.micro_batch, sc.model.hidden, sc.model.ffn,
+                    sc.model.vocab};
+    }
     plan_.ranks.resize(s.ranks.size());
     access_slot_.resize(s.ranks.size());
   }
@@ -30,6 +40,7 @@ class PlanBuilder {
       rp.native_staging = static_cast<SlotId>(rp.slots.size());
       rp.slots.push_back({kNoBuffer, 1});
     }
+    if (plan_.model) model_slots();
     collectives();
     mark_touched();
     return std::move(plan_);
@@ -118,6 +129,7 @@ class PlanBuilder {
 
   void effects(Rank r, const Op& o, PlanOp& po) {
     using K = Action::Kind;
+    if (plan_.model && o.kind == OpKind::kKernel && model_kernel(r, o, po)) return;
     if (o.kind == OpKind::kKernel || o.kind == OpKind::kQuantize || o.kind == OpKind::kDequantize) {
       po.spin_s = cost_.op_s(s_, r, o);
       po.gemm = gemm_shape(sc_, o);
@@ -135,6 +147,10 @@ class PlanBuilder {
           a.salt = kCheckpointSalt;
           a.unit = o.unit;
           a.pattern_base = layouts_[o.unit].primary_slice(r).begin + d.loc.elem;
+          if (plan_.model) {
+            a.kind = K::kConst;
+            a.const_id = initial(o.unit, true);
+          }
           po.actions.push_back(a);
           return;
         }
@@ -171,6 +187,10 @@ class PlanBuilder {
           x.salt = kInitSalt;
           x.unit = o.unit;
           x.pattern_base = d.loc.elem;
+          if (plan_.model) {
+            x.kind = K::kConst;
+            x.const_id = initial(o.unit, false);
+          }
           po.actions.push_back(x);
         } else {
           po.actions.push_back({K::kZero, d.loc, d.n, {}});
@@ -198,6 +218,204 @@ class PlanBuilder {
       Action x{K::kAxpy, ps.loc, std::min(gs.n, ps.n), {gs.loc}};
       x.scale = -0.0625F;
       po.actions.push_back(x);
+    }
+  }
+
+  // --- The tiny model's real math: each kernel as NumericDomain::kernel computes it ---
+
+  /** The op's first access of `mode` on a buffer of role `want` (unit_sel: 0 any, 1 a unit's
+   *  buffer, -1 a buffer of no unit), as NumericDomain::access chooses it; -1 when none. */
+  int find_model(Rank r, const Op& o, AccessMode mode, BufferRole want, int unit_sel) const {
+    for (std::uint32_t k = 0; k < o.access_count; ++k) {
+      const Access& a = s_.ranks[r].accesses[o.access_begin + k];
+      const Buffer& b = s_.ranks[r].buffers[a.buffer];
+      if (a.mode != mode || b.role != want) continue;
+      if ((unit_sel == 1 && b.unit == kNoUnit) || (unit_sel == -1 && b.unit != kNoUnit)) continue;
+      return static_cast<int>(k);
+    }
+    return -1;
+  }
+  /** The access's own range (the replay's `part`). */
+  Range part(Rank r, const Op& o, int k) const {
+    const Span sp = span(r, o, static_cast<std::uint32_t>(k));
+    return {sp.loc, sp.n};
+  }
+  /** The whole slot the access refers to (the replay's `whole`). */
+  Range whole(Rank r, const Op& o, int k) const {
+    const SlotId slot = access_slot_[r][o.access_begin + static_cast<std::uint32_t>(k)];
+    return {{r, slot, 0}, plan_.ranks[r].slots[slot].elements};
+  }
+
+  /** Plan::consts index of a unit's initial weights (at init, or as the checkpoint holds them:
+   *  NumericDomain's init_kernel and checkpoint). */
+  std::uint32_t initial(UnitId u, bool checkpoint) {
+    auto [it, fresh] = const_of_.try_emplace({u, checkpoint}, plan_.consts.size());
+    if (fresh) {
+      const ParamUnit& pu = s_.units[u];
+      const std::uint64_t seed = sc_.run.seed + (checkpoint ? replay::kCheckpointSeedOffset : 0);
+      plan_.consts.push_back(replay::initial_weights(replay::unit_fn(pu.name), dims(), pu.numel,
+                                                     seed, static_cast<int>(u)));
+    }
+    return static_cast<std::uint32_t>(it->second);
+  }
+  /** Plan::tokens index of the op's batch. */
+  std::int32_t tokens(Rank r, const Op& o) {
+    auto [it, fresh] = tokens_of_.try_emplace({r, o.step, o.micro_step}, plan_.tokens.size());
+    if (fresh) {
+      plan_.tokens.push_back(replay::synthetic_tokens(dims(), sc_.run.seed, static_cast<int>(r),
+                                                      o.step, o.micro_step));
+    }
+    return static_cast<std::int32_t>(it->second);
+  }
+  replay::TinyDims dims() const {
+    return {plan_.dims.seq, plan_.dims.hidden, plan_.dims.ffn, plan_.dims.vocab};
+  }
+
+  /** Makes a whole-slot range at least `n` elements long. The IR sizes some activations
+   *  smaller than the math writes (lm_head's output holds [seq x hidden], its logits are
+   *  [seq x vocab]); the numeric replay's buffers grow as written, these grow here. */
+  void need(Range& x, std::uint64_t n) {
+    if (x.n >= n) return;
+    std::uint64_t& e = plan_.ranks[x.at.rank].slots[x.at.slot].elements;
+    e = std::max(e, x.at.elem + n);
+    x.n = n;
+  }
+
+  /** The op as a kernel of the tiny model's math; false when it is none (it then spins). */
+  bool model_kernel(Rank r, const Op& o, PlanOp& po) {
+    using MK = ModelOp::Kind;
+    using AM = AccessMode;
+    using BR = BufferRole;
+    ModelOp& m = po.model;
+    const std::uint64_t sh = static_cast<std::uint64_t>(plan_.dims.seq) * plan_.dims.hidden;
+    const std::uint64_t sv = static_cast<std::uint64_t>(plan_.dims.seq) * plan_.dims.vocab;
+    const auto fn = [&] { return replay::unit_fn(s_.units[o.unit].name); };
+    const auto out_n = [&] { return fn() == replay::UnitFn::kHead ? sv : sh; };
+    switch (o.purpose) {
+      case Purpose::kForwardCompute:
+      case Purpose::kRecomputeForward: {
+        const int w = find_model(r, o, AM::kRead, BR::kFull, 0);
+        const int out = find_model(r, o, AM::kWrite, BR::kActivation, 0);
+        if (w < 0 || out < 0) return false;
+        m.kind = MK::kForward;
+        m.fn = static_cast<std::uint8_t>(fn());
+        m.w = part(r, o, w);
+        m.out = whole(r, o, out);
+        if (const int x = find_model(r, o, AM::kRead, BR::kActivation, 1); x >= 0) {
+          m.x = whole(r, o, x);
+        }
+        if (fn() != replay::UnitFn::kEmbed) need(m.x, sh);
+        need(m.out, out_n());
+        m.tokens = tokens(r, o);
+        return true;
+      }
+      case Purpose::kLossGradient: {
+        const int in = find_model(r, o, AM::kRead, BR::kActivation, 0);
+        const int out = find_model(r, o, AM::kWrite, BR::kActivation, 0);
+        if (in < 0 || out < 0) return false;
+        m.kind = MK::kLoss;
+        m.x = whole(r, o, in);
+        m.out = whole(r, o, out);
+        need(m.x, sv);
+        need(m.out, sv);
+        m.tokens = tokens(r, o);
+        RankPlan& rp = plan_.ranks[r];
+        m.loss = {r, 0, rp.loss_steps.size()};  // the slot is added once every op is planned
+        rp.loss_steps.push_back(o.step);
+        return true;
+      }
+      case Purpose::kBackwardCompute: {
+        const int w = find_model(r, o, AM::kRead, BR::kFull, 0);
+        const int dy = find_model(r, o, AM::kRead, BR::kActivation, -1);
+        const int dx = find_model(r, o, AM::kWrite, BR::kActivation, -1);
+        const int g = find_model(r, o, AM::kWrite, BR::kGradFull, 0);
+        if (w < 0 || dy < 0 || dx < 0 || g < 0) return false;
+        m.kind = MK::kBackward;
+        m.fn = static_cast<std::uint8_t>(fn());
+        m.w = part(r, o, w);
+        m.dy = whole(r, o, dy);
+        m.out = whole(r, o, dx);
+        m.grad = part(r, o, g);
+        m.grad_first = m.grad.at.elem;
+        m.numel = s_.units[o.unit].numel;
+        if (const int x = find_model(r, o, AM::kRead, BR::kActivation, 1); x >= 0) {
+          m.x = whole(r, o, x);
+        }
+        if (fn() != replay::UnitFn::kEmbed) need(m.x, sh);
+        need(m.dy, out_n());
+        need(m.out, sh);
+        if (m.grad_first + m.grad.n > m.numel) m.grad.n = m.numel - std::min(m.numel, m.grad_first);
+        m.tokens = tokens(r, o);
+        return true;
+      }
+      case Purpose::kGradNorm: {
+        int out = -1;
+        for (std::uint32_t k = 0; k < o.access_count; ++k) {
+          if (s_.ranks[r].accesses[o.access_begin + k].mode == AM::kWrite) {
+            out = static_cast<int>(k);
+          } else {
+            m.parts.push_back(part(r, o, static_cast<int>(k)));
+          }
+        }
+        if (out < 0) return false;
+        m.kind = MK::kGradNorm;
+        m.out = whole(r, o, out);
+        m.out.n = 1;
+        return true;
+      }
+      case Purpose::kOptimizerStep: {
+        const int g = find_model(r, o, AM::kRead, BR::kGradShard, 0);
+        const int norm = find_model(r, o, AM::kRead, BR::kScratch, 0);
+        const int p_in = find_model(r, o, AM::kRead, BR::kPrimary, 0);
+        const int p_out = find_model(r, o, AM::kWrite, BR::kPrimary, 0);
+        if (g < 0 || p_in < 0 || p_out < 0) return false;
+        m.kind = MK::kAdam;
+        m.grad = part(r, o, g);
+        m.x = part(r, o, p_in);
+        m.out = {part(r, o, p_out).at, m.x.n};
+        if (norm >= 0) m.norm = {whole(r, o, norm).at, 1};
+        m.scale = 1.0F / static_cast<float>(s_.world_size * sc_.training.grad_accum);
+        m.step = o.step;
+        // Adam's moments per (rank, unit), as the replay keeps them: slots added at the end.
+        auto [it, fresh] = adam_of_.try_emplace({r, o.unit}, adam_ops_.size());
+        if (fresh) adam_ops_.push_back({r, m.x.n, {}});
+        AdamSlots& st = adam_ops_[it->second];
+        st.n = std::max(st.n, m.x.n);
+        st.ops.push_back(&po);
+        m.fresh_state = fresh;
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  /** The slots only the model math has: each rank's loss values and Adam's moments. */
+  void model_slots() {
+    for (RankPlan& rp : plan_.ranks) {
+      rp.losses = static_cast<SlotId>(rp.slots.size());
+      rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(rp.loss_steps.size(), 1), true});
+      for (PlanOp& po : rp.ops) {
+        ModelOp& m = po.model;
+        if (m.kind == ModelOp::Kind::kLoss) m.loss.slot = rp.losses;
+        // Whole-slot ranges: the slot's size once every kernel has grown it.
+        if (m.kind == ModelOp::Kind::kForward || m.kind == ModelOp::Kind::kLoss ||
+            m.kind == ModelOp::Kind::kBackward) {
+          for (Range* x : {&m.x, &m.out, &m.dy}) {
+            if (x->n > 0) x->n = rp.slots[x->at.slot].elements;
+          }
+        }
+      }
+    }
+    for (const AdamSlots& st : adam_ops_) {
+      RankPlan& rp = plan_.ranks[st.rank];
+      const auto m = static_cast<SlotId>(rp.slots.size());
+      rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(st.n, 1), true});
+      rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(st.n, 1), true});
+      for (PlanOp* po : st.ops) {
+        po->model.m = {{st.rank, m, 0}, po->model.x.n};
+        po->model.v = {{st.rank, m + 1, 0}, po->model.x.n};
+      }
     }
   }
 
@@ -401,12 +619,22 @@ class PlanBuilder {
       for (const Loc& l : a.src) touch(l);
     }
   }
+  void touch(const ModelOp& m) {
+    if (m.kind == ModelOp::Kind::kNone) return;
+    for (const Range* x : {&m.w, &m.x, &m.out, &m.dy, &m.grad, &m.norm, &m.m, &m.v}) {
+      if (x->n > 0) touch(x->at);
+    }
+    for (const Range& x : m.parts) {
+      if (x.n > 0) touch(x.at);
+    }
+  }
   void mark_touched() {
     for (RankPlan& rp : plan_.ranks) {
       for (const PlanOp& po : rp.ops) {
         touch(po.actions);
         touch(po.post_actions);
         if (po.is_gather_probe && po.probe_n > 0) touch(po.probe);
+        touch(po.model);
       }
       for (std::size_t u = 0; u < rp.weights.size(); ++u) {
         if (rp.weight_n[u] > 0) touch(rp.weights[u]);
@@ -420,12 +648,38 @@ class PlanBuilder {
   std::vector<ShardLayout> layouts_;
   Plan plan_;
   std::vector<std::vector<SlotId>> access_slot_;  // [rank][access]
+  // The model math's bookkeeping.
+  struct AdamSlots {
+    Rank rank = 0;
+    std::uint64_t n = 0;
+    std::vector<PlanOp*> ops;
+  };
+  std::map<std::pair<UnitId, bool>, std::size_t> const_of_;
+  std::map<std::tuple<Rank, int, int>, std::size_t> tokens_of_;
+  std::map<std::pair<Rank, UnitId>, std::size_t> adam_of_;
+  std::vector<AdamSlots> adam_ops_;
 };
 
 }  // namespace
 
-Plan make_plan(const Scenario& scenario, const Schedule& schedule) {
-  return PlanBuilder(scenario, schedule).build();
+Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model) {
+  if (model) {
+    const std::string why = model_math_unfit(scenario);
+    if (!why.empty()) throw InputError(scenario.path, "--compute", why);
+  }
+  return PlanBuilder(scenario, schedule, model).build();
+}
+
+std::string model_math_unfit(const Scenario& scenario) {
+  if (!replay::numeric_fits(scenario)) {
+    return "the tiny model's real math needs a model the numeric replay holds (hpzlab repro "
+           "--mode numeric: kv_heads = heads, a gated MLP, params x ranks < 4e7)";
+  }
+  if (scenario.training.dtype != "fp32") {
+    return fmt::format("the tiny model's real math runs in fp32: training.dtype is \"{}\"",
+                       scenario.training.dtype);
+  }
+  return "";
 }
 
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i) {

@@ -12,7 +12,12 @@
 //    in an hpZ group, its primary slice otherwise; a ReduceScatter sums the members' slices (in
 //    group order) and adds this rank's earlier shard when it reads one; AllReduce and AllToAll
 //    sum the whole vectors;
-//  - kernels run as spin kernels for the time the timing engine's cost model gives them; in
+//  - with the tiny model's real math (--compute real on a model the numeric replay holds,
+//    fp32), parameter init and checkpoint loads write the replay's initial weights, and the
+//    forward, loss, backward, gradient-norm and Adam kernels compute what the numeric replay's
+//    do (ModelOp; sim/replay/tiny_model.hpp), on the rank's own buffers;
+//  - otherwise kernels run as spin kernels for the time the timing engine's cost model gives them;
+//  in
 //    spin mode their data effect is synthetic but real: parameter init writes a pattern that
 //    depends on the element's place in the full parameter, a backward kernel writes
 //    grad = param / 8, an optimizer step writes primary -= grad / 16. A NaN the race lets into a
@@ -49,6 +54,7 @@ struct Action {
     kZero,     ///< dst[i] = 0
     kScale,    ///< dst[i] = src[0][i] * scale
     kAxpy,     ///< dst[i] = dst[i] + src[0][i] * scale
+    kConst,    ///< dst[i] = Plan::consts[const_id][pattern_base + i] (fp32 only)
   };
   Kind kind = Kind::kCopy;
   Loc dst;
@@ -58,6 +64,39 @@ struct Action {
   std::uint32_t salt = 0;
   UnitId unit = kNoUnit;
   std::uint64_t pattern_base = 0;
+  std::uint32_t const_id = 0;
+};
+
+/** `n` elements of one rank's slot from `at`. */
+struct Range {
+  Loc at;
+  std::uint64_t n = 0;
+};
+
+/** A kernel of the tiny model's real math: the numeric replay's function of the same op
+ *  (sim/replay/numeric_domain.cpp), on fp32 buffers. Ranges are the op's accesses, chosen as
+ *  the replay chooses them. */
+struct ModelOp {
+  enum class Kind : std::uint8_t {
+    kNone,
+    kForward,   ///< out = unit_forward(fn, w, x, tokens)
+    kLoss,      ///< out = dlogits of x (the logits); the loss value to `loss`
+    kBackward,  ///< out = dx of dy; grad = dw[grad_first, grad_first + grad.n)
+    kGradNorm,  ///< out[0] = sum of squares over `parts` (in double, in order)
+    kAdam,      ///< out = Adam step of x (the primary shard) with grad, norm, m, v
+  };
+  Kind kind = Kind::kNone;
+  std::uint8_t fn = 0;       ///< replay::UnitFn of the op's unit
+  std::int32_t tokens = -1;  ///< Plan::tokens index (forward, loss, backward)
+  Range w, x, out, dy, grad;
+  std::uint64_t numel = 0;       ///< backward: the unit's parameters (dw's size)
+  std::uint64_t grad_first = 0;  ///< backward: first element of dw that `grad` receives
+  std::vector<Range> parts;      ///< grad norm: the gradient shards it sums
+  Range norm, m, v;              ///< Adam: the summed squares (n = 0: none), its moments
+  bool fresh_state = false;      ///< Adam: the first step of this shard in the run: m = v = 0
+  float scale = 0;               ///< Adam: 1 / (world size x gradient accumulation)
+  int step = 0;                  ///< Adam: the op's training step (t = step + 1)
+  Loc loss;                      ///< loss: where its value goes (the rank's loss slot)
 };
 
 /** Salts of the two patterns. */
@@ -95,6 +134,7 @@ struct PlanOp {
    *  the rank's staging slot, and these copy it into place once every member has read its
    *  inputs. */
   std::vector<Action> post_actions;
+  ModelOp model;                 ///< kernels under the tiny model's real math
   NativeCollective native;       ///< collectives: the same data movement as one NCCL call
   SlotId alloc_slot = 0;         ///< kAlloc: the slot it opens; kFree: the slot it closes
   bool is_gather_probe = false;  ///< an AllGather of a full parameter: its result is checked
@@ -117,10 +157,12 @@ struct RankPlan {
                                 ///< per kAlloc in issue order, then the staging slot, then the
                                 ///< native staging slot
   SlotId staging = 0;
-  SlotId native_staging = 0;  ///< where a native ReduceScatter / AllReduce lands (not `touched`:
-                              ///< only the multi-process runs use it)
-  std::vector<PlanOp> ops;    ///< parallel to schedule.ranks[r].ops
-  std::vector<Loc> weights;   ///< the primary shards at the end of the run, per unit
+  SlotId native_staging = 0;    ///< where a native ReduceScatter / AllReduce lands (not `touched`:
+                                ///< only the multi-process runs use it)
+  SlotId losses = 0;            ///< model math: one loss value per loss kernel, in issue order
+  std::vector<int> loss_steps;  ///< model math: the training step of each loss value
+  std::vector<PlanOp> ops;      ///< parallel to schedule.ranks[r].ops
+  std::vector<Loc> weights;     ///< the primary shards at the end of the run, per unit
   std::vector<std::uint64_t> weight_n;
 };
 
@@ -131,17 +173,34 @@ struct Instance {
   std::vector<std::pair<Rank, std::uint32_t>> members;  ///< (rank, op) that issue it, in order
 };
 
+/** The model's sizes for the real math (as replay::TinyDims). */
+struct ModelDims {
+  int seq = 0;
+  int hidden = 0;
+  int ffn = 0;
+  int vocab = 0;
+};
+
 /** Everything the executor needs. */
 struct Plan {
-  int element_bytes = 2;  ///< 2 (fp16 storage) or 4 (fp32)
+  int element_bytes = 2;                   ///< 2 (fp16 storage) or 4 (fp32)
+  bool model = false;                      ///< kernels run the tiny model's real math (ModelOp)
+  ModelDims dims;                          ///< model: its sizes
+  std::vector<std::vector<float>> consts;  ///< model: initial weights (Action::kConst)
+  std::vector<std::vector<int>> tokens;    ///< model: each (rank, step, micro-step)'s batch
   std::vector<RankPlan> ranks;
   std::vector<Instance> instances;
   std::uint64_t probes = 0;  ///< gather probes over all ranks
 };
 
 /** Builds the plan of `schedule` (built from `scenario`). Throws InputError when the schedule's
- *  collectives do not match (a schedule that would hang is reported, not executed). */
-Plan make_plan(const Scenario& scenario, const Schedule& schedule);
+ *  collectives do not match (a schedule that would hang is reported, not executed). `model`:
+ *  kernels run the tiny model's real math (InputError unless model_math_fits). */
+Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model = false);
+
+/** Whether the tiny model's real math can run this scenario: the numeric replay holds the
+ *  model (replay::numeric_fits) and buffers are fp32. "" when it can, else why not. */
+std::string model_math_unfit(const Scenario& scenario);
 
 /** The synthetic parameter value of element `i` of unit `unit` (the same on every backend). */
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i);

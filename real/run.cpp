@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "real/device.hpp"
@@ -9,6 +11,7 @@
 #include "real/store.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/error.hpp"
+#include "sim/replay/replay.hpp"
 #include "sim/time/races.hpp"
 
 namespace hpz::real {
@@ -47,10 +50,16 @@ void check_host_memory(const Scenario& scenario, const Plan& plan) {
                                static_cast<double>(kHostBackendBytes) / (1 << 30)));
 }
 
+/** Whether layer kernels run as cuBLAS GEMMs: --compute real on a model too big for the tiny
+ *  model's real math. */
+bool gemms(const Plan& plan, const RealOptions& options) {
+  return options.compute == "real" && !plan.model;
+}
+
 /** Device memory --compute real's GEMM scratch takes (GemmRunner: one set for the ranks this
  *  process runs). */
 std::uint64_t gemm_bytes(const Plan& plan, const RealOptions& options) {
-  if (options.compute != "real") return 0;
+  if (!gemms(plan, options)) return 0;
   const int rank = options.launch ? options.launch->rank : -1;
   return gemm_scratch_bytes(max_shape(gemm_shapes(plan, rank)), plan.element_bytes,
                             static_cast<int>(plan.ranks.size()));
@@ -75,7 +84,7 @@ std::unique_ptr<Backend> emulated_backend(const Scenario& scenario, const Schedu
   const DeviceInfo dev = probe_devices();
   check_memory(scenario, peak_bytes_estimate(plan, schedule) + gemm_bytes(plan, options), dev,
                fmt::format("{} emulated ranks", schedule.world_size));
-  std::unique_ptr<Backend> backend = make_cuda_backend(options.compute == "real");
+  std::unique_ptr<Backend> backend = make_cuda_backend(gemms(plan, options));
   out.device = dev.name;
   auto streams = static_cast<std::size_t>(backend->own_streams());
   for (const RankSchedule& rs : schedule.ranks) streams += rs.streams.size();
@@ -131,7 +140,7 @@ std::unique_ptr<Backend> rank_backend(const Scenario& scenario, const Schedule& 
   out.mode =
       fmt::format("one process per rank: {} processes ({}), NCCL collectives, one GPU per process",
                   l.world, l.via);
-  return make_nccl_backend(schedule, rank, l.local_rank, store, options.compute == "real");
+  return make_nccl_backend(schedule, rank, l.local_rank, store, gemms(plan, options));
 }
 
 constexpr std::uint64_t kFnvBasis = 0xcbf29ce484222325ULL;
@@ -165,22 +174,26 @@ std::uint64_t combine_hashes(const std::vector<std::uint64_t>& per_rank) {
 }
 
 /** What one process knows of a run: its rank's timeline rows, corruption, weights hash (when
- *  `hash`; 0 otherwise) and whether it hung. CBOR, which keeps NaN times (ops that never ran) as they are. */
+ *  `hash`; 0 otherwise) and whether it hung. CBOR, which keeps NaN times (ops that never ran) as
+ * they are. */
 std::string encode_part(const RunOutput& run, const Corruption& c, Rank rank, bool hash) {
   nlohmann::json rows = nlohmann::json::array();
   for (const OpTime& t : run.timeline.ranks[rank]) rows.push_back({t.issue_s, t.start_s, t.end_s});
-  const nlohmann::json j = {{"hung", run.hung},
-                            {"hang", run.hang},
-                            {"corrupted", c.corrupted_elements},
-                            {"nans", c.nan_elements},
-                            {"bad_probes", c.bad_probes},
-                            {"probe_nans", c.probe_nans},
-                            {"has_first", c.has_first},
-                            {"first_rank", c.first_rank},
-                            {"first_op", c.first_op},
-                            {"first_start_s", c.first_start_s},
-                            {"weights_hash", hash ? rank_weights_hash(run, rank) : 0},
-                            {"rows", rows}};
+  const nlohmann::json j = {
+      {"hung", run.hung},
+      {"hang", run.hang},
+      {"corrupted", c.corrupted_elements},
+      {"nans", c.nan_elements},
+      {"bad_probes", c.bad_probes},
+      {"probe_nans", c.probe_nans},
+      {"has_first", c.has_first},
+      {"first_rank", c.first_rank},
+      {"first_op", c.first_op},
+      {"first_start_s", c.first_start_s},
+      {"weights_hash", hash ? rank_weights_hash(run, rank) : 0},
+      {"losses", static_cast<std::size_t>(rank) < run.losses.size() ? run.losses[rank]
+                                                                    : std::vector<float>{}},
+      {"rows", rows}};
   const std::vector<std::uint8_t> bytes = nlohmann::json::to_cbor(j);
   return {bytes.begin(), bytes.end()};
 }
@@ -211,6 +224,8 @@ std::vector<std::uint64_t> merge_parts(Store& store, const std::string& key, Ran
       all.first_op = j.at("first_op").get<std::uint32_t>();
       all.first_start_s = start;
     }
+    if (run.losses.size() < parts.size()) run.losses.resize(parts.size());
+    run.losses[p] = j.at("losses").get<std::vector<float>>();
     auto& rows = run.timeline.ranks.at(p);
     const auto& in = j.at("rows");
     for (std::size_t i = 0; i < rows.size() && i < in.size(); ++i) {
@@ -221,23 +236,49 @@ std::vector<std::uint64_t> merge_parts(Store& store, const std::string& key, Ran
   return hashes;
 }
 
+/** The loss per training step under the model math: the mean over every rank and micro-step of
+ *  the loss kernels' values, summed in double (as the numeric replay does); NaN for a step
+ *  without any. */
+std::vector<double> step_losses(const Scenario& scenario, const Plan& plan, const RunOutput& run) {
+  std::vector<double> sum(static_cast<std::size_t>(std::max(scenario.run.steps, 0)), 0.0);
+  std::vector<int> count(sum.size(), 0);
+  for (std::size_t r = 0; r < plan.ranks.size() && r < run.losses.size(); ++r) {
+    const std::vector<int>& steps = plan.ranks[r].loss_steps;
+    for (std::size_t k = 0; k < steps.size() && k < run.losses[r].size(); ++k) {
+      const auto st = static_cast<std::size_t>(steps[k]);
+      if (st >= sum.size()) continue;
+      sum[st] += static_cast<double>(run.losses[r][k]);
+      ++count[st];
+    }
+  }
+  for (std::size_t k = 0; k < sum.size(); ++k) {
+    sum[k] = count[k] == 0 ? std::numeric_limits<double>::quiet_NaN() : sum[k] / count[k];
+  }
+  return sum;
+}
+
 }  // namespace
 
 RealResult run_real(const Scenario& scenario, const Schedule& schedule,
                     const RealOptions& options) {
-  const Plan plan = make_plan(scenario, schedule);
+  // --compute real: the tiny model's real math where the numeric replay can run the model,
+  // cuBLAS GEMMs of the layer shapes otherwise.
+  const bool model = options.compute == "real" && model_math_unfit(scenario).empty();
+  const Plan plan = make_plan(scenario, schedule, model);
   RealResult out;
   out.ranks = schedule.world_size;
   out.probes = plan.probes;
+  out.model = model;
   std::unique_ptr<Store> store;
   std::unique_ptr<Backend> backend;
-  if (options.compute == "real" && options.backend != "cuda") {
+  if (gemms(plan, options) && options.backend != "cuda") {
     throw InputError("", "--compute",
-                     "real runs cuBLAS GEMMs and needs --backend cuda; the host backends spin");
+                     "real runs cuBLAS GEMMs on this model (too big for the tiny model's math: " +
+                         model_math_unfit(scenario) + ") and needs --backend cuda");
   }
   ExecOptions base;
   base.timeout_s = options.timeout_s;
-  base.real_compute = options.compute == "real";
+  base.real_compute = gemms(plan, options);
   Rank rank = 0;
   if (options.launch) {
     const Launch& l = *options.launch;
@@ -262,7 +303,12 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
     backend = emulated_backend(scenario, schedule, plan, options, out);
   }
   out.backend = backend->name();
-  if (options.compute == "real") out.mode += "; layer kernels as cuBLAS GEMMs of the layer shapes";
+  if (gemms(plan, options)) out.mode += "; layer kernels as cuBLAS GEMMs of the layer shapes";
+  if (model) {
+    out.mode +=
+        "; kernels run the tiny model's real math (fp32 forward, backward, loss, Adam: "
+        "the numeric replay's)";
+  }
   const int total = options.runs + 1;
   int run_no = 0;
   // Runs once; with one process per rank the processes start together and each run's parts
@@ -293,6 +339,15 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   out.reference_weights_hash = combine_hashes(hashes);
   out.reference_hung = reference.hung;
   out.reference_hang = reference.hang;
+  if (model && !reference.hung) {
+    out.reference_loss = step_losses(scenario, plan, reference);
+    // The same training on the CPU: the numeric replay of the schedule in the order the
+    // reference ran it, which is race-free.
+    for (const replay::StepRecord& st :
+         replay::replay(scenario, schedule, reference.timeline, replay::Mode::kNumeric).steps) {
+      out.replay_loss.push_back(st.loss);
+    }
+  }
   if (options.progress) options.progress(1, total);
 
   time::SimResult& t = out.timing;
@@ -313,6 +368,7 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
     RealRun rr;
     RunOutput run = run_once(false, &reference, rr.corruption);
     rr.hung = run.hung;
+    if (model && !run.hung) rr.loss = step_losses(scenario, plan, run);
     rr.hang = run.hang;
     out.corrupted_runs += rr.corruption.corrupted() ? 1 : 0;
     out.runs.push_back(rr);

@@ -9,11 +9,6 @@
 namespace hpz::replay {
 namespace {
 
-constexpr float kLearningRate = 1e-2f;
-constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f;
-constexpr float kMaxGradNorm = 1.0f;
-constexpr std::uint64_t kCheckpointSeedOffset = 7777;
-
 std::uint64_t fnv(const std::vector<float>& v, std::uint64_t h) {
   for (float f : v) {
     std::uint32_t bits = 0;
@@ -215,7 +210,7 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::grad_norm(Rank r, const 
 }
 
 // Adam on the fp32 primary shard (the master weights), gradients averaged over ranks and
-// micro-steps and clipped to a global norm of kMaxGradNorm.
+// micro-steps and clipped to a global norm of 1 (adam_step).
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::adam(Rank r, const Op& op,
                                                              const ReadFn<Chunk>& read) {
   const Access* g = access(r, op, AccessMode::kRead, BufferRole::kGradShard, 0);
@@ -227,19 +222,10 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::adam(Rank r, const Op& o
   Chunk p = part(read, *p_in);
   const float scale = 1.0f / static_cast<float>(s_.world_size * sc_.training.grad_accum);
   const Chunk nsq = norm == nullptr ? Chunk{0.0f} : read(norm->buffer, 0, 1);
-  const float total = std::sqrt(nsq.empty() ? 0.0f : nsq[0]) * scale;
-  const float clip = std::min(1.0f, kMaxGradNorm / (total + 1e-6f));
   AdamState& st = adam_[{r, op.unit}];
   st.m.resize(p.size(), 0.0f);
   st.v.resize(p.size(), 0.0f);
-  const float t = static_cast<float>(op.step + 1);
-  const float c1 = 1 - std::pow(kBeta1, t), c2 = 1 - std::pow(kBeta2, t);
-  for (std::size_t i = 0; i < p.size() && i < grad.size(); ++i) {
-    const float gi = grad[i] * scale * clip;
-    st.m[i] = kBeta1 * st.m[i] + (1 - kBeta1) * gi;
-    st.v[i] = kBeta2 * st.v[i] + (1 - kBeta2) * gi * gi;
-    p[i] -= kLearningRate * (st.m[i] / c1) / (std::sqrt(st.v[i] / c2) + kEps);
-  }
+  adam_step(p, grad, st.m, st.v, nsq.empty() ? 0.0f : nsq[0], scale, op.step);
   const std::uint64_t key =
       (static_cast<std::uint64_t>(r) << 32) ^ static_cast<std::uint64_t>(op.unit);
   hash_[op.step] ^= fnv(p, 0xcbf29ce484222325ull ^ (key * 0x9e3779b97f4a7c15ull));

@@ -298,6 +298,23 @@ std::vector<float> initial_weights(UnitFn fn, const TinyDims& d, std::uint64_t n
   return w;
 }
 
+void adam_step(std::span<float> p, std::span<const float> grad, std::span<float> m,
+               std::span<float> v, float norm_sq, float scale, int step) {
+  constexpr float kLearningRate = 1e-2f;
+  constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f;
+  constexpr float kMaxGradNorm = 1.0f;
+  const float total = std::sqrt(norm_sq) * scale;
+  const float clip = std::min(1.0f, kMaxGradNorm / (total + 1e-6f));
+  const float t = static_cast<float>(step + 1);
+  const float c1 = 1 - std::pow(kBeta1, t), c2 = 1 - std::pow(kBeta2, t);
+  for (std::size_t i = 0; i < p.size() && i < grad.size(); ++i) {
+    const float gi = grad[i] * scale * clip;
+    m[i] = kBeta1 * m[i] + (1 - kBeta1) * gi;
+    v[i] = kBeta2 * v[i] + (1 - kBeta2) * gi * gi;
+    p[i] -= kLearningRate * (m[i] / c1) / (std::sqrt(v[i] / c2) + kEps);
+  }
+}
+
 std::vector<int> synthetic_tokens(const TinyDims& d, std::uint64_t seed, int rank, int step,
                                   int micro) {
   // token[t + 1] = (5 token[t] + 17) mod vocab from a random start: the next token is a

@@ -45,6 +45,17 @@ std::vector<float> unit_backward(UnitFn fn, const TinyDims& d, std::span<const f
 float next_token_loss(const TinyDims& d, std::span<const float> logits, std::span<const int> tokens,
                       std::vector<float>& dlogits);
 
+/** A checkpoint load's weights are initial_weights with the seed offset by this, so that they
+ *  differ from the init kernel's. */
+inline constexpr std::uint64_t kCheckpointSeedOffset = 7777;
+
+/** The optimizer step on one rank's primary shard `p`, in place: each gradient times `scale`,
+ *  clipped to a global norm of 1 (norm_sq: the summed squares of every gradient before
+ *  scaling), then Adam (lr 1e-2, betas 0.9 and 0.999, eps 1e-8) at t = step + 1 with the
+ *  moments m and v (p's size each), updated in place. */
+void adam_step(std::span<float> p, std::span<const float> grad, std::span<float> m,
+               std::span<float> v, float norm_sq, float scale, int step);
+
 /** Deterministic initial weights of a unit (same on every rank for a seed). */
 std::vector<float> initial_weights(UnitFn fn, const TinyDims& d, std::uint64_t numel,
                                    std::uint64_t seed, int unit);

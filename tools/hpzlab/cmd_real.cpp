@@ -7,6 +7,8 @@
 // without a CUDA device.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -34,6 +36,32 @@ struct RealCliOptions {
 void progress(int done, int total) {
   progress_bar(done, total,
                fmt::format("{}/{} runs (the first is the serialized reference)", done, total));
+}
+
+std::string losses_line(const std::vector<double>& loss) {
+  std::string s;
+  for (double l : loss) s += fmt::format(" {:>9.5f}", l);
+  return s;
+}
+
+/** The model math's loss per step: the reference, the numeric replay on the CPU, each run. */
+std::string render_losses(const real::RealResult& r) {
+  std::string s = "loss per training step (mean over ranks and micro-steps):\n";
+  s += fmt::format("  {:<22}{}\n", "reference", losses_line(r.reference_loss));
+  s += fmt::format("  {:<22}{}\n", "numeric replay (CPU)", losses_line(r.replay_loss));
+  double worst = 0;
+  for (std::size_t k = 0; k < r.reference_loss.size() && k < r.replay_loss.size(); ++k) {
+    const double a = r.reference_loss[k], b = r.replay_loss[k];
+    worst = std::max(worst, std::isnan(a) || std::isnan(b)
+                                ? (std::isnan(a) == std::isnan(b) ? 0.0 : INFINITY)
+                                : std::abs(a - b) / std::max(1.0, std::abs(b)));
+  }
+  s += fmt::format("  reference vs replay: largest relative difference {:.2e}\n", worst);
+  for (std::size_t k = 0; k < r.runs.size(); ++k) {
+    if (r.runs[k].hung) continue;
+    s += fmt::format("  {:<22}{}\n", fmt::format("run {}", k + 1), losses_line(r.runs[k].loss));
+  }
+  return s;
 }
 
 std::string render_text(const Schedule& schedule, const real::RealResult& r) {
@@ -68,6 +96,7 @@ std::string render_text(const Schedule& schedule, const real::RealResult& r) {
       "{} (summed over runs); reference weights hash {:016x}\n",
       r.corrupted_runs, r.runs.size(), r.timing.mean.step_time_s * 1e3,
       r.timing.mean.races_manifested, r.reference_weights_hash);
+  if (r.model) s += render_losses(r);
   return s;
 }
 
@@ -102,6 +131,11 @@ std::string render_json(const Schedule& schedule, const real::RealResult& r) {
     runs.push_back(x);
   }
   j["corruption"] = runs;
+  if (r.model) {
+    nlohmann::json per_run = nlohmann::json::array();
+    for (const real::RealRun& run : r.runs) per_run.push_back(run.loss);
+    j["loss"] = {{"reference", r.reference_loss}, {"replay", r.replay_loss}, {"runs", per_run}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -171,8 +205,9 @@ void setup_real(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"cuda", "host", "host-lazy"}));
   sub->add_option("--compute", opts->compute,
                   "spin (default: every kernel holds its stream for the cost model's time) | "
-                  "real (forward and backward layer kernels as cuBLAS GEMMs of the layer's "
-                  "shapes; cuda only)")
+                  "real (a model the numeric replay holds, in fp32, such as tiny.toml: its real "
+                  "math, forward, loss, backward and Adam, on any backend; a bigger model: "
+                  "layer kernels as cuBLAS GEMMs of the layer's shapes, cuda only)")
       ->check(CLI::IsMember({"spin", "real"}));
   sub->add_flag("--distributed", opts->distributed,
                 "One process per rank, started by a launcher (tools/launch-local, mpirun, srun, "
