@@ -203,7 +203,8 @@ TEST(NativeCollective, EveryCompleteCollectiveHasOneAndItsSendSpanCoversWhatPeer
 /** run_real with every rank in a thread of its own, each with its own store client and host
  *  backend: what `tools/launch-local N hpzlab real --backend host --distributed` does with
  *  processes. Returns every rank's result. */
-std::vector<RealResult> run_ranks(const Scenario& sc, int runs) {
+std::vector<RealResult> run_ranks(const Scenario& sc, int runs,
+                                  const std::string& compute = "spin") {
   const Schedule schedule = build_schedule(sc);
   const int world = schedule.world_size;
   const int port = free_port();
@@ -215,6 +216,7 @@ std::vector<RealResult> run_ranks(const Scenario& sc, int runs) {
       o.backend = "host";
       o.runs = runs;
       o.timeout_s = 30;
+      o.compute = compute;
       o.launch = Launch{r, world, r, "test", "127.0.0.1", port};
       out[static_cast<std::size_t>(r)] = run_real(sc, schedule, o);
     });
@@ -246,6 +248,26 @@ TEST(Distributed, HostRanksInProcessesOfTheirOwnComputeTheSingleProcessReference
       }
       EXPECT_GT(x.timing.mean.step_time_s, 0);
     }
+  }
+}
+
+// The tiny model's real math with one process per rank: each process computes its rank's
+// losses, and every process ends with the single-process reference's loss per step.
+TEST(Distributed, HostRanksRunningTheModelMathReportTheSingleProcessLosses) {
+  const Scenario sc = tiny("event-wait");
+  RealOptions one;
+  one.backend = "host";
+  one.runs = 1;
+  one.compute = "real";
+  const RealResult single = run_real(sc, build_schedule(sc), one);
+  ASSERT_EQ(single.reference_loss.size(), static_cast<std::size_t>(sc.run.steps));
+  for (const RealResult& x : run_ranks(sc, 1, "real")) {
+    ASSERT_TRUE(x.model);
+    EXPECT_EQ(x.reference_loss, single.reference_loss);
+    EXPECT_EQ(x.replay_loss, single.replay_loss);
+    ASSERT_EQ(x.runs.size(), 1u);
+    EXPECT_EQ(x.runs[0].loss, single.reference_loss);
+    EXPECT_EQ(x.reference_weights_hash, single.reference_weights_hash);
   }
 }
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
 
 #include "real/device.hpp"
@@ -13,6 +15,7 @@
 #include "real/plan.hpp"
 #include "real/run.hpp"
 #include "sim/builder.hpp"
+#include "sim/error.hpp"
 #include "sim/scenario.hpp"
 #include "sim/shard.hpp"
 #include "tests/paths.hpp"
@@ -294,6 +297,109 @@ TEST(RealLazyHost, BothFixesAndNoHpzStayExact) {
   }
 }
 
+// ---- The tiny model's real math (--compute real on a model the numeric replay holds) ----
+
+RealResult run_model(const Scenario& sc, const std::string& backend, int runs = 1) {
+  RealOptions o;
+  o.runs = runs;
+  o.backend = backend;
+  o.compute = "real";
+  o.timeout_s = 30;
+  return run_real(sc, build_schedule(sc), o);
+}
+
+bool any_nan(const std::vector<double>& v) {
+  return std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); });
+}
+
+// Every kernel the numeric replay computes becomes a ModelOp of the same kind, and every rank's
+// Adam moments start from zero exactly once per shard.
+TEST(RealModel, EveryKernelTheReplayComputesIsAModelOp) {
+  const Scenario sc = tiny("event-wait");
+  const Schedule s = build_schedule(sc);
+  const Plan plan = make_plan(sc, s, true);
+  ASSERT_TRUE(plan.model);
+  EXPECT_EQ(plan.dims.hidden, 64);
+  std::map<ModelOp::Kind, int> kinds;
+  std::map<Purpose, int> purposes;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    std::map<UnitId, int> fresh;
+    for (std::size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
+      const Op& op = s.ranks[r].ops[i];
+      const PlanOp& po = plan.ranks[r].ops[i];
+      if (op.kind == OpKind::kKernel) ++purposes[op.purpose];
+      if (po.model.kind == ModelOp::Kind::kNone) continue;
+      ++kinds[po.model.kind];
+      EXPECT_EQ(po.spin_s, 0.0);  // the math is the kernel: it does not also spin
+      if (po.model.kind == ModelOp::Kind::kAdam && po.model.fresh_state) ++fresh[op.unit];
+      if (po.model.kind == ModelOp::Kind::kLoss) EXPECT_EQ(po.model.loss.slot, plan.ranks[r].losses);
+    }
+    for (const auto& [unit, n] : fresh) EXPECT_EQ(n, 1) << "rank " << r << " unit " << unit;
+    EXPECT_EQ(fresh.size(), s.units.size()) << "rank " << r;
+    EXPECT_EQ(plan.ranks[r].loss_steps.size(), static_cast<std::size_t>(sc.run.steps));
+  }
+  EXPECT_EQ(kinds[ModelOp::Kind::kForward],
+            purposes[Purpose::kForwardCompute] + purposes[Purpose::kRecomputeForward]);
+  EXPECT_EQ(kinds[ModelOp::Kind::kBackward], purposes[Purpose::kBackwardCompute]);
+  EXPECT_EQ(kinds[ModelOp::Kind::kLoss], purposes[Purpose::kLossGradient]);
+  EXPECT_EQ(kinds[ModelOp::Kind::kGradNorm], purposes[Purpose::kGradNorm]);
+  EXPECT_EQ(kinds[ModelOp::Kind::kAdam], purposes[Purpose::kOptimizerStep]);
+  EXPECT_GT(kinds[ModelOp::Kind::kForward], 0);
+  EXPECT_FALSE(plan.consts.empty());
+  EXPECT_FALSE(plan.tokens.empty());
+}
+
+// The host reference under the model math is the numeric replay's training, bit for bit: the
+// same loss in every step, falling, and the same weights whichever variant ran (no race can
+// bite a reference).
+TEST(RealModel, HostReferenceTrainsExactlyAsTheNumericReplay) {
+  std::set<std::uint64_t> hashes;
+  for (const auto& [variant, hpz] : {std::pair<const char*, int>{"stock", 2},
+                                     {"host-sync", 2},
+                                     {"event-wait", 2},
+                                     {"stock", 1}}) {
+    const RealResult r = run_model(tiny(variant, hpz), "host");
+    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+    ASSERT_TRUE(r.model);
+    ASSERT_EQ(r.reference_loss.size(), 3U);
+    EXPECT_EQ(r.reference_loss, r.replay_loss) << variant << " hpz " << hpz;
+    EXPECT_FALSE(any_nan(r.reference_loss));
+    EXPECT_LT(r.reference_loss.back(), r.reference_loss.front()) << "training lowers the loss";
+    EXPECT_EQ(r.runs[0].loss, r.reference_loss);
+    hashes.insert(r.reference_weights_hash);
+  }
+  EXPECT_EQ(hashes.size(), 1U);
+}
+
+// Under the lazy host backend (the order a backed-up compute stream allows), stock hpZ's
+// gathers read NaN secondaries and the loss turns NaN, the NaN divergence itself; both fixes
+// train exactly as the reference.
+TEST(RealModel, LazyStockTurnsTheLossNaNAndBothFixesTrainExactly) {
+  const RealResult stock = run_model(tiny("stock"), "host-lazy");
+  ASSERT_FALSE(stock.reference_hung) << stock.reference_hang;
+  EXPECT_EQ(stock.corrupted_runs, 1);
+  EXPECT_TRUE(any_nan(stock.runs[0].loss));
+  EXPECT_FALSE(any_nan(stock.reference_loss));
+  for (const char* v : {"host-sync", "event-wait"}) {
+    const RealResult r = run_model(tiny(v), "host-lazy");
+    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+    EXPECT_EQ(r.corrupted_runs, 0) << v;
+    EXPECT_EQ(r.runs[0].loss, r.reference_loss) << v;
+  }
+}
+
+// The math needs a model the numeric replay holds, in fp32; anything else is refused with the
+// reason (make_plan), and --compute real then means GEMMs, which the host cannot run.
+TEST(RealModel, ModelsTooBigOrNotFp32AreRefusedWithTheReason) {
+  EXPECT_EQ(model_math_unfit(tiny("stock")), "");
+  const Scenario half = load_scenario(scenario_path("tiny"), {{"training.dtype", "fp16"}});
+  EXPECT_NE(model_math_unfit(half).find("fp32"), std::string::npos) << model_math_unfit(half);
+  EXPECT_THROW(make_plan(half, build_schedule(half), true), InputError);
+  const Scenario big = load_scenario(scenario_path("race-1gpu"));
+  EXPECT_NE(model_math_unfit(big).find("numeric replay"), std::string::npos);
+  EXPECT_THROW(run_model(half, "host"), InputError);  // GEMMs: cuda only
+}
+
 // ---- On a GPU (skipped without one) ----
 
 RealResult run_gpu(const std::string& variant, int runs) {
@@ -334,6 +440,30 @@ TEST(RealGpu, SerializedGpuRunEqualsTheHostReference) {
     ASSERT_FALSE(g.hung) << g.hang;
     EXPECT_EQ(g.weights, h.weights);
     EXPECT_EQ(g.probes, h.probes);
+  }
+}
+
+// The tiny model's real math on the GPU: the reference trains as the numeric replay does (to
+// rounding: the GPU's tanhf and expf are not the host's), both fixes train exactly as the
+// reference, and stock with the scenario's 200 us spin corrupts most runs.
+TEST(RealGpu, TinyModelMathTrainsAsTheReplayAndOnlyStockCorrupts) {
+  const DeviceInfo info = probe_devices();
+  if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
+  constexpr int kRuns = 3;
+  for (const char* v : {"stock", "host-sync", "event-wait"}) {
+    const RealResult r = run_model(tiny(v), "cuda", kRuns);
+    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+    ASSERT_EQ(r.reference_loss.size(), r.replay_loss.size());
+    for (std::size_t k = 0; k < r.reference_loss.size(); ++k) {
+      EXPECT_NEAR(r.reference_loss[k], r.replay_loss[k], 1e-4 * std::abs(r.replay_loss[k]))
+          << v << " step " << k;
+    }
+    if (std::string(v) == "stock") {
+      EXPECT_GT(r.corrupted_runs, kRuns / 2);
+      continue;
+    }
+    EXPECT_EQ(r.corrupted_runs, 0) << v;
+    for (const RealRun& run : r.runs) EXPECT_EQ(run.loss, r.reference_loss) << v;
   }
 }
 
