@@ -418,24 +418,23 @@ class CudaBackend : public Backend {
    *  area per (rank, stream), so that two streams of a rank never share one. Allocated anew for
    *  every run, before the clock starts. */
   void prepare_model(const Plan& plan) {
-    {
-      release_model();
-      for (const std::vector<float>& c : plan.consts) consts_dev_.push_back(upload(c));
-      for (const std::vector<int>& t : plan.tokens) tokens_dev_.push_back(upload(t));
-      std::uint64_t numel = 1;
-      for (const RankPlan& rp : plan.ranks) {
-        for (const PlanOp& po : rp.ops) numel = std::max(numel, po.model.numel);
-      }
-      const model::Dims d{plan.dims.seq, plan.dims.hidden, plan.dims.ffn, plan.dims.vocab};
-      model_scratch_floats_ = model::scratch_floats(d, numel);
-      model_scratch_.assign(ranks_.size(), {});
-      for (std::size_t r = 0; r < ranks_.size(); ++r) {
-        if (!mine(r)) continue;
-        for (std::size_t k = 0; k < ranks_[r].streams.size(); ++k) {
-          void* p = nullptr;
-          HPZ_CUDA(cudaMalloc(&p, (model_scratch_floats_ + numel) * sizeof(float)));
-          model_scratch_[r].push_back(static_cast<float*>(p));
-        }
+    release_model();
+    for (const std::vector<float>& c : plan.consts) consts_dev_.push_back(upload(c));
+    for (const std::vector<int>& t : plan.tokens) tokens_dev_.push_back(upload(t));
+    std::uint64_t numel = 1;
+    for (const RankPlan& rp : plan.ranks) {
+      for (const PlanOp& po : rp.ops) numel = std::max(numel, po.model.numel);
+    }
+    const model::Dims d{plan.dims.seq, plan.dims.hidden, plan.dims.ffn, plan.dims.vocab};
+    model_scratch_floats_ = model::scratch_floats(d, numel);
+    model_scratch_.assign(ranks_.size(), {});
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      if (!mine(r)) continue;
+      for (std::size_t k = 0; k < ranks_[r].streams.size(); ++k) {
+        // The scratch, then room for a backward kernel's whole dw.
+        void* p = nullptr;
+        HPZ_CUDA(cudaMalloc(&p, (model_scratch_floats_ + numel) * sizeof(float)));
+        model_scratch_[r].push_back(static_cast<float*>(p));
       }
     }
   }

@@ -341,10 +341,12 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   out.reference_hang = reference.hang;
   if (model && !reference.hung) {
     out.reference_loss = step_losses(scenario, plan, reference);
-    // The same training on the CPU: the numeric replay of the schedule in the order the
-    // reference ran it, which is race-free.
+    // The same training on the CPU: the numeric replay of the schedule in a race-free order.
+    // (Not along the reference's measured timeline: with one process per rank its clocks are
+    // aligned only to the start barrier's skew, enough to reorder a collective's ends.)
+    const Timeline order = replay::serialized_timeline(schedule);
     for (const replay::StepRecord& st :
-         replay::replay(scenario, schedule, reference.timeline, replay::Mode::kNumeric).steps) {
+         replay::replay(scenario, schedule, order, replay::Mode::kNumeric).steps) {
       out.replay_loss.push_back(st.loss);
     }
   }

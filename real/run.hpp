@@ -59,7 +59,7 @@ struct RealResult {
   int corrupted_runs = 0;
   /** Kernels ran the tiny model's real math (--compute real on a model the numeric replay
    *  holds): the loss per training step (mean over ranks and micro-steps) of the reference,
-   *  and of the numeric replay on the CPU replaying the reference's timeline. */
+   *  and of the numeric replay on the CPU in a race-free order (replay::serialized_timeline). */
   bool model = false;
   std::vector<double> reference_loss, replay_loss;
   /** The measured runs in the shape of `hpzlab sim`'s result: step metrics per run, race

@@ -165,22 +165,12 @@ TEST(GemmShape, QuantizeKernelsAndReproSpinsStaySpins) {
 #include <cuda_runtime.h>
 
 #include "real/gemm_runner.hpp"
+#include "tests/test_stream.hpp"
 
 namespace hpz::real {
 namespace {
 
-/** A non-blocking stream, destroyed at scope exit. */
-class TestStream {
- public:
-  TestStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess); }
-  ~TestStream() { cudaStreamDestroy(s_); }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
+using test::TestStream;
 
 TEST(GemmRunner, RunsEachRanksGemmsOnItsStreamToCompletion) {
   const DeviceInfo info = probe_devices();

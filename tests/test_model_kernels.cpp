@@ -18,6 +18,7 @@
 #include "real/device.hpp"
 #include "real/model_kernels.hpp"
 #include "sim/replay/tiny_model.hpp"
+#include "tests/test_stream.hpp"
 
 namespace hpz::real::model {
 namespace {
@@ -169,18 +170,7 @@ class DeviceArray {
   std::size_t n_;
 };
 
-/** A non-blocking stream, destroyed at scope exit. */
-class TestStream {
- public:
-  TestStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess); }
-  ~TestStream() { cudaStreamDestroy(s_); }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
+using test::TestStream;
 
 /** One unit's inputs on the host and the device. dx, dy and x hold the larger of an input and an
  *  output, so that aliased calls fit. */

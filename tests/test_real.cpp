@@ -332,7 +332,9 @@ TEST(RealModel, EveryKernelTheReplayComputesIsAModelOp) {
       ++kinds[po.model.kind];
       EXPECT_EQ(po.spin_s, 0.0);  // the math is the kernel: it does not also spin
       if (po.model.kind == ModelOp::Kind::kAdam && po.model.fresh_state) ++fresh[op.unit];
-      if (po.model.kind == ModelOp::Kind::kLoss) EXPECT_EQ(po.model.loss.slot, plan.ranks[r].losses);
+      if (po.model.kind == ModelOp::Kind::kLoss) {
+        EXPECT_EQ(po.model.loss.slot, plan.ranks[r].losses);
+      }
     }
     for (const auto& [unit, n] : fresh) EXPECT_EQ(n, 1) << "rank " << r << " unit " << unit;
     EXPECT_EQ(fresh.size(), s.units.size()) << "rank " << r;

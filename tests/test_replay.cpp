@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -65,6 +66,53 @@ TEST(NumericReplay, SerialRunTrainsAndMatchesNoHpz) {
     EXPECT_EQ(a.steps[k].weights_hash, b.steps[k].weights_hash) << k;
   }
   EXPECT_EQ(a.mixed_reads, 0u);
+}
+
+// serialized_timeline: the race-free order `hpzlab real` replays its reference in. Every op
+// runs, each after the previous one of its rank, and a collective starts on all its members at
+// once; replayed along it, stock trains exactly as along the hand-made global serial order.
+TEST(SerializedTimeline, RunsEveryOpInIssueOrderAndCollectivesTogether) {
+  Scenario sc = tiny();
+  const Schedule s = build_schedule(sc);
+  const Timeline t = serialized_timeline(s);
+  std::map<std::pair<GroupId, int>, double> start_of;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    std::map<GroupId, int> k;
+    double last_end = -1;
+    for (std::size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
+      const OpTime& ot = t.ranks[r][i];
+      ASSERT_TRUE(std::isfinite(ot.start_s)) << "rank " << r << " op " << i;
+      EXPECT_GT(ot.start_s, last_end);
+      EXPECT_LT(ot.start_s, ot.end_s);
+      last_end = ot.end_s;
+      const Op& o = s.ranks[r].ops[i];
+      if (!is_collective(o.kind)) continue;
+      const auto [it, fresh] = start_of.try_emplace({o.group, k[o.group]++}, ot.start_s);
+      if (!fresh) {
+        EXPECT_EQ(it->second, ot.start_s) << "rank " << r << " op " << i;
+      }
+    }
+  }
+  const ReplayResult a = replay(sc, s, t, Mode::kNumeric);
+  const ReplayResult b = replay(sc, s, serial(s), Mode::kNumeric);
+  EXPECT_EQ(a.mixed_reads, 0u);
+  for (std::size_t k = 0; k < a.steps.size(); ++k) {
+    EXPECT_TRUE(std::isfinite(a.steps[k].loss)) << k;
+    EXPECT_EQ(a.steps[k].loss, b.steps[k].loss) << k;
+    EXPECT_EQ(a.steps[k].weights_hash, b.steps[k].weights_hash) << k;
+  }
+}
+
+// A collective some member never issues: the ops behind it never run (NaN times), as on a GPU.
+TEST(SerializedTimeline, StopsAtACollectiveSomeMemberNeverReaches) {
+  const Scenario sc = load_scenario(test::scenario_path("mismatched-collectives"));
+  const Schedule s = build_schedule(sc);
+  const Timeline t = serialized_timeline(s);
+  std::size_t never = 0;
+  for (const auto& rank : t.ranks) {
+    for (const OpTime& ot : rank) never += std::isnan(ot.start_s) ? 1 : 0;
+  }
+  EXPECT_GT(never, 0u);
 }
 
 // Step 1's first secondary copy made to end after the hpZ gather that reads it started:

@@ -1,5 +1,9 @@
 #include "sim/replay/replay.hpp"
 
+#include <algorithm>
+#include <limits>
+#include <map>
+
 #include "sim/replay/data_engine.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/taint_domain.hpp"
@@ -14,6 +18,53 @@ bool numeric_fits(const Scenario& sc) {
   // rank's buffers (a few copies of the model each) in memory.
   return m.kv_heads == m.heads && m.gated_mlp && params * sc.cluster.world_size() < 4e7 &&
          sc.training.seq_len * sc.training.micro_batch <= 4096;
+}
+
+Timeline serialized_timeline(const Schedule& s) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::size_t ranks = s.ranks.size();
+  Timeline t;
+  t.ranks.resize(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) t.ranks[r].assign(s.ranks[r].ops.size(), {nan, nan, nan});
+  std::vector<std::size_t> next(ranks, 0);
+  std::vector<double> clock(ranks, 0);
+  std::vector<std::map<GroupId, int>> issued(ranks);  // collectives passed, per group
+  const auto at_collective = [&](std::size_t r) -> const Op* {
+    if (next[r] >= s.ranks[r].ops.size()) return nullptr;
+    const Op& o = s.ranks[r].ops[next[r]];
+    return is_collective(o.kind) ? &o : nullptr;
+  };
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (std::size_t r = 0; r < ranks; ++r) {  // everything up to the next collective
+      for (; next[r] < s.ranks[r].ops.size() && at_collective(r) == nullptr; ++next[r]) {
+        t.ranks[r][next[r]] = {clock[r], clock[r], clock[r] + 1};
+        clock[r] += 2;
+        moved = true;
+      }
+    }
+    for (std::size_t r = 0; r < ranks; ++r) {  // collectives every member has reached
+      const Op* o = at_collective(r);
+      if (o == nullptr) continue;
+      const int k = issued[r][o->group];
+      const auto& members = s.groups[o->group].ranks;
+      const bool all = std::all_of(members.begin(), members.end(), [&](Rank m) {
+        const Op* x = at_collective(static_cast<std::size_t>(m));
+        return x != nullptr && x->group == o->group && issued[m][o->group] == k;
+      });
+      if (!all) continue;
+      double start = 0;
+      for (Rank m : members) start = std::max(start, clock[m]);
+      for (Rank m : members) {
+        t.ranks[m][next[m]] = {start, start, start + 1};
+        clock[m] = start + 2;
+        ++issued[m][o->group];
+        ++next[m];
+      }
+      moved = true;
+    }
+  }
+  return t;
 }
 
 ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,

@@ -55,6 +55,14 @@ struct ReplayResult {
 /** True when the numeric replay can hold every rank's buffers of this scenario in memory. */
 bool numeric_fits(const Scenario& scenario);
 
+/** A race-free order of `schedule`, as a timeline in logical time units: each rank's ops one
+ *  after another in issue order, every op ending before the next starts, and each collective
+ *  starting on all its members together once every member has reached it (the k-th collective
+ *  of a group on each member, NCCL's rule). What a fully serialized run does, with no clock in
+ *  it: the replay along it gives the training a correct run computes. Ops after a collective
+ *  some member never reaches keep NaN times (they never run). */
+Timeline serialized_timeline(const Schedule& schedule);
+
 /** Replays `schedule` (built from `scenario`) in the order `timeline` gives. */
 ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,
                     Mode mode);
