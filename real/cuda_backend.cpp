@@ -426,7 +426,7 @@ class CudaBackend : public Backend {
       for (const PlanOp& po : rp.ops) numel = std::max(numel, po.model.numel);
     }
     const model::Dims d{plan.dims.seq, plan.dims.hidden, plan.dims.ffn, plan.dims.vocab};
-    model_scratch_floats_ = model::scratch_floats(d, numel);
+    model_scratch_floats_ = model::scratch_floats(d);
     model_scratch_.assign(ranks_.size(), {});
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       if (!mine(r)) continue;

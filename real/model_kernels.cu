@@ -560,7 +560,7 @@ cudaError_t embed_backward(const Dims& d, std::uint64_t numel, const int* tokens
 
 }  // namespace
 
-std::size_t scratch_floats(const Dims& d, std::uint64_t /*max_unit_numel*/) {
+std::size_t scratch_floats(const Dims& d) {
   Arena attn(nullptr), mlp(nullptr), head(nullptr), norm(nullptr), embed(nullptr), loss(nullptr),
       sums(nullptr);
   (void)AttnScratch(attn, d);

@@ -20,9 +20,9 @@ struct Dims {
 
 /** Floats of device scratch that one call of any function below needs for these dims (the
  *  scratch must be 8-byte aligned, as cudaMalloc's is; it may be reused between calls on the
- *  same stream). max_unit_numel is accepted for the callers' convenience: no function needs
- *  scratch in proportion to a unit's parameters. */
-std::size_t scratch_floats(const Dims& d, std::uint64_t max_unit_numel);
+ *  same stream). No function needs scratch in proportion to a unit's parameters: unit_backward
+ *  writes its dw where the caller says. */
+std::size_t scratch_floats(const Dims& d);
 
 /** Forward of one unit. fn: static_cast<int>(replay::UnitFn) (0 embed, 1 norm, 2 attn, 3 mlp,
  *  4 head). w: the unit's weights; x [seq x hidden] (ignored by embed); tokens: seq ints on the

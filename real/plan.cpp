@@ -271,14 +271,13 @@ class PlanBuilder {
     return {plan_.dims.seq, plan_.dims.hidden, plan_.dims.ffn, plan_.dims.vocab};
   }
 
-  /** Makes a whole-slot range at least `n` elements long. The IR sizes some activations
-   *  smaller than the math writes (lm_head's output holds [seq x hidden], its logits are
-   *  [seq x vocab]); the numeric replay's buffers grow as written, these grow here. */
-  void need(Range& x, std::uint64_t n) {
-    if (x.n >= n) return;
+  /** Grows the slot of a whole-slot range to at least `n` elements. The IR sizes some
+   *  activations smaller than the math writes (lm_head's output holds [seq x hidden], its
+   *  logits are [seq x vocab]); the numeric replay's buffers grow as written, these grow here.
+   *  The range takes the slot's final size once every kernel is planned (model_slots). */
+  void grow(const Range& x, std::uint64_t n) {
     std::uint64_t& e = plan_.ranks[x.at.rank].slots[x.at.slot].elements;
     e = std::max(e, x.at.elem + n);
-    x.n = n;
   }
 
   /** The op as a kernel of the tiny model's math; false when it is none (it then spins). */
@@ -304,8 +303,8 @@ class PlanBuilder {
         if (const int x = find_model(r, o, AM::kRead, BR::kActivation, 1); x >= 0) {
           m.x = whole(r, o, x);
         }
-        if (fn() != replay::UnitFn::kEmbed) need(m.x, sh);
-        need(m.out, out_n());
+        if (fn() != replay::UnitFn::kEmbed) grow(m.x, sh);
+        grow(m.out, out_n());
         m.tokens = tokens(r, o);
         return true;
       }
@@ -316,8 +315,8 @@ class PlanBuilder {
         m.kind = MK::kLoss;
         m.x = whole(r, o, in);
         m.out = whole(r, o, out);
-        need(m.x, sv);
-        need(m.out, sv);
+        grow(m.x, sv);
+        grow(m.out, sv);
         m.tokens = tokens(r, o);
         RankPlan& rp = plan_.ranks[r];
         m.loss = {r, 0, rp.loss_steps.size()};  // the slot is added once every op is planned
@@ -341,9 +340,9 @@ class PlanBuilder {
         if (const int x = find_model(r, o, AM::kRead, BR::kActivation, 1); x >= 0) {
           m.x = whole(r, o, x);
         }
-        if (fn() != replay::UnitFn::kEmbed) need(m.x, sh);
-        need(m.dy, out_n());
-        need(m.out, sh);
+        if (fn() != replay::UnitFn::kEmbed) grow(m.x, sh);
+        grow(m.dy, out_n());
+        grow(m.out, sh);
         if (m.grad_first + m.grad.n > m.numel) m.grad.n = m.numel - std::min(m.numel, m.grad_first);
         m.tokens = tokens(r, o);
         return true;

@@ -312,8 +312,8 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
   const int total = options.runs + 1;
   int run_no = 0;
   // Runs once; with one process per rank the processes start together and each run's parts
-  // are merged, so every process ends with the whole run.
-  std::vector<std::uint64_t> hashes;
+  // are merged, so every process ends with the whole run. Only the reference's weights are
+  // hashed (the report gives that hash alone).
   auto run_once = [&](bool serialize, const RunOutput* reference, Corruption& c) {
     ExecOptions o = base;
     o.serialize = serialize;
@@ -322,21 +322,19 @@ RealResult run_real(const Scenario& scenario, const Schedule& schedule,
     RunOutput run = execute(schedule, plan, *backend, o);
     if (reference != nullptr && !run.hung && !reference->hung)
       c = compare_runs(plan, *reference, run);
-    // Only the reference's weights are hashed (the report gives that hash alone).
     const bool hash = reference == nullptr;
+    std::vector<std::uint64_t> hashes;
     if (store) {
-      std::vector<std::uint64_t> h =
-          merge_parts(*store, fmt::format("parts/{}", k), rank, run, c, hash);
-      if (hash) hashes = std::move(h);
+      hashes = merge_parts(*store, fmt::format("parts/{}", k), rank, run, c, hash);
     } else if (hash) {
       for (Rank r = 0; r < schedule.world_size; ++r) hashes.push_back(rank_weights_hash(run, r));
     }
+    if (hash) out.reference_weights_hash = combine_hashes(hashes);
     return run;
   };
 
   Corruption none;
   const RunOutput reference = run_once(true, nullptr, none);
-  out.reference_weights_hash = combine_hashes(hashes);
   out.reference_hung = reference.hung;
   out.reference_hang = reference.hang;
   if (model && !reference.hung) {

@@ -115,14 +115,14 @@ std::vector<int> tokens_of(const Dims& d) {
 // ---- Without a device ----
 
 TEST(ModelKernelsScratch, CoversEveryShapeAndGrowsWithIt) {
-  const std::size_t tiny = scratch_floats(kTiny, 0);
+  const std::size_t tiny = scratch_floats(kTiny);
   // The attention backward alone keeps ten [seq x hidden] intermediates.
   EXPECT_GE(tiny, 10 * area(kTiny.seq, kTiny.hidden));
   EXPECT_GE(tiny, 6 * area(kTiny.seq, kTiny.ffn));
   EXPECT_GE(tiny, area(kTiny.seq, kTiny.vocab));
-  EXPECT_GT(scratch_floats({64, 64, 128, 256}, 0), tiny);
-  EXPECT_GT(scratch_floats({32, 64, 512, 256}, 0), tiny);
-  EXPECT_GT(scratch_floats({32, 64, 128, 4096}, 0), tiny);
+  EXPECT_GT(scratch_floats({64, 64, 128, 256}), tiny);
+  EXPECT_GT(scratch_floats({32, 64, 512, 256}), tiny);
+  EXPECT_GT(scratch_floats({32, 64, 128, 4096}), tiny);
 }
 
 TEST(ModelKernelsArguments, UnknownUnitOrShortGradientIsInvalid) {
@@ -194,7 +194,7 @@ struct UnitCase {
         w_dev(w),
         x_dev(std::max(x.size(), out_size(unit_fn, dims))),
         dy_dev(std::max(dy.size(), x.size())),
-        scratch(scratch_floats(dims, numel)),
+        scratch(scratch_floats(dims)),
         tokens_dev(tokens) {
     x_dev.write(x);
     dy_dev.write(dy);
@@ -296,7 +296,7 @@ INSTANTIATE_TEST_SUITE_P(TwoShapes, UnitKernels,
 float gpu_loss(const Dims& d, const std::vector<float>& logits, bool aliased,
                std::vector<float>& dlogits) {
   TestStream s;
-  DeviceArray<float> logits_dev(logits), out(logits.size()), loss(1), scratch(scratch_floats(d, 0));
+  DeviceArray<float> logits_dev(logits), out(logits.size()), loss(1), scratch(scratch_floats(d));
   DeviceArray<int> tokens(tokens_of(d));
   float* dl = aliased ? logits_dev.get() : out.get();
   EXPECT_EQ(
@@ -356,7 +356,7 @@ TEST(SumSquares, MatchesGradNorm) {
     sizes.push_back(p.size());
   }
   DeviceArray<float> out(1);
-  DeviceArray<double> scratch(scratch_floats(kTiny, 0) / 2);
+  DeviceArray<double> scratch(scratch_floats(kTiny) / 2);
   TestStream s;
   for (int count : {4, 0}) {
     EXPECT_EQ(sum_squares(ptrs.data(), sizes.data(), count, out.get(), scratch.get(), s.get()),
