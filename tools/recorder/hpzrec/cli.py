@@ -1,0 +1,129 @@
+"""`hpzlab record`: arguments, checks of the input, the environment, then the recording.
+
+This module runs first under the system's python3 (standard library only): it checks what it
+can without DeepSpeed, makes sure the pinned environment exists (hpzrec.env), then runs
+hpzrec.run inside it. Bad input is one line naming the file and key, exit 2; the output file is
+written whole or not at all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+from . import env
+
+EXIT_INPUT = 2
+RECORD_SEQ_LEN = 23  # no model dimension equals it, so activation dimensions are identifiable
+
+
+class InputError(Exception):
+    """Bad input: the message is the one line the user sees."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hpzlab record",
+        description="Run real DeepSpeed on this CPU (torch's fake process group, nothing sent) "
+        "and write the schedule it issues for one rank, and every rank by symmetry, as hpzlab's "
+        "schedule IR, which `hpzlab check|sim|repro --schedule FILE` read.")
+    p.add_argument("--hf-config", required=True, help="the model's Hugging Face config.json")
+    p.add_argument("--ds-config", required=True, help="the DeepSpeed config (JSON)")
+    p.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
+    p.add_argument("--deepspeed", default="0.13.4", help="DeepSpeed version (default 0.13.4)")
+    p.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="sequences per GPU per micro-step (default: the ds_config's "
+                   "train_micro_batch_size_per_gpu, else 1)")
+    p.add_argument("--seq-len", type=int, default=2048,
+                   help="sequence length the kernel costs are scaled to (default 2048); "
+                   f"DeepSpeed itself runs with {RECORD_SEQ_LEN} tokens, which changes no "
+                   "decision of its")
+    p.add_argument("--grad-checkpointing", choices=("on", "off"), default="on",
+                   help="transformers' gradient checkpointing (default on)")
+    p.add_argument("--rank", type=int, default=0, help="the rank DeepSpeed runs as (default 0)")
+    p.add_argument("--out", required=True, help="where to write the schedule JSON")
+    p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what}: no such file")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: {what}: cannot read it ({e.__class__.__name__})")
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: {what}: not JSON (line {e.lineno}: {e.msg})")
+    except RecursionError:
+        raise InputError(f"{path}: {what}: nested too deeply")
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: {what}: expected a JSON object at the top level")
+    return value
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Everything that can be checked without DeepSpeed."""
+    versions = env.supported_versions()
+    if args.deepspeed not in versions:
+        raise InputError(f"--deepspeed: unknown version '{args.deepspeed}' "
+                         f"(supported: {', '.join(versions)})")
+    for name, low, high in (("nodes", 1, 4096), ("gpus_per_node", 1, 64), ("steps", 1, 100),
+                            ("seq_len", 1, 1 << 20)):
+        value = getattr(args, name)
+        if not low <= value <= high:
+            raise InputError(f"--{name.replace('_', '-')}: {value} out of range "
+                             f"(allowed: {low} to {high})")
+    if args.micro_batch is not None and not 1 <= args.micro_batch <= 4096:
+        raise InputError(f"--micro-batch: {args.micro_batch} out of range (allowed: 1 to 4096)")
+    world = args.nodes * args.gpus_per_node
+    if not 0 <= args.rank < world:
+        raise InputError(f"--rank: {args.rank} is not a rank of a world of {world}")
+    _read_json(args.hf_config, "model config")
+    ds = _read_json(args.ds_config, "DeepSpeed config")
+    zero = ds.get("zero_optimization", {})
+    if not isinstance(zero, dict) or zero.get("stage") != 3:
+        raise InputError(f"{args.ds_config}: zero_optimization.stage: the recorder records "
+                         f"ZeRO stage 3 (hpZ exists only there); got {zero.get('stage')!r}"
+                         if isinstance(zero, dict) else
+                         f"{args.ds_config}: zero_optimization: expected an object")
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    if not isinstance(hpz, int) or hpz < 1 or world % hpz:
+        raise InputError(f"{args.ds_config}: zero_optimization.zero_hpz_partition_size: {hpz!r} "
+                         f"does not divide the world size {world}")
+    out_dir = pathlib.Path(args.out).resolve().parent
+    if not out_dir.is_dir():
+        raise InputError(f"--out: {args.out}: no such directory {out_dir}")
+
+
+def run_in_env(argv: list) -> None:
+    """Replaces this process with hpzrec.run under the pinned environment's python."""
+    args = parser().parse_args(argv)
+    python = env.base_env() / "bin" / "python"
+    ds_dir = env.deepspeed_dir(args.deepspeed)
+    recorder = pathlib.Path(__file__).resolve().parent.parent
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ds_dir), str(recorder)])
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    os.execv(str(python), [str(python), "-m", "hpzrec.run"] + argv)
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    try:
+        validate(args)
+        run_in_env(argv)
+    except (InputError, env.EnvError) as e:
+        print(f"hpzlab record: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

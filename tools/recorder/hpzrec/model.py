@@ -1,0 +1,121 @@
+"""The model and the training loop DeepSpeed runs while it is recorded.
+
+The model is the one transformers 4.35 builds from the user's config.json
+(AutoModelForCausalLM.from_config), created under deepspeed.zero.Init so that every parameter is
+partitioned as it is created, as DeepSpeed does with zero.Init. Gradient checkpointing is
+transformers' own (reentrant, the default of torch 2.1's checkpoint). The loop is the usual one:
+engine(batch).loss, engine.backward(loss), engine.step(), then loss.item() each step, as the
+Hugging Face Trainer logs it.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+
+from . import probes, recording
+
+
+@dataclasses.dataclass
+class Training:
+    """What the loop does: sizes that change activations, not DeepSpeed's decisions."""
+    steps: int = 2
+    micro_batch: int = 1
+    seq_len: int = 16
+    grad_accum: int = 1
+    grad_checkpointing: bool = True
+    seed: int = 1
+
+
+class ConfigError(Exception):
+    """A model config the recorder cannot build: names the key."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+
+
+def load_model_config(path: str):
+    """transformers' config for a config.json; ConfigError names the key it stumbles on."""
+    import json
+
+    from transformers import AutoConfig
+    with open(path) as f:
+        raw = json.load(f)
+    if not isinstance(raw, dict):
+        raise ConfigError("(top level)", "expected a JSON object")
+    if "model_type" not in raw:
+        raise ConfigError("model_type", "missing (transformers needs it to pick the model)")
+    try:
+        config = AutoConfig.for_model(**raw)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError("model_type", f"transformers 4.35 cannot build it: {e}") from e
+    return config
+
+
+def optimizer_settings(ds_config: dict) -> dict:
+    """The optimizer section's parameters, with DeepSpeed's section removed from the config.
+
+    DeepSpeed builds FusedAdam from an "optimizer" section (runtime/engine.py
+    _configure_basic_optimizer), a CUDA kernel. The recorder hands DeepSpeed torch's AdamW with
+    the same parameters instead, as a client optimizer; ZeRO-3 wraps it the same way."""
+    section = ds_config.pop("optimizer", None) or {}
+    params = dict(section.get("params", {}))
+    params.setdefault("lr", 1e-5)
+    return {k: v for k, v in params.items() if k in ("lr", "betas", "eps", "weight_decay")}
+
+
+def train(model_config, ds_config: dict, training: Training) -> dict:
+    """Builds the model under zero.Init and trains it; returns facts for the IR's source."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    rec = recording.current()
+    ds_config = copy.deepcopy(ds_config)
+    adam = optimizer_settings(ds_config)
+    ds_config.pop("scheduler", None)
+    dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else (
+        torch.float16 if ds_config.get("fp16", {}).get("enabled") else torch.float32)
+    torch.manual_seed(training.seed)
+    with rec.context(phase=recording.INIT, purpose="param_init"):
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+            model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
+        probes.name_modules(model)
+        if training.grad_checkpointing:
+            model.gradient_checkpointing_enable()
+        zero = ds_config.get("zero_optimization", {})
+        hpz = int(zero.get("zero_hpz_partition_size", 1))
+        probes.register_units(model, rec.world_size, hpz)
+        optimizer = torch.optim.AdamW(model.parameters(), **adam)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        probes.claim_all(model.parameters())
+    engine.train()
+    vocab = model_config.vocab_size
+    generator = torch.Generator().manual_seed(training.seed)
+    for step in range(training.steps):
+        rec.step = step
+        for micro in range(training.grad_accum):
+            batch = torch.randint(0, vocab, (training.micro_batch, training.seq_len),
+                                  generator=generator)
+            with rec.context(step=step, micro_step=micro, phase=recording.FORWARD,
+                             purpose="forward_compute", label=-1):
+                loss = engine(input_ids=batch, labels=batch).loss
+            with rec.context(step=step, micro_step=micro, phase=recording.BACKWARD,
+                             purpose="backward_compute", label=-1):
+                engine.backward(loss)
+                rec.recomputing = False
+        with rec.context(step=step, phase=recording.OPTIMIZER, purpose="optimizer_step", label=-1):
+            engine.step()
+            probes.claim_all(model.parameters())
+        with rec.context(step=step, phase=recording.OPTIMIZER, purpose="step_sync", label=-1):
+            loss.item()
+    return {"dtype": str(dtype).replace("torch.", "")}
+
+
+def describe(model_config) -> dict[str, Any]:
+    """The model facts the recording states."""
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size", "vocab_size")
+    return {k: getattr(model_config, k) for k in keys if hasattr(model_config, k)}

@@ -1,0 +1,208 @@
+"""Wrappers around DeepSpeed's ZeRO-3 functions that label what they issue.
+
+They change nothing DeepSpeed does: each sets the recording's context (module, purpose, the
+parameter in focus) around the original call and, afterwards, claims the parameter tensors the
+call left behind (primary shard `ds_tensor`, secondary shard `ds_secondary_tensor`, gathered
+`data`) so that the IR writer can give those bytes their roles. Names follow DeepSpeed 0.13.4
+(runtime/zero/partitioned_param_coordinator.py: fetch_sub_module 261, release_sub_module 395,
+__all_gather_params 423; partition_parameters.py: free_param 276, _partition_param 1483,
+_partition_param_sec 1603; stage3.py: invalidate_secondary_tensor 464,
+reduce_independent_p_g_buckets_and_remove_grads 1213, __reduce_and_partition_ipg_grads 1249).
+A function a version lacks is skipped, and the recording says so.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterable
+
+import torch
+
+from . import recording
+
+missing: list[str] = []
+"""Functions a DeepSpeed version lacks, so that their labels are missing from its recording."""
+
+
+def _wrap(owner, name: str, make: Callable) -> None:
+    original = getattr(owner, name, None)
+    if original is None:
+        missing.append(f"{getattr(owner, '__name__', owner)}.{name}")
+        return
+    setattr(owner, name, functools.wraps(original)(make(original)))
+
+
+def unit_of(param) -> int:
+    """The IR unit of a DeepSpeed parameter (registered by register_units)."""
+    return recording.current().unit_of_param.get(id(param), -1)
+
+
+def claim_param(param) -> None:
+    """Claims the parameter tensors DeepSpeed holds for one parameter right now."""
+    rec = recording.current()
+    unit = unit_of(param)
+    if unit < 0:
+        return
+    name = rec.units[unit]["name"]
+    with rec.paused_ops():
+        rec.claim(getattr(param, "ds_tensor", None), "primary", unit, name + ".primary")
+        rec.claim(getattr(param, "ds_secondary_tensor", None), "secondary", unit,
+                  name + ".secondary")
+        status = getattr(param, "ds_status", None)
+        if status is not None and status.name in ("AVAILABLE", "INFLIGHT"):
+            rec.claim(param.data, "full", unit, name + ".full")
+
+
+def claim_all(params: Iterable) -> None:
+    for p in params:
+        claim_param(p)
+
+
+def register_units(model: torch.nn.Module, world_size: int, hpz: int) -> None:
+    """One IR unit per parameter, in DeepSpeed's ds_id order (its all-gather order)."""
+    rec = recording.current()
+    named = sorted(((p.ds_id, n, p) for n, p in model.named_parameters()), key=lambda x: x[0])
+    for _, name, p in named:
+        shard = p.ds_tensor.ds_numel
+        padded = shard * world_size
+        layer = -1
+        parts = name.split(".")
+        if "layers" in parts and parts.index("layers") + 1 < len(parts):
+            tail = parts[parts.index("layers") + 1]
+            layer = int(tail) if tail.isdigit() else -1
+        rec.unit_of_param[id(p)] = len(rec.units)
+        rec.units.append({
+            "name": name, "layer": layer, "numel": int(p.ds_numel), "padded_numel": int(padded),
+            "shard_numel": int(shard), "secondary_numel": int(padded // hpz) if hpz > 1 else 0,
+            "forward_flops": 0.0, "persistent": bool(getattr(p, "ds_persist", False))
+        })
+    claim_all(p for _, _, p in named)
+
+
+def _module_name(module) -> str:
+    return getattr(module, "_hpzlab_name", type(module).__name__)
+
+
+def name_modules(model: torch.nn.Module) -> None:
+    """Gives every module its path in the model, for labels."""
+    for name, module in model.named_modules():
+        module._hpzlab_name = name or "model"
+
+
+def _own_params(module) -> list:
+    return list(module.parameters(recurse=False))
+
+
+def install() -> None:
+    """Wraps DeepSpeed's functions; call after importing deepspeed, before zero.Init."""
+    from deepspeed.runtime.zero import partition_parameters as pp
+    from deepspeed.runtime.zero import partitioned_param_coordinator as pc
+    from deepspeed.runtime.zero import stage3
+
+    coordinator = pc.PartitionedParameterCoordinator
+    state = {"module": None, "forward": True}
+
+    def fetch(original):
+        def wrapper(self, current_submodule, forward, *args, **kwargs):
+            rec = recording.current()
+            state["module"], state["forward"] = current_submodule, forward
+            rec.recomputing = rec.ctx.phase == recording.BACKWARD and forward
+            label = rec.label_id(_module_name(current_submodule))
+            with rec.context(label=label, purpose="fetch_wait"):
+                out = original(self, current_submodule, forward, *args, **kwargs)
+            claim_all(_own_params(current_submodule))
+            return out
+        return wrapper
+
+    def gather(original):
+        def wrapper(self, params, forward, *args, **kwargs):
+            rec = recording.current()
+            own = {id(p) for p in _own_params(state["module"])} if state["module"] else set()
+            purpose = "param_fetch" if all(id(p) in own for p in params) else "prefetch"
+            first = min(params, key=lambda p: p.ds_id) if params else None
+            with rec.context(purpose=purpose, unit=unit_of(first) if first is not None else -1):
+                out = original(self, params, forward, *args, **kwargs)
+            claim_all(params)
+            return out
+        return wrapper
+
+    def release(original):
+        def wrapper(self, submodule, *args, **kwargs):
+            rec = recording.current()
+            with rec.context(label=rec.label_id(_module_name(submodule)), purpose="param_release"):
+                return original(self, submodule, *args, **kwargs)
+        return wrapper
+
+    def release_all(original):
+        def wrapper(self, module, *args, **kwargs):
+            rec = recording.current()
+            with rec.context(purpose="param_release"):
+                return original(self, module, *args, **kwargs)
+        return wrapper
+
+    _wrap(coordinator, "fetch_sub_module", fetch)
+    _wrap(coordinator, "_PartitionedParameterCoordinator__all_gather_params", gather)
+    _wrap(coordinator, "release_sub_module", release)
+    _wrap(coordinator, "release_and_reset_all", release_all)
+
+    def partition_sec(original):
+        def wrapper(self, param, *args, **kwargs):
+            rec = recording.current()
+            with rec.context(purpose="secondary_partition_copy", unit=unit_of(param)):
+                out = original(self, param, *args, **kwargs)
+            claim_param(param)
+            return out
+        return wrapper
+
+    def partition_param(original):
+        def wrapper(self, param, *args, **kwargs):
+            claim_param(param)  # the gathered tensor, before it is freed
+            out = original(self, param, *args, **kwargs)
+            claim_param(param)
+            return out
+        return wrapper
+
+    _wrap(pp.Init, "_partition_param_sec", partition_sec)
+    _wrap(pp.Init, "_partition_param", partition_param)
+
+    def free_param(original):
+        def wrapper(param, *args, **kwargs):
+            rec = recording.current()
+            unit = unit_of(param)
+            claim_param(param)
+            span = rec.byte_range(param.data)
+            if unit >= 0 and span is not None:
+                with rec.context(unit=unit, purpose=rec.ctx.purpose):
+                    rec.push("free", rec.current_stream, lifetime=rec.lifetime_of(param.data),
+                             region=span)
+            return original(param, *args, **kwargs)
+        return wrapper
+
+    _wrap(pp, "free_param", free_param)
+
+    optimizer = stage3.DeepSpeedZeroOptimizer_Stage3
+
+    def invalidate(original):
+        def wrapper(self, *args, **kwargs):
+            rec = recording.current()
+            for group in self.fp16_groups:
+                for param in group:
+                    sec = getattr(param, "ds_secondary_tensor", None)
+                    span = rec.byte_range(sec) if sec is not None else None
+                    if span is not None:
+                        with rec.context(unit=unit_of(param), purpose="secondary_invalidate"):
+                            rec.push("free", rec.current_stream, lifetime=rec.lifetime_of(sec),
+                                     region=span)
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    _wrap(optimizer, "invalidate_secondary_tensor", invalidate)
+
+    def reducing(original):
+        def wrapper(self, *args, **kwargs):
+            rec = recording.current()
+            with rec.context(phase=recording.GRAD_REDUCE, purpose="grad_reduce"):
+                return original(self, *args, **kwargs)
+        return wrapper
+
+    _wrap(optimizer, "reduce_independent_p_g_buckets_and_remove_grads", reducing)
+    _wrap(optimizer, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", reducing)

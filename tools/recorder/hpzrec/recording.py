@@ -1,0 +1,230 @@
+"""The event log of one recorded rank: what its host thread issued, in order.
+
+Every entry carries the context it was issued in (phase, purpose, step, micro-step, the module
+whose DeepSpeed hook was running, the parameter in focus). Tensors are tracked by storage
+lifetime: a storage seen as the fresh output of an op starts a lifetime; every access is a byte
+range of one lifetime. DeepSpeed's parameter tensors (primary shard, secondary shard, gathered
+parameter) are *claimed* regions of a lifetime, so that the IR writer can give them their roles.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, Optional
+
+import torch
+
+# Phases and purposes use the IR's names (sim/schedule.cpp to_string).
+FORWARD, BACKWARD, GRAD_REDUCE, OPTIMIZER, INIT = ("forward", "backward", "grad_reduce",
+                                                   "optimizer", "init")
+
+READ, WRITE = "r", "w"
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Where in training an entry was issued."""
+    phase: str = INIT
+    purpose: str = "param_init"
+    step: int = -1
+    micro_step: int = 0
+    label: int = -1  # index into Recording.labels: the module whose hook was running
+    unit: int = -1  # the parameter in focus (index into Recording.units), -1 none
+
+
+@dataclasses.dataclass
+class Entry:
+    """One thing the host issued. `kind` uses the IR's op kind names."""
+    kind: str
+    stream: int  # index into Recording.streams, -1 for the host
+    ctx: Context
+    accesses: list = dataclasses.field(default_factory=list)  # (lifetime, mode, begin, end)
+    event: int = -1
+    group: int = -1
+    lifetime: int = -1  # alloc / free
+    region: Optional[tuple] = None  # free: (begin, end) bytes of the lifetime
+    fill: str = ""
+    flops: float = 0.0
+    mem_bytes: float = 0.0
+    comm_bytes: int = 0
+    aten: str = ""  # the aten op, for kernels and copies
+
+
+@dataclasses.dataclass
+class Lifetime:
+    """One allocation: a storage from the op that created it until it is dropped."""
+    nbytes: int
+    name: str = ""
+    claims: list = dataclasses.field(default_factory=list)  # (begin, end, role, unit, name)
+
+
+@dataclasses.dataclass
+class Group:
+    """A process group: its ranks, the DeepSpeed function that made it, its NCCL stream."""
+    ranks: tuple
+    creator: str
+    stream: int = -1
+
+
+class Recording:
+    """The log, plus the state of streams and the context stack while DeepSpeed runs."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.entries: list[Entry] = []
+        self.streams: list[str] = ["S0"]
+        self.current_stream = 0
+        self.lifetimes: list[Lifetime] = []
+        self.live: dict[int, int] = {}  # StorageImpl address -> lifetime
+        self.groups: list[Group] = []
+        self.labels: list[str] = []
+        self._label_ids: dict[str, int] = {}
+        self.units: list[dict] = []
+        self.unit_of_param: dict[int, int] = {}  # id(param) -> unit
+        self.next_event = 0
+        self.ctx = Context()
+        self.paused = 0  # > 0 while our own machinery runs tensor ops
+        self.recomputing = False  # a forward hook fired during backward (checkpointing)
+        self.step = -1
+        self.micro_step = 0
+
+    # ----- context -------------------------------------------------------------------------
+    def label_id(self, name: str) -> int:
+        """The index of a module path in the label table."""
+        if name not in self._label_ids:
+            self._label_ids[name] = len(self.labels)
+            self.labels.append(name)
+        return self._label_ids[name]
+
+    @contextlib.contextmanager
+    def context(self, **changes) -> Iterator[None]:
+        """Issues everything inside with some context fields changed."""
+        saved = self.ctx
+        self.ctx = dataclasses.replace(saved, **changes)
+        try:
+            yield
+        finally:
+            self.ctx = saved
+
+    @contextlib.contextmanager
+    def paused_ops(self) -> Iterator[None]:
+        """Tensor ops inside are the recorder's own, not DeepSpeed's: not logged."""
+        self.paused += 1
+        try:
+            yield
+        finally:
+            self.paused -= 1
+
+    # ----- streams and events ----------------------------------------------------------------
+    def new_stream(self, name: str) -> int:
+        """A stream the rank creates (DeepSpeed's, or a process group's NCCL stream)."""
+        taken = set(self.streams)
+        unique, n = name, 1
+        while unique in taken:
+            n += 1
+            unique = f"{name}.{n}"
+        self.streams.append(unique)
+        return len(self.streams) - 1
+
+    def push(self, kind: str, stream: int, **fields) -> Entry:
+        """Appends one entry with the current context."""
+        ctx = self.ctx
+        if self.recomputing and ctx.purpose == "backward_compute":
+            ctx = dataclasses.replace(ctx, purpose="recompute_forward")
+        entry = Entry(kind=kind, stream=stream, ctx=ctx, **fields)
+        self.entries.append(entry)
+        return entry
+
+    def record_event(self, stream: int, purpose: Optional[str] = None) -> int:
+        """An event recorded on `stream`; returns its id."""
+        event = self.next_event
+        self.next_event += 1
+        with self.context(purpose=purpose or self.ctx.purpose):
+            self.push("event_record", stream, event=event)
+        return event
+
+    def wait_event(self, stream: int, event: int, purpose: Optional[str] = None) -> None:
+        """`stream` waits for `event`."""
+        with self.context(purpose=purpose or self.ctx.purpose):
+            self.push("stream_wait_event", stream, event=event)
+
+    def wait_stream(self, waiter: int, producer: int, purpose: Optional[str] = None) -> None:
+        """CUDA's wait_stream: an event on the producer, waited for on the waiter."""
+        if waiter == producer:
+            return
+        self.wait_event(waiter, self.record_event(producer, purpose), purpose)
+
+    # ----- storages --------------------------------------------------------------------------
+    def lifetime_of(self, t: torch.Tensor, fresh: bool = False) -> int:
+        """The lifetime of t's storage; a fresh output starts a new one (its address may be a
+        dead storage's). A storage first seen as an input was made outside the log (before
+        recording, or by code the dispatcher does not show): it starts a lifetime written by
+        an 'other' kernel, so that nothing reads it uninitialized."""
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if not fresh and key in self.live:
+            life = self.lifetimes[self.live[key]]
+            if life.nbytes >= storage.nbytes():
+                return self.live[key]
+        self.lifetimes.append(Lifetime(nbytes=storage.nbytes()))
+        life_id = len(self.lifetimes) - 1
+        self.live[key] = life_id
+        if not fresh:
+            with self.context(purpose="other"):
+                self.push("alloc", self.current_stream, lifetime=life_id, fill="zero")
+                self.push("kernel", self.current_stream,
+                          accesses=[(life_id, WRITE, 0, storage.nbytes())], aten="(outside)")
+        return life_id
+
+    def byte_range(self, t: torch.Tensor) -> Optional[tuple]:
+        """The bytes of its storage a tensor spans, [begin, end); None when empty."""
+        if t.numel() == 0:
+            return None
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        item = t.element_size()
+        return (t.storage_offset() * item, (t.storage_offset() + extent) * item)
+
+    def access(self, t: torch.Tensor, mode: str) -> Optional[tuple]:
+        """One access of tensor t: (lifetime, mode, begin, end), or None when empty."""
+        span = self.byte_range(t)
+        if span is None:
+            return None
+        return (self.lifetime_of(t), mode, span[0], span[1])
+
+    def claim(self, t: Optional[torch.Tensor], role: str, unit: int, name: str) -> None:
+        """Marks t's bytes as a parameter tensor of the IR (primary, secondary, full)."""
+        if t is None or t.numel() == 0:
+            return
+        life = self.lifetimes[self.lifetime_of(t)]
+        begin, end = self.byte_range(t)
+        for c in life.claims:
+            if c[0] < end and begin < c[1]:
+                return  # first claim wins: a view of a claimed tensor is the same tensor
+        life.claims.append((begin, end, role, unit, name))
+
+    # ----- process groups --------------------------------------------------------------------
+    def group_id(self, ranks: tuple, creator: str) -> int:
+        """The index of a process group, registered at its first sight."""
+        for i, g in enumerate(self.groups):
+            if g.ranks == ranks and g.creator == creator:
+                return i
+        self.groups.append(Group(ranks=ranks, creator=creator))
+        return len(self.groups) - 1
+
+
+_current: Optional[Recording] = None
+
+
+def current() -> Recording:
+    """The recording in progress: the accelerator and the dispatch mode are reached from
+    DeepSpeed's own calls, which carry no handle of ours, so they find it here."""
+    assert _current is not None, "no recording in progress"
+    return _current
+
+
+def start(rank: int, world_size: int) -> Recording:
+    """Starts the one recording of this process."""
+    global _current
+    _current = Recording(rank, world_size)
+    return _current

@@ -1,0 +1,102 @@
+"""Every patch the recording needs, in one place, each named for what it stands in for.
+
+Nothing in DeepSpeed's files is edited. What is replaced, and why:
+  - intel_extension_for_pytorch, oneccl_bindings_for_pytorch: empty modules. DeepSpeed's CPU
+    accelerator imports them at import time; nothing of them is used.
+  - torch.distributed is initialized with torch's fake process group (rank R of a world of N,
+    nothing communicated), and its collectives are replaced by hpzrec.collectives, which log
+    them as ProcessGroupNCCL would issue them.
+  - Tensor.record_stream: the caching allocator's bookkeeping for CUDA streams. CPU tensors
+    refuse it; the IR's buffer lifetimes are logical (sim/schedule.hpp), so it does nothing.
+  - deepspeed.ops' quantizer (qwZ): DeepSpeed's CUDA kernel cannot load on a CPU; a function
+    with the same outputs (int8 values, one fp32 scale per group) stands in for it.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+import types
+
+import torch
+import torch.distributed as dist
+
+from . import collectives
+
+
+def stub_cpu_extension_modules() -> None:
+    """Empty stand-ins for the Intel extensions DeepSpeed's CPU accelerator imports."""
+    for name in ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch"):
+        if name not in sys.modules:
+            module = types.ModuleType(name)
+            module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
+            sys.modules[name] = module
+
+
+def init_fake_world(rank: int, world_size: int, local_size: int) -> None:
+    """torch.distributed as rank `rank` of `world_size`, with torch's fake process group."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank % local_size), LOCAL_SIZE=str(local_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+def replace_collectives() -> None:
+    """torch.distributed's collectives -> hpzrec.collectives (both names DeepSpeed uses)."""
+    for name, fn in collectives.REPLACED.items():
+        for module in (dist, dist.distributed_c10d):
+            if hasattr(module, name):
+                setattr(module, name, fn)
+
+
+def ignore_record_stream() -> None:
+    """Tensor.record_stream accepts the recording streams and does nothing."""
+    torch.Tensor.record_stream = lambda self, stream: None
+
+
+class QuantizerStandIn:
+    """deepspeed.ops' CUDAQuantizer (runtime/zero/partition_parameters.py) for the CPU: the same
+    shapes and dtypes (int8 values, one fp32 scale per group), computed with plain torch ops so
+    that the op recorder sees their reads and writes."""
+
+    def __init__(self, group_size: int = 2048) -> None:
+        self.group_size = group_size
+
+    def quantize(self, param, groups=None, bits=8, symmetric=True):
+        flat = param.reshape(-1).float()
+        pad = (-flat.numel()) % self.group_size
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        blocks = flat.view(-1, self.group_size)
+        scale = blocks.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+        q = (blocks / scale).round().clamp(-127, 127).to(torch.int8).view(-1)
+        return q[:param.numel()], scale.view(-1)
+
+    def dequantize(self, quantized_param, scale):
+        n = quantized_param.numel()
+        pad = (-n) % self.group_size
+        q = quantized_param.float()
+        if pad:
+            q = torch.cat([q, q.new_zeros(pad)])
+        out = (q.view(-1, self.group_size) * scale.view(-1, 1)[:q.numel() // self.group_size])
+        return out.view(-1)[:n].to(torch.bfloat16 if _QUANT_DTYPE[0] is None else _QUANT_DTYPE[0])
+
+
+_QUANT_DTYPE = [None]
+
+
+def replace_quantizer(dtype: torch.dtype) -> None:
+    """Puts QuantizerStandIn where DeepSpeed's zero.Init looks for its quantizer."""
+    _QUANT_DTYPE[0] = dtype
+    from deepspeed.runtime.zero import partition_parameters as pp
+    if hasattr(pp, "CUDAQuantizer"):
+        pp.CUDAQuantizer = QuantizerStandIn
+
+
+def install(rank: int, world_size: int, local_size: int) -> None:
+    """Everything above, in the order DeepSpeed's imports need it."""
+    stub_cpu_extension_modules()
+    init_fake_world(rank, world_size, local_size)
+    replace_collectives()
+    ignore_record_stream()
