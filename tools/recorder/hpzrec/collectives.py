@@ -163,9 +163,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 
 def barrier(group=None, async_op=False, device_ids=None):
-    with recording.current().paused_ops():
-        flag = torch.zeros(1)
-    return _issue("all_reduce", group, [flag], [flag], 4, async_op, host_blocks=True)
+    # NCCL's barrier reduces a 1-element tensor of its own, which no other op touches.
+    return _issue("all_reduce", group, [], [], 4, async_op, host_blocks=True)
 
 
 _creators: dict[int, str] = {}

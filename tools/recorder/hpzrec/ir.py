@@ -57,7 +57,8 @@ class _Buffers:
             life = self.rec.lifetimes[life_id]
             regions = []
             if life.claims:
-                for begin, end, role, unit, name in sorted(life.claims):
+                for begin, end, role, unit in sorted(life.claims):
+                    name = f"{self.rec.units[unit]['name']}.{role}"
                     regions.append((begin, end, self._new(name, role, unit, end - begin)))
             else:
                 regions.append((0, life.nbytes, self._new(f"tensor{life_id}", "scratch", -1,

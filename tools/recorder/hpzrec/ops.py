@@ -25,7 +25,7 @@ _EMPTY = {"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_lik
 _COPY = {"copy_", "_to_copy", "clone", "cat", "stack", "index_copy", "slice_scatter",
          "_unsafe_view", "contiguous"}
 # Ops that carry no data access at all.
-_METADATA = {"detach", "alias", "lift_fresh", "_has_compatible_shallow_copy_type", "size",
+_METADATA = {"detach", "alias", "_has_compatible_shallow_copy_type", "size",
              "stride", "storage_offset", "is_same_size", "record_stream", "set_", "resize_"}
 
 
@@ -76,9 +76,16 @@ class OpRecorder(TorchDispatchMode):
 
     def _log(self, rec: recording.Recording, func, args, kwargs, out) -> None:
         name = func._schema.name.split("::")[-1]
+        stream = rec.current_stream
+        if name == "lift_fresh":  # torch.tensor(data): made outside the dispatcher, new here
+            life = rec.lifetime_of(out, fresh=True)
+            rec.push("alloc", stream, lifetime=life, fill="zero")
+            span = rec.byte_range(out)
+            if span is not None:
+                rec.push("kernel", stream, accesses=[(life, WRITE) + span], aten=name)
+            return
         if name in _METADATA or getattr(func, "is_view", False):
             return
-        stream = rec.current_stream
         if name == "_local_scalar_dense":  # .item(): on a GPU the host waits for the stream
             rec.push("host_stream_sync", stream)
             return

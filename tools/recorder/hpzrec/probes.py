@@ -42,14 +42,12 @@ def claim_param(param) -> None:
     unit = unit_of(param)
     if unit < 0:
         return
-    name = rec.units[unit]["name"]
     with rec.paused_ops():
-        rec.claim(getattr(param, "ds_tensor", None), "primary", unit, name + ".primary")
-        rec.claim(getattr(param, "ds_secondary_tensor", None), "secondary", unit,
-                  name + ".secondary")
+        rec.claim(getattr(param, "ds_tensor", None), "primary", unit)
+        rec.claim(getattr(param, "ds_secondary_tensor", None), "secondary", unit)
         status = getattr(param, "ds_status", None)
         if status is not None and status.name in ("AVAILABLE", "INFLIGHT"):
-            rec.claim(param.data, "full", unit, name + ".full")
+            rec.claim(param.data, "full", unit)
 
 
 def claim_all(params: Iterable) -> None:
@@ -57,11 +55,22 @@ def claim_all(params: Iterable) -> None:
         claim_param(p)
 
 
-def register_units(model: torch.nn.Module, world_size: int, hpz: int) -> None:
-    """One IR unit per parameter, in DeepSpeed's ds_id order (its all-gather order)."""
+def register_param(param) -> None:
+    """A new DeepSpeed parameter (zero.Init converts each as its module is built) becomes an
+    IR unit at once, so that the tensors of its initialization are claimed too."""
     rec = recording.current()
-    named = sorted(((p.ds_id, n, p) for n, p in model.named_parameters()), key=lambda x: x[0])
-    for _, name, p in named:
+    if id(param) not in rec.unit_of_param:
+        rec.unit_of_param[id(param)] = len(rec.units)
+        rec.units.append({"name": f"param{param.ds_id}", "layer": -1, "numel": 0,
+                          "padded_numel": 0, "shard_numel": 0, "secondary_numel": 0,
+                          "forward_flops": 0.0, "persistent": False})
+
+
+def register_units(model: torch.nn.Module, world_size: int, hpz: int) -> None:
+    """Names and sizes of the units, once the model is built (by parameter name)."""
+    rec = recording.current()
+    for name, p in model.named_parameters():
+        register_param(p)
         shard = p.ds_tensor.ds_numel
         padded = shard * world_size
         layer = -1
@@ -69,13 +78,12 @@ def register_units(model: torch.nn.Module, world_size: int, hpz: int) -> None:
         if "layers" in parts and parts.index("layers") + 1 < len(parts):
             tail = parts[parts.index("layers") + 1]
             layer = int(tail) if tail.isdigit() else -1
-        rec.unit_of_param[id(p)] = len(rec.units)
-        rec.units.append({
+        rec.units[rec.unit_of_param[id(p)]].update({
             "name": name, "layer": layer, "numel": int(p.ds_numel), "padded_numel": int(padded),
             "shard_numel": int(shard), "secondary_numel": int(padded // hpz) if hpz > 1 else 0,
-            "forward_flops": 0.0, "persistent": bool(getattr(p, "ds_persist", False))
+            "persistent": bool(getattr(p, "ds_persist", False))
         })
-    claim_all(p for _, _, p in named)
+    claim_all(model.parameters())
 
 
 def _module_name(module) -> str:
@@ -161,6 +169,15 @@ def install() -> None:
             return out
         return wrapper
 
+    def convert(original):
+        def wrapper(self, param, *args, **kwargs):
+            out = original(self, param, *args, **kwargs)
+            register_param(param)
+            claim_param(param)
+            return out
+        return wrapper
+
+    _wrap(pp.Init, "_convert_to_deepspeed_param", convert)
     _wrap(pp.Init, "_partition_param_sec", partition_sec)
     _wrap(pp.Init, "_partition_param", partition_param)
 

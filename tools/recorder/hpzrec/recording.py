@@ -55,7 +55,7 @@ class Lifetime:
     """One allocation: a storage from the op that created it until it is dropped."""
     nbytes: int
     name: str = ""
-    claims: list = dataclasses.field(default_factory=list)  # (begin, end, role, unit, name)
+    claims: list = dataclasses.field(default_factory=list)  # (begin, end, role, unit)
 
 
 @dataclasses.dataclass
@@ -192,7 +192,7 @@ class Recording:
             return None
         return (self.lifetime_of(t), mode, span[0], span[1])
 
-    def claim(self, t: Optional[torch.Tensor], role: str, unit: int, name: str) -> None:
+    def claim(self, t: Optional[torch.Tensor], role: str, unit: int) -> None:
         """Marks t's bytes as a parameter tensor of the IR (primary, secondary, full)."""
         if t is None or t.numel() == 0:
             return
@@ -201,7 +201,7 @@ class Recording:
         for c in life.claims:
             if c[0] < end and begin < c[1]:
                 return  # first claim wins: a view of a claimed tensor is the same tensor
-        life.claims.append((begin, end, role, unit, name))
+        life.claims.append((begin, end, role, unit))
 
     # ----- process groups --------------------------------------------------------------------
     def group_id(self, ranks: tuple, creator: str) -> int:
