@@ -103,6 +103,7 @@ class Checker {
   void advance(RankState& rs);
   bool step(RankState& rs, std::uint32_t index);
   void absorb_host(RankState& rs, StreamId s);
+  void wait_for_event(RankState& rs, std::uint32_t index, Clock& waiter);
   void check_accesses(RankState& rs, std::uint32_t index, const Clock& clock, int thread);
   void track_versions(RankState& rs, std::uint32_t index);
   void lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index);
@@ -122,6 +123,14 @@ class Checker {
   std::vector<bool> group_reported_;
   std::deque<Rank> ready_;
   CheckStats stats_;
+  std::vector<UnitId> unit_bumped_;  // track_versions' scratch, kept to avoid allocations
+  /** One versioned read of an op, for track_versions. */
+  struct UnitRead {
+    UnitId unit;
+    BufferId buffer;        ///< the buffer read (a copy from another buffer keeps the version)
+    std::uint32_t version;  ///< its data version
+  };
+  std::vector<UnitRead> unit_reads_;
 };
 
 int max_threads(const Schedule& s) {
@@ -160,7 +169,8 @@ Checker::Checker(const Schedule& schedule)
     rs.unit_version.assign(schedule.units.size(), 0);
     rs.unit_writer.assign(schedule.units.size(), kNoOp);
     for (const Op& op : sched.ops) {
-      if (op.kind == OpKind::kStreamWaitEvent) ++rs.waits[op.event];
+      if (op.kind == OpKind::kStreamWaitEvent || op.kind == OpKind::kHostEventSync)
+        ++rs.waits[op.event];
     }
   }
 }
@@ -192,6 +202,7 @@ CheckResult Checker::run() {
   CheckResult result;
   result.scenario = schedule_.scenario;
   result.variant = schedule_.variant;
+  result.source = schedule_.source;
   result.world_size = schedule_.world_size;
   result.groups = log_.take();
   stats_.clock_bases = arena_.base_count();
@@ -264,14 +275,14 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
     case OpKind::kStreamWaitEvent: {
       if (op.stream == kHostStream) malformed(rs, index, "event waited on the host");
       absorb_host(rs, op.stream);
-      auto it = rs.events.find(op.event);
-      if (it == rs.events.end()) {
-        malformed(rs, index, fmt::format("waits for event {}, never recorded before", op.event));
-      }
-      arena_.join(rs.streams[op.stream], it->second.clock);
-      if (--it->second.waits_left == 0) rs.events.erase(it);
+      wait_for_event(rs, index, rs.streams[op.stream]);
       return true;
     }
+    case OpKind::kHostEventSync:
+      wait_for_event(rs, index, rs.host);
+      ++rs.host.own[0];
+      ++rs.host_gen;
+      return true;
     case OpKind::kAlloc:
     case OpKind::kFree:
       if (op.stream != kHostStream) absorb_host(rs, op.stream);
@@ -301,6 +312,16 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
   check_accesses(rs, index, rs.streams[op.stream], thread_of(op.stream));
   track_versions(rs, index);
   return true;
+}
+
+void Checker::wait_for_event(RankState& rs, std::uint32_t index, Clock& waiter) {
+  const EventId e = rs.schedule->ops[index].event;
+  auto it = rs.events.find(e);
+  if (it == rs.events.end()) {
+    malformed(rs, index, fmt::format("waits for event {}, never recorded before", e));
+  }
+  arena_.join(waiter, it->second.clock);
+  if (--it->second.waits_left == 0) rs.events.erase(it);
 }
 
 void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index) {
@@ -369,35 +390,56 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
   }
 }
 
+// Versions per unit: an op that reads several units' buffers (a coalesced gather, a recorded
+// kernel group) gives each written buffer the version of what it read of that buffer's own
+// unit. A primary shard write bumps its unit's version, except when it copies the unit's data
+// from another of its buffers (DeepSpeed moving a shard into its flat buffer): same data, same
+// version. An update that reads and writes the same primary (the optimizer) still bumps.
 void Checker::track_versions(RankState& rs, std::uint32_t index) {
   const Rank r = rs.schedule->rank;
   const Op& op = rs.schedule->ops[index];
   const auto units = static_cast<UnitId>(rs.unit_version.size());
-  std::uint32_t read_version = 0;  // oldest version among the unit buffers read; 0 = none
+  std::vector<UnitRead>& reads = unit_reads_;
+  reads.clear();
   for (const Access& a : schedule_.accesses_of(r, op)) {
     if (a.mode != AccessMode::kRead) continue;
     const Buffer& buf = rs.schedule->buffers[a.buffer];
     const BufferState& b = rs.buffers[a.buffer];
     if (!versioned(buf.role) || buf.unit < 0 || buf.unit >= units || b.version == 0) continue;
-    read_version = read_version == 0 ? b.version : std::min(read_version, b.version);
+    reads.push_back({buf.unit, a.buffer, b.version});
     if (buf.role == BufferRole::kSecondary && b.version < rs.unit_version[buf.unit]) {
       log_.stale(r, rs.unit_writer[buf.unit], b.last_writer, index, a.buffer);
     }
   }
-  bool bumped = false;
+  // The oldest version this op read of `unit` from buffers other than `except`; 0 = none.
+  auto read_version = [&reads](UnitId unit, BufferId except) {
+    std::uint32_t v = 0;
+    for (const UnitRead& u : reads) {
+      if (u.unit == unit && u.buffer != except) v = v == 0 ? u.version : std::min(v, u.version);
+    }
+    return v;
+  };
+  std::vector<UnitId>& bumped = unit_bumped_;
+  bumped.clear();
   for (const Access& a : schedule_.accesses_of(r, op)) {
     if (a.mode != AccessMode::kWrite) continue;
     const Buffer& buf = rs.schedule->buffers[a.buffer];
     BufferState& b = rs.buffers[a.buffer];
     b.last_writer = index;
     if (!versioned(buf.role) || buf.unit < 0 || buf.unit >= units) continue;
-    if (buf.role == BufferRole::kPrimary) {
-      if (!bumped) ++rs.unit_version[buf.unit];
-      bumped = true;
+    const std::uint32_t copied = read_version(buf.unit, a.buffer);
+    if (buf.role == BufferRole::kPrimary && copied == 0) {
+      if (std::find(bumped.begin(), bumped.end(), buf.unit) == bumped.end()) {
+        ++rs.unit_version[buf.unit];
+        bumped.push_back(buf.unit);
+      }
       rs.unit_writer[buf.unit] = index;
       b.version = rs.unit_version[buf.unit];
+    } else if (buf.role == BufferRole::kPrimary) {
+      b.version = copied;
     } else {
-      b.version = read_version != 0 ? read_version : rs.unit_version[buf.unit];
+      const std::uint32_t any = read_version(buf.unit, kNoBuffer);
+      b.version = any != 0 ? any : rs.unit_version[buf.unit];
     }
   }
 }
