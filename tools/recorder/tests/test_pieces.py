@@ -1,0 +1,130 @@
+"""Unit tests of the recorder's pieces, without DeepSpeed: the op recorder's byte ranges, the
+recording streams and events, the collectives' handshakes, and the IR writer's buffers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpzrec import accelerator, collectives, ir, ops, recording
+
+
+@pytest.fixture()
+def rec():
+    r = recording.start(rank=0, world_size=4)
+    r.groups.append(recording.Group(ranks=(0, 1, 2, 3), creator="world"))
+    return r
+
+
+def logged(rec, kind):
+    return [e for e in rec.entries if e.kind == kind]
+
+
+def test_copy_into_a_narrowed_view_writes_exactly_its_bytes(rec):
+    with ops.OpRecorder(seq_len=23, scale=1.0):
+        secondary = torch.empty(16, dtype=torch.float32)
+        full = torch.ones(64, dtype=torch.float32)
+        secondary.narrow(0, 4, 8).copy_(full.narrow(0, 32, 8))
+    alloc = logged(rec, "alloc")[0]
+    assert alloc.fill == "nan"  # torch.empty: uninitialized, and no write logged for it
+    copy = [e for e in logged(rec, "copy") if e.aten == "copy_"][-1]
+    reads = [a[2:] for a in copy.accesses if a[1] == "r"]
+    writes = [a[2:] for a in copy.accesses if a[1] == "w"]
+    assert writes == [(16, 48)]  # elements 4..12 of 4-byte floats
+    assert reads == [(128, 160)]  # elements 32..40 of the full tensor
+
+
+def test_cat_reads_every_input_and_an_out_argument_is_written(rec):
+    with ops.OpRecorder(seq_len=23, scale=1.0):
+        a, b = torch.ones(4), torch.ones(6)
+        out = torch.empty(20)
+        torch.cat([a, b], out=out.narrow(0, 10, 10))
+    cat = [e for e in rec.entries if e.aten == "cat"][-1]
+    lives = {a[0] for a in cat.accesses if a[1] == "r"}
+    assert len(lives) == 2
+    assert [a[2:] for a in cat.accesses if a[1] == "w"] == [(40, 80)]
+
+
+def test_item_is_a_host_sync_of_the_current_stream(rec):
+    with ops.OpRecorder(seq_len=23, scale=1.0):
+        torch.ones(3).sum().item()
+    assert logged(rec, "host_stream_sync")[-1].stream == rec.current_stream
+
+
+def test_gemm_costs_scale_with_the_sequence_dimensions_only(rec):
+    with ops.OpRecorder(seq_len=23, scale=10.0):
+        torch.mm(torch.ones(23, 8), torch.ones(8, 5))  # m is the sequence: x10
+        torch.bmm(torch.ones(2, 23, 8), torch.ones(2, 8, 23))  # scores: x100
+    mm, bmm = [e for e in rec.entries if e.aten in ("mm", "bmm")]
+    assert mm.flops == pytest.approx(2 * 23 * 8 * 5 * 10)
+    assert bmm.flops == pytest.approx(2 * 2 * 23 * 8 * 23 * 100)
+
+
+def test_streams_and_events_log_what_deepspeed_does_with_them(rec):
+    s_ag = accelerator.RecordingStream()
+    default = accelerator.RecordingStream(index=0)
+    with accelerator._current_stream(s_ag.index):
+        event = accelerator.RecordingEvent()
+        event.record()
+    default.wait_stream(s_ag)
+    event.synchronize()
+    s_ag.synchronize()
+    kinds = [(e.kind, e.stream) for e in rec.entries]
+    assert kinds == [("event_record", s_ag.index), ("event_record", s_ag.index),
+                     ("stream_wait_event", 0), ("host_event_sync", -1),
+                     ("host_stream_sync", s_ag.index)]
+    assert rec.entries[3].event == rec.entries[0].event
+
+
+def test_async_collective_handshakes_as_process_group_nccl(rec):
+    out, inp = torch.empty(8), torch.ones(2)
+    work = collectives.all_gather_into_tensor(out, inp, group=None, async_op=True)
+    work.wait()
+    kinds = [(e.kind, rec.streams[e.stream] if e.stream >= 0 else "host") for e in rec.entries]
+    assert kinds[-5:] == [("event_record", "S0"), ("stream_wait_event", "nccl.world"),
+                          ("all_gather", "nccl.world"), ("event_record", "nccl.world"),
+                          ("stream_wait_event", "S0")]
+    gather = logged(rec, "all_gather")[0]
+    assert gather.comm_bytes == 8 and gather.group == 0
+    assert torch.equal(out, torch.ones(8))  # filled with this rank's data, finite
+
+
+def test_claimed_regions_become_parameter_buffers_and_padding_is_dropped(rec):
+    rec.units.append({"name": "w", "layer": -1})
+    full = torch.empty(10)  # 8 meaningful elements + 2 of padding
+    with rec.paused_ops():
+        life = rec.lifetime_of(full, fresh=True)
+        rec.claim(full.narrow(0, 0, 8), "full", 0)
+    rec.push("alloc", 0, lifetime=life, fill="nan")
+    rec.push("kernel", 0, accesses=[(life, "w", 0, 40)])
+    rec.push("kernel", 1, accesses=[(life, "r", 0, 40)])
+    ops_, buffers = ir.rank_ops(rec)
+    assert buffers == [{"name": "w.full", "role": "full", "bytes": 32, "unit": 0}]
+    assert ops_[1]["accesses"] == [[0, "w", 0, 32]]
+    assert ops_[2]["accesses"] == [[0, "r", 0, 32]]
+
+
+def test_folded_kernels_keep_their_outside_reads_and_drop_intermediates(rec):
+    a = torch.ones(4)
+    tmp = torch.empty(4)
+    out = torch.empty(4)
+    with rec.paused_ops():
+        la, lt, lo = (rec.lifetime_of(t, fresh=True) for t in (a, tmp, out))
+    for life in (lt, lo):
+        rec.push("alloc", 0, lifetime=life, fill="nan")
+    rec.push("kernel", 0, accesses=[(la, "r", 0, 16), (lt, "w", 0, 16)])
+    rec.push("kernel", 0, accesses=[(lt, "r", 0, 16), (lo, "w", 0, 16)])
+    rec.push("kernel", 1, accesses=[(lo, "r", 0, 16)])
+    ops_, buffers = ir.rank_ops(rec)
+    folded = [op for op in ops_ if op["kind"] == "kernel" and op["stream"] == 0]
+    assert len(folded) == 1
+    names = {buffers[b]["name"] for b, *_ in folded[0]["accesses"]}
+    assert len(names) == 2  # a (read) and out (written, read later); tmp is gone
+    assert all(b["name"] != f"tensor{lt}" for b in buffers)
+
+
+def test_other_ranks_use_their_own_groups():
+    groups = [{"kind": "world", "creator": "world", "ranks": [0, 1, 2, 3]},
+              {"kind": "hpz", "creator": "zero_param", "ranks": [0, 1]},
+              {"kind": "hpz", "creator": "zero_param", "ranks": [2, 3]}]
+    assert ir._group_map(groups, 0, 3) == {0: 0, 1: 2}
+    assert ir._group_map(groups, 0, 1) == {0: 0, 1: 1}
