@@ -16,7 +16,8 @@ syncs, collectives, allocations and frees of parameter tensors stay exactly as r
 Other ranks. DeepSpeed's host logic does not depend on the rank: every rank runs the same
 module hooks, the same coordinator decisions and the same collectives on its own groups; only
 which slice of each parameter a rank holds differs. So rank r's schedule is the recorded rank's
-with each process group replaced by the group of the same kind that contains r. The byte ranges
+with each process group replaced by the group of the same kind that contains r, written as
+{"rank": r, "like": R, "groups": [[g, g'], ...]}. The byte ranges
 stay the recorded rank's: where padding makes a rank's slice shorter (the last ranks of a
 parameter that does not divide evenly), the IR of those ranks is the recorded rank's, not
 theirs (docs/record.md).
@@ -297,12 +298,11 @@ def schedule(rec: recording.Recording, per_node: int, source: dict, variant: str
     groups = groups_table(rec, per_node)
     ranks = []
     for r in range(rec.world_size):
-        mapping = _group_map(groups, rec.rank, r)
-        rank_ops_r = ops if r == rec.rank else [
-            dict(op, group=mapping.get(op["group"], op["group"])) if "group" in op else op
-            for op in ops
-        ]
-        ranks.append({"rank": r, "streams": rec.streams, "buffers": buffers, "ops": rank_ops_r})
+        if r == rec.rank:
+            ranks.append({"rank": r, "streams": rec.streams, "buffers": buffers, "ops": ops})
+        else:  # the recorded rank's schedule on this rank's own groups (schedule_json.cpp)
+            mapping = sorted(_group_map(groups, rec.rank, r).items())
+            ranks.append({"rank": r, "like": rec.rank, "groups": [[a, b] for a, b in mapping]})
     return {
         "format": "hpzlab-schedule", "version": 1, "scenario": source.get("command", ""),
         "variant": variant, "world_size": rec.world_size, "hpz_size": hpz,

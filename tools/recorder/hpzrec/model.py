@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
+import time
 from typing import Any
 
 import torch
 
-from . import probes, recording
+from . import probes, recording, stand_ins
 
 
 @dataclasses.dataclass
@@ -80,7 +82,8 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         torch.float16 if ds_config.get("fp16", {}).get("enabled") else torch.float32)
     torch.manual_seed(training.seed)
     with rec.context(phase=recording.INIT, purpose="param_init"):
-        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype), \
+                stand_ins.constant_initialization():
             model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
         probes.name_modules(model)
         if training.grad_checkpointing:
@@ -92,6 +95,7 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         probes.claim_all(model.parameters())
     engine.train()
+    _progress(f"model built and partitioned ({len(rec.units)} parameters)")
     vocab = model_config.vocab_size
     generator = torch.Generator().manual_seed(training.seed)
     for step in range(training.steps):
@@ -111,7 +115,15 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
             probes.claim_all(model.parameters())
         with rec.context(step=step, phase=recording.OPTIMIZER, purpose="step_sync", label=-1):
             loss.item()
+        _progress(f"step {step + 1} of {training.steps} recorded")
     return {"dtype": str(dtype).replace("torch.", "")}
+
+
+def _progress(what: str) -> None:
+    print(f"hpzlab record: {what} ({time.time() - _START:.0f} s)", file=sys.stderr, flush=True)
+
+
+_START = time.time()
 
 
 def describe(model_config) -> dict[str, Any]:

@@ -10,9 +10,13 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     refuse it; the IR's buffer lifetimes are logical (sim/schedule.hpp), so it does nothing.
   - deepspeed.ops' quantizer (qwZ): DeepSpeed's CUDA kernel cannot load on a CPU; a function
     with the same outputs (int8 values, one fp32 scale per group) stands in for it.
+  - Tensor.uniform_ / normal_ while the model is built: random initialization of a 7B model
+    costs minutes of CPU and its values mean nothing here (collectives carry no data); a
+    constant fill writes the same bytes in a few milliseconds, so the schedule is the same.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import os
 import sys
@@ -92,6 +96,18 @@ def replace_quantizer(dtype: torch.dtype) -> None:
     from deepspeed.runtime.zero import partition_parameters as pp
     if hasattr(pp, "CUDAQuantizer"):
         pp.CUDAQuantizer = QuantizerStandIn
+
+
+@contextlib.contextmanager
+def constant_initialization():
+    """Inside, Tensor.uniform_ and Tensor.normal_ fill a constant (see the module's notes)."""
+    saved = torch.Tensor.uniform_, torch.Tensor.normal_
+    torch.Tensor.uniform_ = lambda self, *args, **kwargs: self.fill_(0.02)
+    torch.Tensor.normal_ = lambda self, *args, **kwargs: self.fill_(0.02)
+    try:
+        yield
+    finally:
+        torch.Tensor.uniform_, torch.Tensor.normal_ = saved
 
 
 def install(rank: int, world_size: int, local_size: int) -> None:

@@ -133,7 +133,12 @@ def test_one_nccl_stream_per_process_group(stock_0134):
 
 def test_every_rank_issues_the_same_collectives_on_its_own_groups(stock_0134):
     doc = stock_0134["doc"]
-    for r, rank in enumerate(doc["ranks"]):
-        for op in rank["ops"]:
-            if "group" in op:
-                assert r in doc["groups"][op["group"]]["ranks"]
+    recorded = doc["ranks"][0]
+    used = {op["group"] for op in recorded["ops"] if "group" in op}
+    for r, rank in enumerate(doc["ranks"][1:], start=1):
+        assert rank["like"] == 0
+        mapping = dict(rank["groups"])
+        assert used <= set(mapping)
+        for mine, theirs in mapping.items():
+            assert r in doc["groups"][theirs]["ranks"]
+            assert doc["groups"][theirs]["kind"] == doc["groups"][mine]["kind"]
