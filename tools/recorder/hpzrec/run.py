@@ -86,6 +86,7 @@ def main() -> int:
 
     from . import accelerator, ir, model, ops, probes
     set_accelerator(accelerator.make_accelerator(args.gpus_per_node))
+    stand_ins.agree_with_rank0()
     probes.install()
     try:
         config = model.load_model_config(args.hf_config)

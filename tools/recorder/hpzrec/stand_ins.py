@@ -10,6 +10,11 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     refuse it; the IR's buffer lifetimes are logical (sim/schedule.hpp), so it does nothing.
   - deepspeed.ops' quantizer (qwZ): DeepSpeed's CUDA kernel cannot load on a CPU; a function
     with the same outputs (int8 values, one fp32 scale per group) stands in for it.
+  - deepspeed.runtime.zero.utils.get_lst_from_rank0: DeepSpeed broadcasts rank 0's ints to
+    assert that every rank agrees (module order, parameter ids). Nothing is communicated, so a
+    rank other than 0 would see its own placeholder; the broadcast is still logged and the
+    function returns this rank's own list: the agreement of a correct run, which the
+    recording's symmetry between ranks assumes anyway (docs/record.md).
   - Tensor.uniform_ / normal_ while the model is built: random initialization of a 7B model
     costs minutes of CPU and its values mean nothing here (collectives carry no data); a
     constant fill writes the same bytes in a few milliseconds, so the schedule is the same.
@@ -108,6 +113,19 @@ def constant_initialization():
         yield
     finally:
         torch.Tensor.uniform_, torch.Tensor.normal_ = saved
+
+
+def agree_with_rank0() -> None:
+    """get_lst_from_rank0 returns this rank's list (see the module's notes)."""
+    from deepspeed.runtime.zero import utils
+
+    original = utils.get_lst_from_rank0
+
+    def get_lst_from_rank0(lst):
+        original(lst)  # the broadcast, logged
+        return list(lst)
+
+    utils.get_lst_from_rank0 = get_lst_from_rank0
 
 
 def install(rank: int, world_size: int, local_size: int) -> None:

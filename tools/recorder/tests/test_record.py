@@ -142,3 +142,20 @@ def test_every_rank_issues_the_same_collectives_on_its_own_groups(stock_0134):
         for mine, theirs in mapping.items():
             assert r in doc["groups"][theirs]["ranks"]
             assert doc["groups"][theirs]["kind"] == doc["groups"][mine]["kind"]
+
+
+def test_symmetry_recording_another_rank_gives_the_same_ops_on_its_groups(tmp_path, stock_0134):
+    """The claim behind writing other ranks as `like` the recorded one: rank 9, recorded for
+    real, issues the same ops in the same order (kind, stream, purpose, step, bytes, module,
+    unit) as rank 0 with rank 9's groups; only byte ranges of slices may differ."""
+    nine = record(tmp_path, "0.13.4", None, "--rank", "9")["doc"]
+    zero = stock_0134["doc"]
+    mapping = dict(zero["ranks"][9]["groups"])
+
+    def key(op, groups):
+        group = groups.get(op["group"], op["group"]) if "group" in op else None
+        return (op["kind"], op["stream"], op["purpose"], op["step"], group,
+                op.get("comm_bytes"), op.get("label"), op.get("unit"))
+
+    assert [key(op, mapping) for op in zero["ranks"][0]["ops"]] == \
+        [key(op, {}) for op in nine["ranks"][9]["ops"]]
