@@ -86,6 +86,9 @@ class Backend {
   /** Blocks rank r's host until stream s (kHostStream: every stream of r) has drained; throws
    *  HangError after `timeout_s`. */
   virtual void host_sync(Rank r, StreamId s, double timeout_s) = 0;
+  /** Blocks rank r's host until what the latest record of IR event `e` captured has run (an
+   *  event never recorded: at once); throws HangError after `timeout_s`. */
+  virtual void host_event_sync(Rank r, EventId e, double timeout_s) = 0;
   /** Timing markers around op `op` of rank r on stream s. */
   virtual void op_begin(Rank r, StreamId s, std::uint32_t op) = 0;
   virtual void op_end(Rank r, StreamId s, std::uint32_t op) = 0;

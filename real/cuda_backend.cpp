@@ -596,17 +596,30 @@ class CudaBackend : public Backend {
   }
 
   void drain(cudaStream_t st, double deadline, Rank r) {
+    wait_until([st] { return cudaStreamQuery(st); }, "cudaStreamQuery", deadline, r,
+               "a stream to drain");
+  }
+
+  /** cudaEventSynchronize with the backend's timeout: polls, so that a hang is reported. */
+  void host_event_sync(Rank r, EventId e, double timeout_s) override {
+    cudaEvent_t ev = ranks_[r].ir_events.at(static_cast<std::size_t>(e));
+    wait_until([ev] { return cudaEventQuery(ev); }, "cudaEventQuery", now_s() + timeout_s, r,
+               fmt::format("event {}", e));
+  }
+
+  /** Polls `query` (cudaStreamQuery or cudaEventQuery) until it succeeds; HangError naming
+   *  `what` the host waited for once `deadline` passes. */
+  template <class Query>
+  void wait_until(Query query, const char* api, double deadline, Rank r, const std::string& what) {
     for (int polls = 0;; ++polls) {
-      const cudaError_t q = cudaStreamQuery(st);
+      const cudaError_t q = query();
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) check(q, "cudaStreamQuery");
+      if (q != cudaErrorNotReady) check(q, api);
       if (polls % 1000 == 999) poll_nccl(false);
       if (now_s() > deadline) {
         poll_nccl(true);
         throw HangError(
-            fmt::format("HANG: rank {}'s host waited past the timeout for a stream "
-                        "to drain",
-                        r));
+            fmt::format("HANG: rank {}'s host waited past the timeout for {}", r, what));
       }
       if (polls < 1000) {
         std::this_thread::yield();

@@ -158,8 +158,7 @@ class RankThread {
 
  private:
   static bool is_stream_work(OpKind k) {
-    return k != OpKind::kAlloc && k != OpKind::kFree && k != OpKind::kHostStreamSync &&
-           k != OpKind::kHostDeviceSync;
+    return k != OpKind::kAlloc && k != OpKind::kFree && !is_host_sync(k);
   }
 
   void issue(const Op& op, std::uint32_t i, OpTime& ot) {
@@ -177,6 +176,10 @@ class RankThread {
       case OpKind::kHostDeviceSync:
         b_.host_sync(r_, op.kind == OpKind::kHostDeviceSync ? kHostStream : op.stream,
                      o_.timeout_s);
+        ot.end_s = now_s() - origin_;
+        return;
+      case OpKind::kHostEventSync:
+        b_.host_event_sync(r_, op.event, o_.timeout_s);
         ot.end_s = now_s() - origin_;
         return;
       case OpKind::kKernel:

@@ -158,6 +158,14 @@ class HostBackend : public Backend {
     });
   }
 
+  void host_event_sync(Rank r, EventId e, double) override {
+    if (!lazy_) return;
+    std::lock_guard lock(mu_);
+    const std::uint64_t k = key(r, false, e);
+    if (issued_.count(k) == 0) return;  // never recorded: nothing to wait for (CUDA)
+    run_until([&] { return done_.count(k) != 0; });
+  }
+
   void op_begin(Rank r, StreamId s, std::uint32_t op) override {
     submit(r, s, [this, r, op] { times_[r][op].first = now_s(); });
   }

@@ -8,7 +8,7 @@
 namespace hpz {
 namespace {
 
-constexpr std::array<std::string_view, 14> kOpKindNames = {"kernel",
+constexpr std::array<std::string_view, 15> kOpKindNames = {"kernel",
                                                            "copy",
                                                            "all_gather",
                                                            "reduce_scatter",
@@ -21,10 +21,11 @@ constexpr std::array<std::string_view, 14> kOpKindNames = {"kernel",
                                                            "host_stream_sync",
                                                            "host_device_sync",
                                                            "alloc",
-                                                           "free"};
+                                                           "free",
+                                                           "host_event_sync"};
 constexpr std::array<std::string_view, 6> kPhaseNames = {
     "init", "checkpoint_load", "forward", "backward", "grad_reduce", "optimizer"};
-constexpr std::array<std::string_view, 26> kPurposeNames = {
+constexpr std::array<std::string_view, 28> kPurposeNames = {
     "param_init",        "param_fetch",
     "prefetch",          "weight_quantize",
     "weight_dequantize", "nccl_handshake",
@@ -37,7 +38,8 @@ constexpr std::array<std::string_view, 26> kPurposeNames = {
     "grad_reduce",       "grad_norm",
     "optimizer_step",    "secondary_invalidate",
     "checkpoint_load",   "offload_copy",
-    "step_sync",         "repro_spin"};
+    "step_sync",         "repro_spin",
+    "host_throttle",     "other"};
 constexpr std::array<std::string_view, 8> kRoleNames = {"primary",    "secondary", "full",
                                                         "quantized",  "grad_full", "grad_shard",
                                                         "activation", "scratch"};
@@ -60,11 +62,20 @@ Enum parse_name(const std::array<std::string_view, N>& names, std::string_view s
   throw InputError("", what, "unknown value '" + std::string(s) + "' (allowed: " + allowed + ")");
 }
 
+// Op is the bulk of a large schedule (tens of millions at 1,024 ranks): keep new fields in its
+// padding.
+static_assert(sizeof(Op) <= 72, "Op grew");
+
 }  // namespace
 
 bool is_collective(OpKind kind) {
   return kind == OpKind::kAllGather || kind == OpKind::kReduceScatter ||
          kind == OpKind::kAllReduce || kind == OpKind::kAllToAll;
+}
+
+bool is_host_sync(OpKind kind) {
+  return kind == OpKind::kHostStreamSync || kind == OpKind::kHostDeviceSync ||
+         kind == OpKind::kHostEventSync;
 }
 
 std::string_view to_string(OpKind k) {

@@ -13,7 +13,9 @@
 //    kStreamWaitEvent on stream t makes everything issued later on t wait for that capture.
 //    Event ids are unique per rank: each record creates a fresh event.
 //  - kHostStreamSync blocks the host until everything issued on `stream` has finished;
-//    kHostDeviceSync until everything issued on every stream of the rank has finished.
+//    kHostDeviceSync until everything issued on every stream of the rank has finished;
+//    kHostEventSync (torch's Event.synchronize(), `stream` = kHostStream) until the capture of
+//    `event`, recorded earlier on the same rank, has finished.
 //  - Collectives (kAllGather, kReduceScatter, kAllReduce, kAllToAll) name a group. The k-th
 //    collective a rank issues on a group is matched with the k-th collective of every other
 //    member (NCCL's rule); no member's collective completes before every member's has started.
@@ -31,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,6 +47,7 @@ using GroupId = std::int32_t;    ///< index into Schedule::groups
 using EventId = std::int32_t;    ///< per-rank event number
 using UnitId = std::int32_t;     ///< index into Schedule::units
 using StreamId = std::int8_t;    ///< index into RankSchedule::streams
+using LabelId = std::int32_t;    ///< index into Schedule::labels
 
 inline constexpr BufferId kNoBuffer = 0xffffffffu;
 
@@ -51,6 +55,7 @@ inline constexpr GroupId kNoGroup = -1;
 inline constexpr EventId kNoEvent = -1;
 inline constexpr UnitId kNoUnit = -1;
 inline constexpr StreamId kHostStream = -1;  ///< for ops that run on the host thread itself
+inline constexpr LabelId kNoLabel = -1;
 
 /** What an operation does. */
 enum class OpKind : std::uint8_t {
@@ -68,6 +73,7 @@ enum class OpKind : std::uint8_t {
   kHostDeviceSync,   ///< the host waits for every stream of the rank
   kAlloc,            ///< buffer allocation; contents per `fill`
   kFree,             ///< buffer release
+  kHostEventSync,    ///< the host waits for `event` (recorded earlier on this rank) to complete
 };
 
 /** Where in a training step an op belongs. */
@@ -105,10 +111,12 @@ enum class Purpose : std::uint8_t {
   kOptimizerStep,
   kSecondaryInvalidate,  ///< secondary shard set to None at the end of the step
   kCheckpointLoad,
-  kOffloadCopy,  ///< parameter moved between host and device
-  kStepSync,     ///< loss.item(): host waits for the compute stream
-  kReproSpin,    ///< a spin kernel that holds the compute stream ahead of the secondary copy
-                 ///< (`run.spin_before_copy_us`): how a reproduction widens the race window
+  kOffloadCopy,   ///< parameter moved between host and device
+  kStepSync,      ///< loss.item(): host waits for the compute stream
+  kReproSpin,     ///< a spin kernel that holds the compute stream ahead of the secondary copy
+                  ///< (`run.spin_before_copy_us`): how a reproduction widens the race window
+  kHostThrottle,  ///< a host sync that bounds work in flight (__max_ongoing_fetch_events)
+  kOther,         ///< a recorded op whose purpose the recorder cannot tell
 };
 
 /** Which role a buffer plays; the checker's stale-read rule keys on kSecondary. */
@@ -153,10 +161,11 @@ struct Op {
   std::int32_t micro_step = 0;     ///< gradient-accumulation micro-step
   UnitId unit = kNoUnit;           ///< parameter unit this op serves
   GroupId group = kNoGroup;        ///< collectives only
-  EventId event = kNoEvent;        ///< record / wait only
+  EventId event = kNoEvent;        ///< event records, stream waits and host event syncs
   BufferId buffer = kNoBuffer;     ///< kAlloc / kFree only: the buffer whose lifetime starts/ends
   std::uint32_t access_begin = 0;  ///< first access in RankSchedule::accesses
   std::uint32_t access_count = 0;
+  LabelId label = kNoLabel;      ///< what the op was issued for, e.g. a module's hook
   double flops = 0;              ///< kernels
   double mem_bytes = 0;          ///< HBM bytes moved by kernels and copies
   std::uint64_t comm_bytes = 0;  ///< collectives, see OpKind
@@ -215,6 +224,10 @@ struct Schedule {
   std::vector<ParamUnit> units;
   std::vector<Group> groups;
   std::vector<RankSchedule> ranks;  ///< ranks[r].rank == r
+  std::vector<std::string> labels;  ///< Op::label indexes this ("model.layers.0.self_attn")
+  /** Where a recorded schedule came from ("recorder", "deepspeed", "command", ...); empty for
+   *  a built one. */
+  std::map<std::string, std::string> source;
 
   /** The accesses of one op of rank r. */
   std::span<const Access> accesses_of(Rank r, const Op& op) const {
@@ -224,6 +237,9 @@ struct Schedule {
 
 /** True for the four collective kinds. */
 bool is_collective(OpKind kind);
+
+/** True for the kinds that block the host thread: stream, device and event syncs. */
+bool is_host_sync(OpKind kind);
 
 /** Names for printing and JSON; the parse_* functions throw InputError on unknown names. */
 std::string_view to_string(OpKind k);

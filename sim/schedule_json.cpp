@@ -1,5 +1,14 @@
 #include "sim/schedule_json.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <unordered_set>
+
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
 
@@ -30,6 +39,7 @@ json op_to_json(const RankSchedule& rank, const Op& op) {
   if (op.mem_bytes != 0) j["mem_bytes"] = op.mem_bytes;
   if (op.comm_bytes != 0) j["comm_bytes"] = op.comm_bytes;
   if (op.spin_us != 0) j["spin_us"] = op.spin_us;
+  if (op.label != kNoLabel) j["label"] = op.label;
   if (op.kind == OpKind::kAlloc) j["fill"] = to_string(static_cast<Fill>(op.fill));
   if (op.access_count != 0) {
     json accesses = json::array();
@@ -110,16 +120,114 @@ Fill parse_fill(std::string_view s) {
                    "unknown value '" + std::string(s) + "' (allowed: nan, stale, zero)");
 }
 
-void read_op(const Reader& rd, const json& j, const std::string& path, RankSchedule& rank) {
+/** What a rank's ops may refer to while they are read: the schedule's units, groups and labels,
+ *  and the events the rank recorded so far. */
+struct OpContext {
+  const Schedule& schedule;
+  std::unordered_set<EventId> recorded;
+};
+
+/** The one event an op refers to must have been recorded earlier on its rank. */
+void check_recorded(const Reader& rd, const Op& op, const std::string& path, const OpContext& ctx) {
+  if (ctx.recorded.count(op.event) == 0) {
+    rd.fail(path + ".event",
+            fmt::format("event {} is not recorded (event_record) earlier on this rank", op.event));
+  }
+}
+
+/** The rules every engine relies on for one kind of op. */
+void check_kind(const Reader& rd, const Op& op, const std::string& path, Rank rank,
+                OpContext& ctx) {
+  const bool on_stream = op.stream != kHostStream;
+  if (is_collective(op.kind)) {
+    if (!on_stream) rd.fail(path + ".stream", "a collective runs on a stream, not the host");
+    const auto& groups = ctx.schedule.groups;
+    if (op.group < 0 || static_cast<std::size_t>(op.group) >= groups.size())
+      rd.fail(path + ".group", "no such group");
+    const Group& g = groups[static_cast<std::size_t>(op.group)];
+    if (!std::binary_search(g.ranks.begin(), g.ranks.end(), rank))
+      rd.fail(path + ".group", fmt::format("rank {} is not in group {}", rank, g.name));
+  }
+  switch (op.kind) {
+    case OpKind::kEventRecord:
+      if (!on_stream) rd.fail(path + ".stream", "an event is recorded on a stream, not the host");
+      if (op.event == kNoEvent) rd.fail(path + ".event", "missing");
+      ctx.recorded.insert(op.event);
+      return;
+    case OpKind::kStreamWaitEvent:
+      if (!on_stream) rd.fail(path + ".stream", "a stream waits for an event, not the host");
+      return check_recorded(rd, op, path, ctx);
+    case OpKind::kHostEventSync:
+      if (on_stream) rd.fail(path + ".stream", "must be -1: the host waits for the event");
+      return check_recorded(rd, op, path, ctx);
+    case OpKind::kHostStreamSync:
+      if (!on_stream) rd.fail(path + ".stream", "names the stream the host waits for (not -1)");
+      return;
+    case OpKind::kAlloc:
+    case OpKind::kFree:
+      if (op.buffer == kNoBuffer) rd.fail(path + ".buffer", "missing");
+      return;
+    default:
+      return;
+  }
+}
+
+/** Range checks of the indexes an op carries. */
+void check_refs(const Reader& rd, const Op& op, const std::string& path, const OpContext& ctx) {
+  const Schedule& s = ctx.schedule;
+  if (op.unit != kNoUnit && (op.unit < 0 || static_cast<std::size_t>(op.unit) >= s.units.size()))
+    rd.fail(path + ".unit", "no such unit");
+  if (op.label != kNoLabel &&
+      (op.label < 0 || static_cast<std::size_t>(op.label) >= s.labels.size())) {
+    rd.fail(path + ".label", fmt::format("out of range (allowed: an index into labels, 0 to {})",
+                                         static_cast<long long>(s.labels.size()) - 1));
+  }
+}
+
+Access read_access(const Reader& rd, const json& ja, const std::string& apath,
+                   const RankSchedule& rank) {
+  if (!ja.is_array() || ja.size() != 4)
+    rd.fail(apath, "expected [buffer, \"r\"|\"w\", offset, bytes]");
+  Access a;
+  a.buffer = rd.as<BufferId>(ja[0], apath);
+  if (a.buffer >= rank.buffers.size()) rd.fail(apath, "no such buffer");
+  const auto mode = rd.as<std::string>(ja[1], apath);
+  if (mode != "r" && mode != "w") rd.fail(apath, "mode must be \"r\" or \"w\"");
+  a.mode = mode == "w" ? AccessMode::kWrite : AccessMode::kRead;
+  a.offset = rd.as<std::uint64_t>(ja[2], apath);
+  a.bytes = rd.as<std::uint64_t>(ja[3], apath);
+  const Buffer& b = rank.buffers[a.buffer];
+  if (a.bytes > b.bytes || a.offset > b.bytes - a.bytes) {
+    rd.fail(apath, fmt::format("past the end of buffer {} ({} bytes)", b.name, b.bytes));
+  }
+  return a;
+}
+
+void read_accesses(const Reader& rd, const json& j, const std::string& path, RankSchedule& rank) {
+  if (!j.contains("accesses")) return;
+  const auto& list = rd.list(j, "accesses", path);
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    rank.accesses.push_back(
+        read_access(rd, list[i], path + ".accesses[" + std::to_string(i) + "]", rank));
+  }
+}
+
+StreamId read_stream(const Reader& rd, const json& j, const std::string& path,
+                     const RankSchedule& rank) {
+  const int stream = rd.get<int>(j, "stream", path);
+  if (stream != kHostStream &&
+      (stream < 0 || static_cast<std::size_t>(stream) >= rank.streams.size()))
+    rd.fail(path + ".stream", "no such stream");
+  return static_cast<StreamId>(stream);
+}
+
+void read_op(const Reader& rd, const json& j, const std::string& path, RankSchedule& rank,
+             OpContext& ctx) {
   Op op;
   op.kind = rd.parse_enum(parse_op_kind, j, "kind", path);
   op.phase = rd.parse_enum(parse_phase, j, "phase", path);
   op.purpose = rd.parse_enum(parse_purpose, j, "purpose", path);
-  op.stream = rd.get<StreamId>(j, "stream", path);
-  if (op.stream != kHostStream &&
-      (op.stream < 0 || static_cast<std::size_t>(op.stream) >= rank.streams.size())) {
-    rd.fail(path + ".stream", "no such stream");
-  }
+  op.stream = read_stream(rd, j, path, rank);
   op.step = rd.get<std::int32_t>(j, "step", path);
   op.micro_step = rd.get_or<std::int32_t>(j, "micro_step", 0, path);
   op.unit = rd.get_or<UnitId>(j, "unit", kNoUnit, path);
@@ -129,6 +237,7 @@ void read_op(const Reader& rd, const json& j, const std::string& path, RankSched
   if (op.buffer != kNoBuffer && op.buffer >= rank.buffers.size()) {
     rd.fail(path + ".buffer", "no such buffer");
   }
+  op.label = rd.get_or<LabelId>(j, "label", kNoLabel, path);
   op.flops = rd.get_or<double>(j, "flops", 0.0, path);
   op.mem_bytes = rd.get_or<double>(j, "mem_bytes", 0.0, path);
   op.comm_bytes = rd.get_or<std::uint64_t>(j, "comm_bytes", 0, path);
@@ -140,34 +249,24 @@ void read_op(const Reader& rd, const json& j, const std::string& path, RankSched
   if (op.kind == OpKind::kAlloc) {
     op.fill = static_cast<std::uint8_t>(rd.parse_enum(parse_fill, j, "fill", path));
   }
+  check_refs(rd, op, path, ctx);
+  check_kind(rd, op, path, rank.rank, ctx);
   op.access_begin = static_cast<std::uint32_t>(rank.accesses.size());
-  if (j.contains("accesses")) {
-    const auto& list = rd.list(j, "accesses", path);
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      const std::string apath = path + ".accesses[" + std::to_string(i) + "]";
-      const auto& ja = list[i];
-      if (!ja.is_array() || ja.size() != 4)
-        rd.fail(apath, "expected [buffer, \"r\"|\"w\", offset, bytes]");
-      Access a;
-      a.buffer = rd.as<BufferId>(ja[0], apath);
-      if (a.buffer >= rank.buffers.size()) rd.fail(apath, "no such buffer");
-      const auto mode = rd.as<std::string>(ja[1], apath);
-      if (mode != "r" && mode != "w") rd.fail(apath, "mode must be \"r\" or \"w\"");
-      a.mode = mode == "w" ? AccessMode::kWrite : AccessMode::kRead;
-      a.offset = rd.as<std::uint64_t>(ja[2], apath);
-      a.bytes = rd.as<std::uint64_t>(ja[3], apath);
-      rank.accesses.push_back(a);
-    }
-  }
+  read_accesses(rd, j, path, rank);
   op.access_count = static_cast<std::uint32_t>(rank.accesses.size() - op.access_begin);
   rank.ops.push_back(op);
 }
 
-RankSchedule read_rank(const Reader& rd, const json& j, const std::string& path) {
+RankSchedule read_rank(const Reader& rd, const json& j, const std::string& path,
+                       const Schedule& s) {
   RankSchedule rank;
   rank.rank = rd.get<Rank>(j, "rank", path);
-  for (const auto& s : rd.get<std::vector<std::string>>(j, "streams", path)) {
-    rank.streams.push_back({s});
+  for (const auto& name : rd.get<std::vector<std::string>>(j, "streams", path)) {
+    rank.streams.push_back({name});
+  }
+  if (rank.streams.size() > static_cast<std::size_t>(std::numeric_limits<StreamId>::max())) {
+    rd.fail(path + ".streams",
+            fmt::format("at most {} streams", std::numeric_limits<StreamId>::max()));
   }
   const auto& buffers = rd.list(j, "buffers", path);
   for (std::size_t i = 0; i < buffers.size(); ++i) {
@@ -176,15 +275,76 @@ RankSchedule read_rank(const Reader& rd, const json& j, const std::string& path)
     b.name = rd.get<std::string>(buffers[i], "name", bpath);
     b.role = rd.parse_enum(parse_buffer_role, buffers[i], "role", bpath);
     b.unit = rd.get_or<UnitId>(buffers[i], "unit", kNoUnit, bpath);
+    if (b.unit != kNoUnit && (b.unit < 0 || static_cast<std::size_t>(b.unit) >= s.units.size()))
+      rd.fail(bpath + ".unit", "no such unit");
     b.bytes = rd.get<std::uint64_t>(buffers[i], "bytes", bpath);
     b.on_host = rd.get_or<bool>(buffers[i], "on_host", false, bpath);
     rank.buffers.push_back(std::move(b));
   }
+  OpContext ctx{s, {}};
   const auto& ops = rd.list(j, "ops", path);
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    read_op(rd, ops[i], path + ".ops[" + std::to_string(i) + "]", rank);
+    read_op(rd, ops[i], path + ".ops[" + std::to_string(i) + "]", rank, ctx);
   }
   return rank;
+}
+
+void read_units(const Reader& rd, const json& j, Schedule& s) {
+  const auto& units = rd.list(j, "units", "");
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const std::string p = "units[" + std::to_string(i) + "]";
+    ParamUnit u;
+    u.name = rd.get<std::string>(units[i], "name", p);
+    u.layer = rd.get<std::int32_t>(units[i], "layer", p);
+    u.numel = rd.get<std::uint64_t>(units[i], "numel", p);
+    u.padded_numel = rd.get<std::uint64_t>(units[i], "padded_numel", p);
+    u.shard_numel = rd.get<std::uint64_t>(units[i], "shard_numel", p);
+    u.secondary_numel = rd.get<std::uint64_t>(units[i], "secondary_numel", p);
+    u.forward_flops = rd.get<double>(units[i], "forward_flops", p);
+    u.persistent = rd.get<bool>(units[i], "persistent", p);
+    s.units.push_back(std::move(u));
+  }
+}
+
+void read_groups(const Reader& rd, const json& j, Schedule& s) {
+  const auto& groups = rd.list(j, "groups", "");
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const std::string p = "groups[" + std::to_string(i) + "]";
+    Group g;
+    g.name = rd.get<std::string>(groups[i], "name", p);
+    g.kind = rd.parse_enum(parse_group_kind, groups[i], "kind", p);
+    g.ranks = rd.get<std::vector<Rank>>(groups[i], "ranks", p);
+    const bool valid =
+        !g.ranks.empty() && g.ranks.front() >= 0 && g.ranks.back() < s.world_size &&
+        std::adjacent_find(g.ranks.begin(), g.ranks.end(), std::greater_equal<>()) == g.ranks.end();
+    if (!valid) {
+      rd.fail(p + ".ranks",
+              fmt::format("expected ranks in ascending order, 0 to {}", s.world_size - 1));
+    }
+    s.groups.push_back(std::move(g));
+  }
+}
+
+/** The optional top-level "labels" (strings) and "source" (an object of strings). */
+void read_provenance(const Reader& rd, const json& j, Schedule& s) {
+  if (j.contains("labels")) s.labels = rd.get<std::vector<std::string>>(j, "labels", "");
+  if (!j.contains("source")) return;
+  if (!j.at("source").is_object()) rd.fail("source", "expected an object of strings");
+  for (const auto& [key, value] : j.at("source").items()) {
+    if (!value.is_string()) rd.fail("source." + key, "expected a string");
+    s.source[key] = value.get<std::string>();
+  }
+}
+
+/** world_size, hpz_size and dtype_bytes, each in the range the engines divide by. */
+void read_sizes(const Reader& rd, const json& j, Schedule& s) {
+  s.world_size = rd.get<int>(j, "world_size", "");
+  if (s.world_size < 1) rd.fail("world_size", "must be at least 1");
+  s.hpz_size = rd.get<int>(j, "hpz_size", "");
+  if (s.hpz_size < 1 || s.world_size % s.hpz_size != 0)
+    rd.fail("hpz_size", fmt::format("must divide the world size {}", s.world_size));
+  s.dtype_bytes = rd.get<int>(j, "dtype_bytes", "");
+  if (s.dtype_bytes < 1) rd.fail("dtype_bytes", "must be at least 1");
 }
 
 }  // namespace
@@ -207,16 +367,20 @@ json schedule_to_json(const Schedule& s) {
   }
   json ranks = json::array();
   for (const auto& r : s.ranks) ranks.push_back(rank_to_json(r));
-  return {{"format", "hpzlab-schedule"},
-          {"version", kFormatVersion},
-          {"scenario", s.scenario},
-          {"variant", s.variant},
-          {"world_size", s.world_size},
-          {"hpz_size", s.hpz_size},
-          {"dtype_bytes", s.dtype_bytes},
-          {"units", units},
-          {"groups", groups},
-          {"ranks", ranks}};
+  json j = {{"format", "hpzlab-schedule"},
+            {"version", kFormatVersion},
+            {"scenario", s.scenario},
+            {"variant", s.variant},
+            {"world_size", s.world_size},
+            {"hpz_size", s.hpz_size},
+            {"dtype_bytes", s.dtype_bytes},
+            {"units", units},
+            {"groups", groups},
+            {"ranks", ranks}};
+  // Only recorded schedules have these: a built one's JSON stays as it was.
+  if (!s.labels.empty()) j["labels"] = s.labels;
+  if (!s.source.empty()) j["source"] = s.source;
+  return j;
 }
 
 Schedule schedule_from_json(const json& j, const std::string& where) {
@@ -230,39 +394,38 @@ Schedule schedule_from_json(const json& j, const std::string& where) {
   Schedule s;
   s.scenario = rd.get<std::string>(j, "scenario", "");
   s.variant = rd.get<std::string>(j, "variant", "");
-  s.world_size = rd.get<int>(j, "world_size", "");
-  s.hpz_size = rd.get<int>(j, "hpz_size", "");
-  s.dtype_bytes = rd.get<int>(j, "dtype_bytes", "");
-  const auto& units = rd.list(j, "units", "");
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    const std::string p = "units[" + std::to_string(i) + "]";
-    ParamUnit u;
-    u.name = rd.get<std::string>(units[i], "name", p);
-    u.layer = rd.get<std::int32_t>(units[i], "layer", p);
-    u.numel = rd.get<std::uint64_t>(units[i], "numel", p);
-    u.padded_numel = rd.get<std::uint64_t>(units[i], "padded_numel", p);
-    u.shard_numel = rd.get<std::uint64_t>(units[i], "shard_numel", p);
-    u.secondary_numel = rd.get<std::uint64_t>(units[i], "secondary_numel", p);
-    u.forward_flops = rd.get<double>(units[i], "forward_flops", p);
-    u.persistent = rd.get<bool>(units[i], "persistent", p);
-    s.units.push_back(std::move(u));
-  }
-  const auto& groups = rd.list(j, "groups", "");
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const std::string p = "groups[" + std::to_string(i) + "]";
-    Group g;
-    g.name = rd.get<std::string>(groups[i], "name", p);
-    g.kind = rd.parse_enum(parse_group_kind, groups[i], "kind", p);
-    g.ranks = rd.get<std::vector<Rank>>(groups[i], "ranks", p);
-    s.groups.push_back(std::move(g));
-  }
+  read_sizes(rd, j, s);
+  read_provenance(rd, j, s);
+  read_units(rd, j, s);
+  read_groups(rd, j, s);
   const auto& ranks = rd.list(j, "ranks", "");
+  if (ranks.size() != static_cast<std::size_t>(s.world_size)) {
+    rd.fail("ranks", fmt::format("{} listed but world_size is {}", ranks.size(), s.world_size));
+  }
   for (std::size_t i = 0; i < ranks.size(); ++i) {
-    s.ranks.push_back(read_rank(rd, ranks[i], "ranks[" + std::to_string(i) + "]"));
+    s.ranks.push_back(read_rank(rd, ranks[i], "ranks[" + std::to_string(i) + "]", s));
     if (s.ranks.back().rank != static_cast<Rank>(i))
       rd.fail("ranks[" + std::to_string(i) + "].rank", "ranks must be listed in order 0, 1, ...");
   }
   return s;
+}
+
+Schedule read_schedule_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "", "cannot read this schedule file");
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    const std::string what = e.what();
+    const std::size_t cut = what.find("] ");
+    throw InputError(
+        path, "",
+        "not valid JSON (" + (cut == std::string::npos ? what : what.substr(cut + 2)) + ")");
+  }
+  return schedule_from_json(j, path);
 }
 
 }  // namespace hpz

@@ -15,4 +15,8 @@ nlohmann::json schedule_to_json(const Schedule& schedule);
 /** Reads the JSON form back; throws InputError naming `where` and the offending key. */
 Schedule schedule_from_json(const nlohmann::json& json, const std::string& where = "schedule");
 
+/** Reads a schedule from a JSON file; throws InputError naming the file (unreadable, not JSON,
+ *  or whatever schedule_from_json rejects). */
+Schedule read_schedule_file(const std::string& path);
+
 }  // namespace hpz

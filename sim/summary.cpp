@@ -17,6 +17,7 @@ std::string label(const Schedule& s, const Op& op) {
   if (op.micro_step != 0) out += fmt::format(".{}", op.micro_step);
   out += fmt::format(" {}", to_string(op.phase));
   if (op.unit != kNoUnit) out += " " + s.units[op.unit].name;
+  if (op.label != kNoLabel) out += " at " + s.labels[op.label];
   return out;
 }
 
@@ -92,6 +93,7 @@ std::string schedule_summary(const Scenario& sc, const Schedule& s) {
       "world gathers\n",
       copies, hpz_gathers, world_gathers);
   for (const auto& note : sc.notes) out += "note       " + note + "\n";
+  for (const auto& [key, value] : s.source) out += fmt::format("source     {}: {}\n", key, value);
   return out;
 }
 

@@ -8,7 +8,8 @@
 
 namespace hpz {
 
-/** A few lines: cluster, model, units, groups, op counts by kind and stream, hpZ copies. */
+/** A few lines: cluster, model, units, groups, op counts by kind and stream, hpZ copies, and a
+ *  recorded schedule's source, one key a line. */
 std::string schedule_summary(const Scenario& scenario, const Schedule& schedule);
 
 /** One line per op of rank r: index, stream, kind, purpose, labels, buffer ranges. */

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "sim/check/checker.hpp"
 #include "sim/check/report.hpp"
 #include "sim/scenario.hpp"
+#include "sim/schedule_json.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::check {
@@ -76,6 +78,9 @@ class Builder {
   }
   void wait(Rank r, StreamId s, EventId e) { op(r, s, {}, OpKind::kStreamWaitEvent).event = e; }
   void host_sync(Rank r, StreamId s) { op(r, s, {}, OpKind::kHostStreamSync); }
+  void host_event_sync(Rank r, EventId e) {
+    op(r, kHostStream, {}, OpKind::kHostEventSync).event = e;
+  }
   void device_sync(Rank r) { op(r, kHostStream, {}, OpKind::kHostDeviceSync); }
   void alloc(Rank r, StreamId s, BufferId b) { op(r, s, {}, OpKind::kAlloc).buffer = b; }
   void free(Rank r, StreamId s, BufferId b) { op(r, s, {}, OpKind::kFree).buffer = b; }
@@ -238,6 +243,35 @@ TEST(Race, DeviceSyncOrdersEveryStream) {
   b.device_sync(0);
   b.op(0, 1, {R(x, 0, 64), W(y, 0, 64)});
   EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, HostEventSyncOrdersWhatTheRecordCapturedBeforeLaterIssuedWork) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  const EventId e = b.record(0, 0);
+  b.host_event_sync(0, e);
+  b.op(0, 1, {R(x, 0, 64)});
+  b.op(0, kHostStream, {R(x, 0, 64)});
+  EXPECT_TRUE(b.check().clean());
+}
+
+TEST(Race, HostEventSyncDoesNotOrderWorkIssuedAfterTheRecord) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  const BufferId y = b.buffer("y", 64);
+  const BufferId z = b.buffer("z", 64);
+  b.op(0, 0, {W(x, 0, 64)});
+  const EventId e = b.record(0, 0);
+  b.op(0, 0, {W(y, 0, 64)});  // after the record on the same stream: not captured
+  b.op(0, 2, {W(z, 0, 64)});  // another stream: not captured either
+  b.host_event_sync(0, e);
+  b.op(0, 1, {R(x, 0, 64), R(y, 0, 64), R(z, 0, 64)});
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kRace), 2u);  // y and z; x is ordered
+  std::set<std::string> buffers;
+  for (const FindingGroup& g : r.groups) buffers.insert(g.example.buffer);
+  EXPECT_EQ(buffers, (std::set<std::string>{"y", "z"}));
 }
 
 TEST(Race, HostReadAfterUnsyncedStreamWriteIsReported) {
@@ -487,6 +521,12 @@ TEST(Malformed, WaitForAnUnrecordedEventThrows) {
   EXPECT_THROW(b.check(), std::invalid_argument);
 }
 
+TEST(Malformed, HostEventSyncOnAnUnrecordedEventThrows) {
+  Builder b(1);
+  b.host_event_sync(0, 3);
+  EXPECT_THROW(b.check(), std::invalid_argument);
+}
+
 TEST(Malformed, AccessPastTheEndThrows) {
   Builder b(1);
   const BufferId x = b.buffer("x", 64);
@@ -509,6 +549,69 @@ TEST(Report, FirstLineSaysCleanOrCounts) {
   const std::string json = JsonReporter().render(results);
   EXPECT_NE(json.find("\"findings\""), std::string::npos);
   EXPECT_NE(json.find("\"kind\": \"race\""), std::string::npos);
+}
+
+TEST(Report, ARecordedOpIsNamedByItsLabelAndTheHeaderByItsDeepSpeed) {
+  Builder b(1);
+  const BufferId x = b.buffer("x", 64);
+  b.schedule().labels = {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp"};
+  b.schedule().source = {{"deepspeed", "0.13.4"}, {"recorder", "hpzlab record"}};
+  b.op(0, 0, {W(x, 0, 64)}).label = 0;
+  b.op(0, 1, {R(x, 0, 64)}).label = 1;
+  const CheckResult r = b.check();
+  const std::string text = TextReporter().render_one(r);
+  EXPECT_EQ(text.substr(0, text.find('\n')),
+            "hand-built [test, DeepSpeed 0.13.4 recorded]: 1 finding: 1 race (1 group)");
+  EXPECT_NE(text.find("(step 0, layers.0.attn, forward, at model.layers.0.self_attn.q_proj)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("at model.layers.0.mlp"), std::string::npos) << text;
+  const CheckResult results[] = {r};
+  const std::string json = JsonReporter().render(results);
+  EXPECT_NE(json.find("\"label\": \"model.layers.0.mlp\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"deepspeed\": \"0.13.4\""), std::string::npos) << json;
+}
+
+// ---- schedules read from files (tests/data/schedule/) ----
+
+Schedule data_schedule(const std::string& name) {
+  return read_schedule_file(test::source_dir() + "/tests/data/schedule/" + name);
+}
+
+// The host waits for the event recorded after the copy, so the read it issues afterwards on
+// another stream is ordered after the copy; without the sync the two race.
+TEST(ScheduleFile, AHostEventSyncOrdersTheCopyBeforeTheRead) {
+  EXPECT_TRUE(check_schedule(data_schedule("host-event-sync.json")).clean());
+  const CheckResult racy = check_schedule(data_schedule("host-event-sync-missing.json"));
+  ASSERT_EQ(racy.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(racy.groups.size(), 1u);
+  const Finding& f = racy.groups[0].example;
+  EXPECT_EQ(f.first.kind, OpKind::kCopy);
+  EXPECT_EQ(f.second.stream, "S1");
+  EXPECT_EQ(f.buffer, "dst");
+}
+
+// What `hpzlab check --schedule FILE` does is what `hpzlab check SCENARIO` does: the schedule
+// written to a file and read back gets the same verdict, finding for finding.
+TEST(ScheduleFile, CheckingAWrittenScheduleEqualsCheckingTheScenario) {
+  for (const char* variant : {"stock", "event-wait"}) {
+    const Schedule built =
+        build_schedule(load_scenario(test::scenario_path("tiny"), {{"run.variant", variant}}));
+    const std::string path = ::testing::TempDir() + "hpzlab-check-" + variant + ".json";
+    {
+      std::ofstream out(path);
+      out << schedule_to_json(built).dump();
+    }
+    const CheckResult direct = check_schedule(built);
+    const CheckResult from_file = check_schedule(read_schedule_file(path));
+    std::filesystem::remove(path);
+    const CheckResult both[] = {direct};
+    const CheckResult file[] = {from_file};
+    EXPECT_EQ(JsonReporter().render(file), JsonReporter().render(both)) << variant;
+    EXPECT_EQ(TextReporter().render(file), TextReporter().render(both)) << variant;
+    EXPECT_EQ(from_file.stats.ops, direct.stats.ops);
+    EXPECT_EQ(from_file.clean(), std::string(variant) != "stock");
+  }
 }
 
 // ---- shipped scenarios ----

@@ -270,6 +270,60 @@ RealResult run_lazy(const Scenario& sc) {
   return run_real(sc, build_schedule(sc), o);
 }
 
+/** `schedule` (host-sync) with fix A as torch's Event.synchronize(): each of its host stream
+ *  syncs after a secondary copy becomes an event record on that stream and a host event sync. */
+Schedule with_event_syncs(Schedule schedule) {
+  for (RankSchedule& rs : schedule.ranks) {
+    EventId next = 0;
+    for (const Op& op : rs.ops) next = std::max(next, op.event + 1);
+    std::vector<Op> ops;
+    for (const Op& op : rs.ops) {
+      if (op.purpose != Purpose::kFixHostSync) {
+        ops.push_back(op);
+        continue;
+      }
+      Op record = op;
+      record.kind = OpKind::kEventRecord;
+      record.purpose = Purpose::kFixEventRecord;
+      record.event = next++;
+      Op sync = record;
+      sync.kind = OpKind::kHostEventSync;
+      sync.purpose = Purpose::kFixHostSync;
+      sync.stream = kHostStream;
+      ops.push_back(record);
+      ops.push_back(sync);
+    }
+    rs.ops = std::move(ops);
+  }
+  return schedule;
+}
+
+RealResult run_lazy(const Scenario& sc, const Schedule& schedule) {
+  RealOptions o;
+  o.runs = 1;
+  o.backend = "host-lazy";
+  o.timeout_s = 30;
+  return run_real(sc, schedule, o);
+}
+
+// The lazy backend runs S0's work only when the host must wait for it: a host event sync on the
+// event recorded after each secondary copy must run the copy then, or stock's corruption shows.
+TEST(RealLazyHost, AHostEventSyncRunsTheRecordedWorkFirst) {
+  const Scenario sc = tiny("host-sync");
+  const Schedule synced = with_event_syncs(build_schedule(sc));
+  const auto syncs = std::count_if(synced.ranks[0].ops.begin(), synced.ranks[0].ops.end(),
+                                   [](const Op& op) { return op.kind == OpKind::kHostEventSync; });
+  ASSERT_GT(syncs, 0);
+  const RealResult r = run_lazy(sc, synced);
+  ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+  EXPECT_EQ(r.corrupted_runs, 0);
+  Schedule unsynced = synced;  // the records alone order nothing
+  for (RankSchedule& rs : unsynced.ranks) {
+    std::erase_if(rs.ops, [](const Op& op) { return op.kind == OpKind::kHostEventSync; });
+  }
+  EXPECT_EQ(run_lazy(sc, unsynced).corrupted_runs, 1);
+}
+
 TEST(RealLazyHost, StockReadsNaNSecondariesAndPoisonsTheWeights) {
   const RealResult r = run_lazy(tiny("stock"));
   ASSERT_FALSE(r.reference_hung) << r.reference_hang;
@@ -424,6 +478,19 @@ TEST(RealGpu, StockCorruptsMostRunsAndBothFixesNone) {
     ASSERT_FALSE(fixed.reference_hung) << fixed.reference_hang;
     EXPECT_EQ(fixed.corrupted_runs, 0) << v;
   }
+}
+
+// cudaEventQuery polled to completion: fix A as host event syncs corrupts no run either.
+TEST(RealGpu, HostEventSyncsFixTheRaceLikeStreamSyncs) {
+  const DeviceInfo info = probe_devices();
+  if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
+  const Scenario sc = load_scenario(scenario_path("race-1gpu"), {{"run.variant", "host-sync"}});
+  RealOptions o;
+  o.runs = 3;
+  o.timeout_s = 120;
+  const RealResult r = run_real(sc, with_event_syncs(build_schedule(sc)), o);
+  ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+  EXPECT_EQ(r.corrupted_runs, 0);
 }
 
 // The CUDA kernels compute the same bits as the host reference, op for op.

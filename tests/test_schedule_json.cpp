@@ -1,9 +1,15 @@
-// The IR's JSON form round-trips, and malformed documents give clear errors.
+// The IR's JSON form round-trips (recorded schedules' labels, source and host event syncs too),
+// and malformed documents give clear errors naming the key.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/schedule_json.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz {
 namespace {
@@ -27,8 +33,29 @@ Schedule tiny_schedule() {
   return build_schedule(sc);
 }
 
+/** tiny_schedule() with what only a recorded schedule has: labels, a source, a host event sync
+ *  (after rank 0's first event record) and the recorder's purposes. */
+Schedule recorded_schedule() {
+  Schedule s = tiny_schedule();
+  s.labels = {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp"};
+  s.source = {{"recorder", "hpzlab record"}, {"deepspeed", "0.13.4"}};
+  auto& ops = s.ranks[0].ops;
+  const auto rec = std::find_if(ops.begin(), ops.end(),
+                                [](const Op& op) { return op.kind == OpKind::kEventRecord; });
+  Op sync;
+  sync.kind = OpKind::kHostEventSync;
+  sync.purpose = Purpose::kHostThrottle;
+  sync.stream = kHostStream;
+  sync.event = rec->event;
+  sync.label = 0;
+  ops.insert(rec + 1, sync);
+  ops.back().purpose = Purpose::kOther;
+  ops.back().label = 1;
+  return s;
+}
+
 TEST(ScheduleJson, RoundTripIsLossless) {
-  const Schedule s = tiny_schedule();
+  const Schedule s = recorded_schedule();
   const nlohmann::json j = schedule_to_json(s);
   const Schedule back = schedule_from_json(j);
   EXPECT_EQ(schedule_to_json(back), j);
@@ -49,12 +76,183 @@ TEST(ScheduleJson, RoundTripIsLossless) {
       EXPECT_EQ(a.comm_bytes, b.comm_bytes);
       EXPECT_EQ(a.spin_us, b.spin_us);
       EXPECT_EQ(a.access_count, b.access_count);
+      EXPECT_EQ(a.label, b.label);
     }
+  }
+  EXPECT_EQ(back.labels, s.labels);
+  EXPECT_EQ(back.source, s.source);
+  EXPECT_EQ(j["source"]["deepspeed"], "0.13.4");
+  EXPECT_EQ(j["labels"][1], "model.layers.0.mlp");
+}
+
+TEST(ScheduleJson, ABuiltScheduleHasNoLabelsOrSource) {
+  const nlohmann::json j = schedule_to_json(tiny_schedule());
+  EXPECT_FALSE(j.contains("labels"));
+  EXPECT_FALSE(j.contains("source"));
+  for (const auto& op : j["ranks"][0]["ops"]) EXPECT_FALSE(op.contains("label"));
+}
+
+TEST(ScheduleJson, HostEventSyncIsWrittenWithItsEventOnTheHost) {
+  const nlohmann::json j = schedule_to_json(recorded_schedule());
+  int syncs = 0;
+  for (const auto& op : j["ranks"][0]["ops"]) {
+    if (op["kind"] != "host_event_sync") continue;
+    ++syncs;
+    EXPECT_EQ(op["stream"], -1);
+    EXPECT_EQ(op["purpose"], "host_throttle");
+    EXPECT_EQ(op["label"], 0);
+    EXPECT_TRUE(op.contains("event"));
+  }
+  EXPECT_EQ(syncs, 1);
+}
+
+/** The error schedule_from_json gives for `j` ("" when it accepts it). */
+std::string error_of(const nlohmann::json& j) {
+  try {
+    schedule_from_json(j, "x.json");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/** Where rank 0's host event sync is in the JSON of recorded_schedule(). */
+std::size_t sync_index(const nlohmann::json& j) {
+  const auto& ops = j["ranks"][0]["ops"];
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i]["kind"] == "host_event_sync") return i;
+  }
+  return 0;
+}
+
+TEST(ScheduleJson, AWaitForAnEventNeverRecordedNamesTheOp) {
+  nlohmann::json j = schedule_to_json(recorded_schedule());
+  const std::size_t i = sync_index(j);
+  j["ranks"][0]["ops"][i]["event"] = 9999;
+  const std::string path = "x.json: ranks[0].ops[" + std::to_string(i) + "].event: event 9999";
+  EXPECT_NE(error_of(j).find(path), std::string::npos) << error_of(j);
+  // A sync before the record is as wrong as one on an event never recorded.
+  nlohmann::json early = schedule_to_json(recorded_schedule());
+  auto& ops = early["ranks"][0]["ops"];
+  const nlohmann::json sync = ops[sync_index(early)];
+  ops.erase(sync_index(early));
+  ops.insert(ops.begin(), sync);
+  EXPECT_NE(error_of(early).find("ranks[0].ops[0].event"), std::string::npos) << error_of(early);
+  // The same rule for a stream's wait.
+  nlohmann::json wait = schedule_to_json(tiny_schedule());
+  for (auto& op : wait["ranks"][1]["ops"]) {
+    if (op["kind"] == "stream_wait_event") op["event"] = 9999;
+  }
+  EXPECT_NE(error_of(wait).find("is not recorded"), std::string::npos) << error_of(wait);
+}
+
+TEST(ScheduleJson, AHostEventSyncOnAStreamIsRejected) {
+  nlohmann::json j = schedule_to_json(recorded_schedule());
+  j["ranks"][0]["ops"][sync_index(j)]["stream"] = 0;
+  EXPECT_NE(error_of(j).find(".stream: must be -1"), std::string::npos) << error_of(j);
+}
+
+TEST(ScheduleJson, ALabelOutOfRangeIsRejected) {
+  nlohmann::json j = schedule_to_json(recorded_schedule());
+  j["ranks"][0]["ops"][sync_index(j)]["label"] = 2;
+  EXPECT_NE(error_of(j).find(".label: out of range (allowed: an index into labels, 0 to 1)"),
+            std::string::npos)
+      << error_of(j);
+  j["ranks"][0]["ops"][sync_index(j)]["label"] = -2;
+  EXPECT_NE(error_of(j).find(".label: out of range"), std::string::npos) << error_of(j);
+}
+
+TEST(ScheduleJson, SourceHoldsStrings) {
+  nlohmann::json j = schedule_to_json(recorded_schedule());
+  j["source"]["steps"] = 2;
+  EXPECT_NE(error_of(j).find("x.json: source.steps: expected a string"), std::string::npos)
+      << error_of(j);
+  j["source"] = "DeepSpeed";
+  EXPECT_NE(error_of(j).find("x.json: source: expected an object"), std::string::npos)
+      << error_of(j);
+}
+
+TEST(ScheduleJson, WhatTheEnginesIndexIsRangeChecked) {
+  const auto broken = [](auto change) {
+    nlohmann::json j = schedule_to_json(tiny_schedule());
+    change(j);
+    return error_of(j);
+  };
+  EXPECT_NE(broken([](auto& j) { j["world_size"] = 3; }).find("hpz_size: must divide"),
+            std::string::npos);
+  EXPECT_NE(
+      broken([](auto& j) { j["ranks"].erase(3); }).find("ranks: 3 listed but world_size is 4"),
+      std::string::npos);
+  EXPECT_NE(broken([](auto& j) {
+              j["groups"][0]["ranks"] = {1, 0};
+            }).find("groups[0].ranks"),
+            std::string::npos);
+  const std::string unit = broken([](auto& j) {
+    for (auto& op : j["ranks"][2]["ops"]) {
+      if (op.contains("unit")) op["unit"] = 1000;
+    }
+  });
+  EXPECT_NE(unit.find("ranks[2].ops["), std::string::npos) << unit;
+  EXPECT_NE(unit.find(".unit: no such unit"), std::string::npos) << unit;
+  const std::string group = broken([](auto& j) {
+    for (auto& op : j["ranks"][1]["ops"]) {
+      if (op.contains("group")) op["group"] = 1000;
+    }
+  });
+  EXPECT_NE(group.find(".group: no such group"), std::string::npos) << group;
+  const std::string past = broken([](auto& j) {
+    for (auto& op : j["ranks"][0]["ops"]) {
+      if (op.contains("accesses")) op["accesses"][0][3] = 1ull << 40;
+    }
+  });
+  EXPECT_NE(past.find("past the end of buffer"), std::string::npos) << past;
+}
+
+TEST(ScheduleJson, ReadsAFileAndNamesItInErrors) {
+  const std::string path = ::testing::TempDir() + "hpzlab-schedule-file.json";
+  {
+    std::ofstream out(path);
+    out << schedule_to_json(recorded_schedule()).dump();
+  }
+  EXPECT_EQ(schedule_to_json(read_schedule_file(path)), schedule_to_json(recorded_schedule()));
+  {
+    std::ofstream out(path);
+    out << "{\"format\": ";
+  }
+  try {
+    read_schedule_file(path);
+    FAIL() << "truncated JSON accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": not valid JSON"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+  try {
+    read_schedule_file(path);
+    FAIL() << "a missing file was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": cannot read"), std::string::npos) << e.what();
   }
 }
 
+// Every feature the builder has (qwZ, qgZ, offload, both fixes, the bug classes) reads back from
+// its JSON: the reader's checks accept whatever the builder emits.
+TEST(ScheduleJson, EveryShippedSmallScenarioReadsBack) {
+  for (const char* name : {"tiny", "stale-after-step", "stale-after-load", "zero-element-slice",
+                           "mismatched-collectives", "race-1gpu"}) {
+    for (const char* variant : {"stock", "host-sync", "event-wait"}) {
+      const Scenario sc = load_scenario(test::scenario_path(name), {{"run.variant", variant}});
+      const nlohmann::json j = schedule_to_json(build_schedule(sc));
+      EXPECT_EQ(schedule_to_json(schedule_from_json(j)), j) << name << " " << variant;
+    }
+  }
+  const Scenario offload =
+      load_scenario(test::scenario_path("tiny"), {{"zero.offload_param", "true"}});
+  const nlohmann::json j = schedule_to_json(build_schedule(offload));
+  EXPECT_EQ(schedule_to_json(schedule_from_json(j)), j);
+}
+
 TEST(ScheduleJson, TextRoundTripIsBitIdentical) {
-  const std::string text = schedule_to_json(tiny_schedule()).dump();
+  const std::string text = schedule_to_json(recorded_schedule()).dump();
   EXPECT_EQ(schedule_to_json(schedule_from_json(nlohmann::json::parse(text))).dump(), text);
 }
 
@@ -117,10 +315,10 @@ namespace hpz {
 namespace {
 
 TEST(ScheduleNames, EveryEnumNameParsesBackToItself) {
-  for (int i = 0; i <= static_cast<int>(Purpose::kReproSpin); ++i) {
+  for (int i = 0; i <= static_cast<int>(Purpose::kOther); ++i) {
     EXPECT_EQ(parse_purpose(to_string(static_cast<Purpose>(i))), static_cast<Purpose>(i));
   }
-  for (int i = 0; i <= static_cast<int>(OpKind::kFree); ++i) {
+  for (int i = 0; i <= static_cast<int>(OpKind::kHostEventSync); ++i) {
     EXPECT_EQ(parse_op_kind(to_string(static_cast<OpKind>(i))), static_cast<OpKind>(i));
   }
   for (int i = 0; i <= static_cast<int>(Phase::kOptimizer); ++i) {
@@ -129,7 +327,10 @@ TEST(ScheduleNames, EveryEnumNameParsesBackToItself) {
   for (int i = 0; i <= static_cast<int>(BufferRole::kScratch); ++i) {
     EXPECT_EQ(parse_buffer_role(to_string(static_cast<BufferRole>(i))), static_cast<BufferRole>(i));
   }
-  EXPECT_EQ(to_string(Purpose::kReproSpin), "repro_spin");  // the last name lines up with the enum
+  // The last names line up with the enums.
+  EXPECT_EQ(to_string(Purpose::kOther), "other");
+  EXPECT_EQ(to_string(Purpose::kHostThrottle), "host_throttle");
+  EXPECT_EQ(to_string(OpKind::kHostEventSync), "host_event_sync");
 }
 
 }  // namespace

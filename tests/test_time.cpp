@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/schedule_json.hpp"
 #include "sim/time/collective.hpp"
 #include "sim/time/cost_model.hpp"
 #include "sim/time/report.hpp"
@@ -77,6 +78,44 @@ TEST(Simulate, TheSpinBeforeTheCopyIsWhatMakesTheTinyRaceBite) {
   EXPECT_EQ(spun.races.front().runs_manifested, 2);
   EXPECT_GT(spun.mean.step_time_s, plain.mean.step_time_s);
   EXPECT_EQ(sim(scenario("tiny.toml", {{"run.variant", "event-wait"}})).mean.races_manifested, 0u);
+}
+
+/** tests/data/schedule/NAME simulated on a 1-GPU cluster (tiny.toml's costs). */
+SimResult sim_file(const std::string& name) {
+  const Scenario sc = scenario("tiny.toml", {{"cluster.nodes", "1"},
+                                             {"cluster.gpus_per_node", "1"},
+                                             {"zero.zero_hpz_partition_size", "1"},
+                                             {"run.steps", "1"}});
+  return simulate(sc, read_schedule_file(test::source_dir() + "/tests/data/schedule/" + name),
+                  SimOptions{});
+}
+
+// host-event-sync.json: S0 spins 1 ms, copies src into dst and records event 0; S2 spins 5 ms;
+// the host waits for event 0, then issues S1's read of dst. The host waits for the copy, and
+// only for it (a device sync would wait for S2's 5 ms too); without the sync the read starts
+// right away, before the copy is done, and the checker's race manifests.
+TEST(Simulate, AHostEventSyncHoldsTheHostUntilTheRecordedWorkIsDone) {
+  const SimResult r = sim_file("host-event-sync.json");
+  const auto& t = r.timeline.ranks[0];
+  const OpTime& spin_s2 = t[1];
+  const OpTime& copy = t[2];
+  const OpTime& record = t[3];
+  const OpTime& sync = t[4];
+  const OpTime& read = t[5];
+  EXPECT_GE(copy.end_s, 0.9e-3);  // the 1 ms spin ahead of it, jittered
+  EXPECT_GE(sync.end_s, record.end_s);
+  EXPECT_GE(sync.end_s, copy.end_s);
+  EXPECT_LT(sync.end_s, spin_s2.end_s);  // not a device sync
+  EXPECT_GE(read.issue_s, sync.end_s);
+  EXPECT_GE(read.start_s, copy.end_s);
+  EXPECT_TRUE(r.races.empty());
+  EXPECT_GT(r.mean.host_sync_s, 0.9e-3);  // counted as host time blocked in a sync
+
+  const SimResult racy = sim_file("host-event-sync-missing.json");
+  const auto& u = racy.timeline.ranks[0];
+  EXPECT_LT(u[4].start_s, u[2].end_s);  // the read (op 4 there) starts before the copy ends
+  ASSERT_EQ(racy.races.size(), 1u);
+  EXPECT_EQ(racy.mean.races_manifested, 1u);
 }
 
 TEST(CollectivePlan, RingStepsAsNcclRunsThem) {

@@ -9,7 +9,8 @@
 //  - Events: kEventRecord on s captures everything issued on s so far; kStreamWaitEvent on t makes
 //    every later op on t happen after that capture.
 //  - Host syncs: kHostStreamSync(s) orders everything issued on s before everything the host
-//    issues afterwards; kHostDeviceSync does the same for every stream of the rank.
+//    issues afterwards; kHostDeviceSync does the same for every stream of the rank;
+//    kHostEventSync(e) does it for what the record of e captured.
 //  - Collectives as a rendezvous: the k-th collective a rank issues on a group is matched with
 //    the k-th of every other member; every member's collective completes after every member's
 //    started. Its accesses (own send bytes read, own receive bytes written) happen between its
@@ -43,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,8 +63,9 @@ struct CheckStats {
 
 /** The verdict on one schedule. */
 struct CheckResult {
-  std::string scenario;  ///< Schedule::scenario
-  std::string variant;   ///< Schedule::variant
+  std::string scenario;                       ///< Schedule::scenario
+  std::string variant;                        ///< Schedule::variant
+  std::map<std::string, std::string> source;  ///< Schedule::source: a recorded schedule's origin
   int world_size = 0;
   std::vector<FindingGroup> groups;  ///< worst kind first, then most frequent
   CheckStats stats;

@@ -40,6 +40,7 @@ struct OpLabel {
   std::int32_t micro_step = 0;
   std::string unit;         ///< parameter unit name, "" when none
   std::int32_t layer = -1;  ///< decoder layer of the unit, -1 when none
+  std::string label;        ///< Schedule::labels entry of a recorded op, "" when none
 };
 
 /** One concrete bug: two ops and the bytes or the collective position they disagree on. */

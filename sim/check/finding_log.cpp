@@ -59,6 +59,9 @@ OpLabel FindingLog::label(Rank r, std::uint32_t index) const {
     l.unit = schedule_.units[op.unit].name;
     l.layer = schedule_.units[op.unit].layer;
   }
+  if (op.label >= 0 && op.label < static_cast<LabelId>(schedule_.labels.size())) {
+    l.label = schedule_.labels[op.label];
+  }
   return l;
 }
 
@@ -227,6 +230,7 @@ std::string describe(const OpLabel& op) {
   if (op.micro_step != 0) where += fmt::format(".{}", op.micro_step);
   if (!op.unit.empty()) where += ", " + op.unit;
   where += fmt::format(", {}", to_string(op.phase));
+  if (!op.label.empty()) where += ", at " + op.label;
   return fmt::format("rank {} {} #{} {} {} ({})", op.rank, op.stream, op.index, to_string(op.kind),
                      to_string(op.purpose), where);
 }
@@ -234,8 +238,9 @@ std::string describe(const OpLabel& op) {
 std::string describe_short(const OpLabel& op) {
   if (op.index == kNoOp) return "the start of the run";
   std::string of = op.unit.empty() ? "" : " of " + op.unit;
-  return fmt::format("the {}{} (step {}, {}, {})", to_string(op.purpose), of, op.step,
-                     to_string(op.phase), op.stream);
+  const std::string at = op.label.empty() ? "" : ", at " + op.label;
+  return fmt::format("the {}{} (step {}, {}, {}{})", to_string(op.purpose), of, op.step,
+                     to_string(op.phase), op.stream, at);
 }
 
 std::string describe_bytes(const Finding& f) {

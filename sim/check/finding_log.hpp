@@ -44,7 +44,8 @@ class FindingLog {
   std::vector<FindingGroup> groups_;
 };
 
-/** "rank 3 S0 #1234 secondary-partition-copy (step 0, layers.12.attn, forward)". */
+/** "rank 3 S0 #1234 secondary-partition-copy (step 0, layers.12.attn, forward)", with
+ *  ", at LABEL" after the phase when the op has a label. */
 std::string describe(const OpLabel& op);
 /** "the secondary-partition-copy of layers.12.attn (step 0, forward)". */
 std::string describe_short(const OpLabel& op);

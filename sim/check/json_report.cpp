@@ -22,6 +22,7 @@ json op_json(const OpLabel& op) {
               {"micro_step", op.micro_step},
               {"unit", op.unit.empty() ? json(nullptr) : json(op.unit)},
               {"layer", op.layer},
+              {"label", op.label.empty() ? json(nullptr) : json(op.label)},
               {"text", describe(op)}};
 }
 
@@ -70,6 +71,7 @@ std::string JsonReporter::render(std::span<const CheckResult> results) const {
                              {"ops", r.stats.ops},
                              {"accesses", r.stats.accesses},
                              {"collectives", r.stats.collectives}});
+    if (!r.source.empty()) scenarios.back()["source"] = r.source;
     for (const FindingGroup& g : r.groups) findings.push_back(group_json(r, g));
   }
   json doc{{"clean", clean}, {"scenarios", scenarios}, {"findings", findings}};

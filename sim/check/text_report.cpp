@@ -61,8 +61,11 @@ std::string span_of(const FindingGroup& g) {
 }
 
 std::string verdict_line(const CheckResult& r) {
-  const std::string name = fmt::format("{} [{}]", r.scenario.empty() ? "schedule" : r.scenario,
-                                       r.variant.empty() ? "?" : r.variant);
+  const auto deepspeed = r.source.find("deepspeed");
+  const std::string recorded =
+      deepspeed == r.source.end() ? "" : ", DeepSpeed " + deepspeed->second + " recorded";
+  const std::string name = fmt::format("{} [{}{}]", r.scenario.empty() ? "schedule" : r.scenario,
+                                       r.variant.empty() ? "?" : r.variant, recorded);
   if (r.clean()) {
     return fmt::format(
         "{}: clean: no race, stale-read, uninitialized-read or collective-mismatch "

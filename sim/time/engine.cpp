@@ -75,9 +75,11 @@ struct OpState {
   bool collective = false;
 };
 
-/** RankState::blocked_on when the host is not blocked, and when it waits for every stream. */
-constexpr std::int32_t kNotBlocked = -2;
-constexpr std::int32_t kAllStreams = -1;
+/** What a host sync waits for. */
+struct HostWait {
+  enum class Kind : std::uint8_t { kNothing, kStream, kAllStreams, kOp } kind = Kind::kNothing;
+  std::uint32_t index = 0;  ///< kStream: the stream; kOp: the op (an event record) to end
+};
 
 /** Per-rank bookkeeping for dependency counting. */
 struct RankState {
@@ -85,18 +87,18 @@ struct RankState {
   /** The ops waiting on the record whose waiter_row is w: waiter_ops[waiter_begin[w] ..
    *  waiter_begin[w + 1]). */
   std::vector<std::uint32_t> waiter_begin, waiter_ops;
+  /** Host event syncs: the event record each waits for (the latest one before it). */
+  std::unordered_map<std::uint32_t, std::uint32_t> event_sync_record;
   std::size_t stream_base = 0;  ///< this rank's first entry in Simulation::in_flight_
   int outstanding = 0;          ///< ops issued and not finished, over all streams
   std::size_t next = 0;         ///< next op the host issues
   double host_time = 0;         ///< when the host reaches `next`
-  /** What the host is blocked on: kNotBlocked, kAllStreams (a device sync) or a stream. */
-  std::int32_t blocked_on = kNotBlocked;
+  HostWait blocked_on;          ///< what the host waits for in op `next` (kNothing: not blocked)
 };
 
-/** Host syncs run on the host thread; their `stream` names the stream they wait for. */
+/** Host syncs run on the host thread; a stream sync's `stream` names the stream it waits for. */
 bool on_host(const Op& op) {
-  return op.kind == OpKind::kHostStreamSync || op.kind == OpKind::kHostDeviceSync ||
-         op.stream == kHostStream;
+  return is_host_sync(op.kind) || op.stream == kHostStream;
 }
 
 class Simulation {
@@ -151,8 +153,8 @@ class Simulation {
   void prepare_collective(const RankSchedule& rs, std::uint32_t i,
                           std::unordered_map<GroupId, std::uint32_t>& position);
   void run_host(Rank r);
-  std::int32_t sync_target(const Op& op) const;
-  bool drained(const RankState& s, std::int32_t target) const;
+  HostWait sync_target(const RankState& s, std::uint32_t i, const Op& op) const;
+  bool drained(Rank r, const RankState& s, HostWait wait) const;
   void release(Rank r, std::uint32_t i);
   void drain();
   void ready(Rank r, std::uint32_t i);
@@ -214,6 +216,10 @@ void Simulation::prepare(const RankSchedule& rs) {
   std::unordered_map<GroupId, std::uint32_t> position;
   for (std::uint32_t i = 0; i < n; ++i) {
     const Op& op = rs.ops[i];
+    if (op.kind == OpKind::kHostEventSync) {
+      const auto rec = latest_record.find(op.event);
+      if (rec != latest_record.end()) s.event_sync_record[i] = rec->second;
+    }
     if (on_host(op)) continue;
     ++stream_ops_;
     OpState& o = s.ops[i];
@@ -279,19 +285,34 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
   ranks_.back().ops[i].instance = static_cast<std::int32_t>(it->second);
 }
 
-/** What a host op waits for: one stream (kHostStreamSync), nothing (a stream sync naming the
- *  host), or every stream of the rank (kHostDeviceSync and any other op on the host). */
-std::int32_t Simulation::sync_target(const Op& op) const {
+/** What host op i waits for: one stream (kHostStreamSync), the end of an event record
+ *  (kHostEventSync), nothing (a stream sync naming the host, an event sync whose event was never
+ *  recorded), or every stream of the rank (kHostDeviceSync and any other op on the host). */
+HostWait Simulation::sync_target(const RankState& s, std::uint32_t i, const Op& op) const {
+  using K = HostWait::Kind;
   if (op.kind == OpKind::kHostStreamSync) {
-    return op.stream == kHostStream ? kNotBlocked : op.stream;
+    if (op.stream == kHostStream) return {};
+    return {K::kStream, static_cast<std::uint32_t>(op.stream)};
   }
-  return kAllStreams;
+  if (op.kind == OpKind::kHostEventSync) {
+    const auto rec = s.event_sync_record.find(i);
+    return rec == s.event_sync_record.end() ? HostWait{} : HostWait{K::kOp, rec->second};
+  }
+  return {K::kAllStreams, 0};
 }
 
-bool Simulation::drained(const RankState& s, std::int32_t target) const {
-  if (target == kNotBlocked) return true;
-  if (target == kAllStreams) return s.outstanding == 0;
-  return in_flight_[s.stream_base + static_cast<std::size_t>(target)] == 0;
+bool Simulation::drained(Rank r, const RankState& s, HostWait wait) const {
+  switch (wait.kind) {
+    case HostWait::Kind::kNothing:
+      return true;
+    case HostWait::Kind::kAllStreams:
+      return s.outstanding == 0;
+    case HostWait::Kind::kStream:
+      return in_flight_[s.stream_base + wait.index] == 0;
+    case HostWait::Kind::kOp:
+      return run_.timeline.ranks[static_cast<std::size_t>(r)][wait.index].end_s >= 0;
+  }
+  return true;
 }
 
 void Simulation::run_host(Rank r) {
@@ -304,9 +325,9 @@ void Simulation::run_host(Rank r) {
     times[i].issue_s = s.host_time;
     if (on_host(op)) {
       times[i].start_s = s.host_time;
-      const std::int32_t target = sync_target(op);
-      if (!drained(s, target)) {
-        s.blocked_on = target;
+      const HostWait wait = sync_target(s, i, op);
+      if (!drained(r, s, wait)) {
+        s.blocked_on = wait;
         return;
       }
       times[i].end_s = s.host_time;
@@ -368,11 +389,11 @@ void Simulation::finish(Rank r, std::uint32_t i) {
       release(r, s.waiter_ops[k]);
     }
   }
-  if (s.blocked_on != kNotBlocked && drained(s, s.blocked_on)) {
+  if (s.blocked_on.kind != HostWait::Kind::kNothing && drained(r, s, s.blocked_on)) {
     auto& t = run_.timeline.ranks[static_cast<std::size_t>(r)][s.next];
     t.end_s = std::max(t.issue_s, now);
     s.host_time = t.end_s;
-    s.blocked_on = kNotBlocked;
+    s.blocked_on = {};
     ++s.next;
     run_host(r);
   }

@@ -2,7 +2,8 @@
 //
 // Model (docs/timing.md has the full story):
 //  - Each rank's host issues its ops in IR order, paying CostModel::launch_s() (jittered) per
-//    stream op; host syncs block it until the stream (or every stream) has drained.
+//    stream op; host syncs block it until the stream (or every stream) has drained, or, for an
+//    event sync, until the event's record has run.
 //  - Streams run FIFO; an op starts when it has been issued, its stream predecessor has ended,
 //    the event it waits on (if any) has been recorded, and, for a collective, every member of
 //    its group has arrived at the matching collective.

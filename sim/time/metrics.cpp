@@ -44,8 +44,7 @@ double host_blocked(const RankSchedule& rs, const std::vector<OpTime>& times, st
   double blocked = 0;
   for (std::size_t i = 0; i < rs.ops.size(); ++i) {
     const Op& op = rs.ops[i];
-    const bool sync = op.kind == OpKind::kHostStreamSync || op.kind == OpKind::kHostDeviceSync;
-    if (!sync || op.step != k || times[i].end_s < 0) continue;
+    if (!is_host_sync(op.kind) || op.step != k || times[i].end_s < 0) continue;
     if (fix_only && op.purpose != Purpose::kFixHostSync) continue;
     blocked += times[i].end_s - times[i].start_s;
   }

@@ -52,8 +52,7 @@ class TraceWriter {
 
 /** Host syncs go on the host track: the host is what they block. */
 int tid_of(const Op& op) {
-  const bool sync = op.kind == OpKind::kHostStreamSync || op.kind == OpKind::kHostDeviceSync;
-  return sync || op.stream == kHostStream ? 0 : op.stream + 1;
+  return is_host_sync(op.kind) || op.stream == kHostStream ? 0 : op.stream + 1;
 }
 
 void name_tracks(const Schedule& s, TraceWriter& w) {
@@ -91,11 +90,14 @@ void event_flows(const Schedule& s, const SimResult& r, TraceWriter& w) {
     for (std::uint32_t i = 0; i < rs.ops.size(); ++i) {
       const Op& op = rs.ops[i];
       if (op.kind == OpKind::kEventRecord) record[op.event] = i;
-      if (op.kind != OpKind::kStreamWaitEvent || times[i].end_s < 0) continue;
+      const bool waits = op.kind == OpKind::kStreamWaitEvent || op.kind == OpKind::kHostEventSync;
+      if (!waits || times[i].end_s < 0) continue;
       const auto it = record.find(op.event);
       if (it == record.end()) continue;
+      // A host event sync is released when the record has run: at its end, not its start.
+      const double released = op.kind == OpKind::kHostEventSync ? times[i].end_s : times[i].start_s;
       w.flow("event", rs.rank, tid_of(rs.ops[it->second]), times[it->second].end_s, rs.rank,
-             tid_of(op), times[i].start_s);
+             tid_of(op), released);
     }
   }
 }
