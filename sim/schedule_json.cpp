@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "sim/error.hpp"
@@ -289,6 +290,69 @@ RankSchedule read_rank(const Reader& rd, const json& j, const std::string& path,
   return rank;
 }
 
+/** The group map of a rank written like another: [[g, g2], ...], each group in range. */
+std::unordered_map<GroupId, GroupId> read_group_map(const Reader& rd, const json& j,
+                                                    const std::string& path, const Schedule& s) {
+  std::unordered_map<GroupId, GroupId> to;
+  const auto in_range = [&s](GroupId g) {
+    return g >= 0 && static_cast<std::size_t>(g) < s.groups.size();
+  };
+  for (const auto& pair : rd.get<std::vector<std::vector<GroupId>>>(j, "groups", path)) {
+    if (pair.size() != 2 || !in_range(pair[0]) || !in_range(pair[1])) {
+      rd.fail(path + ".groups", "expected [[group, its replacement], ...] of existing groups");
+    }
+    to[pair[0]] = pair[1];
+  }
+  return to;
+}
+
+/** A rank written as {"rank": r, "like": R, "groups": [[g, g2], ...]} (how a recorder writes
+ *  the ranks it did not record): rank R's schedule, which is written in full, with every op on
+ *  group g moved to group g2. */
+RankSchedule read_like(const Reader& rd, const json& j, const std::string& path, const Schedule& s,
+                       const std::vector<bool>& full) {
+  const int like = rd.get<int>(j, "like", path);
+  if (like < 0 || static_cast<std::size_t>(like) >= full.size() || !full[like]) {
+    rd.fail(path + ".like", "names no rank written in full");
+  }
+  const auto to = read_group_map(rd, j, path, s);
+  RankSchedule rank = s.ranks[static_cast<std::size_t>(like)];
+  rank.rank = rd.get<Rank>(j, "rank", path);
+  for (std::size_t i = 0; i < rank.ops.size(); ++i) {
+    Op& op = rank.ops[i];
+    if (const auto it = to.find(op.group); it != to.end()) op.group = it->second;
+    if (!is_collective(op.kind)) continue;
+    const Group& g = s.groups[static_cast<std::size_t>(op.group)];
+    if (!std::binary_search(g.ranks.begin(), g.ranks.end(), rank.rank)) {
+      rd.fail(path + ".groups",
+              fmt::format("rank {} is not in group {}, which op {} of rank {} runs on", rank.rank,
+                          g.name, i, like));
+    }
+  }
+  return rank;
+}
+
+/** Every rank, in order: those written in full first, then those written like one of them. */
+void read_ranks(const Reader& rd, const json& j, Schedule& s) {
+  const auto& ranks = rd.list(j, "ranks", "");
+  if (ranks.size() != static_cast<std::size_t>(s.world_size)) {
+    rd.fail("ranks", fmt::format("{} listed but world_size is {}", ranks.size(), s.world_size));
+  }
+  s.ranks.resize(ranks.size());
+  std::vector<bool> full(ranks.size(), false);
+  const auto path = [](std::size_t i) { return "ranks[" + std::to_string(i) + "]"; };
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i].is_object() && ranks[i].contains("like")) continue;
+    s.ranks[i] = read_rank(rd, ranks[i], path(i), s);
+    full[i] = true;
+  }
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (!full[i]) s.ranks[i] = read_like(rd, ranks[i], path(i), s, full);
+    if (s.ranks[i].rank != static_cast<Rank>(i))
+      rd.fail(path(i) + ".rank", "ranks must be listed in order 0, 1, ...");
+  }
+}
+
 void read_units(const Reader& rd, const json& j, Schedule& s) {
   const auto& units = rd.list(j, "units", "");
   for (std::size_t i = 0; i < units.size(); ++i) {
@@ -398,15 +462,7 @@ Schedule schedule_from_json(const json& j, const std::string& where) {
   read_provenance(rd, j, s);
   read_units(rd, j, s);
   read_groups(rd, j, s);
-  const auto& ranks = rd.list(j, "ranks", "");
-  if (ranks.size() != static_cast<std::size_t>(s.world_size)) {
-    rd.fail("ranks", fmt::format("{} listed but world_size is {}", ranks.size(), s.world_size));
-  }
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    s.ranks.push_back(read_rank(rd, ranks[i], "ranks[" + std::to_string(i) + "]", s));
-    if (s.ranks.back().rank != static_cast<Rank>(i))
-      rd.fail("ranks[" + std::to_string(i) + "].rank", "ranks must be listed in order 0, 1, ...");
-  }
+  read_ranks(rd, j, s);
   return s;
 }
 

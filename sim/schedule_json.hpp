@@ -12,7 +12,10 @@ namespace hpz {
 /** The JSON form of a schedule: {"format": "hpzlab-schedule", "version": 1, ...}. */
 nlohmann::json schedule_to_json(const Schedule& schedule);
 
-/** Reads the JSON form back; throws InputError naming `where` and the offending key. */
+/** Reads the JSON form back; throws InputError naming `where` and the offending key. Besides
+ *  ranks written in full it reads a recorder's short form of the others,
+ *  {"rank": r, "like": R, "groups": [[g, g2], ...]}: rank R's schedule (written in full) with
+ *  every op on group g moved to g2; schedule_to_json writes every rank in full. */
 Schedule schedule_from_json(const nlohmann::json& json, const std::string& where = "schedule");
 
 /** Reads a schedule from a JSON file; throws InputError naming the file (unreadable, not JSON,

@@ -234,6 +234,56 @@ TEST(ScheduleJson, ReadsAFileAndNamesItInErrors) {
   }
 }
 
+/** tiny_schedule()'s JSON with rank 2 written as a recorder writes the ranks it did not record:
+ *  like rank 0, on the groups of rank 2's node (or, with `mapped` false, on rank 0's). */
+nlohmann::json rank_2_like_0(bool mapped) {
+  nlohmann::json j = schedule_to_json(tiny_schedule());
+  nlohmann::json map = nlohmann::json::array();
+  const auto& groups = j["groups"];
+  const auto has = [](const nlohmann::json& g, int r) {
+    const auto& ranks = g["ranks"];
+    return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+  };
+  for (std::size_t g = 0; g < groups.size() && mapped; ++g) {
+    if (!has(groups[g], 0) || has(groups[g], 2)) continue;
+    for (std::size_t h = 0; h < groups.size(); ++h) {
+      if (groups[h]["kind"] == groups[g]["kind"] && has(groups[h], 2)) map.push_back({g, h});
+    }
+  }
+  j["ranks"][2] = {{"rank", 2}, {"like", 0}, {"groups", map}};
+  return j;
+}
+
+TEST(ScheduleJson, ARankWrittenLikeAnotherIsItsScheduleOnItsOwnGroups) {
+  const Schedule s = schedule_from_json(rank_2_like_0(true));
+  const RankSchedule& like = s.ranks[2];
+  EXPECT_EQ(like.rank, 2);
+  ASSERT_EQ(like.ops.size(), s.ranks[0].ops.size());
+  EXPECT_EQ(like.buffers.size(), s.ranks[0].buffers.size());
+  int moved = 0;
+  for (std::size_t i = 0; i < like.ops.size(); ++i) {
+    EXPECT_EQ(like.ops[i].kind, s.ranks[0].ops[i].kind);
+    if (!is_collective(like.ops[i].kind)) continue;
+    const auto& ranks = s.groups[like.ops[i].group].ranks;
+    EXPECT_TRUE(std::binary_search(ranks.begin(), ranks.end(), 2)) << "op " << i;
+    moved += like.ops[i].group != s.ranks[0].ops[i].group;
+  }
+  EXPECT_GT(moved, 0);  // the hpZ gathers moved to node 1's group
+  // Written back, every rank is in full.
+  EXPECT_TRUE(schedule_to_json(s)["ranks"][2].contains("ops"));
+}
+
+TEST(ScheduleJson, ARankWrittenLikeAnotherMustBeInItsGroups) {
+  const std::string unmapped = error_of(rank_2_like_0(false));
+  EXPECT_NE(unmapped.find("x.json: ranks[2].groups: rank 2 is not in group"), std::string::npos)
+      << unmapped;
+  nlohmann::json chained = rank_2_like_0(true);
+  chained["ranks"][3] = {{"rank", 3}, {"like", 2}, {"groups", nlohmann::json::array()}};
+  EXPECT_NE(error_of(chained).find("ranks[3].like: names no rank written in full"),
+            std::string::npos)
+      << error_of(chained);
+}
+
 // Every feature the builder has (qwZ, qgZ, offload, both fixes, the bug classes) reads back from
 // its JSON: the reader's checks accept whatever the builder emits.
 TEST(ScheduleJson, EveryShippedSmallScenarioReadsBack) {
