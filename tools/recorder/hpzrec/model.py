@@ -73,6 +73,7 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
     """Builds the model under zero.Init and trains it; returns facts for the IR's source."""
     import deepspeed
     from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import no_init_weights
 
     rec = recording.current()
     ds_config = copy.deepcopy(ds_config)
@@ -80,10 +81,14 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
     ds_config.pop("scheduler", None)
     dtype = torch.bfloat16 if ds_config.get("bf16", {}).get("enabled") else (
         torch.float16 if ds_config.get("fp16", {}).get("enabled") else torch.float32)
+    stand_ins.replace_quantizer(dtype)
     torch.manual_seed(training.seed)
     with rec.context(phase=recording.INIT, purpose="param_init"):
+        # As from_pretrained does (_fast_init), transformers' _init_weights pass is skipped:
+        # under zero.Init it gathers every parameter once more (apply_with_gather) to write
+        # values that training from a checkpoint would overwrite.
         with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype), \
-                stand_ins.constant_initialization():
+                stand_ins.constant_initialization(), no_init_weights():
             model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
         probes.name_modules(model)
         if training.grad_checkpointing:

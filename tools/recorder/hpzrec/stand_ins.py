@@ -64,43 +64,32 @@ def ignore_record_stream() -> None:
     torch.Tensor.record_stream = lambda self, stream: None
 
 
-class QuantizerStandIn:
-    """deepspeed.ops' CUDAQuantizer (runtime/zero/partition_parameters.py) for the CPU: the same
-    shapes and dtypes (int8 values, one fp32 scale per group), computed with plain torch ops so
-    that the op recorder sees their reads and writes."""
+class QuantizerKernels:
+    """DeepSpeed's quantizer CUDA module (op_builder QuantizerBuilder, used by CUDAQuantizer in
+    runtime/zero/partition_parameters.py) for the CPU: symmetric int8 per group, one fp32
+    scale per group, computed with plain torch ops so the op recorder sees their bytes.
+    CUDAQuantizer itself (its group sizes) is DeepSpeed's own."""
+    Symmetric = 0
 
-    def __init__(self, group_size: int = 2048) -> None:
-        self.group_size = group_size
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
 
-    def quantize(self, param, groups=None, bits=8, symmetric=True):
-        flat = param.reshape(-1).float()
-        pad = (-flat.numel()) % self.group_size
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad)])
-        blocks = flat.view(-1, self.group_size)
+    def quantize(self, param, groups, bits=8, mode=0):
+        blocks = param.reshape(groups, -1).float()
         scale = blocks.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-        q = (blocks / scale).round().clamp(-127, 127).to(torch.int8).view(-1)
-        return q[:param.numel()], scale.view(-1)
+        q = (blocks / scale).round().clamp(-127, 127).to(torch.int8)
+        return q.reshape(-1), scale.reshape(-1)
 
-    def dequantize(self, quantized_param, scale):
-        n = quantized_param.numel()
-        pad = (-n) % self.group_size
-        q = quantized_param.float()
-        if pad:
-            q = torch.cat([q, q.new_zeros(pad)])
-        out = (q.view(-1, self.group_size) * scale.view(-1, 1)[:q.numel() // self.group_size])
-        return out.view(-1)[:n].to(torch.bfloat16 if _QUANT_DTYPE[0] is None else _QUANT_DTYPE[0])
-
-
-_QUANT_DTYPE = [None]
+    def dequantize(self, quantized, scale, groups, bits=8, mode=0):
+        out = quantized.reshape(groups, -1).float() * scale.reshape(-1, 1)
+        return out.reshape(-1).to(self.dtype)
 
 
 def replace_quantizer(dtype: torch.dtype) -> None:
-    """Puts QuantizerStandIn where DeepSpeed's zero.Init looks for its quantizer."""
-    _QUANT_DTYPE[0] = dtype
+    """Puts QuantizerKernels where DeepSpeed's CUDAQuantizer loads its CUDA module."""
     from deepspeed.runtime.zero import partition_parameters as pp
     if hasattr(pp, "CUDAQuantizer"):
-        pp.CUDAQuantizer = QuantizerStandIn
+        pp.CUDAQuantizer.quantizer_cuda_module = QuantizerKernels(dtype)
 
 
 @contextlib.contextmanager
