@@ -166,7 +166,10 @@ Checker::Checker(const Schedule& schedule)
     rs.buffers.resize(sched.buffers.size());
     rs.group_seq.assign(schedule.groups.size(), 0);
     rs.group_last_op.assign(schedule.groups.size(), kNoOp);
-    rs.unit_version.assign(schedule.units.size(), 0);
+    // A unit's first data (whatever init writes) is version 1; 0 means "holds no data", so
+    // a secondary copied from the freshly initialized parameter before its primary is written
+    // (DeepSpeed 0.13.1 partitions the secondary first) is tracked like any other copy.
+    rs.unit_version.assign(schedule.units.size(), 1);
     rs.unit_writer.assign(schedule.units.size(), kNoOp);
     for (const Op& op : sched.ops) {
       if (op.kind == OpKind::kStreamWaitEvent || op.kind == OpKind::kHostEventSync)
