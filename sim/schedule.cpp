@@ -1,5 +1,6 @@
 #include "sim/schedule.hpp"
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -76,6 +77,14 @@ bool is_collective(OpKind kind) {
 bool is_host_sync(OpKind kind) {
   return kind == OpKind::kHostStreamSync || kind == OpKind::kHostDeviceSync ||
          kind == OpKind::kHostEventSync;
+}
+
+int step_count(const Schedule& schedule) {
+  std::int32_t last = 0;
+  for (const RankSchedule& rs : schedule.ranks) {
+    for (const Op& op : rs.ops) last = std::max(last, op.step);
+  }
+  return last + 1;
 }
 
 std::string_view to_string(OpKind k) {

@@ -241,6 +241,9 @@ bool is_collective(OpKind kind);
 /** True for the kinds that block the host thread: stream, device and event syncs. */
 bool is_host_sync(OpKind kind);
 
+/** The optimizer steps a schedule covers: its largest op step + 1 (at least 1). */
+int step_count(const Schedule& schedule);
+
 /** Names for printing and JSON; the parse_* functions throw InputError on unknown names. */
 std::string_view to_string(OpKind k);
 std::string_view to_string(Phase p);

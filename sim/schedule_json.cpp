@@ -449,7 +449,8 @@ json schedule_to_json(const Schedule& s) {
 
 Schedule schedule_from_json(const json& j, const std::string& where) {
   const Reader rd(where);
-  if (rd.get<std::string>(j, "format", "") != "hpzlab-schedule") {
+  const bool ours = j.is_object() && j.contains("format") && j.at("format") == "hpzlab-schedule";
+  if (!ours) {
     rd.fail("format", "not an hpzlab schedule (expected \"hpzlab-schedule\")");
   }
   if (rd.get<int>(j, "version", "") != kFormatVersion) {

@@ -1,5 +1,6 @@
 // The data replay: numeric and taint replays of the tiny scenarios under hand-made timelines and
 // the timing engine's.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/error.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/repro.hpp"
 #include "tests/paths.hpp"
@@ -209,6 +211,50 @@ TEST(Repro, ProgressCountsEveryReplayUpToTheTotal) {
   for (std::size_t i = 0; i < calls.size(); ++i) {
     EXPECT_EQ(calls[i].first, static_cast<int>(i) + 1);
     EXPECT_EQ(calls[i].second, 8);
+  }
+}
+
+// `hpzlab repro --schedule FILE`: one given schedule replayed in the taint domain, on the same
+// timelines as the stock variant of run_repro, gives the stock variant's taint results.
+TEST(Repro, AGivenScheduleReplaysLikeItsVariant) {
+  Scenario sc = tiny(3);
+  sc.run.variant = Variant::kStock;
+  ReproOptions o;
+  o.mode = Mode::kTaint;
+  o.timeline = [](const Scenario&, const Schedule& s, std::uint64_t) { return serial(s); };
+  const ReproResult all = run_repro(sc, o);
+  const ReproResult one = replay_schedule(sc, build_schedule(sc), "file.json", o);
+  EXPECT_EQ(one.scenario, "file.json");
+  EXPECT_EQ(one.mode, Mode::kTaint);
+  ASSERT_EQ(one.variants.size(), 1u);
+  EXPECT_EQ(one.variants[0].name, "stock");
+  const ReplayResult& a = all.variants[0].runs[0];
+  const ReplayResult& b = one.variants[0].runs[0];
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (std::size_t k = 0; k < a.steps.size(); ++k) {
+    EXPECT_EQ(a.steps[k].loss_health, b.steps[k].loss_health);
+    EXPECT_EQ(a.steps[k].bad_elements, b.steps[k].bad_elements);
+  }
+  EXPECT_EQ(one.variants[0].first_bad, all.variants[0].first_bad);
+}
+
+TEST(Repro, AScheduleTheReplayCannotFollowIsRefusedByName) {
+  Scenario sc = tiny(1);
+  Schedule s = build_schedule(sc);
+  EXPECT_EQ(replay_unsupported(s), "");
+  const std::size_t gather =
+      find_op(s, 1, [](const Op& op) { return op.kind == OpKind::kAllGather; });
+  ASSERT_LT(gather, s.ranks[1].ops.size());
+  s.ranks[1].ops[gather].unit = kNoUnit;
+  const std::string why = replay_unsupported(s);
+  EXPECT_EQ(why.rfind(fmt::format("rank 1 op {} (all_gather ", gather), 0), 0u) << why;
+  EXPECT_NE(why.find("needs a parameter unit"), std::string::npos) << why;
+  try {
+    replay_schedule(sc, s, "file.json", ReproOptions{});
+    FAIL() << "replayed a gather without a unit";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("file.json: the data replay cannot follow", 0), 0u)
+        << e.what();
   }
 }
 

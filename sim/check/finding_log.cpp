@@ -239,8 +239,11 @@ std::string describe_short(const OpLabel& op) {
   if (op.index == kNoOp) return "the start of the run";
   std::string of = op.unit.empty() ? "" : " of " + op.unit;
   const std::string at = op.label.empty() ? "" : ", at " + op.label;
-  return fmt::format("the {}{} (step {}, {}, {}{})", to_string(op.purpose), of, op.step,
-                     to_string(op.phase), op.stream, at);
+  // A recorded op of no known purpose is named by what it is.
+  const std::string_view what =
+      op.purpose == Purpose::kOther ? to_string(op.kind) : to_string(op.purpose);
+  return fmt::format("the {}{} (step {}, {}, {}{})", what, of, op.step, to_string(op.phase),
+                     op.stream, at);
 }
 
 std::string describe_bytes(const Finding& f) {

@@ -1,5 +1,7 @@
 #include "sim/replay/replay.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -65,6 +67,46 @@ Timeline serialized_timeline(const Schedule& s) {
     }
   }
   return t;
+}
+
+namespace {
+
+bool has_access(const Schedule& s, Rank r, const Op& op, AccessMode mode) {
+  const auto accesses = s.accesses_of(r, op);
+  return std::any_of(accesses.begin(), accesses.end(),
+                     [mode](const Access& a) { return a.mode == mode; });
+}
+
+/** What the data engine and the taint domain need of one op ("" when it has it). */
+std::string unsupported_op(const Schedule& s, Rank r, const Op& op) {
+  const bool writes = has_access(s, r, op, AccessMode::kWrite);
+  const bool reads = has_access(s, r, op, AccessMode::kRead);
+  const bool needs_unit = (op.kind == OpKind::kAllGather && writes) ||
+                          (op.kind == OpKind::kReduceScatter && writes) ||
+                          (op.kind == OpKind::kDequantize && writes) ||
+                          (op.kind == OpKind::kCopy && writes && !reads) ||
+                          (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep);
+  if (needs_unit && op.unit == kNoUnit) return "needs a parameter unit (its shard layout)";
+  const bool reduces = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce ||
+                       op.kind == OpKind::kAllToAll;
+  if (reduces && !reads) return "sends nothing (no read access)";
+  return "";
+}
+
+}  // namespace
+
+std::string replay_unsupported(const Schedule& s) {
+  for (const RankSchedule& rs : s.ranks) {
+    for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+      const Op& op = rs.ops[i];
+      const std::string why = unsupported_op(s, rs.rank, op);
+      if (!why.empty()) {
+        return fmt::format("rank {} op {} ({} {}) {}", rs.rank, i, to_string(op.kind),
+                           to_string(op.purpose), why);
+      }
+    }
+  }
+  return "";
 }
 
 ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "sim/builder.hpp"
+#include "sim/error.hpp"
 #include "sim/time/engine.hpp"
 
 namespace hpz::replay {
@@ -42,11 +43,11 @@ std::optional<int> first_bad(const ReplayResult& run, const ReplayResult* base) 
   return std::nullopt;
 }
 
-VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
+/** `o.runs` seeded replays of one schedule. */
+VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Schedule& s, Mode mode,
                          const ReproOptions& o, int& done, int total) {
   VariantRepro v;
   v.name = name;
-  const Schedule s = build_schedule(sc);  // the seed moves times and data, not the schedule
   for (int k = 0; k < o.runs; ++k) {
     Scenario run = sc;
     run.run.seed = sc.run.seed + static_cast<std::uint64_t>(k);
@@ -57,6 +58,12 @@ VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
     if (o.progress) o.progress(++done, total);
   }
   return v;
+}
+
+VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
+                         const ReproOptions& o, int& done, int total) {
+  // The seed moves times and data, not the schedule: one build for every run.
+  return replay_runs(name, sc, build_schedule(sc), mode, o, done, total);
 }
 
 }  // namespace
@@ -109,6 +116,25 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
       v.first_bad.push_back(first_bad(v.runs[k], is_base ? nullptr : &base.runs[k]));
     }
   }
+  return out;
+}
+
+ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
+                            const std::string& name, const ReproOptions& o) {
+  if (const std::string why = replay_unsupported(schedule); !why.empty()) {
+    throw InputError(name, "", "the data replay cannot follow this schedule: " + why);
+  }
+  ReproResult out;
+  out.scenario = name;
+  out.mode = Mode::kTaint;
+  out.timing = o.timing_name;
+  out.first_seed = scenario.run.seed;
+  out.steps = scenario.run.steps;
+  int done = 0;
+  const std::string variant = schedule.variant.empty() ? "recorded" : schedule.variant;
+  out.variants.push_back(replay_runs(variant, scenario, schedule, out.mode, o, done, o.runs));
+  VariantRepro& v = out.variants.back();
+  for (const ReplayResult& run : v.runs) v.first_bad.push_back(first_bad(run, nullptr));
   return out;
 }
 

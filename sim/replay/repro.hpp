@@ -57,6 +57,14 @@ struct ReproResult {
 /** Runs every variant of `scenario` (whose run.variant is ignored) per `options`. */
 ReproResult run_repro(const Scenario& scenario, const ReproOptions& options);
 
+/** Replays one given schedule (say, read from a file: there are no variants to build) per
+ *  `options`, always in the taint domain (the numeric one runs the builder's tiny model); its
+ *  one variant is named after schedule.variant, and `name` names the result. `scenario`
+ *  supplies the timing and run.steps, which must cover the schedule's steps. Throws InputError
+ *  naming `name` when the replay cannot follow the schedule (replay_unsupported). */
+ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
+                            const std::string& name, const ReproOptions& options);
+
 /** The side-by-side table. */
 std::string repro_table(const ReproResult& r);
 /** Loss (or loss tag) per step, variant and run as CSV. */

@@ -1,6 +1,8 @@
-// `hpzlab check SCENARIO... [--set k=v] [--json FILE]`: proves or refutes, independent of timing,
-// that each scenario's schedule is free of races, stale and uninitialized reads and mismatched
-// collectives. Exit 0 when all are clean, 1 when anything was found, 2 on bad input.
+// `hpzlab check SCENARIO... [--set k=v] [--json FILE]` and `hpzlab check --schedule FILE
+// [SCENARIO]`: proves or refutes, independent of timing, that each scenario's schedule (or the
+// schedule in FILE, whose world size a scenario given with it must match) is free of races,
+// stale and uninitialized reads and mismatched collectives. Exit 0 when all are clean, 1 when
+// anything was found, 2 on bad input.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,16 +22,45 @@ struct CheckOptions {
   std::vector<std::string> scenarios;  ///< scenario files, checked in order
   std::vector<std::string> sets;       ///< --set key=value, applied to every scenario
   std::string json;                    ///< --json FILE ("-" = standard output)
+  std::string schedule;                ///< --schedule FILE: check it instead of building one
 };
 
-void run_check(const CheckOptions& opts, int& exit_code) {
+std::vector<Override> overrides_of(const CheckOptions& opts) {
   std::vector<Override> overrides;
   for (const auto& s : opts.sets) overrides.push_back(parse_override(s));
+  return overrides;
+}
+
+std::vector<check::CheckResult> check_scenarios(const CheckOptions& opts) {
+  if (opts.scenarios.empty()) throw InputError("", "scenario", "is required (or --schedule FILE)");
+  const std::vector<Override> overrides = overrides_of(opts);
   std::vector<check::CheckResult> results;
   for (const std::string& path : opts.scenarios) {
     const Scenario sc = load_scenario(path, overrides);
     results.push_back(check::check_schedule(build_schedule(sc)));
   }
+  return results;
+}
+
+/** --schedule FILE: one schedule; a scenario, if given, only has to agree on the world size. */
+check::CheckResult check_file(const CheckOptions& opts) {
+  if (opts.scenarios.size() > 1) {
+    throw InputError("", "--schedule", "checks one schedule: give at most one scenario");
+  }
+  if (opts.scenarios.empty() && !opts.sets.empty()) {
+    throw InputError("", "--set", "needs a scenario to apply to");
+  }
+  const Schedule schedule = read_schedule(opts.schedule);
+  if (!opts.scenarios.empty()) {
+    check_world_size(load_scenario(opts.scenarios[0], overrides_of(opts)), schedule, opts.schedule);
+  }
+  return on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
+}
+
+void run_check(const CheckOptions& opts, int& exit_code) {
+  const std::vector<check::CheckResult> results =
+      opts.schedule.empty() ? check_scenarios(opts)
+                            : std::vector<check::CheckResult>{check_file(opts)};
   if (!opts.json.empty()) write_output(opts.json, check::JsonReporter().render(results));
   if (opts.json != "-") {
     const std::string text = check::TextReporter().render(results);
@@ -46,11 +77,12 @@ void setup_check(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<CheckOptions>();
   CLI::App* sub = app.add_subcommand(
       "check",
-      "Prove or refute, independent of timing, that each scenario's schedule is free of races, "
-      "stale or uninitialized reads and mismatched collectives (exit 0 clean, 1 findings)");
+      "Prove or refute, independent of timing, that each scenario's schedule (or the one in "
+      "--schedule FILE) is free of races, stale or uninitialized reads and mismatched collectives "
+      "(exit 0 clean, 1 findings)");
   sub->add_option("scenario", opts->scenarios,
-                  "Scenario files (TOML), e.g. scenarios/llama2-7b.toml")
-      ->required();
+                  "Scenario files (TOML), e.g. scenarios/llama2-7b.toml (with --schedule: at most "
+                  "one, whose world size the schedule must have)");
   sub->add_option("--set", opts->sets,
                   "Override a scenario key in every scenario, e.g. --set zero.overlap_comm=false "
                   "(repeatable)")
@@ -58,6 +90,9 @@ void setup_check(CLI::App& app, int& exit_code) {
       ->allow_extra_args(false);
   sub->add_option("--json", opts->json,
                   "Also write the findings as JSON to FILE ('-' = stdout, instead of the text)");
+  sub->add_option("--schedule", opts->schedule,
+                  "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
+                  "or `hpzlab schedule --json`) instead of building one");
   sub->callback([opts, &exit_code] { run_check(*opts, exit_code); });
 }
 

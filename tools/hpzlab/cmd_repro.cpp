@@ -1,7 +1,8 @@
 // `hpzlab repro SCENARIO [--steps N] [--runs N] [--mode M] [--json FILE] [--csv FILE]
 // [--plot FILE]`: replays stock, host-sync, event-wait and hpZ off on the same seeds and shows
 // whether the loss goes NaN (or wrong) and whether both fixes train bit for bit like no-hpz.
-// Exit 0 when both fixes match no-hpz, 1 when a fix does not, 2 on bad input.
+// Exit 0 when both fixes match no-hpz, 1 when a fix does not, 2 on bad input. With --schedule
+// FILE: the taint replay of that one schedule; exit 1 when it went bad in a run.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -26,11 +27,10 @@ struct ReproCliOptions {
   std::string plot;
 };
 
-void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
-  Scenario sc = load(o.common);
+/** The four variants of the scenario; exit 0 when both fixes match no-hpz. */
+replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay::ReproOptions ro,
+                                   int& exit_code) {
   if (o.steps > 0) sc.run.steps = o.steps;
-  replay::ReproOptions ro;
-  ro.runs = o.runs;
   if (o.mode == "numeric") ro.mode = replay::Mode::kNumeric;
   if (o.mode == "taint") ro.mode = replay::Mode::kTaint;
   if (ro.mode == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
@@ -41,7 +41,40 @@ void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
   ro.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} replays (4 variants x --runs)", done, total));
   };
-  const replay::ReproResult r = replay::run_repro(sc, ro);
+  replay::ReproResult r = replay::run_repro(sc, ro);
+  bool fixes_ok = true;
+  for (const auto& v : r.variants) {
+    if (v.name == "host-sync" || v.name == "event-wait") fixes_ok = fixes_ok && v.share_bad() == 0;
+  }
+  exit_code = fixes_ok ? kExitOk : kExitFindings;
+  return r;
+}
+
+/** --schedule FILE: the taint replay of that schedule; exit 0 when no run went bad. */
+replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::ReproOptions ro,
+                               int& exit_code) {
+  const std::string& file = o.common.schedule;
+  if (o.mode == "numeric") {
+    throw InputError(file, "--mode",
+                     "the numeric replay runs the builder's tiny model, not a schedule read from "
+                     "a file (use taint or auto)");
+  }
+  if (o.steps > 0) throw InputError(file, "--steps", "a schedule read from a file has its steps");
+  const Schedule schedule = schedule_for(sc, file);
+  ro.progress = [](int done, int total) {
+    progress_bar(done, total, fmt::format("{}/{} replays", done, total));
+  };
+  replay::ReproResult r = replay::replay_schedule(sc, schedule, file, ro);
+  exit_code = r.variants.front().share_bad() == 0 ? kExitOk : kExitFindings;
+  return r;
+}
+
+void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
+  replay::ReproOptions ro;
+  ro.runs = o.runs;
+  const Scenario sc = load(o.common);
+  const replay::ReproResult r = o.common.schedule.empty() ? repro_variants(o, sc, ro, exit_code)
+                                                          : repro_file(o, sc, ro, exit_code);
   if (!o.common.json.empty()) write_output(o.common.json, replay::repro_json(r));
   if (!o.csv.empty()) write_output(o.csv, replay::repro_csv(r));
   if (!o.plot.empty()) write_output(o.plot, replay::repro_svg(r));
@@ -49,11 +82,6 @@ void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
     const std::string text = replay::repro_table(r);
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
-  bool fixes_ok = true;
-  for (const auto& v : r.variants) {
-    if (v.name == "host-sync" || v.name == "event-wait") fixes_ok = fixes_ok && v.share_bad() == 0;
-  }
-  exit_code = fixes_ok ? kExitOk : kExitFindings;
 }
 
 }  // namespace
@@ -65,6 +93,7 @@ void setup_repro(CLI::App& app, int& exit_code) {
       "Replay the data of stock, host-sync, event-wait and no-hpz on the same seeds: first bad "
       "step, losses, share of runs that went bad (exit 0 when both fixes match no-hpz)");
   add_scenario_options(*sub, o->common);
+  add_schedule_option(*sub, o->common.schedule);
   sub->add_option("--steps", o->steps, "Optimizer steps (default: the scenario's run.steps)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--runs", o->runs, "Runs, seeds run.seed, run.seed + 1, ...")

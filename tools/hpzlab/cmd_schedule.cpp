@@ -1,9 +1,9 @@
-// `hpzlab schedule SCENARIO [--rank N] [--json FILE]`: the schedule the builder emits.
+// `hpzlab schedule SCENARIO [--rank N] [--json FILE] [--schedule FILE]`: the schedule the builder
+// emits (or the one in FILE), summarized, one rank's ops, or all as JSON.
 #include <fmt/format.h>
 
 #include <optional>
 
-#include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/schedule_json.hpp"
 #include "sim/summary.hpp"
@@ -18,8 +18,8 @@ struct ScheduleOptions {
 };
 
 void run_schedule(const ScheduleOptions& opts, int& exit_code) {
-  const Scenario sc = load(opts.common);
-  const Schedule schedule = build_schedule(sc);
+  Scenario sc = load(opts.common);
+  const Schedule schedule = schedule_for(sc, opts.common.schedule);
   if (opts.rank && (*opts.rank < 0 || *opts.rank >= schedule.world_size)) {
     throw InputError("--rank", "",
                      fmt::format("rank {} does not exist (allowed: 0 to {})", *opts.rank,
@@ -46,6 +46,7 @@ void setup_schedule(CLI::App& app, int& exit_code) {
       "Build the per-rank schedule (issue order of operations) and print a summary, one rank's "
       "ops (--rank) or all ranks as JSON (--json)");
   add_scenario_options(*sub, opts->common);
+  add_schedule_option(*sub, opts->common.schedule);
   sub->add_option("--rank", opts->rank, "Print the operations of this rank, one line each");
   sub->callback([opts, &exit_code] { run_schedule(*opts, exit_code); });
 }

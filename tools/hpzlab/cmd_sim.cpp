@@ -1,15 +1,14 @@
-// `hpzlab sim SCENARIO [--set k=v] [--json FILE] [--trace FILE] [--runs N] [--op-times]`: plays
-// the schedule forward in simulated time (SimGrid) and reports the step time, tokens/s per node,
-// exposed communication, host stalls, link traffic and which races manifested; --op-times puts
-// every op's times into the JSON for `hpzlab compare`. Exit 0, or 1 when the simulated job
-// hangs, 2 on bad input.
+// `hpzlab sim SCENARIO [--set k=v] [--json FILE] [--trace FILE] [--runs N] [--op-times]
+// [--schedule FILE]`: plays the scenario's schedule (or the one in FILE) forward in simulated time
+// (SimGrid) and reports the step time, tokens/s per node, exposed communication, host stalls, link
+// traffic and which races manifested; --op-times puts every op's times into the JSON for `hpzlab
+// compare`. Exit 0, or 1 when the simulated job hangs, 2 on bad input.
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
 
-#include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/simulate.hpp"
@@ -35,12 +34,13 @@ void progress(double done, int total) {
 
 void run_sim(const SimCliOptions& opts, int& exit_code) {
   if (opts.runs < 1) throw InputError("", "--runs", "must be at least 1");
-  const Scenario sc = load(opts.scenario);
-  const Schedule schedule = build_schedule(sc);
+  Scenario sc = load(opts.scenario);
+  const Schedule schedule = schedule_for(sc, opts.scenario.schedule);
   time::SimOptions sim_opts;
   sim_opts.runs = opts.runs;
   sim_opts.progress = progress;
-  const time::SimResult result = time::simulate(sc, schedule, sim_opts);
+  const time::SimResult result =
+      on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
   if (!opts.scenario.json.empty()) {
     write_output(opts.scenario.json, time::JsonReporter(opts.op_times).render(schedule, result));
   }
@@ -61,6 +61,7 @@ void setup_sim(CLI::App& app, int& exit_code) {
       "Play the schedule forward in simulated time (SimGrid): step time, tokens/s per node, "
       "exposed communication, link traffic, and which races manifest in this timing");
   add_scenario_options(*sub, opts->scenario);
+  add_schedule_option(*sub, opts->scenario.schedule);
   sub->add_option("--trace", opts->trace,
                   "Write a Chrome trace-event JSON of the first run to FILE (open in Perfetto)");
   sub->add_option("--runs", opts->runs,

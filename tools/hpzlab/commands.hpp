@@ -3,10 +3,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "sim/error.hpp"
 #include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
 
 namespace hpz::cli {
 
@@ -15,13 +18,40 @@ struct ScenarioOptions {
   std::string scenario;           ///< path of the scenario TOML
   std::vector<std::string> sets;  ///< --set key=value, in order
   std::string json;               ///< --json FILE ("-" = standard output, "" = none)
+  std::string schedule;           ///< --schedule FILE: use it instead of building ("" = build)
 };
 
 /** Binds SCENARIO, --set and --json on a subcommand. */
 void add_scenario_options(CLI::App& sub, ScenarioOptions& opts);
 
+/** Binds --schedule FILE on a subcommand. */
+void add_schedule_option(CLI::App& sub, std::string& file);
+
 /** Loads the scenario with its overrides; throws InputError. */
 Scenario load(const ScenarioOptions& opts);
+
+/** A schedule from a file (read_schedule_file), named after the file in reports. */
+Schedule read_schedule(const std::string& file);
+
+/** Throws InputError naming `file` unless the schedule has the scenario's world size. */
+void check_world_size(const Scenario& scenario, const Schedule& schedule, const std::string& file);
+
+/** What a subcommand runs: the schedule built from `scenario`, or, when `file` is given, the one
+ *  read from it (read_schedule, check_world_size), whose step count then replaces run.steps
+ *  (and which has any spin kernels in it already: run.spin_before_copy_us becomes 0). */
+Schedule schedule_for(Scenario& scenario, const std::string& file);
+
+/** Runs `fn`, an engine on a schedule read from `file` ("" = a built one): an engine's
+ *  std::invalid_argument (a schedule it cannot handle) becomes an InputError naming the file. */
+template <class Fn>
+auto on_schedule(const std::string& file, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::invalid_argument& e) {
+    if (file.empty()) throw;
+    throw InputError(file, "", e.what());
+  }
+}
 
 /** Writes text to path ("-" = standard output) all at once: a temporary file renamed into
  *  place, so a failed run never leaves a half-written file. Throws InputError if it cannot. */

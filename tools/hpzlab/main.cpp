@@ -1,4 +1,6 @@
 // hpzlab: simulator and race-reproduction harness for ZeRO++ hierarchical partitioning.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -6,7 +8,9 @@
 #include <fstream>
 #include <system_error>
 
+#include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/schedule_json.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {
@@ -21,10 +25,42 @@ void add_scenario_options(CLI::App& sub, ScenarioOptions& opts) {
   sub.add_option("--json", opts.json, "Write machine-readable results to FILE ('-' = stdout)");
 }
 
+void add_schedule_option(CLI::App& sub, std::string& file) {
+  sub.add_option("--schedule", file,
+                 "Use the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` or "
+                 "`hpzlab schedule --json`) instead of building one; the scenario supplies the "
+                 "cluster (its world size must be the schedule's), costs and run settings, and "
+                 "run.steps becomes the schedule's step count");
+}
+
 Scenario load(const ScenarioOptions& opts) {
   std::vector<Override> overrides;
   for (const auto& s : opts.sets) overrides.push_back(parse_override(s));
   return load_scenario(opts.scenario, overrides);
+}
+
+Schedule read_schedule(const std::string& file) {
+  Schedule s = read_schedule_file(file);
+  s.scenario = file;
+  return s;
+}
+
+void check_world_size(const Scenario& sc, const Schedule& s, const std::string& file) {
+  const int world = sc.cluster.world_size();
+  if (s.world_size == world) return;
+  throw InputError(
+      file, "world_size",
+      fmt::format("{} in the schedule, but {} has {} ranks ({} nodes x {} GPUs)", s.world_size,
+                  sc.path, world, sc.cluster.nodes, sc.cluster.gpus_per_node));
+}
+
+Schedule schedule_for(Scenario& sc, const std::string& file) {
+  if (file.empty()) return build_schedule(sc);
+  Schedule s = read_schedule(file);
+  check_world_size(sc, s, file);
+  sc.run.steps = step_count(s);
+  sc.run.spin_before_copy_us = 0;
+  return s;
 }
 
 void write_output(const std::string& path, const std::string& text) {
