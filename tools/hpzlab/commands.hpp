@@ -73,5 +73,10 @@ void setup_real(CLI::App& app, int& exit_code);
 void setup_repro(CLI::App& app, int& exit_code);
 /** Registers `hpzlab compare` (takes two JSON files, not a scenario). */
 void setup_compare(CLI::App& app, int& exit_code);
+/** Registers `hpzlab record` (runs tools/record with the arguments after `record`). */
+void setup_record(CLI::App& app, int& exit_code);
+
+/** hpzlab's source tree: $HPZLAB_SOURCE_DIR, else where it was built from. */
+std::string source_dir();
 
 }  // namespace hpz::cli

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -37,6 +38,11 @@ Scenario load(const ScenarioOptions& opts) {
   std::vector<Override> overrides;
   for (const auto& s : opts.sets) overrides.push_back(parse_override(s));
   return load_scenario(opts.scenario, overrides);
+}
+
+std::string source_dir() {
+  const char* env = std::getenv("HPZLAB_SOURCE_DIR");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(HPZLAB_SOURCE_DIR);
 }
 
 Schedule read_schedule(const std::string& file) {
@@ -89,8 +95,8 @@ void write_output(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{
       "hpzlab: simulator and race-reproduction harness for ZeRO++ hierarchical partitioning "
-      "(hpZ).\nEvery subcommand but `compare` (which takes two JSON files) takes a scenario file "
-      "first; see scenarios/README.md."};
+      "(hpZ).\nEvery subcommand but `compare` (which takes two JSON files) and `record` (which "
+      "takes the recorder's own options) takes a scenario file first; see scenarios/README.md."};
   app.require_subcommand(1);
   int exit_code = hpz::kExitOk;
   hpz::cli::setup_schedule(app, exit_code);
@@ -99,6 +105,7 @@ int main(int argc, char** argv) {
   hpz::cli::setup_real(app, exit_code);
   hpz::cli::setup_repro(app, exit_code);
   hpz::cli::setup_compare(app, exit_code);
+  hpz::cli::setup_record(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
