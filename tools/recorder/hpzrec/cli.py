@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
                    help="transformers' gradient checkpointing (default on)")
     p.add_argument("--rank", type=int, default=0, help="the rank DeepSpeed runs as (default 0)")
     p.add_argument("--out", required=True, help="where to write the schedule JSON")
+    p.add_argument("--verbose", action="store_true", help="DeepSpeed's own INFO logs too")
     p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -109,6 +110,8 @@ def run_in_env(argv: list) -> None:
     recorder = pathlib.Path(__file__).resolve().parent.parent
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ds_dir), str(recorder)])
     os.environ["DS_ACCELERATOR"] = "cpu"
+    if not args.verbose:
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     os.execv(str(python), [str(python), "-m", "hpzrec.run"] + argv)
 

@@ -50,11 +50,22 @@ def load_model_config(path: str):
         raise ConfigError("(top level)", "expected a JSON object")
     if "model_type" not in raw:
         raise ConfigError("model_type", "missing (transformers needs it to pick the model)")
+    for key in _SIZES:
+        value = raw.get(key)
+        if key in raw and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(key, f"expected a positive integer, got {value!r}")
     try:
         config = AutoConfig.for_model(**raw)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError("model_type", f"transformers 4.35 cannot build it: {e}") from e
+    except ValueError as e:
+        raise ConfigError("model_type", f"{raw['model_type']!r} is not a model type "
+                          "transformers 4.35 knows") from e
+    except (KeyError, TypeError) as e:
+        raise ConfigError("model_type", f"transformers 4.35 cannot read it: {e}") from e
     return config
+
+
+_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim")
 
 
 def optimizer_settings(ds_config: dict) -> dict:
@@ -89,7 +100,10 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         # values that training from a checkpoint would overwrite.
         with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype), \
                 stand_ins.constant_initialization(), no_init_weights():
-            model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
+            try:
+                model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
+            except ValueError as e:  # not a causal LM, or sizes that do not fit together
+                raise ConfigError("model_type", " ".join(str(e).split())[:300]) from e
         probes.name_modules(model)
         if training.grad_checkpointing:
             model.gradient_checkpointing_enable()

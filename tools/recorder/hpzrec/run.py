@@ -6,11 +6,14 @@ and the op recorder is active from model construction (zero.Init) to the last st
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
 import time
+import warnings
 
 from . import cli, recording, stand_ins
 
@@ -83,6 +86,11 @@ def main() -> int:
 
     import deepspeed
     from deepspeed.accelerator import set_accelerator
+    from deepspeed.utils import logger as ds_logger
+
+    if not args.verbose:  # DeepSpeed logs its whole config to standard output at INFO
+        ds_logger.setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore")
 
     from . import accelerator, ir, model, ops, probes
     set_accelerator(accelerator.make_accelerator(args.gpus_per_node))
@@ -112,8 +120,11 @@ def main() -> int:
                               grad_checkpointing=args.grad_checkpointing == "on")
     print(f"hpzlab record: DeepSpeed {deepspeed.__version__}, rank {args.rank} of {world}, "
           f"{args.steps} steps", file=sys.stderr, flush=True)
-    with ops.OpRecorder(seq_len=cli.RECORD_SEQ_LEN, scale=args.seq_len / cli.RECORD_SEQ_LEN):
-        facts = model.train(config, ds, training)
+    try:
+        with ops.OpRecorder(seq_len=cli.RECORD_SEQ_LEN, scale=args.seq_len / cli.RECORD_SEQ_LEN):
+            facts = model.train(config, ds, training)
+    except model.ConfigError as e:
+        raise cli.InputError(f"{args.hf_config}: {e}")
     zero = ds["zero_optimization"]
     hpz = int(zero.get("zero_hpz_partition_size", 1))
     source = {
@@ -142,7 +153,9 @@ def main() -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints; our output is a file
+            code = main()
+        sys.exit(code)
     except cli.InputError as e:
         print(f"hpzlab record: {e}", file=sys.stderr)
         sys.exit(cli.EXIT_INPUT)

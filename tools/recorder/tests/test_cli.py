@@ -1,0 +1,65 @@
+"""Bad input to `hpzlab record`: one line naming the file and the key, exit 2, nothing written."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+RECORD = HERE.parents[1] / "record"
+DATA = HERE / "data"
+
+
+def run(tmp: pathlib.Path, *, hf=None, ds=None, extra=()) -> subprocess.CompletedProcess:
+    out = tmp / "out.json"
+    args = [str(RECORD), "--hf-config", str(hf or DATA / "llama-tiny.json"), "--ds-config",
+            str(ds or DATA / "ds-hpz8.json"), "--nodes", "2", "--gpus-per-node", "8", "--out",
+            str(out), *extra]
+    result = subprocess.run(args, capture_output=True, text=True)
+    assert not out.exists(), "nothing is written on bad input"
+    return result
+
+
+def write(tmp: pathlib.Path, name: str, value) -> pathlib.Path:
+    path = tmp / name
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return path
+
+
+def ds_with(**zero) -> dict:
+    ds = json.loads((DATA / "ds-hpz8.json").read_text())
+    ds["zero_optimization"].update(zero)
+    return ds
+
+
+@pytest.mark.parametrize("case,expected", [
+    ({"extra": ["--deepspeed", "0.12.0"]},
+     "--deepspeed: unknown version '0.12.0' (supported: 0.13.1, 0.13.4, 0.13.5, 0.14.4, 0.17.6)"),
+    ({"hf": "missing.json"}, "missing.json: model config: no such file"),
+    ({"ds": ("bad.json", "{not json")}, "bad.json: DeepSpeed config: not JSON (line 1"),
+    ({"ds": ("stage2.json", ds_with(stage=2))}, "zero_optimization.stage: the recorder records "
+     "ZeRO stage 3"),
+    ({"ds": ("hpz3.json", ds_with(zero_hpz_partition_size=3))},
+     "zero_optimization.zero_hpz_partition_size: 3 does not divide the world size 16"),
+    ({"ds": ("typo.json", ds_with(stage3_param_persitance_threshold=10))},
+     "DeepSpeed 0.13.4 rejects it: 1 validation error for DeepSpeedZeroConfig "
+     "stage3_param_persitance_threshold extra fields not permitted"),
+    ({"hf": ("size.json", {"model_type": "llama", "hidden_size": "big"})},
+     "size.json: hidden_size: expected a positive integer, got 'big'"),
+    ({"hf": ("kind.json", {"model_type": "nosuchmodel"})},
+     "kind.json: model_type: 'nosuchmodel' is not a model type transformers 4.35 knows"),
+    ({"extra": ["--nodes", "0"]}, "--nodes: 0 out of range (allowed: 1 to 4096)"),
+], ids=["version", "missing", "not-json", "stage-2", "hpz-size", "deepspeed-refuses",
+        "hf-size", "hf-type", "nodes"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, case, expected):
+    kwargs = {}
+    for key in ("hf", "ds"):
+        if key in case:
+            value = case[key]
+            kwargs[key] = write(tmp_path, *value) if isinstance(value, tuple) else tmp_path / value
+    result = run(tmp_path, extra=case.get("extra", ()), **kwargs)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("hpzlab record: ") and expected in last, last
