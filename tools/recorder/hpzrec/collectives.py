@@ -163,8 +163,10 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 
 
 def barrier(group=None, async_op=False, device_ids=None):
-    # NCCL's barrier reduces a 1-element tensor of its own, which no other op touches.
-    return _issue("all_reduce", group, [], [], 4, async_op, host_blocks=True)
+    # NCCL's barrier all-reduces a 1-element tensor of its own (ProcessGroupNCCL::barrier),
+    # made here as it is there, on the current stream, so the op recorder logs it.
+    flag = torch.zeros(1)
+    return _issue("all_reduce", group, [flag], [flag], 4, async_op, host_blocks=True)
 
 
 _creators: dict[int, str] = {}

@@ -138,6 +138,7 @@ def main() -> int:
         "recorded_seq_len": str(cli.RECORD_SEQ_LEN), "dtype": facts["dtype"],
         "grad_checkpointing": args.grad_checkpointing,
         "command": "hpzlab record " + " ".join(a for a in sys.argv[1:] if a != "--in-env"),
+        "ds_config_used": json.dumps(ds, sort_keys=True),
     }
     if probes.missing:
         source["unlabelled"] = ", ".join(probes.missing)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 
@@ -63,3 +64,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, expected):
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("hpzlab record: ") and expected in last, last
+
+
+def test_no_pypi_when_the_environment_is_missing_is_one_line_and_exit_2(tmp_path):
+    """An empty cache and a package index that refuses: says what is missing and how to get it."""
+    env = dict(os.environ, HPZLAB_CACHE=str(tmp_path / "cache"),
+               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="", PIP_RETRIES="0",
+               PIP_TIMEOUT="2")
+    out = tmp_path / "out.json"
+    result = subprocess.run([str(RECORD), "--hf-config", str(DATA / "llama-tiny.json"),
+                             "--ds-config", str(DATA / "ds-hpz8.json"), "--nodes", "2",
+                             "--gpus-per-node", "8", "--out", str(out)],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("hpzlab record: cannot install torch 2.1.2, transformers 4.35.2 from "
+                           "PyPI") and "network access to pypi.org" in last, last
+    assert not out.exists()
+    leftovers = [p.name for p in (tmp_path / "cache" / "recorder").iterdir()
+                 if p.name.startswith("base-") and p.is_dir()]
+    assert leftovers == [], "a failed install leaves no environment behind"
