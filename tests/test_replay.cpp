@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -249,6 +250,22 @@ TEST(Repro, AScheduleTheReplayCannotFollowIsRefusedByName) {
   const std::string why = replay_unsupported(s);
   EXPECT_EQ(why.rfind(fmt::format("rank 1 op {} (all_gather ", gather), 0), 0u) << why;
   EXPECT_NE(why.find("needs a parameter unit"), std::string::npos) << why;
+  s.ranks[1].ops[gather].unit = build_schedule(sc).ranks[1].ops[gather].unit;
+  // A reduction that receives must send; one that touches nothing is no trouble.
+  const std::size_t reduce =
+      find_op(s, 0, [](const Op& op) { return op.kind == OpKind::kAllReduce; });
+  ASSERT_LT(reduce, s.ranks[0].ops.size());
+  Op& op = s.ranks[0].ops[reduce];
+  const auto accesses = s.accesses_of(0, op);
+  const auto write = std::find_if(accesses.begin(), accesses.end(),
+                                  [](const Access& a) { return a.mode == AccessMode::kWrite; });
+  ASSERT_NE(write, accesses.end());
+  op.access_begin += static_cast<std::uint32_t>(write - accesses.begin());
+  op.access_count = 1;
+  EXPECT_NE(replay_unsupported(s).find("receives but sends nothing"), std::string::npos);
+  op.access_count = 0;
+  EXPECT_EQ(replay_unsupported(s), "");
+  s.ranks[1].ops[gather].unit = kNoUnit;
   try {
     replay_schedule(sc, s, "file.json", ReproOptions{});
     FAIL() << "replayed a gather without a unit";

@@ -89,7 +89,7 @@ std::string unsupported_op(const Schedule& s, Rank r, const Op& op) {
   if (needs_unit && op.unit == kNoUnit) return "needs a parameter unit (its shard layout)";
   const bool reduces = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce ||
                        op.kind == OpKind::kAllToAll;
-  if (reduces && !reads) return "sends nothing (no read access)";
+  if (reduces && writes && !reads) return "receives but sends nothing (no read access)";
   return "";
 }
 

@@ -65,8 +65,8 @@ Timeline serialized_timeline(const Schedule& schedule);
 
 /** Why the replay cannot follow `schedule` ("" when it can): an op that needs its parameter
  *  unit's shard layout (a gather, reduce-scatter, dequantize, checkpoint load or optimizer step)
- *  names no unit, or a reduction or all-to-all sends nothing. The builder's schedules always
- *  pass; a schedule read from a file may not. */
+ *  names no unit, or a reduction or all-to-all receives but sends nothing. The builder's schedules
+ * always pass; a schedule read from a file may not. */
 std::string replay_unsupported(const Schedule& schedule);
 
 /** Replays `schedule` (built from `scenario`) in the order `timeline` gives. */
