@@ -166,6 +166,14 @@ def make_accelerator(devices_per_node: int):
         def default_stream(self, device_index=None) -> RecordingStream:
             return self._default
 
+        def create_op_builder(self, class_name):
+            """As the CUDA accelerator: it has no CPU shared-memory all-reduce op, which
+            DeepSpeed 0.14 and later would otherwise compile when comm starts
+            (comm/torch.py build_shm_op)."""
+            if class_name == "ShareMemCommBuilder":
+                return None
+            return super().create_op_builder(class_name)
+
         def is_bf16_supported(self) -> bool:
             return True
 
