@@ -13,8 +13,6 @@ import copy
 import dataclasses
 import sys
 import time
-from typing import Any
-
 import torch
 
 from . import probes, recording, stand_ins
@@ -118,7 +116,6 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
     vocab = model_config.vocab_size
     generator = torch.Generator().manual_seed(training.seed)
     for step in range(training.steps):
-        rec.step = step
         for micro in range(training.grad_accum):
             batch = torch.randint(0, vocab, (training.micro_batch, training.seq_len),
                                   generator=generator)
@@ -143,10 +140,3 @@ def _progress(what: str) -> None:
 
 
 _START = time.time()
-
-
-def describe(model_config) -> dict[str, Any]:
-    """The model facts the recording states."""
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "intermediate_size", "vocab_size")
-    return {k: getattr(model_config, k) for k in keys if hasattr(model_config, k)}

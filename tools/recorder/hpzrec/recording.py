@@ -86,8 +86,6 @@ class Recording:
         self.ctx = Context()
         self.paused = 0  # > 0 while our own machinery runs tensor ops
         self.recomputing = False  # a forward hook fired during backward (checkpointing)
-        self.step = -1
-        self.micro_step = 0
 
     # ----- context -------------------------------------------------------------------------
     def label_id(self, name: str) -> int:
