@@ -277,6 +277,20 @@ def groups_table(rec: recording.Recording, per_node: int) -> list:
     return out
 
 
+def _stream_names(rec: recording.Recording, groups: list) -> list:
+    """Stream names, each NCCL stream named after its group's kind ("nccl.hpz"), and after
+    the DeepSpeed function that made the group where two share a kind
+    ("nccl.world.clone_world_group"): the same on every rank."""
+    names = list(rec.streams)
+    kinds = [groups[i]["kind"] for i, g in enumerate(rec.groups) if g.stream >= 0]
+    for i, g in enumerate(rec.groups):
+        if g.stream >= 0:
+            kind = groups[i]["kind"]
+            shared = kinds.count(kind) > 1 and g.creator != "world"
+            names[g.stream] = f"nccl.{kind}" + (f".{g.creator}" if shared else "")
+    return names
+
+
 def _group_map(groups: list, recorded: int, rank: int) -> dict:
     """For rank `rank`: each group the recorded rank uses -> the group of the same kind (and
     made by the same DeepSpeed function) that contains `rank`."""
@@ -296,10 +310,11 @@ def schedule(rec: recording.Recording, per_node: int, source: dict, variant: str
     """The whole hpzlab-schedule document: the recorded rank, and every other by symmetry."""
     ops, buffers = rank_ops(rec)
     groups = groups_table(rec, per_node)
+    streams = _stream_names(rec, groups)
     ranks = []
     for r in range(rec.world_size):
         if r == rec.rank:
-            ranks.append({"rank": r, "streams": rec.streams, "buffers": buffers, "ops": ops})
+            ranks.append({"rank": r, "streams": streams, "buffers": buffers, "ops": ops})
         else:  # the recorded rank's schedule on this rank's own groups (schedule_json.cpp)
             mapping = sorted(_group_map(groups, rec.rank, r).items())
             ranks.append({"rank": r, "like": rec.rank, "groups": [[a, b] for a, b in mapping]})

@@ -146,9 +146,10 @@ def main() -> int:
     doc = ir.schedule(rec, args.gpus_per_node, source, "stock", dtype_bytes, hpz)
     write_atomically(args.out, json.dumps(doc, separators=(",", ":")))
     ops_count = len(doc["ranks"][args.rank]["ops"])
+    streams = doc["ranks"][args.rank]["streams"]
     print(f"hpzlab record: wrote {args.out}: {world} ranks, {ops_count} ops a rank, "
-          f"{len(doc['groups'])} process groups, {len(rec.streams)} streams "
-          f"({', '.join(rec.streams)}); {time.time() - started:.1f} s", file=sys.stderr)
+          f"{len(doc['groups'])} process groups, {len(streams)} streams "
+          f"({', '.join(streams)}); {time.time() - started:.1f} s", file=sys.stderr)
     return 0
 
 
