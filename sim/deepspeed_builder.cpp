@@ -1,0 +1,1140 @@
+#include "sim/deepspeed_builder.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/error.hpp"
+#include "sim/shard.hpp"
+
+// Citations: "DS:file:line" is a line of microsoft/DeepSpeed at tag v0.13.4 unless a version is
+// named; PP = runtime/zero/partition_parameters.py, COORD = partitioned_param_coordinator.py,
+// PO = parameter_offload.py, S3 = stage3.py. "TF" is transformers 4.35.2's
+// models/llama/modeling_llama.py, "PG" PyTorch 2.1's ProcessGroupNCCL.cpp.
+
+namespace hpz {
+namespace {
+
+/** What differs between DeepSpeed versions on the hpZ path (../shared/DEEPSPEED.md's table). */
+struct VersionRules {
+  const char* name;
+  /// The pre-forward hook passes forward=torch.is_grad_enabled() (PO:497-507 at v0.13.1), and
+  /// gathers with forward=True never use the secondary (PP:1175 at v0.13.1); later versions
+  /// pass forward=True (PO:452) and use the secondary whenever it exists (PP:1174-1176).
+  bool secondary_only_backward;
+  /// `_partition_param_sec` returns early when a secondary exists: no copy on release
+  /// (PP:1611-1613 at v0.13.1; again from v0.14.3, PR 5613, has_been_updated never passed).
+  bool copy_only_on_create;
+  /// `current_stream().synchronize()` after the copy (PR 5216, v0.13.5).
+  bool host_sync_after_copy;
+  /// `invalidate_secondary_tensor()` in `_post_step` (S3:1991; commented out at v0.13.1).
+  bool invalidate_after_step;
+  /// The coordinator gathers parameters with and without a secondary in separate calls
+  /// (COORD:440-455, PR 4906); v0.13.1 gathers them in one (COORD:447 at v0.13.1).
+  bool split_by_secondary;
+};
+
+constexpr VersionRules kVersions[] = {
+    {"0.13.1", true, true, false, false, false},
+    {"0.13.4", false, false, false, true, true},
+    {"0.13.5", false, false, true, true, true},
+    {"0.14.4", false, true, true, true, true},
+};
+
+// ---------------------------------------------------------------------------------------------
+// The module tree (transformers builds it; DeepSpeed hooks every module, PO:262-275).
+
+struct DsParam {
+  std::string name;
+  int module = -1;  // the module whose own parameter it is
+  std::uint64_t numel = 0;
+  std::uint64_t rows = 0;  // first dimension, for GEMM shapes (0: a vector)
+  int layer = -1;
+};
+
+enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHead };
+
+struct DsModule {
+  std::string path;
+  ModKind kind = ModKind::kContainer;
+  int param = -1;  // ds_id of its own parameter (Llama modules own at most one)
+};
+
+struct Model {
+  std::vector<DsParam> params;  // by ds_id: the order zero.Init converts them
+  std::vector<DsModule> modules;
+  int causal_lm = -1, llama = -1, embed = -1, norm = -1, head = -1;
+  struct Layer {
+    int layer, in_ln, attn, q, k, v, rot, o, post_ln, mlp, gate, act, up, down;
+  };
+  std::vector<Layer> layers;
+};
+
+Model llama_model(const ModelConfig& m) {
+  Model md;
+  const auto h = static_cast<std::uint64_t>(m.hidden);
+  const std::uint64_t head_dim = h / static_cast<std::uint64_t>(m.heads);
+  const std::uint64_t kv = head_dim * static_cast<std::uint64_t>(m.kv_heads);
+  const auto ffn = static_cast<std::uint64_t>(m.ffn);
+  auto module = [&](std::string path, ModKind kind) {
+    md.modules.push_back({std::move(path), kind, -1});
+    return static_cast<int>(md.modules.size() - 1);
+  };
+  auto param = [&](int mod, std::uint64_t rows, std::uint64_t cols, int layer) {
+    md.modules[mod].param = static_cast<int>(md.params.size());
+    md.params.push_back(
+        {md.modules[mod].path + ".weight", mod, rows * cols, cols > 1 ? rows : 0, layer});
+  };
+  // Module paths as the recorder labels them (named_modules; the root is "model" too).
+  md.causal_lm = module("model", ModKind::kContainer);
+  md.llama = module("model", ModKind::kContainer);
+  md.embed = module("model.embed_tokens", ModKind::kEmbedding);
+  for (int i = 0; i < m.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i);
+    Model::Layer L{};
+    L.layer = module(p, ModKind::kContainer);
+    L.attn = module(p + ".self_attn", ModKind::kContainer);
+    L.q = module(p + ".self_attn.q_proj", ModKind::kLinear);
+    L.k = module(p + ".self_attn.k_proj", ModKind::kLinear);
+    L.v = module(p + ".self_attn.v_proj", ModKind::kLinear);
+    L.o = module(p + ".self_attn.o_proj", ModKind::kLinear);
+    L.rot = module(p + ".self_attn.rotary_emb", ModKind::kRotary);
+    L.mlp = module(p + ".mlp", ModKind::kContainer);
+    L.gate = module(p + ".mlp.gate_proj", ModKind::kLinear);
+    L.up = module(p + ".mlp.up_proj", ModKind::kLinear);
+    L.down = module(p + ".mlp.down_proj", ModKind::kLinear);
+    L.act = module(p + ".mlp.act_fn", ModKind::kAct);
+    L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
+    L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
+    md.layers.push_back(L);
+  }
+  md.norm = module("model.norm", ModKind::kNorm);
+  md.head = module("lm_head", ModKind::kHead);
+  // Parameters in the order their modules' __init__ create them (TF:LlamaAttention,
+  // LlamaMLP, LlamaDecoderLayer, LlamaModel, LlamaForCausalLM), which is zero.Init's ds_id.
+  const auto vocab = static_cast<std::uint64_t>(m.vocab);
+  param(md.embed, vocab, h, -1);
+  for (const Model::Layer& L : md.layers) {
+    const int i = static_cast<int>(&L - md.layers.data());
+    param(L.q, h, h, i);
+    param(L.k, kv, h, i);
+    param(L.v, kv, h, i);
+    param(L.o, h, h, i);
+    param(L.gate, ffn, h, i);
+    param(L.up, ffn, h, i);
+    param(L.down, h, ffn, i);
+    param(L.in_ln, h, 1, i);
+    param(L.post_ln, h, 1, i);
+  }
+  param(md.norm, h, 1, -1);
+  param(md.head, vocab, h, -1);
+  return md;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The hook program of one micro-step: what fires, in order.
+
+enum class Ev {
+  kPreFwd,   // forward pre-hook: fetch_sub_module (PO:441-452)
+  kPostFwd,  // forward hook: release_sub_module
+  kPreBwd,   // PreBackwardFunction on the module's outputs (PO:328-360)
+  kPostBwd,  // PostBackwardFunction on its inputs (PO:380-410)
+  kFwdKernel,
+  kBwdKernel,  // the module's backward kernel, then its parameter's gradient hook
+  kLoss,
+};
+
+struct Hook {
+  Ev ev;
+  int module;
+  bool recompute = false;
+  bool grad_enabled = true;
+};
+
+/** The forward of one decoder layer (TF:LlamaDecoderLayer.forward, LlamaAttention.forward:
+ *  q, k, v, rotary_emb, o; LlamaMLP.forward: down(act(gate(x)) * up(x))). */
+void layer_forward(const Model::Layer& L, bool recompute, bool grad, std::vector<Hook>& out) {
+  auto leaf = [&](int m) {
+    out.push_back({Ev::kPreFwd, m, recompute, grad});
+    out.push_back({Ev::kFwdKernel, m, recompute, grad});
+    out.push_back({Ev::kPostFwd, m, recompute, grad});
+  };
+  out.push_back({Ev::kPreFwd, L.layer, recompute, grad});
+  leaf(L.in_ln);
+  out.push_back({Ev::kPreFwd, L.attn, recompute, grad});
+  leaf(L.q);
+  leaf(L.k);
+  leaf(L.v);
+  leaf(L.rot);
+  leaf(L.o);
+  out.push_back({Ev::kPostFwd, L.attn, recompute, grad});
+  leaf(L.post_ln);
+  out.push_back({Ev::kPreFwd, L.mlp, recompute, grad});
+  leaf(L.gate);
+  leaf(L.act);
+  leaf(L.up);
+  leaf(L.down);
+  out.push_back({Ev::kPostFwd, L.mlp, recompute, grad});
+  out.push_back({Ev::kPostFwd, L.layer, recompute, grad});
+}
+
+/** Backward of one decoder layer: autograd runs the modules in reverse order of their forward;
+ *  a module's PreBackwardFunction fires before its children's (it sits on its outputs), and
+ *  rotary_emb, whose outputs need no gradient, gets none. Parameter-less modules' post-backward
+ *  hooks release nothing and are left out. */
+void layer_backward(const Model::Layer& L, std::vector<Hook>& out) {
+  auto leaf = [&](int m, bool has_param) {
+    out.push_back({Ev::kPreBwd, m});
+    out.push_back({Ev::kBwdKernel, m});
+    if (has_param) out.push_back({Ev::kPostBwd, m});
+  };
+  out.push_back({Ev::kPreBwd, L.layer});
+  out.push_back({Ev::kPreBwd, L.mlp});
+  leaf(L.down, true);
+  leaf(L.up, true);
+  leaf(L.act, false);
+  leaf(L.gate, true);
+  leaf(L.post_ln, true);
+  out.push_back({Ev::kPreBwd, L.attn});
+  leaf(L.o, true);
+  leaf(L.v, true);
+  leaf(L.k, true);
+  leaf(L.q, true);
+  leaf(L.in_ln, true);
+}
+
+std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
+  std::vector<Hook> h;
+  auto leaf = [&](int m, bool grad) {
+    h.push_back({Ev::kPreFwd, m, false, grad});
+    h.push_back({Ev::kFwdKernel, m, false, grad});
+    h.push_back({Ev::kPostFwd, m, false, grad});
+  };
+  h.push_back({Ev::kPreFwd, md.causal_lm});
+  h.push_back({Ev::kPreFwd, md.llama});
+  leaf(md.embed, true);
+  // Reentrant checkpointing (TF:LlamaModel.forward, torch.utils.checkpoint) runs each layer's
+  // first forward without grad.
+  for (const auto& L : md.layers) layer_forward(L, false, !checkpointing, h);
+  leaf(md.norm, true);
+  h.push_back({Ev::kPostFwd, md.llama});
+  leaf(md.head, true);
+  h.push_back({Ev::kPostFwd, md.causal_lm});
+  h.push_back({Ev::kLoss, -1});
+  // Backward.
+  h.push_back({Ev::kPreBwd, md.causal_lm});
+  h.push_back({Ev::kPreBwd, md.head});
+  h.push_back({Ev::kBwdKernel, md.head});
+  h.push_back({Ev::kPostBwd, md.head});
+  h.push_back({Ev::kPreBwd, md.llama});
+  h.push_back({Ev::kPreBwd, md.norm});
+  h.push_back({Ev::kBwdKernel, md.norm});
+  h.push_back({Ev::kPostBwd, md.norm});
+  for (auto it = md.layers.rbegin(); it != md.layers.rend(); ++it) {
+    if (checkpointing) layer_forward(*it, true, true, h);
+    layer_backward(*it, h);
+  }
+  // The embedding's input (token ids) needs no gradient: no post-backward hook fires, and the
+  // embedding stays gathered until the optimizer step releases everything.
+  h.push_back({Ev::kPreBwd, md.embed});
+  h.push_back({Ev::kBwdKernel, md.embed});
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One rank's emission.
+
+enum class Status { kNotAvailable, kInflight, kAvailable };
+
+struct Handle {
+  bool coalesced = false;
+  bool complete = false;
+  EventId end = kNoEvent;              // the NCCL end event
+  std::vector<int> params;             // sorted by ds_id
+  BufferId flat = kNoBuffer;           // coalesced: the flat buffer
+  std::uint64_t per_rank_elems = 0;    // coalesced: partition_sz
+  std::vector<std::uint64_t> offsets;  // coalesced: each param's offset in a rank's partition
+  std::vector<std::uint64_t> chunk;    // coalesced: each param's elements per rank
+  int group_size = 0;
+};
+
+struct ParamState {
+  Status status = Status::kNotAvailable;
+  bool has_secondary = false;
+  std::set<int> active;  // ds_active_sub_modules
+  int handle = -1;       // in __inflight_param_registry
+  BufferId primary = kNoBuffer, secondary = kNoBuffer, full = kNoBuffer, grad = kNoBuffer;
+};
+
+/// reduce_bucket_size: DeepSpeed's default (runtime/zero/config.py), not a scenario key yet.
+constexpr std::uint64_t kReduceBucketSize = 500'000'000;
+
+struct TraceEntry {
+  int param;
+  int step_id;
+};
+
+class RankBuilder {
+ public:
+  RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, Schedule& s, Rank r);
+  RankSchedule build();
+
+ private:
+  // IR emission.
+  Op& push(OpKind kind, StreamId s, Purpose p, std::initializer_list<Access> acc = {});
+  EventId record(StreamId s, Purpose p);
+  void wait(StreamId s, EventId e, Purpose p);
+  void wait_stream(StreamId waiter, StreamId other, Purpose p);
+  StreamId nccl_stream(GroupId g);
+  EventId collective(OpKind kind, GroupId g, std::uint64_t bytes, std::vector<Access> acc);
+  BufferId buffer(std::string name, BufferRole role, UnitId unit, std::uint64_t bytes);
+  void alloc(BufferId b, StreamId s, Purpose p);
+  void free(BufferId b, StreamId s, Purpose p);
+  Access part(int p, BufferId b, ElemRange slice, AccessMode mode, bool in_full) const;
+
+  // DeepSpeed.
+  void init();
+  void run_hook(const Hook& h);
+  void fetch_sub_module(int module, bool forward);
+  void release_sub_module(int module);
+  void release_param(int p);
+  void partition(int p);
+  void all_gather_params(const std::vector<int>& params, bool forward);
+  void all_gather_coalesced(std::vector<int> params, bool forward);
+  void wait_handle(int h);
+  std::set<int> params_to_release(int module, int step_id);
+  void reset_step();
+  void grad_ready(int p);
+  void reduce_ipg();
+  void optimizer_step();
+  void kernel(int module, bool backward);
+
+  const Scenario& sc_;
+  const VersionRules& v_;
+  const Model& md_;
+  Schedule& s_;
+  Rank rank_;
+  int world_, hpz_, dt_;
+  GroupId world_group_ = kNoGroup, hpz_group_ = kNoGroup, grad_group_ = kNoGroup;
+  RankSchedule out_;
+  StreamId s0_ = 0, sag_ = -1, srs_ = -1;
+  std::map<GroupId, StreamId> nccl_;
+  StreamId current_ = 0;
+  EventId next_event_ = 0;
+  Phase phase_ = Phase::kInit;
+  Purpose purpose_ = Purpose::kParamInit;
+  int step_ = -1;
+  UnitId unit_ = kNoUnit;
+  LabelId label_ = kNoLabel;
+  std::vector<LabelId> module_label_;
+  std::vector<ShardLayout> layouts_;
+  std::vector<ParamState> ps_;
+  std::vector<Handle> handles_;
+
+  // PartitionedParameterCoordinator (COORD:78-130).
+  enum class Trace { kRecord, kComplete } trace_ = Trace::kRecord;
+  std::vector<int> submodule_order_;
+  std::vector<TraceEntry> param_order_;
+  std::deque<TraceEntry> queue_;
+  std::map<int, int> most_recent_;  // param -> step id (absent: -1e10)
+  int step_id_ = 0;
+  std::int64_t n_available_ = 0;
+  std::deque<EventId> ongoing_fetch_events_;
+  std::map<std::pair<int, int>, std::set<int>> release_cache_;  // the lru_cache (COORD:487)
+
+  // Stage 3 gradients (S3:1213-1280).
+  std::vector<int> ipg_params_;
+  std::uint64_t ipg_elems_ = 0;
+  BufferId ipg_buffer_ = kNoBuffer;
+  std::deque<EventId> param_reduce_events_;
+  BufferId grad_shard_ = kNoBuffer;
+};
+
+RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, Schedule& s,
+                         Rank r)
+    : sc_(sc),
+      v_(v),
+      md_(md),
+      s_(s),
+      rank_(r),
+      world_(s.world_size),
+      hpz_(s.hpz_size),
+      dt_(s.dtype_bytes) {
+  for (std::size_t g = 0; g < s_.groups.size(); ++g) {
+    const Group& grp = s_.groups[g];
+    if (std::find(grp.ranks.begin(), grp.ranks.end(), r) == grp.ranks.end()) continue;
+    if (grp.name == "world") world_group_ = static_cast<GroupId>(g);
+    if (grp.name == "world1") grad_group_ = static_cast<GroupId>(g);
+    if (grp.kind == GroupKind::kHpz) hpz_group_ = static_cast<GroupId>(g);
+  }
+  for (const DsModule& m : md_.modules) {
+    const auto it = std::find(s_.labels.begin(), s_.labels.end(), m.path);
+    module_label_.push_back(static_cast<LabelId>(it - s_.labels.begin()));
+  }
+  for (const DsParam& p : md_.params) layouts_.emplace_back(p.numel, world_, hpz_);
+  ps_.resize(md_.params.size());
+  out_.rank = r;
+  out_.streams.push_back({"S0"});
+}
+
+Op& RankBuilder::push(OpKind kind, StreamId s, Purpose p, std::initializer_list<Access> acc) {
+  Op op;
+  op.kind = kind;
+  op.stream = s;
+  op.phase = phase_;
+  op.purpose = p;
+  op.step = step_;
+  op.unit = unit_;
+  op.label = label_;
+  op.access_begin = static_cast<std::uint32_t>(out_.accesses.size());
+  for (const Access& a : acc) {
+    if (a.bytes > 0) out_.accesses.push_back(a);
+  }
+  op.access_count = static_cast<std::uint32_t>(out_.accesses.size() - op.access_begin);
+  out_.ops.push_back(op);
+  return out_.ops.back();
+}
+
+EventId RankBuilder::record(StreamId s, Purpose p) {
+  Op& op = push(OpKind::kEventRecord, s, p);
+  op.event = next_event_++;
+  return op.event;
+}
+
+void RankBuilder::wait(StreamId s, EventId e, Purpose p) {
+  push(OpKind::kStreamWaitEvent, s, p).event = e;
+}
+
+// torch.cuda.Stream.wait_stream: an event recorded on `other`, waited for on `waiter`.
+void RankBuilder::wait_stream(StreamId waiter, StreamId other, Purpose p) {
+  wait(waiter, record(other, p), p);
+}
+
+// PG: one NCCL stream per process group, made at the group's first collective.
+StreamId RankBuilder::nccl_stream(GroupId g) {
+  auto it = nccl_.find(g);
+  if (it != nccl_.end()) return it->second;
+  const Group& grp = s_.groups[g];
+  std::string name = grp.kind == GroupKind::kHpz ? "nccl.hpz" : "nccl.world";
+  if (grp.name == "world1") name = "nccl.world.clone_world_group";
+  out_.streams.push_back({name});
+  const auto id = static_cast<StreamId>(out_.streams.size() - 1);
+  nccl_.emplace(g, id);
+  return id;
+}
+
+// PG's collective(): the NCCL stream waits for an event on the caller's stream, runs the
+// collective, and records its end event, which the work handle's wait() waits for.
+EventId RankBuilder::collective(OpKind kind, GroupId g, std::uint64_t bytes,
+                                std::vector<Access> acc) {
+  const StreamId ns = nccl_stream(g);
+  const Purpose hp = (purpose_ == Purpose::kParamFetch || purpose_ == Purpose::kPrefetch)
+                         ? Purpose::kNcclHandshake
+                         : purpose_;
+  wait(ns, record(current_, hp), hp);
+  Op& op = push(kind, ns, purpose_);
+  op.group = g;
+  op.comm_bytes = bytes;
+  op.access_begin = static_cast<std::uint32_t>(out_.accesses.size());
+  for (const Access& a : acc) {
+    if (a.bytes > 0) out_.accesses.push_back(a);
+  }
+  op.access_count = static_cast<std::uint32_t>(out_.accesses.size() - op.access_begin);
+  return record(ns, hp);
+}
+
+BufferId RankBuilder::buffer(std::string name, BufferRole role, UnitId unit, std::uint64_t bytes) {
+  out_.buffers.push_back({std::move(name), role, unit, bytes, false});
+  return static_cast<BufferId>(out_.buffers.size() - 1);
+}
+
+void RankBuilder::alloc(BufferId b, StreamId s, Purpose p) {
+  Op& op = push(OpKind::kAlloc, s, p);
+  op.buffer = b;
+  op.fill = static_cast<std::uint8_t>(sc_.run.fill);
+}
+
+void RankBuilder::free(BufferId b, StreamId s, Purpose p) {
+  push(OpKind::kFree, s, p).buffer = b;
+}
+
+// The meaningful bytes of `slice` of parameter p, in a buffer that holds the slice (in_full:
+// the whole parameter, offsets from its start).
+Access RankBuilder::part(int p, BufferId b, ElemRange slice, AccessMode mode, bool in_full) const {
+  const ElemRange v = layouts_[p].valid(slice);
+  const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
+  const std::uint64_t off = in_full ? v.begin : v.begin - slice.begin;
+  return {b, mode, off * dt, v.size() * dt};
+}
+
+// zero.Init (PP:1064-1110, _zero_init_param 1008): each parameter is made whole, broadcast
+// from rank 0, and partitioned: secondary first, then primary, then the whole tensor freed.
+void RankBuilder::init() {
+  phase_ = Phase::kInit;
+  step_ = -1;
+  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    const DsParam& dp = md_.params[p];
+    ParamState& st = ps_[p];
+    unit_ = static_cast<UnitId>(p);
+    purpose_ = Purpose::kParamInit;
+    st.full = buffer(dp.name + ".full", BufferRole::kFull, unit_, dp.numel * dt_);
+    const ElemRange all{0, dp.numel};
+    alloc(st.full, s0_, Purpose::kParamInit);
+    push(OpKind::kKernel, s0_, Purpose::kParamInit,
+         {part(p, st.full, all, AccessMode::kWrite, true)})
+        .mem_bytes = static_cast<double>(dp.numel * dt_);
+    const EventId done = collective(OpKind::kAllReduce, world_group_, dp.numel * dt_,
+                                    {part(p, st.full, all, AccessMode::kRead, true),
+                                     part(p, st.full, all, AccessMode::kWrite, true)});
+    wait(current_, done, Purpose::kParamInit);
+    st.status = Status::kAvailable;
+    if (hpz_ > 1) {
+      st.secondary = buffer(dp.name + ".secondary", BufferRole::kSecondary, unit_,
+                            layouts_[p].secondary_numel() * dt_);
+    }
+    st.primary =
+        buffer(dp.name + ".primary", BufferRole::kPrimary, unit_, layouts_[p].shard_numel() * dt_);
+    partition(p);
+  }
+  unit_ = kNoUnit;
+}
+
+// param.partition() -> Init._partition (PP:1470-1478): the secondary (PP:1603), then the
+// primary (PP:1483), whose last act is free_param (PP:276) on the current stream.
+void RankBuilder::partition(int p) {
+  ParamState& st = ps_[p];
+  const UnitId saved = unit_;
+  unit_ = p;
+  if (hpz_ > 1 && st.status == Status::kAvailable) {
+    const bool create = !st.has_secondary;
+    if (create || !v_.copy_only_on_create) {
+      if (create) {
+        alloc(st.secondary, current_, Purpose::kSecondaryAlloc);
+        st.has_secondary = true;
+      }
+      const int pos = rank_ % hpz_;
+      const ElemRange sec = layouts_[p].secondary_slice(pos);
+      // The copy happens when this rank's primary slice lies inside the parameter (PP:1633) or
+      // starts in it (the tail copy, PP:1640-1645); PR 5216 rewrote these bounds.
+      if (!layouts_[p].valid(sec).empty()) {
+        push(OpKind::kCopy, current_, Purpose::kSecondaryPartitionCopy,
+             {part(p, st.full, sec, AccessMode::kRead, true),
+              part(p, st.secondary, sec, AccessMode::kWrite, false)})
+            .mem_bytes = static_cast<double>(2 * layouts_[p].valid(sec).size() * dt_);
+      }
+      if (v_.host_sync_after_copy) push(OpKind::kHostStreamSync, current_, Purpose::kFixHostSync);
+    }
+  }
+  if (st.status == Status::kAvailable) {
+    if (phase_ == Phase::kInit) {
+      alloc(st.primary, current_, Purpose::kParamInit);
+      const ElemRange pri = layouts_[p].primary_slice(rank_);
+      push(OpKind::kCopy, current_, Purpose::kParamInit,
+           {part(p, st.full, pri, AccessMode::kRead, true),
+            part(p, st.primary, pri, AccessMode::kWrite, false)});
+    }
+    free(st.full, current_, phase_ == Phase::kInit ? Purpose::kParamInit : Purpose::kParamRelease);
+  }
+  st.status = Status::kNotAvailable;
+  unit_ = saved;
+}
+
+void RankBuilder::kernel(int module, bool backward) {
+  const DsModule& m = md_.modules[module];
+  const double tokens = static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len;
+  const double h = sc_.model.hidden;
+  Op* op = nullptr;
+  const Purpose p = backward ? Purpose::kBackwardCompute : Purpose::kForwardCompute;
+  if (m.param >= 0) {
+    const int q = m.param;
+    const ElemRange all{0, md_.params[q].numel};
+    if (backward) {
+      ParamState& st = ps_[q];
+      if (st.grad == kNoBuffer) {
+        st.grad = buffer(md_.params[q].name + ".grad", BufferRole::kGradFull, q,
+                         md_.params[q].numel * dt_);
+      }
+      op = &push(OpKind::kKernel, s0_, p,
+                 {part(q, st.full, all, AccessMode::kRead, true),
+                  part(q, st.grad, all, AccessMode::kWrite, true)});
+    } else {
+      op = &push(OpKind::kKernel, s0_, p, {part(q, ps_[q].full, all, AccessMode::kRead, true)});
+    }
+    const double n = static_cast<double>(md_.params[q].numel);
+    if (m.kind == ModKind::kLinear || m.kind == ModKind::kHead) {
+      op->flops = 2 * tokens * n * (backward ? 2 : 1);
+    }
+    op->mem_bytes = n * dt_ + 2 * tokens * h * dt_;
+  } else {
+    op = &push(OpKind::kKernel, s0_, p);
+    op->mem_bytes = 2 * tokens * h * dt_;
+    if (m.kind == ModKind::kRotary) {
+      // Attention scores and their product with V (counted where the attention core runs,
+      // between rotary_emb and o_proj).
+      op->flops = 4 * tokens * sc_.training.seq_len * h * (backward ? 2 : 1);
+    }
+  }
+}
+
+// COORD:261-391.
+void RankBuilder::fetch_sub_module(int module, bool forward) {
+  if (trace_ == Trace::kRecord) submodule_order_.push_back(module);  // record_module (PO:447)
+  const int own = md_.modules[module].param;
+  const LabelId saved = label_;
+  label_ = module_label_[module];
+  std::vector<int> to_fetch;
+  if (own >= 0) to_fetch.push_back(own);
+  // Kick off the module's own gathers.
+  std::vector<int> missing;
+  for (int p : to_fetch) {
+    if (ps_[p].status == Status::kNotAvailable) missing.push_back(p);
+  }
+  if (!missing.empty()) {
+    purpose_ = Purpose::kParamFetch;
+    all_gather_params(missing, forward);
+  }
+  // Wait for them, inside `with stream(S_ag)`, throttling the host (COORD:296-313).
+  purpose_ = Purpose::kFetchWait;
+  for (int p : to_fetch) {
+    ps_[p].active.insert(module);
+    if (ps_[p].handle >= 0) {
+      const StreamId saved_stream = current_;
+      current_ = sag_;
+      // Event.query() answers "not done" (the recorder's convention, docs/record.md): only
+      // the synchronize of the oldest beyond __max_ongoing_fetch_events = 2 happens.
+      if (ongoing_fetch_events_.size() > 2) {
+        push(OpKind::kHostEventSync, kHostStream, Purpose::kHostThrottle).event =
+            ongoing_fetch_events_.front();
+        ongoing_fetch_events_.pop_front();
+      }
+      const int h = ps_[p].handle;
+      ps_[p].handle = -1;
+      wait_handle(h);
+      ongoing_fetch_events_.push_back(record(sag_, Purpose::kFetchWait));
+      current_ = saved_stream;
+    }
+  }
+  // Every hook: the current stream waits for the all-gather stream (COORD:317-318).
+  wait_stream(current_, sag_, Purpose::kFetchWait);
+
+  if (trace_ == Trace::kComplete) {
+    // Pop the module's own entries (COORD:327-343).
+    std::set<int> not_fetched;
+    for (int p : to_fetch) {
+      auto it = most_recent_.find(p);
+      if (it == most_recent_.end() || it->second < step_id_) not_fetched.insert(p);
+    }
+    std::set<int> discarded;
+    while (!queue_.empty() && discarded.size() < not_fetched.size()) {
+      const TraceEntry e = queue_.front();
+      queue_.pop_front();
+      most_recent_[e.param] = e.step_id;
+      discarded.insert(e.param);
+    }
+    if (discarded != not_fetched) {
+      throw std::logic_error(
+          "DeepSpeed builder: the parameter trace diverged at coordinator step " +
+          std::to_string(step_id_) + " (" + md_.modules[module].path + ")");
+    }
+    // Prefetch within the per-call budget (COORD:353-386).
+    const std::int64_t bucket = sc_.zero.stage3_prefetch_bucket_size;
+    if (bucket > 0) {
+      const std::int64_t budget =
+          std::min<std::int64_t>(sc_.zero.stage3_max_live_parameters - n_available_, bucket);
+      std::vector<int> prefetch;
+      std::int64_t numel = 0;
+      while (!queue_.empty() && numel < budget) {
+        const TraceEntry e = queue_.front();
+        queue_.pop_front();
+        bool do_prefetch = ps_[e.param].status == Status::kNotAvailable;
+        if (std::find(prefetch.begin(), prefetch.end(), e.param) != prefetch.end()) {
+          do_prefetch = false;
+        }
+        auto it = most_recent_.find(e.param);
+        most_recent_[e.param] =
+            it == most_recent_.end() ? e.step_id : std::max(it->second, e.step_id);
+        if (do_prefetch) {
+          prefetch.push_back(e.param);
+          numel += static_cast<std::int64_t>(md_.params[e.param].numel);
+        }
+      }
+      if (numel > 0) {
+        purpose_ = Purpose::kPrefetch;
+        all_gather_params(prefetch, forward);
+      }
+    }
+  }
+  ++step_id_;
+  label_ = saved;
+}
+
+// COORD:423-455: parameters with a secondary and those without go in separate calls (from
+// v0.13.2), each inside `with stream(S_ag)`.
+void RankBuilder::all_gather_params(const std::vector<int>& params, bool forward) {
+  std::vector<int> partitioned;
+  for (int p : params) {
+    if (ps_[p].status == Status::kNotAvailable) partitioned.push_back(p);
+  }
+  if (partitioned.empty()) return;
+  for (int p : partitioned) n_available_ += static_cast<std::int64_t>(md_.params[p].numel);
+  std::vector<std::vector<int>> calls;
+  if (v_.split_by_secondary) {
+    std::vector<int> with, without;
+    for (int p : partitioned) (ps_[p].has_secondary ? with : without).push_back(p);
+    if (!with.empty()) calls.push_back(with);
+    if (!without.empty()) calls.push_back(without);
+  } else {
+    calls.push_back(partitioned);
+  }
+  for (auto& call : calls) {
+    const StreamId saved = current_;
+    current_ = sag_;
+    all_gather_coalesced(call, forward);
+    current_ = saved;
+  }
+}
+
+// PP:1156-1260 (all_gather_coalesced) and 1120-1154 (_all_gather_dtype).
+void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
+  std::sort(params.begin(), params.end());  // by ds_id
+  const bool use_secondary =
+      ps_[params[0]].has_secondary && hpz_ > 1 && !(v_.secondary_only_backward && forward);
+  const bool hpz_group = hpz_ > 1 && (v_.secondary_only_backward ? !forward : use_secondary);
+  const GroupId g = hpz_group ? hpz_group_ : world_group_;
+  const int group_size = hpz_group ? hpz_ : world_;
+  const int rank_in_group = hpz_group ? rank_ % hpz_ : rank_;
+  for (int p : params) ps_[p].status = Status::kInflight;
+  Handle h;
+  h.params = params;
+  h.group_size = group_size;
+  const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
+  if (params.size() == 1) {
+    // One parameter: gathered straight into its full buffer (PP:1202-1222).
+    const int p = params[0];
+    ParamState& st = ps_[p];
+    const UnitId saved_unit = unit_;
+    unit_ = p;
+    alloc(st.full, current_, purpose_);
+    const ElemRange mine = use_secondary ? layouts_[p].secondary_slice(rank_in_group)
+                                         : layouts_[p].primary_slice(rank_);
+    const BufferId src = use_secondary ? st.secondary : st.primary;
+    const std::uint64_t in_elems =
+        use_secondary ? layouts_[p].secondary_numel() : layouts_[p].shard_numel();
+    h.end =
+        collective(OpKind::kAllGather, g, in_elems * dt,
+                   {part(p, src, mine, AccessMode::kRead, false),
+                    part(p, st.full, ElemRange{0, md_.params[p].numel}, AccessMode::kWrite, true)});
+    unit_ = saved_unit;
+  } else {
+    // Several: a flat buffer, torch.cat of the shards into this rank's partition, one
+    // collective; the per-parameter copies out of it happen at wait() (PP:664-703).
+    std::uint64_t partition_sz = 0;
+    for (int p : params) {
+      h.offsets.push_back(partition_sz);
+      const std::uint64_t n =
+          use_secondary ? layouts_[p].secondary_numel() : layouts_[p].shard_numel();
+      h.chunk.push_back(n);
+      partition_sz += n;
+    }
+    h.coalesced = true;
+    h.per_rank_elems = partition_sz;
+    h.flat = buffer("allgather.flat", BufferRole::kScratch, kNoUnit,
+                    partition_sz * static_cast<std::uint64_t>(group_size) * dt);
+    alloc(h.flat, current_, purpose_);
+    const std::uint64_t base = partition_sz * static_cast<std::uint64_t>(rank_in_group) * dt;
+    Op& cat = push(OpKind::kCopy, current_, purpose_);
+    cat.unit = params[0];
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const int p = params[i];
+      const ElemRange mine = use_secondary ? layouts_[p].secondary_slice(rank_in_group)
+                                           : layouts_[p].primary_slice(rank_);
+      const Access a = part(p, use_secondary ? ps_[p].secondary : ps_[p].primary, mine,
+                            AccessMode::kRead, false);
+      if (a.bytes > 0) out_.accesses.push_back(a);
+      const ElemRange v = layouts_[p].valid(mine);
+      if (!v.empty()) {
+        out_.accesses.push_back({h.flat, AccessMode::kWrite,
+                                 base + (h.offsets[i] + v.begin - mine.begin) * dt, v.size() * dt});
+      }
+      cat.mem_bytes += 2.0 * static_cast<double>(v.size() * dt);
+    }
+    cat.access_count = static_cast<std::uint32_t>(out_.accesses.size() - cat.access_begin);
+    const UnitId saved_unit = unit_;
+    unit_ = params[0];
+    h.end = collective(OpKind::kAllGather, g, partition_sz * dt,
+                       {{h.flat, AccessMode::kRead, base, partition_sz * dt},
+                        {h.flat, AccessMode::kWrite, 0,
+                         partition_sz * static_cast<std::uint64_t>(group_size) * dt}});
+    unit_ = saved_unit;
+  }
+  handles_.push_back(std::move(h));
+  for (int p : params) ps_[p].handle = static_cast<int>(handles_.size() - 1);
+}
+
+// AllGatherHandle.wait (PP:631-638) and AllGatherCoalescedHandle.wait (PP:664-703): the current
+// stream (S_ag) waits for the NCCL end event; a coalesced gather then cats each parameter out
+// of the flat buffer.
+void RankBuilder::wait_handle(int hid) {
+  Handle& h = handles_[hid];
+  if (h.complete) return;
+  const Purpose hp = Purpose::kNcclHandshake;
+  wait(current_, h.end, hp);
+  if (h.coalesced) {
+    const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
+    for (std::size_t i = 0; i < h.params.size(); ++i) {
+      const int p = h.params[i];
+      const UnitId saved = unit_;
+      unit_ = p;
+      alloc(ps_[p].full, current_, Purpose::kFetchWait);
+      Op& cat = push(OpKind::kCopy, current_, Purpose::kParamFetch);
+      const std::uint64_t numel = md_.params[p].numel;
+      for (int r = 0; r < h.group_size; ++r) {
+        const std::uint64_t start = static_cast<std::uint64_t>(r) * h.chunk[i];
+        if (start >= numel) continue;
+        const std::uint64_t n = std::min(numel - start, h.chunk[i]);
+        out_.accesses.push_back(
+            {h.flat, AccessMode::kRead,
+             (static_cast<std::uint64_t>(r) * h.per_rank_elems + h.offsets[i]) * dt, n * dt});
+      }
+      out_.accesses.push_back({ps_[p].full, AccessMode::kWrite, 0, numel * dt});
+      cat.access_count = static_cast<std::uint32_t>(out_.accesses.size() - cat.access_begin);
+      cat.mem_bytes = 2.0 * static_cast<double>(numel * dt);
+      unit_ = saved;
+    }
+  }
+  for (int p : h.params) ps_[p].status = Status::kAvailable;
+  h.complete = true;
+}
+
+// COORD:487-517, lru_cache'd on (module, step_id) for the coordinator's lifetime.
+std::set<int> RankBuilder::params_to_release(int module, int step_id) {
+  const auto key = std::make_pair(module, step_id);
+  if (auto it = release_cache_.find(key); it != release_cache_.end()) return it->second;
+  std::set<int> out;
+  const int own = md_.modules[module].param;
+  if (own >= 0) {
+    out.insert(own);  // no parameter is persistent here (checked in build_deepspeed_schedule)
+    if (auto it = most_recent_.find(own); it != most_recent_.end() && it->second > step_id) {
+      out.erase(own);
+    }
+  }
+  std::int64_t traversed = 0;
+  for (std::size_t i = static_cast<std::size_t>(step_id); i < submodule_order_.size(); ++i) {
+    if (traversed >= sc_.zero.stage3_max_reuse_distance) break;
+    const int p = md_.modules[submodule_order_[i]].param;
+    if (p >= 0) {
+      out.erase(p);
+      traversed += static_cast<std::int64_t>(md_.params[p].numel);
+    }
+  }
+  release_cache_.emplace(key, out);
+  return out;
+}
+
+// COORD:395-404 and __release_param (COORD:477-484).
+void RankBuilder::release_sub_module(int module) {
+  const int own = md_.modules[module].param;
+  if (own < 0) return;
+  const std::set<int> rel =
+      trace_ == Trace::kComplete ? params_to_release(module, step_id_) : std::set<int>{own};
+  ps_[own].active.erase(module);
+  if (rel.count(own)) {
+    const LabelId saved = label_;
+    label_ = module_label_[module];
+    release_param(own);
+    label_ = saved;
+  }
+}
+
+void RankBuilder::release_param(int p) {
+  if (ps_[p].status == Status::kAvailable && ps_[p].active.empty()) {
+    partition(p);
+    n_available_ -= static_cast<std::int64_t>(md_.params[p].numel);
+  }
+}
+
+// COORD:195-240: the first forward+backward records the trace; reset_step completes it.
+void RankBuilder::reset_step() {
+  if (trace_ == Trace::kRecord) {
+    // assert_ints_same_as_other_ranks on the module order, the parameter ids and their step
+    // ids (COORD:202-211): three all-reduces over the world group from the compute stream.
+    // Each list goes through an all-reduce of int64s (utils.py assert_ints_same_as_other_ranks).
+    param_order_.clear();
+    for (std::size_t i = 0; i < submodule_order_.size(); ++i) {
+      const int p = md_.modules[submodule_order_[i]].param;
+      if (p >= 0) param_order_.push_back({p, static_cast<int>(i)});
+    }
+    purpose_ = Purpose::kBackwardCompute;
+    for (const std::size_t n :
+         {submodule_order_.size(), param_order_.size(), param_order_.size()}) {
+      const EventId done = collective(OpKind::kAllReduce, world_group_, 8 * n, {});
+      wait(current_, done, Purpose::kBackwardCompute);
+    }
+    trace_ = Trace::kComplete;
+  }
+  queue_.assign(param_order_.begin(), param_order_.end());
+  most_recent_.clear();
+  step_id_ = 0;
+  n_available_ = 0;
+}
+
+// The gradient hook (S3:1213-1245): S_rs waits for the compute stream, the gradient is copied
+// into the bucket on S_rs; a full bucket is reduced first.
+void RankBuilder::grad_ready(int p) {
+  const Phase saved = phase_;
+  phase_ = Phase::kGradReduce;
+  purpose_ = Purpose::kGradReduce;
+  const std::uint64_t numel = md_.params[p].numel;
+  if (ipg_elems_ + numel > kReduceBucketSize && ipg_elems_ > 0) reduce_ipg();
+  wait_stream(srs_, s0_, Purpose::kGradReduce);
+  push(OpKind::kCopy, srs_, Purpose::kGradReduce,
+       {{ps_[p].grad, AccessMode::kRead, 0, numel * dt_},
+        {ipg_buffer_, AccessMode::kWrite, ipg_elems_ * dt_, numel * dt_}})
+      .mem_bytes = 2.0 * static_cast<double>(numel * dt_);
+  ipg_params_.push_back(p);
+  ipg_elems_ += numel;
+  phase_ = saved;
+}
+
+// __reduce_and_partition_ipg_grads (S3:1249-1300): throttle, then on S_rs one reduce-scatter of
+// the bucket over the cloned world group, waited for at once, and an event for the throttle.
+void RankBuilder::reduce_ipg() {
+  if (ipg_params_.empty()) return;
+  const Phase saved = phase_;
+  phase_ = Phase::kGradReduce;
+  purpose_ = Purpose::kGradReduce;
+  if (param_reduce_events_.size() > 2) {
+    push(OpKind::kHostEventSync, kHostStream, Purpose::kHostThrottle).event =
+        param_reduce_events_.front();
+    param_reduce_events_.pop_front();
+  }
+  const StreamId saved_stream = current_;
+  current_ = srs_;
+  const std::uint64_t bytes = ipg_elems_ * dt_;
+  const std::uint64_t shard = (bytes + world_ - 1) / world_;
+  const EventId done = collective(
+      OpKind::kReduceScatter, grad_group_, shard,
+      {{ipg_buffer_, AccessMode::kRead, 0, bytes}, {grad_shard_, AccessMode::kWrite, 0, shard}});
+  wait(srs_, done, Purpose::kGradReduce);
+  param_reduce_events_.push_back(record(srs_, Purpose::kGradReduce));
+  current_ = saved_stream;
+  ipg_params_.clear();
+  ipg_elems_ = 0;
+  phase_ = saved;
+}
+
+// DeepSpeedZeroOptimizer_Stage3.step (S3:2016-2060): release everything still gathered
+// (release_and_reset_all, PO:162), the global gradient norm, Adam on the primary shards,
+// invalidate the secondaries (_post_step, S3:1991), and loss.item() after the step.
+void RankBuilder::optimizer_step() {
+  phase_ = Phase::kOptimizer;
+  purpose_ = Purpose::kParamRelease;
+  for (std::size_t p = 0; p < md_.params.size(); ++p) {
+    ps_[p].active.clear();
+    const LabelId saved = label_;
+    label_ = kNoLabel;
+    release_param(static_cast<int>(p));
+    label_ = saved;
+  }
+  purpose_ = Purpose::kGradNorm;
+  const EventId norm = collective(OpKind::kAllReduce, grad_group_, 8, {});
+  wait(current_, norm, Purpose::kGradNorm);
+  push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);  // the norm's .item()
+  // The recorder runs torch's AdamW in place of FusedAdam (a CUDA kernel); its step logs one
+  // more host sync of S0, which the builder issues too so that both stay comparable
+  // (docs/record.md: every .item() is logged as a sync on the CPU).
+  push(OpKind::kKernel, s0_, Purpose::kOptimizerStep, {{grad_shard_, AccessMode::kRead, 0, 0}});
+  push(OpKind::kHostStreamSync, s0_, Purpose::kOptimizerStep);
+  for (std::size_t p = 0; p < md_.params.size(); ++p) {
+    unit_ = static_cast<UnitId>(p);
+    const ElemRange pri = layouts_[p].primary_slice(rank_);
+    push(OpKind::kKernel, s0_, Purpose::kOptimizerStep,
+         {{grad_shard_, AccessMode::kRead, 0, 0},
+          part(static_cast<int>(p), ps_[p].primary, pri, AccessMode::kRead, false),
+          part(static_cast<int>(p), ps_[p].primary, pri, AccessMode::kWrite, false)})
+        .mem_bytes = 16.0 * static_cast<double>(layouts_[p].shard_numel());
+  }
+  unit_ = kNoUnit;
+  if (v_.invalidate_after_step) {
+    for (std::size_t p = 0; p < md_.params.size(); ++p) {
+      if (!ps_[p].has_secondary) continue;
+      unit_ = static_cast<UnitId>(p);
+      free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
+      ps_[p].has_secondary = false;
+    }
+    unit_ = kNoUnit;
+  }
+  push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);
+}
+
+void RankBuilder::run_hook(const Hook& h) {
+  const bool bwd_phase = phase_ == Phase::kBackward;
+  switch (h.ev) {
+    case Ev::kPreFwd:
+      // fetch_sub_module(forward=True) (PO:452); v0.13.1 passes torch.is_grad_enabled().
+      fetch_sub_module(h.module, v_.secondary_only_backward ? h.grad_enabled : true);
+      break;
+    case Ev::kPostFwd:
+      purpose_ = Purpose::kParamRelease;
+      release_sub_module(h.module);
+      break;
+    case Ev::kPreBwd:
+      fetch_sub_module(h.module, false);
+      break;
+    case Ev::kPostBwd:
+      purpose_ = Purpose::kParamRelease;
+      release_sub_module(h.module);
+      break;
+    case Ev::kFwdKernel: {
+      const LabelId saved = label_;
+      label_ = kNoLabel;
+      const UnitId u = md_.modules[h.module].param;
+      unit_ = u;
+      kernel(h.module, false);
+      if (bwd_phase) out_.ops.back().purpose = Purpose::kRecomputeForward;
+      unit_ = kNoUnit;
+      label_ = saved;
+      break;
+    }
+    case Ev::kBwdKernel: {
+      const int p = md_.modules[h.module].param;
+      unit_ = p;
+      kernel(h.module, true);
+      unit_ = kNoUnit;
+      if (p >= 0) grad_ready(p);
+      break;
+    }
+    case Ev::kLoss:
+      push(OpKind::kKernel, s0_, Purpose::kLossGradient).mem_bytes =
+          static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len * sc_.model.vocab *
+          4.0;
+      phase_ = Phase::kBackward;
+      break;
+  }
+}
+
+RankSchedule RankBuilder::build() {
+  // Streams as DeepSpeed makes them: S_ag in DeepSpeedZeRoOffload (PO:138-139, the default
+  // stream without overlap_comm), S_rs in the stage-3 optimizer (S3:227-228).
+  sag_ = s0_;
+  if (sc_.zero.overlap_comm) {
+    out_.streams.push_back({"S_ag"});
+    sag_ = static_cast<StreamId>(out_.streams.size() - 1);
+  }
+  init();
+  out_.streams.push_back({"S_rs"});
+  srs_ = static_cast<StreamId>(out_.streams.size() - 1);
+  std::uint64_t total = 0;
+  for (const DsParam& p : md_.params) total += p.numel;
+  ipg_buffer_ = buffer("ipg_bucket", BufferRole::kScratch, kNoUnit,
+                       std::min<std::uint64_t>(total, 500'000'000) * dt_);
+  grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit,
+                       (total + world_ - 1) / world_ * dt_);
+  const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
+  for (step_ = 0; step_ < sc_.run.steps; ++step_) {
+    phase_ = Phase::kForward;
+    for (const Hook& h : hooks) run_hook(h);
+    // The optimizer's backward() ends with reset_step (S3:2215); then the engine's gradient
+    // epilogue reduces the last bucket and drains S_rs (S3:1082-1088).
+    current_ = s0_;
+    reset_step();
+    reduce_ipg();
+    phase_ = Phase::kBackward;
+    push(OpKind::kHostStreamSync, srs_, Purpose::kBackwardCompute);
+    optimizer_step();
+  }
+  return std::move(out_);
+}
+
+const VersionRules& rules_for(const std::string& version) {
+  for (const VersionRules& v : kVersions) {
+    if (version == v.name) return v;
+  }
+  std::string known;
+  for (const VersionRules& v : kVersions) known += std::string(known.empty() ? "" : ", ") + v.name;
+  throw InputError(
+      "", "zero.deepspeed_version",
+      "'" + version + "' is not modelled by the DeepSpeed builder (known: " + known + ")");
+}
+
+}  // namespace
+
+const std::vector<std::string>& deepspeed_builder_versions() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const VersionRules& v : kVersions) n.emplace_back(v.name);
+    return n;
+  }();
+  return names;
+}
+
+Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version) {
+  const VersionRules& v = rules_for(version);
+  auto refuse = [](const std::string& what) {
+    throw InputError("", "run.builder", "the DeepSpeed builder does not model " + what + " yet");
+  };
+  if (!sc.model.gated_mlp) refuse("non-Llama models (model.gated_mlp = false)");
+  if (sc.zero.zero_quantized_weights) refuse("qwZ (zero.zero_quantized_weights)");
+  if (sc.zero.zero_quantized_gradients) refuse("qgZ (zero.zero_quantized_gradients)");
+  if (sc.zero.offload_param) refuse("zero.offload_param");
+  if (sc.training.grad_accum != 1) refuse("training.grad_accum > 1");
+  if (sc.zero.stage3_param_persistence_threshold > 0) {
+    refuse("persistent parameters (zero.stage3_param_persistence_threshold > 0)");
+  }
+  if (sc.run.variant != Variant::kStock) refuse("the host-sync and event-wait variants");
+
+  const Model md = llama_model(sc.model);
+  Schedule s;
+  s.scenario = sc.path;
+  s.variant = to_string(sc.run.variant);
+  s.world_size = sc.cluster.world_size();
+  s.hpz_size = sc.zero.zero_hpz_partition_size;
+  s.dtype_bytes = sc.training.dtype_bytes();
+  s.source["builder"] = "deepspeed";
+  s.source["deepspeed"] = v.name;
+  for (const DsParam& p : md.params) {
+    const ShardLayout l(p.numel, s.world_size, s.hpz_size);
+    ParamUnit u;
+    u.name = p.name;
+    u.layer = p.layer;
+    u.numel = p.numel;
+    u.padded_numel = l.padded_numel();
+    u.shard_numel = l.shard_numel();
+    u.secondary_numel = s.hpz_size > 1 ? l.secondary_numel() : 0;
+    s.units.push_back(u);
+  }
+  // Groups: hpZ blocks (DeepSpeed utils/groups.py _create_zero_param_parallel_group), the
+  // world, and the world's clone that stage 3 reduces gradients over (groups.py
+  // _clone_world_group).
+  const int world = s.world_size;
+  if (s.hpz_size > 1) {
+    for (int b = 0; b < world / s.hpz_size; ++b) {
+      Group g{"hpz" + std::to_string(b), GroupKind::kHpz, {}};
+      for (int r = b * s.hpz_size; r < (b + 1) * s.hpz_size; ++r) g.ranks.push_back(r);
+      s.groups.push_back(g);
+    }
+  }
+  Group w{"world", GroupKind::kWorld, {}};
+  for (int r = 0; r < world; ++r) w.ranks.push_back(r);
+  s.groups.push_back(w);
+  w.name = "world1";
+  s.groups.push_back(w);
+  for (const DsModule& m : md.modules) {
+    if (std::find(s.labels.begin(), s.labels.end(), m.path) == s.labels.end()) {
+      s.labels.push_back(m.path);
+    }
+  }
+  for (Rank r = 0; r < world; ++r) {
+    s.ranks.push_back(RankBuilder(sc, v, md, s, r).build());
+  }
+  return s;
+}
+
+}  // namespace hpz

@@ -1,0 +1,27 @@
+// The DeepSpeed builder: the schedule DeepSpeed's ZeRO-3 runtime issues, derived by running its
+// host logic (module hooks, the partitioned-parameter coordinator, partitioning, PyTorch's
+// ProcessGroupNCCL streams) over the module tree that transformers builds, instead of the coarse
+// per-attn/mlp model of sim/builder.cpp. It is held equal to real DeepSpeed's recordings
+// (traces/deepspeed/, made by `hpzlab record`) by tests/test_deepspeed_builder.cpp, through the
+// projection of sim/projection.hpp. docs/deepspeed-builder.md says what is modelled, version by
+// version, and where it still differs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/scenario.hpp"
+#include "sim/schedule.hpp"
+
+namespace hpz {
+
+/** DeepSpeed versions the builder knows, oldest first ("0.13.1", "0.13.4", ...). */
+const std::vector<std::string>& deepspeed_builder_versions();
+
+/** Builds every rank's schedule as DeepSpeed `version` issues it for the scenario (Llama-shaped
+ *  models; variant stock, host-sync or event-wait on top of that version). Throws InputError
+ *  for an unknown version or what it does not model (qwZ, qgZ, offload, grad_accum > 1, the
+ *  [bugs] keys). */
+Schedule build_deepspeed_schedule(const Scenario& scenario, const std::string& version);
+
+}  // namespace hpz

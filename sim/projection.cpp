@@ -1,0 +1,126 @@
+#include "sim/projection.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace hpz {
+namespace {
+
+bool parameter_role(BufferRole r) {
+  return r == BufferRole::kSecondary || r == BufferRole::kFull;
+}
+
+std::string unit_name(const Schedule& s, UnitId u) {
+  return u >= 0 && static_cast<std::size_t>(u) < s.units.size() ? s.units[u].name : "-";
+}
+
+}  // namespace
+
+std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init) {
+  const RankSchedule& rs = s.ranks[r];
+  std::vector<ProjectedOp> out;
+  std::map<EventId, std::string> event_name;  // recorded event -> "stream#n"
+  std::map<StreamId, int> records;
+  std::map<StreamId, int> init_records;  // counted apart, so that init's own ops do not shift
+                                         // the ordinals when init is left out
+  auto stream = [&](StreamId id) {
+    return id == kHostStream ? std::string("host") : rs.streams[id].name;
+  };
+  for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+    const Op& op = rs.ops[i];
+    if (!with_init && op.phase == Phase::kInit) {
+      if (op.kind == OpKind::kEventRecord) {
+        event_name[op.event] =
+            stream(op.stream) + "#init" + std::to_string(init_records[op.stream]++);
+      }
+      continue;
+    }
+    std::string line;
+    switch (op.kind) {
+      case OpKind::kAllGather:
+      case OpKind::kReduceScatter:
+      case OpKind::kAllReduce:
+      case OpKind::kAllToAll:
+        line = std::string(to_string(op.kind)) + " on " + stream(op.stream) + " group " +
+               s.groups[op.group].name + " bytes " + std::to_string(op.comm_bytes);
+        break;
+      case OpKind::kCopy: {
+        bool relevant = false;
+        std::set<std::string> parts;
+        for (const Access& a : s.accesses_of(r, op)) {
+          const Buffer& b = rs.buffers[a.buffer];
+          if (!parameter_role(b.role) && b.role != BufferRole::kPrimary) continue;
+          if (a.mode == AccessMode::kWrite && parameter_role(b.role)) relevant = true;
+          if (a.mode == AccessMode::kRead && b.role == BufferRole::kSecondary) relevant = true;
+          parts.insert(std::string(a.mode == AccessMode::kRead ? "r:" : "w:") +
+                       std::string(to_string(b.role)) + ":" + unit_name(s, b.unit));
+        }
+        if (!relevant) continue;
+        line = "copy on " + stream(op.stream);
+        for (const std::string& p : parts) line += " " + p;
+        break;
+      }
+      case OpKind::kAlloc:
+      case OpKind::kFree: {
+        const Buffer& b = rs.buffers[op.buffer];
+        if (!parameter_role(b.role)) continue;
+        line = std::string(to_string(op.kind)) + " on " + stream(op.stream) + " " +
+               std::string(to_string(b.role)) + ":" + unit_name(s, b.unit);
+        break;
+      }
+      case OpKind::kEventRecord: {
+        const std::string name = stream(op.stream) + "#" + std::to_string(records[op.stream]++);
+        event_name[op.event] = name;
+        line = "record " + name;
+        break;
+      }
+      case OpKind::kStreamWaitEvent:
+        line = "wait on " + stream(op.stream) + " for " + event_name[op.event];
+        break;
+      case OpKind::kHostStreamSync:
+        line = "host waits for " + stream(op.stream);
+        break;
+      case OpKind::kHostDeviceSync:
+        line = "host waits for the device";
+        break;
+      case OpKind::kHostEventSync:
+        line = "host waits for " + event_name[op.event];
+        break;
+      default:
+        continue;
+    }
+    std::string where = "step " + std::to_string(op.step) + " " + std::string(to_string(op.phase));
+    if (op.label >= 0 && static_cast<std::size_t>(op.label) < s.labels.size()) {
+      where += " at " + s.labels[op.label];
+    }
+    out.push_back({i, std::move(line), std::move(where)});
+  }
+  return out;
+}
+
+std::string first_divergence(const std::vector<ProjectedOp>& expected,
+                             const std::string& expected_name,
+                             const std::vector<ProjectedOp>& actual, const std::string& actual_name,
+                             std::size_t context) {
+  std::size_t k = 0;
+  while (k < expected.size() && k < actual.size() && expected[k].line == actual[k].line) ++k;
+  if (k == expected.size() && k == actual.size()) return {};
+  std::string out = "first divergence at projected op " + std::to_string(k) + " (" +
+                    std::to_string(expected.size()) + " in " + expected_name + ", " +
+                    std::to_string(actual.size()) + " in " + actual_name + ")\n";
+  const std::size_t from = k > context ? k - context : 0;
+  auto show = [&](const std::vector<ProjectedOp>& v, const std::string& name) {
+    out += name + ":\n";
+    for (std::size_t i = from; i < std::min(v.size(), k + 3); ++i) {
+      out += (i == k ? "  > " : "    ") + std::to_string(i) + " " + v[i].line + "   [" +
+             v[i].where + ", op " + std::to_string(v[i].op) + "]\n";
+    }
+    if (k >= v.size()) out += "  > (ends)\n";
+  };
+  show(expected, expected_name);
+  show(actual, actual_name);
+  return out;
+}
+
+}  // namespace hpz

@@ -1,0 +1,33 @@
+// The projection of a schedule that a builder must issue exactly as DeepSpeed does: per rank, in
+// issue order, the collectives (kind, group, bytes), copies that write a secondary or a gathered
+// parameter or read a secondary, allocations and frees of secondaries and gathered parameters,
+// event records and stream waits, and host syncs. Kernels and temporaries are left out (a
+// builder may be coarser there). Each op becomes one canonical line with no ids in it: streams,
+// groups and units by name, an event by the stream it was recorded on and its ordinal there.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "sim/schedule.hpp"
+
+namespace hpz {
+
+struct ProjectedOp {
+  std::size_t op = 0;  ///< index in the rank's ops
+  std::string line;    ///< what is compared
+  std::string where;   ///< context for reports: step, phase, module label
+};
+
+/** Rank r's projection; ops of Phase::kInit are left out when `with_init` is false. */
+std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init);
+
+/** The first difference of two projections, with `context` lines before it from each side, as
+ *  text; empty when they are equal. */
+std::string first_divergence(const std::vector<ProjectedOp>& expected,
+                             const std::string& expected_name,
+                             const std::vector<ProjectedOp>& actual, const std::string& actual_name,
+                             std::size_t context = 6);
+
+}  // namespace hpz
