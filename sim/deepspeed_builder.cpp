@@ -36,16 +36,19 @@ struct VersionRules {
   bool host_sync_after_copy;
   /// `invalidate_secondary_tensor()` in `_post_step` (S3:1991; commented out at v0.13.1).
   bool invalidate_after_step;
+  /// engine.backward logs the loss with `loss.mean().item()`, a host sync of S0 before the
+  /// backward pass (runtime/engine.py:1944 at v0.13.1); later versions keep it as a tensor.
+  bool loss_item_in_backward;
   /// The coordinator gathers parameters with and without a secondary in separate calls
   /// (COORD:440-455, PR 4906); v0.13.1 gathers them in one (COORD:447 at v0.13.1).
   bool split_by_secondary;
 };
 
 constexpr VersionRules kVersions[] = {
-    {"0.13.1", true, true, false, false, false},
-    {"0.13.4", false, false, false, true, true},
-    {"0.13.5", false, false, true, true, true},
-    {"0.14.4", false, true, true, true, true},
+    {"0.13.1", true, true, false, false, true, false},
+    {"0.13.4", false, false, false, true, false, true},
+    {"0.13.5", false, false, true, true, false, true},
+    {"0.14.4", false, true, true, true, false, true},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -413,7 +416,9 @@ void RankBuilder::wait(StreamId s, EventId e, Purpose p) {
 }
 
 // torch.cuda.Stream.wait_stream: an event recorded on `other`, waited for on `waiter`.
+// On the same stream it orders nothing; the recorder logs nothing for it either.
 void RankBuilder::wait_stream(StreamId waiter, StreamId other, Purpose p) {
+  if (waiter == other) return;
   wait(waiter, record(other, p), p);
 }
 
@@ -1016,6 +1021,7 @@ void RankBuilder::run_hook(const Hook& h) {
           static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len * sc_.model.vocab *
           4.0;
       phase_ = Phase::kBackward;
+      if (v_.loss_item_in_backward) push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);
       break;
   }
 }
@@ -1029,8 +1035,11 @@ RankSchedule RankBuilder::build() {
     sag_ = static_cast<StreamId>(out_.streams.size() - 1);
   }
   init();
-  out_.streams.push_back({"S_rs"});
-  srs_ = static_cast<StreamId>(out_.streams.size() - 1);
+  srs_ = s0_;  // S3:227-228: the default stream without overlap_comm
+  if (sc_.zero.overlap_comm) {
+    out_.streams.push_back({"S_rs"});
+    srs_ = static_cast<StreamId>(out_.streams.size() - 1);
+  }
   std::uint64_t total = 0;
   for (const DsParam& p : md_.params) total += p.numel;
   ipg_buffer_ = buffer("ipg_bucket", BufferRole::kScratch, kNoUnit,
