@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
 #include "sim/shard.hpp"
 
@@ -698,6 +699,7 @@ void RankEmitter::optimizer() {
 }  // namespace
 
 Schedule build_schedule(const Scenario& sc) {
+  if (sc.run.builder == "deepspeed") return build_deepspeed_schedule(sc, sc.zero.deepspeed_version);
   validate(sc);
   const BuildContext ctx(sc);
   Schedule s;

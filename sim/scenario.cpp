@@ -163,6 +163,9 @@ std::string choice_of(const Setting& s, const std::string& key,
 
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
+const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
+// The versions sim/deepspeed_builder.cpp models (test_deepspeed_builder checks the two agree).
+const std::vector<std::string> kDeepSpeedVersions = {"0.13.1", "0.13.4", "0.13.5", "0.14.4"};
 const std::vector<std::string> kDtypeNames = {"bf16", "fp16", "fp32"};
 const std::vector<std::string> kCollectiveModelNames = {"fine", "coarse"};
 const std::vector<std::string> kNetworkModelNames = {"CM02", "LV08"};
@@ -245,6 +248,14 @@ const std::vector<KeySpec>& key_specs() {
          sc.run.variant = name == "stock"       ? Variant::kStock
                           : name == "host-sync" ? Variant::kHostSync
                                                 : Variant::kEventWait;
+       }},
+      {"run", "builder", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.run.builder = choice_of(v, k, kBuilderNames);
+       }},
+      {"zero", "deepspeed_version", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.zero.deepspeed_version = choice_of(v, k, kDeepSpeedVersions);
        }},
       {"run", "fill", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {

@@ -79,6 +79,8 @@ struct ZeroConfig {
   std::int64_t stage3_max_reuse_distance = 1'000'000'000;     ///< elements
   std::int64_t stage3_param_persistence_threshold = 100'000;  ///< elements
   bool offload_param = false;                                 ///< parameters live in host memory
+  /// The DeepSpeed version whose hpZ behaviour the `deepspeed` builder issues (run.builder).
+  std::string deepspeed_version = "0.13.4";
 };
 
 /** [run]: which variant to build and how to run it. */
@@ -87,6 +89,10 @@ struct RunConfig {
   Fill fill = Fill::kNan;
   std::uint64_t seed = 1;
   int steps = 2;  ///< optimizer steps to build
+  /// Which builder writes the schedule: "coarse" (sim/builder.cpp: one fetch unit per attn/mlp)
+  /// or "deepspeed" (sim/deepspeed_builder.cpp: DeepSpeed's hooks and coordinator, held equal
+  /// to recordings of real DeepSpeed).
+  std::string builder = "coarse";
   /// A spin kernel of this many microseconds on the compute stream ahead of every secondary
   /// copy of a training step (0 = none): the way a reproduction keeps the producer stream busy
   /// so that the race shows even where the compute stream would not back up by itself.

@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
+#include "sim/check/checker.hpp"
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
 #include "sim/projection.hpp"
+#include "sim/scenario.hpp"
 #include "sim/schedule_json.hpp"
 #include "tests/paths.hpp"
 
@@ -86,6 +90,50 @@ INSTANTIATE_TEST_SUITE_P(Tiny, DeepSpeedBuilderMatches,
                            }
                            return n;
                          });
+
+// Findings per kind: (occurrences, groups), leaving out the one known difference: races on a
+// primary shard written by zero.Init. After partitioning every parameter, the recording shows a
+// second init pass that gathers each parameter synchronously on the world group from S0 (where
+// DeepSpeed or transformers issues it is not identified yet, so the builder does not issue it);
+// its handshakes order the init copies before the first forward's world gathers. Without it the
+// builder reports those copies racing with the first world gathers (32 on hpZ off, 16 on 0.13.1).
+std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> verdict(
+    const check::CheckResult& r) {
+  std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> out;
+  for (const check::FindingGroup& g : r.groups) {
+    if (g.example.first.phase == Phase::kInit && g.example.role == BufferRole::kPrimary) continue;
+    out[g.example.kind].first += g.count;
+    out[g.example.kind].second += 1;
+  }
+  return out;
+}
+
+// The checker's verdict on the built schedule equals its verdict on the recording: per finding
+// kind, the number of groups and of findings (with the difference above left out).
+TEST_P(DeepSpeedBuilderMatches, CheckerVerdict) {
+  const Schedule rec = recording(GetParam());
+  const Schedule built = build_deepspeed_schedule(scenario_of(rec), rec.source.at("deepspeed"));
+  const auto want = verdict(check::check_schedule(rec));
+  const auto got = verdict(check::check_schedule(built));
+  EXPECT_EQ(got, want) << GetParam();
+  // The versions' known verdicts (docs/record.md), so that a change to both sides is seen too.
+  const std::string v = rec.source.at("deepspeed");
+  const bool hpz = rec.hpz_size > 1;
+  const bool overlap = scenario_of(rec).zero.overlap_comm;
+  const bool races = got.count(check::FindingKind::kRace) > 0;
+  EXPECT_EQ(races, v == "0.13.4" && hpz && overlap) << GetParam();
+  EXPECT_EQ(got.count(check::FindingKind::kStaleRead) > 0, v == "0.13.1") << GetParam();
+}
+
+TEST(DeepSpeedBuilder, ScenarioKeysListTheBuildersVersions) {
+  for (const std::string& v : deepspeed_builder_versions()) {
+    Scenario sc = load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", v}});
+    EXPECT_EQ(sc.zero.deepspeed_version, v);
+  }
+  EXPECT_THROW(load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", "0.12.0"}}),
+               InputError);
+  EXPECT_THROW(load_scenario(test::scenario_path("tiny"), {{"run.builder", "exact"}}), InputError);
+}
 
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
   Scenario sc;
