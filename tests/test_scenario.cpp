@@ -425,7 +425,7 @@ TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
              "top.toml: nodes: a key must belong to a section; did you mean 'cluster.nodes'?");
   const std::string far = load_error("[run]\ncolour = 1\n");
   EXPECT_HAS(far,
-             "run.colour: unknown key (allowed in [run]: variant, fill, seed, steps, "
+             "run.colour: unknown key (allowed in [run]: variant, builder, fill, seed, steps, "
              "spin_before_copy_us)");
 }
 
