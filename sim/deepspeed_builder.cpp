@@ -42,13 +42,16 @@ struct VersionRules {
   /// The coordinator gathers parameters with and without a secondary in separate calls
   /// (COORD:440-455, PR 4906); v0.13.1 gathers them in one (COORD:447 at v0.13.1).
   bool split_by_secondary;
+  /// initialize_optimizer_states runs the optimizer step once to create its states (S3:1014 at
+  /// v0.13.1); later versions do not.
+  bool optimizer_step_at_init;
 };
 
 constexpr VersionRules kVersions[] = {
-    {"0.13.1", true, true, false, false, true, false},
-    {"0.13.4", false, false, false, true, false, true},
-    {"0.13.5", false, false, true, true, false, true},
-    {"0.14.4", false, true, true, true, false, true},
+    {"0.13.1", true, true, false, false, true, false, true},
+    {"0.13.4", false, false, false, true, false, true, false},
+    {"0.13.5", false, false, true, true, false, true, false},
+    {"0.14.4", false, true, true, true, false, true, false},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -60,6 +63,7 @@ struct DsParam {
   std::uint64_t numel = 0;
   std::uint64_t rows = 0;  // first dimension, for GEMM shapes (0: a vector)
   int layer = -1;
+  bool persist = false;  // ds_persist
 };
 
 enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHead };
@@ -271,8 +275,10 @@ struct Handle {
 struct ParamState {
   Status status = Status::kNotAvailable;
   bool has_secondary = false;
-  std::set<int> active;  // ds_active_sub_modules
-  int handle = -1;       // in __inflight_param_registry
+  bool has_primary = false;            // ds_tensor is set
+  std::set<int> active;                // ds_active_sub_modules
+  EventId secondary_ready = kNoEvent;  // event-wait: recorded after the last secondary copy
+  int handle = -1;                     // in __inflight_param_registry
   BufferId primary = kNoBuffer, secondary = kNoBuffer, full = kNoBuffer, grad = kNoBuffer;
 };
 
@@ -309,6 +315,9 @@ class RankBuilder {
   void release_sub_module(int module);
   void release_param(int p);
   void partition(int p);
+  void gather_blocking(int p);
+  void barrier();
+  void gather_persistent();
   void all_gather_params(const std::vector<int>& params, bool forward);
   void all_gather_coalesced(std::vector<int> params, bool forward);
   void wait_handle(int h);
@@ -509,6 +518,98 @@ void RankBuilder::init() {
     partition(p);
   }
   unit_ = kNoUnit;
+  // The stage-3 optimizer's constructor (S3:87-382). _create_fp16_partitions_with_defragmentation
+  // (S3:661-700) starts with a barrier and moves every primary shard into one flat buffer
+  // (defragment, S3:526-560: each shard copied out, empty_cache(), the flat buffer back on the
+  // device and each shard a view of it).
+  barrier();
+  std::vector<BufferId> moved;
+  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    moved.push_back(buffer(md_.params[p].name + ".primary", BufferRole::kPrimary,
+                           static_cast<UnitId>(p), layouts_[p].shard_numel() * dt_));
+    unit_ = static_cast<UnitId>(p);
+    alloc(moved.back(), current_, Purpose::kParamInit);
+  }
+  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
+    unit_ = static_cast<UnitId>(p);
+    push(OpKind::kCopy, current_, Purpose::kParamInit,
+         {{ps_[p].primary, AccessMode::kRead, 0, shard}, {moved[p], AccessMode::kWrite, 0, shard}})
+        .mem_bytes = static_cast<double>(2 * shard);
+    ps_[p].primary = moved[p];
+  }
+  unit_ = kNoUnit;
+  push(OpKind::kHostDeviceSync, kHostStream, Purpose::kParamInit);  // empty_cache()
+  // _setup_for_real_optimizer (S3:470-483): the fp32 partitions, a barrier, the optimizer
+  // states, a barrier.
+  barrier();
+  if (v_.optimizer_step_at_init) {
+    // initialize_optimizer_states ran the optimizer once per sub-group (S3:1014-1015 at v0.13.1)
+    // to create its states; _create_fp16_sub_groups (S3:903-926) cuts a rank's partition into
+    // sub_group_size pieces (DeepSpeed's default 1e9 elements). The recorder's AdamW logs a host
+    // sync per step, as in optimizer_step().
+    std::uint64_t partition = 0;
+    for (const ShardLayout& l : layouts_) partition += l.shard_numel();
+    const std::uint64_t sub_groups =
+        std::max<std::uint64_t>(1, (partition + 999'999'999) / 1'000'000'000);
+    for (std::uint64_t g = 0; g < sub_groups; ++g) {
+      push(OpKind::kKernel, s0_, Purpose::kParamInit);
+      push(OpKind::kHostStreamSync, s0_, Purpose::kParamInit);
+    }
+  }
+  barrier();
+  // create_reduce_and_remove_grad_hooks (S3:1108-1143): each trainable parameter, in
+  // model.parameters() order, is gathered whole so that its AccumulateGrad hook can be
+  // registered, then partitioned again.
+  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    gather_blocking(p);
+    partition(p);
+  }
+  unit_ = kNoUnit;
+}
+
+// dist.barrier(): ProcessGroupNCCL's barrier all-reduces a one-element tensor of its own on the
+// world group and waits for it on the host (ProcessGroupNCCL.cpp barrier(); the recorder logs it
+// the same way).
+void RankBuilder::barrier() {
+  const BufferId t = buffer("barrier", BufferRole::kScratch, kNoUnit, 4);
+  alloc(t, current_, purpose_);
+  push(OpKind::kKernel, current_, purpose_, {{t, AccessMode::kWrite, 0, 4}});
+  const EventId done = collective(OpKind::kAllReduce, world_group_, 4,
+                                  {{t, AccessMode::kRead, 0, 4}, {t, AccessMode::kWrite, 0, 4}});
+  wait(current_, done, purpose_);
+  push(OpKind::kHostStreamSync, current_, purpose_);
+}
+
+// param.all_gather() (PP:1114) on one parameter: _all_gather (PP:1432-1462) with async_op
+// false calls _allgather_params (PP:1822-1870): a flat buffer of partition_size * world, this
+// rank's shard copied into its slot, a blocking all_gather_into_tensor on the parameter's
+// ds_process_group (the world), and the parameter's new data copied out of the flat buffer.
+void RankBuilder::gather_blocking(int p) {
+  const DsParam& dp = md_.params[p];
+  ParamState& st = ps_[p];
+  const ShardLayout& l = layouts_[p];
+  const std::uint64_t shard = l.shard_numel() * dt_;
+  const BufferId flat =
+      buffer(dp.name + ".gather_flat", BufferRole::kScratch, kNoUnit, l.padded_numel() * dt_);
+  unit_ = kNoUnit;
+  alloc(flat, current_, Purpose::kParamInit);
+  push(OpKind::kCopy, current_, Purpose::kParamInit,
+       {{st.primary, AccessMode::kRead, 0, shard},
+        {flat, AccessMode::kWrite, static_cast<std::uint64_t>(rank_) * shard, shard}})
+      .mem_bytes = static_cast<double>(2 * shard);
+  const EventId done =
+      collective(OpKind::kAllGather, world_group_, shard,
+                 {{flat, AccessMode::kRead, static_cast<std::uint64_t>(rank_) * shard, shard},
+                  {flat, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
+  wait(current_, done, Purpose::kParamInit);  // the work's wait() (PG), async_op false
+  st.full = buffer(dp.name + ".full", BufferRole::kFull, static_cast<UnitId>(p), dp.numel * dt_);
+  alloc(st.full, current_, Purpose::kParamInit);
+  push(OpKind::kCopy, current_, Purpose::kParamInit,
+       {{flat, AccessMode::kRead, 0, dp.numel * dt_},
+        part(p, st.full, {0, dp.numel}, AccessMode::kWrite, true)})
+      .mem_bytes = static_cast<double>(2 * dp.numel * dt_);
+  st.status = Status::kAvailable;
 }
 
 // param.partition() -> Init._partition (PP:1470-1478): the secondary (PP:1603), then the
@@ -534,11 +635,16 @@ void RankBuilder::partition(int p) {
               part(p, st.secondary, sec, AccessMode::kWrite, false)})
             .mem_bytes = static_cast<double>(2 * layouts_[p].valid(sec).size() * dt_);
       }
-      if (v_.host_sync_after_copy) push(OpKind::kHostStreamSync, current_, Purpose::kFixHostSync);
+      if (v_.host_sync_after_copy || sc_.run.variant == Variant::kHostSync) {
+        push(OpKind::kHostStreamSync, current_, Purpose::kFixHostSync);
+      } else if (sc_.run.variant == Variant::kEventWait) {
+        st.secondary_ready = record(current_, Purpose::kFixEventRecord);
+      }
     }
   }
   if (st.status == Status::kAvailable) {
-    if (phase_ == Phase::kInit) {
+    if (!st.has_primary) {  // ds_tensor is None: the first partition (PP:1501)
+      st.has_primary = true;
       alloc(st.primary, current_, Purpose::kParamInit);
       const ElemRange pri = layouts_[p].primary_slice(rank_);
       push(OpKind::kCopy, current_, Purpose::kParamInit,
@@ -715,6 +821,13 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
   const GroupId g = hpz_group ? hpz_group_ : world_group_;
   const int group_size = hpz_group ? hpz_ : world_;
   const int rank_in_group = hpz_group ? rank_ % hpz_ : rank_;
+  // event-wait (fix B): the gathering stream waits for the copy that wrote each secondary read.
+  for (int p : params) {
+    if (use_secondary && ps_[p].secondary_ready != kNoEvent) {
+      wait(current_, ps_[p].secondary_ready, Purpose::kFixEventWait);
+      ps_[p].secondary_ready = kNoEvent;
+    }
+  }
   for (int p : params) ps_[p].status = Status::kInflight;
   Handle h;
   h.params = params;
@@ -825,7 +938,7 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
   std::set<int> out;
   const int own = md_.modules[module].param;
   if (own >= 0) {
-    out.insert(own);  // no parameter is persistent here (checked in build_deepspeed_schedule)
+    if (!md_.params[own].persist) out.insert(own);  // COORD:491-493
     if (auto it = most_recent_.find(own); it != most_recent_.end() && it->second > step_id) {
       out.erase(own);
     }
@@ -967,16 +1080,57 @@ void RankBuilder::optimizer_step() {
         .mem_bytes = 16.0 * static_cast<double>(layouts_[p].shard_numel());
   }
   unit_ = kNoUnit;
+  gather_persistent();
   if (v_.invalidate_after_step) {
     for (std::size_t p = 0; p < md_.params.size(); ++p) {
       if (!ps_[p].has_secondary) continue;
       unit_ = static_cast<UnitId>(p);
       free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
       ps_[p].has_secondary = false;
+      ps_[p].secondary_ready = kNoEvent;
     }
     unit_ = kNoUnit;
   }
   push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);
+}
+
+// _post_step (S3:1984-1986): persistent_parameters[0].all_gather(persistent_parameters), a
+// blocking gather of every persistent parameter (all released by release_and_reset_all). One
+// parameter goes through _allgather_params (PP:1822) as at init; several through
+// _allgather_params_coalesced (PP:1718-1820): a full-size buffer each, one async
+// all_gather_into_tensor each from the primary on ds_process_group (the world), a wait on the
+// last handle only, the buffers become the parameters' data, and a device synchronize.
+void RankBuilder::gather_persistent() {
+  std::vector<int> list;
+  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    if (md_.params[p].persist && ps_[p].status == Status::kNotAvailable) list.push_back(p);
+  }
+  if (list.empty()) return;
+  const Purpose saved_purpose = purpose_;
+  purpose_ = Purpose::kOptimizerStep;
+  if (list.size() == 1) {
+    gather_blocking(list.front());
+    purpose_ = saved_purpose;
+    return;
+  }
+  for (int p : list) {
+    ps_[p].full = buffer(md_.params[p].name + ".full", BufferRole::kFull, static_cast<UnitId>(p),
+                         layouts_[p].padded_numel() * dt_);
+    unit_ = static_cast<UnitId>(p);
+    alloc(ps_[p].full, current_, purpose_);
+  }
+  unit_ = kNoUnit;
+  EventId last = kNoEvent;
+  for (int p : list) {
+    const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
+    last = collective(OpKind::kAllGather, world_group_, shard,
+                      {{ps_[p].primary, AccessMode::kRead, 0, shard},
+                       {ps_[p].full, AccessMode::kWrite, 0, layouts_[p].padded_numel() * dt_}});
+  }
+  wait(current_, last, purpose_);  // launch_handles[-1].wait()
+  push(OpKind::kHostDeviceSync, kHostStream, purpose_);
+  for (int p : list) ps_[p].status = Status::kAvailable;
+  purpose_ = saved_purpose;
 }
 
 void RankBuilder::run_hook(const Hook& h) {
@@ -1094,12 +1248,14 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   if (sc.zero.zero_quantized_gradients) refuse("qgZ (zero.zero_quantized_gradients)");
   if (sc.zero.offload_param) refuse("zero.offload_param");
   if (sc.training.grad_accum != 1) refuse("training.grad_accum > 1");
-  if (sc.zero.stage3_param_persistence_threshold > 0) {
-    refuse("persistent parameters (zero.stage3_param_persistence_threshold > 0)");
-  }
-  if (sc.run.variant != Variant::kStock) refuse("the host-sync and event-wait variants");
 
-  const Model md = llama_model(sc.model);
+  Model md = llama_model(sc.model);
+  // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
+  // model_persistence_threshold at its default (sys.maxsize); zero.Init marks the same ones
+  // (PP:1086).
+  for (DsParam& p : md.params) {
+    p.persist = static_cast<std::int64_t>(p.numel) <= sc.zero.stage3_param_persistence_threshold;
+  }
   Schedule s;
   s.scenario = sc.path;
   s.variant = to_string(sc.run.variant);
@@ -1117,6 +1273,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
     u.padded_numel = l.padded_numel();
     u.shard_numel = l.shard_numel();
     u.secondary_numel = s.hpz_size > 1 ? l.secondary_numel() : 0;
+    u.persistent = p.persist;
     s.units.push_back(u);
   }
   // Groups: hpZ blocks (DeepSpeed utils/groups.py _create_zero_param_parallel_group), the
