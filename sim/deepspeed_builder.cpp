@@ -45,13 +45,20 @@ struct VersionRules {
   /// initialize_optimizer_states runs the optimizer step once to create its states (S3:1014 at
   /// v0.13.1); later versions do not.
   bool optimizer_step_at_init;
+  /// One coordinator for training and inference (PR 6662, v0.16.0): reset_step runs at the
+  /// start of every forward (PO:248-253 at v0.17.6, the trace starting INVALID) instead of at
+  /// the end of the optimizer's backward (S3:2215 at v0.13.4), and assert_ints_same_as_other_ranks
+  /// first checks the list's length (utils.py:70-84, 104-113 at v0.17.6): a broadcast of the
+  /// length and its `.item()`, then the list's broadcast and one `.item()` per element.
+  bool reset_at_forward_start;
 };
 
 constexpr VersionRules kVersions[] = {
-    {"0.13.1", true, true, false, false, true, false, true},
-    {"0.13.4", false, false, false, true, false, true, false},
-    {"0.13.5", false, false, true, true, false, true, false},
-    {"0.14.4", false, true, true, true, false, true, false},
+    {"0.13.1", true, true, false, false, true, false, true, false},
+    {"0.13.4", false, false, false, true, false, true, false, false},
+    {"0.13.5", false, false, true, true, false, true, false, false},
+    {"0.14.4", false, true, true, true, false, true, false, false},
+    {"0.17.6", false, true, true, true, false, true, false, true},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -351,7 +358,9 @@ class RankBuilder {
   std::vector<Handle> handles_;
 
   // PartitionedParameterCoordinator (COORD:78-130).
-  enum class Trace { kRecord, kComplete } trace_ = Trace::kRecord;
+  // COORD:94 at v0.13.4 starts in RECORD; from v0.16.0 the trace starts INVALID (COORD:98 at
+  // v0.17.6) and the first reset_step turns it to RECORD.
+  enum class Trace { kInvalid, kRecord, kComplete } trace_ = Trace::kRecord;
   std::vector<int> submodule_order_;
   std::vector<TraceEntry> param_order_;
   std::deque<TraceEntry> queue_;
@@ -386,6 +395,7 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
     if (grp.name == "world1") grad_group_ = static_cast<GroupId>(g);
     if (grp.kind == GroupKind::kHpz) hpz_group_ = static_cast<GroupId>(g);
   }
+  if (v.reset_at_forward_start) trace_ = Trace::kInvalid;
   for (const DsModule& m : md_.modules) {
     const auto it = std::find(s_.labels.begin(), s_.labels.end(), m.path);
     module_label_.push_back(static_cast<LabelId>(it - s_.labels.begin()));
@@ -980,22 +990,54 @@ void RankBuilder::release_param(int p) {
 
 // COORD:195-240: the first forward+backward records the trace; reset_step completes it.
 void RankBuilder::reset_step() {
-  if (trace_ == Trace::kRecord) {
-    // assert_ints_same_as_other_ranks on the module order, the parameter ids and their step
-    // ids (COORD:202-211): three all-reduces over the world group from the compute stream.
-    // Each list goes through an all-reduce of int64s (utils.py assert_ints_same_as_other_ranks).
-    param_order_.clear();
-    for (std::size_t i = 0; i < submodule_order_.size(); ++i) {
-      const int p = md_.modules[submodule_order_[i]].param;
-      if (p >= 0) param_order_.push_back({p, static_cast<int>(i)});
-    }
-    purpose_ = Purpose::kBackwardCompute;
-    for (const std::size_t n :
-         {submodule_order_.size(), param_order_.size(), param_order_.size()}) {
+  const Purpose p = purpose_;
+  // assert_ints_same_as_other_ranks: up to v0.14.4 one broadcast of the list (int64s) from
+  // the compute stream (utils.py get_lst_from_rank0); from v0.16.0 first the length's
+  // broadcast and `.item()`, then the list's broadcast and `.item()` of each element (one host
+  // sync on a GPU after `.cpu()`; none for an empty list). The recorder logs a broadcast as an
+  // all-reduce of the same bytes, as the builder does at init.
+  auto assert_ints = [&](std::size_t n) {
+    if (v_.reset_at_forward_start) {
+      const BufferId len = buffer("rank0_len", BufferRole::kScratch, kNoUnit, 8);
+      alloc(len, current_, p);
+      push(OpKind::kKernel, current_, p, {{len, AccessMode::kWrite, 0, 8}});
+      const EventId done =
+          collective(OpKind::kAllReduce, world_group_, 8,
+                     {{len, AccessMode::kRead, 0, 8}, {len, AccessMode::kWrite, 0, 8}});
+      wait(current_, done, p);
+      push(OpKind::kHostStreamSync, current_, p);
+      const BufferId lst = buffer("rank0_list", BufferRole::kScratch, kNoUnit, 8 * n);
+      if (n > 0) {
+        alloc(lst, current_, p);
+        push(OpKind::kKernel, current_, p, {{lst, AccessMode::kWrite, 0, 8 * n}});
+      }
+      const EventId d2 =
+          collective(OpKind::kAllReduce, world_group_, 8 * n,
+                     {{lst, AccessMode::kRead, 0, 8 * n}, {lst, AccessMode::kWrite, 0, 8 * n}});
+      wait(current_, d2, p);
+      if (n > 0) push(OpKind::kHostStreamSync, current_, p);
+    } else {
       const EventId done = collective(OpKind::kAllReduce, world_group_, 8 * n, {});
-      wait(current_, done, Purpose::kBackwardCompute);
+      wait(current_, done, p);
     }
-    trace_ = Trace::kComplete;
+  };
+  if (trace_ != Trace::kComplete) {
+    // COORD:210-229 (v0.13.4), 235-254 (v0.17.6): the module order is checked; a recorded
+    // trace is completed (its parameter ids and step ids checked too), an invalid one starts
+    // recording.
+    assert_ints(submodule_order_.size());
+    if (trace_ == Trace::kRecord) {
+      param_order_.clear();
+      for (std::size_t i = 0; i < submodule_order_.size(); ++i) {
+        const int q = md_.modules[submodule_order_[i]].param;
+        if (q >= 0) param_order_.push_back({q, static_cast<int>(i)});
+      }
+      assert_ints(param_order_.size());
+      assert_ints(param_order_.size());
+      trace_ = Trace::kComplete;
+    } else {
+      trace_ = Trace::kRecord;
+    }
   }
   queue_.assign(param_order_.begin(), param_order_.end());
   most_recent_.clear();
@@ -1203,11 +1245,15 @@ RankSchedule RankBuilder::build() {
   const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {
     phase_ = Phase::kForward;
+    if (v_.reset_at_forward_start) {
+      purpose_ = Purpose::kForwardCompute;
+      reset_step();
+    }
     for (const Hook& h : hooks) run_hook(h);
     // The optimizer's backward() ends with reset_step (S3:2215); then the engine's gradient
     // epilogue reduces the last bucket and drains S_rs (S3:1082-1088).
     current_ = s0_;
-    reset_step();
+    if (!v_.reset_at_forward_start) reset_step();
     reduce_ipg();
     phase_ = Phase::kBackward;
     push(OpKind::kHostStreamSync, srs_, Purpose::kBackwardCompute);

@@ -90,6 +90,10 @@ std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init) {
       default:
         continue;
     }
+    if (op.kind == OpKind::kHostStreamSync || op.kind == OpKind::kHostDeviceSync ||
+        op.kind == OpKind::kHostEventSync) {
+      if (!out.empty() && out.back().line == line) continue;
+    }
     std::string where = "step " + std::to_string(op.step) + " " + std::string(to_string(op.phase));
     if (op.label >= 0 && static_cast<std::size_t>(op.label) < s.labels.size()) {
       where += " at " + s.labels[op.label];

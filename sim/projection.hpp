@@ -4,6 +4,11 @@
 // event records and stream waits, and host syncs. Kernels and temporaries are left out (a
 // builder may be coarser there). Each op becomes one canonical line with no ids in it: streams,
 // groups and units by name, an event by the stream it was recorded on and its ordinal there.
+// A host sync right after an identical one, with no projected op between, is left out: the host
+// already waited for the same stream (or device) and no projected op was issued since: it orders
+// nothing more (kernels between are not projected). (The recorder logs every `.item()` as a host
+// sync, also on a tensor a GPU run would already hold on the host: DeepSpeed 0.17.6's
+// get_lst_from_rank0 calls `.item()` per element after one `.cpu()`.)
 #pragma once
 
 #include <cstddef>

@@ -165,7 +165,8 @@ const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wai
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 // The versions sim/deepspeed_builder.cpp models (test_deepspeed_builder checks the two agree).
-const std::vector<std::string> kDeepSpeedVersions = {"0.13.1", "0.13.4", "0.13.5", "0.14.4"};
+const std::vector<std::string> kDeepSpeedVersions = {"0.13.1", "0.13.4", "0.13.5", "0.14.4",
+                                                     "0.17.6"};
 const std::vector<std::string> kDtypeNames = {"bf16", "fp16", "fp32"};
 const std::vector<std::string> kCollectiveModelNames = {"fine", "coarse"};
 const std::vector<std::string> kNetworkModelNames = {"CM02", "LV08"};

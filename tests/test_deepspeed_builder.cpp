@@ -92,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, DeepSpeedBuilderMatches,
                                          "tiny-0.13.4-max-live-3000", "tiny-0.13.4-max-live-30000",
                                          "tiny-0.13.4-max-live-1000000000",
                                          "tiny-0.13.4-no-checkpointing", "tiny-0.13.1",
-                                         "tiny-0.13.5", "tiny-0.14.4"),
+                                         "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6"),
                          [](const testing::TestParamInfo<const char*>& p) {
                            std::string n = p.param;
                            for (char& c : n) {
