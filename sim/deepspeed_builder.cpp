@@ -1245,6 +1245,10 @@ RankSchedule RankBuilder::build() {
   const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {
     phase_ = Phase::kForward;
+    // The training script's batch.to(device) before the forward: a pageable host-to-device
+    // copy that synchronizes the current stream (the HF Trainer's and accelerate's default;
+    // the recorder's --batch-copy blocking).
+    push(OpKind::kHostStreamSync, s0_, Purpose::kForwardCompute);
     if (v_.reset_at_forward_start) {
       purpose_ = Purpose::kForwardCompute;
       reset_step();

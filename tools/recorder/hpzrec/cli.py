@@ -44,6 +44,11 @@ def parser() -> argparse.ArgumentParser:
                    "decision of its")
     p.add_argument("--grad-checkpointing", choices=("on", "off"), default="on",
                    help="transformers' gradient checkpointing (default on)")
+    p.add_argument("--batch-copy", choices=("blocking", "non-blocking"), default="blocking",
+                   help="how the training script moves each micro-batch to the GPU: blocking "
+                   "(batch.to(device), the HF Trainer's and accelerate's default: the host waits "
+                   "for the compute stream first) or non-blocking (pinned, non_blocking=True); "
+                   "default blocking")
     p.add_argument("--rank", type=int, default=0, help="the rank DeepSpeed runs as (default 0)")
     p.add_argument("--out", required=True, help="where to write the schedule JSON")
     p.add_argument("--verbose", action="store_true", help="DeepSpeed's own INFO logs too")

@@ -27,6 +27,14 @@ class Training:
     grad_accum: int = 1
     grad_checkpointing: bool = True
     seed: int = 1
+    # How the training script moves each micro-batch to the GPU: "blocking" is
+    # batch.to(device) from pageable memory, what the HF Trainer (_prepare_input) and
+    # accelerate (send_to_device, non_blocking=False) do by default: PyTorch's copy_ issues
+    # cudaMemcpyAsync on the current stream and then synchronizes that stream, so the host
+    # waits for everything already queued on it. "non-blocking" (pinned memory,
+    # non_blocking=True) waits for nothing. On this CPU the batch already sits where DeepSpeed
+    # runs, so the recorder logs the wait itself.
+    batch_copy: str = "blocking"
 
 
 class ConfigError(Exception):
@@ -121,6 +129,8 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
                                   generator=generator)
             with rec.context(step=step, micro_step=micro, phase=recording.FORWARD,
                              purpose="forward_compute", label=-1):
+                if training.batch_copy == "blocking":
+                    rec.push("host_stream_sync", rec.current_stream)
                 loss = engine(input_ids=batch, labels=batch).loss
             with rec.context(step=step, micro_step=micro, phase=recording.BACKWARD,
                              purpose="backward_compute", label=-1):

@@ -117,7 +117,8 @@ def main() -> int:
                              f"{_first_line(e)}")
     training = model.Training(steps=args.steps, micro_batch=micro, seq_len=cli.RECORD_SEQ_LEN,
                               grad_accum=int(ds.get("gradient_accumulation_steps", 1)),
-                              grad_checkpointing=args.grad_checkpointing == "on")
+                              grad_checkpointing=args.grad_checkpointing == "on",
+                              batch_copy=args.batch_copy)
     print(f"hpzlab record: DeepSpeed {deepspeed.__version__}, rank {args.rank} of {world}, "
           f"{args.steps} steps", file=sys.stderr, flush=True)
     try:
@@ -137,6 +138,7 @@ def main() -> int:
         "micro_batch": str(micro), "seq_len": str(args.seq_len),
         "recorded_seq_len": str(cli.RECORD_SEQ_LEN), "dtype": facts["dtype"],
         "grad_checkpointing": args.grad_checkpointing,
+        "batch_copy": args.batch_copy,
         "command": "hpzlab record " + " ".join(a for a in sys.argv[1:] if a != "--in-env"),
         "ds_config_used": json.dumps(ds, sort_keys=True),
     }
