@@ -562,6 +562,12 @@ TEST(Report, ARecordedOpIsNamedByItsLabelAndTheHeaderByItsDeepSpeed) {
   const std::string text = TextReporter().render_one(r);
   EXPECT_EQ(text.substr(0, text.find('\n')),
             "hand-built [test, DeepSpeed 0.13.4 recorded]: 1 finding: 1 race (1 group)");
+  // The DeepSpeed builder's schedules name the version they were built for.
+  b.schedule().source = {{"deepspeed", "0.13.4"}, {"builder", "deepspeed"}};
+  const std::string built = TextReporter().render_one(b.check());
+  EXPECT_EQ(built.substr(0, built.find('\n')),
+            "hand-built [test, DeepSpeed 0.13.4 built]: 1 finding: 1 race (1 group)");
+  b.schedule().source = {{"deepspeed", "0.13.4"}, {"recorder", "hpzlab record"}};
   EXPECT_NE(text.find("(step 0, layers.0.attn, forward, at model.layers.0.self_attn.q_proj)"),
             std::string::npos)
       << text;

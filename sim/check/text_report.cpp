@@ -61,9 +61,14 @@ std::string span_of(const FindingGroup& g) {
 }
 
 std::string verdict_line(const CheckResult& r) {
+  // A recording names its DeepSpeed ("recorded"); the DeepSpeed builder names the version whose
+  // behaviour it issued ("built").
   const auto deepspeed = r.source.find("deepspeed");
-  const std::string recorded =
-      deepspeed == r.source.end() ? "" : ", DeepSpeed " + deepspeed->second + " recorded";
+  const auto builder = r.source.find("builder");
+  const bool built = builder != r.source.end() && builder->second == "deepspeed";
+  const std::string recorded = deepspeed == r.source.end() ? ""
+                                                           : ", DeepSpeed " + deepspeed->second +
+                                                                 (built ? " built" : " recorded");
   const std::string name = fmt::format("{} [{}{}]", r.scenario.empty() ? "schedule" : r.scenario,
                                        r.variant.empty() ? "?" : r.variant, recorded);
   if (r.clean()) {
