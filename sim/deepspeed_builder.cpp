@@ -1290,14 +1290,22 @@ const std::vector<std::string>& deepspeed_builder_versions() {
 
 Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version) {
   const VersionRules& v = rules_for(version);
-  auto refuse = [](const std::string& what) {
-    throw InputError("", "run.builder", "the DeepSpeed builder does not model " + what + " yet");
+  auto refuse = [&](const std::string& what, const std::string& instead) {
+    throw InputError(sc.path, "run.builder",
+                     "the DeepSpeed builder does not model " + what + " yet (" + instead +
+                         ", or run.builder = \"coarse\")");
   };
-  if (!sc.model.gated_mlp) refuse("non-Llama models (model.gated_mlp = false)");
-  if (sc.zero.zero_quantized_weights) refuse("qwZ (zero.zero_quantized_weights)");
-  if (sc.zero.zero_quantized_gradients) refuse("qgZ (zero.zero_quantized_gradients)");
-  if (sc.zero.offload_param) refuse("zero.offload_param");
-  if (sc.training.grad_accum != 1) refuse("training.grad_accum > 1");
+  if (!sc.model.gated_mlp) refuse("non-Llama models (model.gated_mlp = false)", "a Llama model");
+  if (sc.zero.zero_quantized_weights) {
+    refuse("qwZ", "set zero.zero_quantized_weights = false");
+  }
+  if (sc.zero.zero_quantized_gradients) {
+    refuse("qgZ", "set zero.zero_quantized_gradients = false");
+  }
+  if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
+  if (sc.training.grad_accum != 1) {
+    refuse("gradient accumulation", "set training.grad_accum = 1");
+  }
 
   Model md = llama_model(sc.model);
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with

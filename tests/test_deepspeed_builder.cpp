@@ -140,6 +140,53 @@ TEST(DeepSpeedBuilder, ScenarioKeysListTheBuildersVersions) {
   EXPECT_THROW(load_scenario(test::scenario_path("tiny"), {{"run.builder", "exact"}}), InputError);
 }
 
+// What follows from DeepSpeed's code: with the copy ordered before every read of the secondary,
+// or with no secondary read on another stream, no configuration races. Checked on a model and
+// world none of the recordings has (4 layers, hidden 96, 2 x 4 ranks, hpZ 4), with the limits
+// that make the stock version race there (the positive control).
+Scenario unrecorded_llama() {
+  Scenario sc;
+  sc.path = "unrecorded";
+  sc.cluster.nodes = 2;
+  sc.cluster.gpus_per_node = 4;
+  sc.model = {"llama-4x96", 4, 96, 256, 4, 2, 160, true};
+  sc.training.seq_len = 512;
+  sc.run.steps = 3;
+  sc.zero.overlap_comm = true;
+  sc.zero.zero_hpz_partition_size = 4;
+  sc.zero.stage3_param_persistence_threshold = 100;  // the norms persist
+  sc.zero.stage3_prefetch_bucket_size = 20'000;
+  sc.zero.stage3_max_live_parameters = 60'000;
+  sc.zero.stage3_max_reuse_distance = 0;
+  return sc;
+}
+
+std::uint64_t races(const Scenario& sc, const std::string& version) {
+  const check::CheckResult r = check::check_schedule(build_deepspeed_schedule(sc, version));
+  std::uint64_t n = 0;
+  for (const check::FindingGroup& g : r.groups) {
+    if (g.example.kind == check::FindingKind::kRace) n += g.count;
+  }
+  return n;
+}
+
+TEST(DeepSpeedBuilder, StockRacesWhereTheFixesAndLaterVersionsDoNot) {
+  const Scenario stock = unrecorded_llama();
+  ASSERT_GT(races(stock, "0.13.4"), 0u) << "the positive control: 0.13.4 stock races here";
+  for (const char* v : {"0.13.5", "0.14.4", "0.17.6"}) EXPECT_EQ(races(stock, v), 0u) << v;
+  Scenario fix = stock;
+  for (const Variant var : {Variant::kHostSync, Variant::kEventWait}) {
+    fix.run.variant = var;
+    EXPECT_EQ(races(fix, "0.13.4"), 0u) << to_string(var);
+  }
+  Scenario no_overlap = stock;
+  no_overlap.zero.overlap_comm = false;  // S_ag is the compute stream (PO:138-139)
+  EXPECT_EQ(races(no_overlap, "0.13.4"), 0u);
+  Scenario no_hpz = stock;
+  no_hpz.zero.zero_hpz_partition_size = 1;  // no secondary to read
+  EXPECT_EQ(races(no_hpz, "0.13.4"), 0u);
+}
+
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
   Scenario sc;
   try {
