@@ -350,6 +350,7 @@ class RankBuilder {
   Phase phase_ = Phase::kInit;
   Purpose purpose_ = Purpose::kParamInit;
   int step_ = -1;
+  int micro_ = 0;
   UnitId unit_ = kNoUnit;
   LabelId label_ = kNoLabel;
   std::vector<LabelId> module_label_;
@@ -413,6 +414,7 @@ Op& RankBuilder::push(OpKind kind, StreamId s, Purpose p, std::initializer_list<
   op.phase = phase_;
   op.purpose = p;
   op.step = step_;
+  op.micro_step = micro_;
   op.unit = unit_;
   op.label = label_;
   op.access_begin = static_cast<std::uint32_t>(out_.accesses.size());
@@ -1092,7 +1094,7 @@ void RankBuilder::reduce_ipg() {
 
 // DeepSpeedZeroOptimizer_Stage3.step (S3:2016-2060): release everything still gathered
 // (release_and_reset_all, PO:162), the global gradient norm, Adam on the primary shards,
-// invalidate the secondaries (_post_step, S3:1991), and loss.item() after the step.
+// invalidate the secondaries (_post_step, S3:1991). The script's loss.item() follows in build().
 void RankBuilder::optimizer_step() {
   phase_ = Phase::kOptimizer;
   purpose_ = Purpose::kParamRelease;
@@ -1133,7 +1135,6 @@ void RankBuilder::optimizer_step() {
     }
     unit_ = kNoUnit;
   }
-  push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);
 }
 
 // _post_step (S3:1984-1986): persistent_parameters[0].all_gather(persistent_parameters), a
@@ -1244,24 +1245,33 @@ RankSchedule RankBuilder::build() {
                        (total + world_ - 1) / world_ * dt_);
   const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {
-    phase_ = Phase::kForward;
-    // The training script's batch.to(device) before the forward: a pageable host-to-device
-    // copy that synchronizes the current stream (the HF Trainer's and accelerate's default;
-    // the recorder's --batch-copy blocking).
-    push(OpKind::kHostStreamSync, s0_, Purpose::kForwardCompute);
-    if (v_.reset_at_forward_start) {
-      purpose_ = Purpose::kForwardCompute;
-      reset_step();
+    // Every micro-batch: forward, backward (its gradients reduced into the partitions every
+    // micro-step, engine.allreduce_gradients: "ZeRO stage >= 2 communicates during non gradient
+    // accumulation boundaries as well"), engine.step(), which steps the optimizer only at the
+    // accumulation boundary (engine.py is_gradient_accumulation_boundary).
+    for (micro_ = 0; micro_ < sc_.training.grad_accum; ++micro_) {
+      phase_ = Phase::kForward;
+      // The training script's batch.to(device) before the forward: a pageable host-to-device
+      // copy that synchronizes the current stream (the HF Trainer's and accelerate's default;
+      // the recorder's --batch-copy blocking).
+      push(OpKind::kHostStreamSync, s0_, Purpose::kForwardCompute);
+      if (v_.reset_at_forward_start) {
+        purpose_ = Purpose::kForwardCompute;
+        reset_step();
+      }
+      for (const Hook& h : hooks) run_hook(h);
+      // The optimizer's backward() ends with reset_step (S3:2215); then the engine's gradient
+      // epilogue reduces the last bucket and drains S_rs (S3:1082-1088).
+      current_ = s0_;
+      if (!v_.reset_at_forward_start) reset_step();
+      reduce_ipg();
+      phase_ = Phase::kBackward;
+      push(OpKind::kHostStreamSync, srs_, Purpose::kBackwardCompute);
+      if (micro_ == sc_.training.grad_accum - 1) optimizer_step();
     }
-    for (const Hook& h : hooks) run_hook(h);
-    // The optimizer's backward() ends with reset_step (S3:2215); then the engine's gradient
-    // epilogue reduces the last bucket and drains S_rs (S3:1082-1088).
-    current_ = s0_;
-    if (!v_.reset_at_forward_start) reset_step();
-    reduce_ipg();
-    phase_ = Phase::kBackward;
-    push(OpKind::kHostStreamSync, srs_, Purpose::kBackwardCompute);
-    optimizer_step();
+    micro_ = 0;
+    phase_ = Phase::kOptimizer;
+    push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);  // the script's loss.item()
   }
   return std::move(out_);
 }
@@ -1303,9 +1313,6 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
     refuse("qgZ", "set zero.zero_quantized_gradients = false");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
-  if (sc.training.grad_accum != 1) {
-    refuse("gradient accumulation", "set training.grad_accum = 1");
-  }
 
   Model md = llama_model(sc.model);
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with

@@ -56,6 +56,7 @@ Scenario scenario_of(const Schedule& rec) {
   sc.training.seq_len = std::stoi(rec.source.at("seq_len"));
   sc.training.grad_checkpointing = rec.source.at("grad_checkpointing") == "on";
   sc.run.steps = std::stoi(rec.source.at("steps"));
+  sc.training.grad_accum = ds.value("gradient_accumulation_steps", 1);
   sc.zero.overlap_comm = z.value("overlap_comm", true);  // None -> stage == 3 (config.py)
   sc.zero.zero_hpz_partition_size = z.value("zero_hpz_partition_size", 1);
   // DeepSpeed's defaults (runtime/zero/config.py at v0.13.4): persistence 1e5, prefetch
@@ -91,8 +92,8 @@ INSTANTIATE_TEST_SUITE_P(Recordings, DeepSpeedBuilderMatches,
                                          "tiny-0.13.4-hpz-off", "tiny-0.13.4-prefetch-0",
                                          "tiny-0.13.4-max-live-3000", "tiny-0.13.4-max-live-30000",
                                          "tiny-0.13.4-max-live-1000000000",
-                                         "tiny-0.13.4-no-checkpointing", "tiny-0.13.1",
-                                         "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6",
+                                         "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
+                                         "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6",
                                          "llama2-7b-0.13.4"),
                          [](const testing::TestParamInfo<const char*>& p) {
                            std::string n = p.param;

@@ -4,8 +4,9 @@ The model is the one transformers 4.35 builds from the user's config.json
 (AutoModelForCausalLM.from_config), created under deepspeed.zero.Init so that every parameter is
 partitioned as it is created, as DeepSpeed does with zero.Init. Gradient checkpointing is
 transformers' own (reentrant, the default of torch 2.1's checkpoint). The loop is the usual one:
-engine(batch).loss, engine.backward(loss), engine.step(), then loss.item() each step, as the
-Hugging Face Trainer logs it.
+for every micro-batch batch.to(device), engine(batch).loss, engine.backward(loss),
+engine.step() (DeepSpeed steps the optimizer at the accumulation boundary), then loss.item()
+each step, as the Hugging Face Trainer logs it.
 """
 from __future__ import annotations
 
@@ -136,9 +137,13 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
                              purpose="backward_compute", label=-1):
                 engine.backward(loss)
                 rec.recomputing = False
-        with rec.context(step=step, phase=recording.OPTIMIZER, purpose="optimizer_step", label=-1):
-            engine.step()
-            probes.claim_all(model.parameters())
+            # engine.step() after every micro-batch, as DeepSpeed's training loop has it: the
+            # engine steps the optimizer only at the accumulation boundary
+            # (is_gradient_accumulation_boundary, runtime/engine.py) and counts micro-steps.
+            with rec.context(step=step, micro_step=micro, phase=recording.OPTIMIZER,
+                             purpose="optimizer_step", label=-1):
+                engine.step()
+                probes.claim_all(model.parameters())
         with rec.context(step=step, phase=recording.OPTIMIZER, purpose="step_sync", label=-1):
             loss.item()
         _progress(f"step {step + 1} of {training.steps} recorded")
