@@ -534,6 +534,37 @@ TEST(Malformed, AccessPastTheEndThrows) {
   EXPECT_THROW(b.check(), std::invalid_argument);
 }
 
+// A recording of DeepSpeed with qgZ has 8 streams a rank (docs/record.md): the clock holds the
+// host and up to kMaxThreads - 1 = 9 streams; the last of them still orders and races.
+TEST(Streams, NineStreamsAreCheckedAndTenRefused) {
+  Builder b(2);
+  for (auto& rs : b.schedule().ranks) {
+    while (rs.streams.size() < 9) rs.streams.push_back({"S" + std::to_string(rs.streams.size())});
+  }
+  const BufferId x = b.buffer("x", 256);
+  const BufferId y = b.buffer("y", 256);
+  b.op(0, 0, {W(x, 0, 256)});
+  b.wait(0, 8, b.record(0, 0));
+  b.op(0, 8, {R(x, 0, 256)});  // ordered by the event
+  b.op(0, 7, {W(y, 0, 256)});
+  b.op(0, 8, {R(y, 0, 256)});  // not ordered: a race between S7 and S8
+  const CheckResult r = b.check();
+  ASSERT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(total(r), 1u);
+  EXPECT_EQ(r.groups[0].example.first.stream, "S7");
+  EXPECT_EQ(r.groups[0].example.second.stream, "S8");
+
+  b.schedule().ranks[1].streams.push_back({"S9"});
+  try {
+    b.check();
+    FAIL() << "ten streams were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("a rank has 10 streams, at most 9 supported"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // ---- reports ----
 
 TEST(Report, FirstLineSaysCleanOrCounts) {

@@ -1,5 +1,7 @@
 #include "sim/check/clock.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cassert>
 #include <stdexcept>
@@ -52,7 +54,8 @@ bool ticks_le(const RankTicks& a, const RankTicks& b) {
 
 ClockArena::ClockArena(int ranks, int threads) : ranks_(ranks), threads_(threads) {
   if (threads < 1 || threads > kMaxThreads) {
-    throw std::invalid_argument("race checker: a rank has more than 7 streams");
+    throw std::invalid_argument(
+        fmt::format("race checker: a rank has more than {} streams", kMaxThreads - 1));
   }
 }
 

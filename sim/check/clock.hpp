@@ -23,8 +23,10 @@
 
 namespace hpz::check {
 
-/** Most threads per rank: the host plus up to 7 streams. */
-inline constexpr int kMaxThreads = 8;
+/** Most threads per rank: the host plus up to 9 streams. A recording of DeepSpeed with qgZ has
+ *  8 (compute, all-gather, reduce-scatter, and one NCCL stream for each of the world group, its
+ *  clone, the hpZ group, qgZ's intra-node and inter-node groups), and one is spare. */
+inline constexpr int kMaxThreads = 10;
 /** A logical time on one thread; 0 means "nothing known". */
 using Tick = std::uint32_t;
 /** The components of one rank's threads. */
