@@ -1,7 +1,8 @@
 """The recording itself, inside the pinned environment (started by hpzrec.cli).
 
 Order matters: the stand-ins go in before DeepSpeed is imported (its CPU accelerator imports
-the Intel extensions), the recording accelerator is set before anything asks DeepSpeed for one,
+the Intel extensions; the last of them, qgZ's quantizer, is the first to import DeepSpeed),
+the recording accelerator is set before anything asks DeepSpeed for one,
 and the op recorder is active from model construction (zero.Init) to the last step.
 """
 from __future__ import annotations

@@ -10,6 +10,11 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     refuse it; the IR's buffer lifetimes are logical (sim/schedule.hpp), so it does nothing.
   - deepspeed.ops' quantizer (qwZ): DeepSpeed's CUDA kernel cannot load on a CPU; a function
     with the same outputs (int8 values, one fp32 scale per group) stands in for it.
+  - The same CUDA module's qgZ ops (swizzle_quant, quantized_reduction, dequantize), which
+    runtime/comm/coalesced_collectives.py's all_to_all_quant_reduce loads into its module global
+    `quantizer_module`: plain-torch functions with the CUDA bindings' output shapes and dtypes
+    (csrc/quantization/pt_binding.cpp at v0.13.4). The all-to-alls between them are
+    hpzrec.collectives' all_to_all_single, also where coalesced_collectives imported it by name.
   - deepspeed.runtime.zero.utils.get_lst_from_rank0: DeepSpeed broadcasts rank 0's ints to
     assert that every rank agrees (module order, parameter ids). Nothing is communicated, so a
     rank other than 0 would see its own placeholder; the broadcast is still logged and the
@@ -92,6 +97,126 @@ def replace_quantizer(dtype: torch.dtype) -> None:
         pp.CUDAQuantizer.quantizer_cuda_module = QuantizerKernels(dtype)
 
 
+class QuantizedGradientKernels:
+    """The qgZ ops of DeepSpeed's quantizer CUDA module (op_builder QuantizerBuilder, loaded by
+    all_to_all_quant_reduce in runtime/comm/coalesced_collectives.py) for the CPU, with the
+    output shapes and dtypes of csrc/quantization/pt_binding.cpp at v0.13.4. Values are
+    per-group quantized with plain torch ops on the inputs, so the op recorder sees kernels that
+    read the inputs and write the outputs, as the CUDA kernels do; they are finite but not
+    DeepSpeed's: no swizzled order, and the input is read as its own dtype where the kernels read
+    fp16 (`(__half*)input_vals.data_ptr()`, whatever the dtype). 4 bits are packed two a byte.
+    `quant_type` is quantize::Type (quantization.h): Symmetric, or Asymmetric, whose scales carry
+    an offset as a second column."""
+    Symmetric = 0
+    Asymmetric = 1
+
+    @staticmethod
+    def _scale_columns(quant_type) -> int:
+        return 2 if int(quant_type) == QuantizedGradientKernels.Asymmetric else 1
+
+    @staticmethod
+    def _group_index(n: int, groups: int) -> torch.Tensor:
+        """The group of each of n values: `groups` runs of (nearly) equal length."""
+        return torch.div(torch.arange(n) * groups, n, rounding_mode="floor")
+
+    @classmethod
+    def _quantize(cls, values: torch.Tensor, groups: int, bits: int, quant_type):
+        """Flat float values -> (int8 values in bits' range, fp32 scales {groups, 1 or 2})."""
+        n = values.numel()
+        index = cls._group_index(n, groups)
+        if cls._scale_columns(quant_type) == 1:
+            qmax = 2**(bits - 1) - 1
+            amax = torch.zeros(groups).scatter_reduce(0, index, values.abs(), "amax")
+            scale = amax.clamp(min=1e-8) / qmax
+            q = (values / scale[index]).round().clamp(-qmax, qmax)
+            scales = scale.reshape(groups, 1)
+        else:
+            levels = 2**bits - 1
+            low = torch.full((groups, ), float("inf")).scatter_reduce(0, index, values, "amin")
+            high = torch.full((groups, ), -float("inf")).scatter_reduce(0, index, values, "amax")
+            scale = (high - low).clamp(min=1e-8) / levels
+            q = ((values - low[index]) / scale[index]).round().clamp(0, levels) - 2**(bits - 1)
+            scales = torch.stack((scale, low), dim=1)
+        return q.to(torch.int8), scales
+
+    @classmethod
+    def _dequantize(cls, q: torch.Tensor, scales: torch.Tensor, groups: int, bits: int,
+                    quant_type) -> torch.Tensor:
+        """int8 values in bits' range -> flat fp32 values."""
+        index = cls._group_index(q.numel(), groups)
+        values = q.float()
+        if cls._scale_columns(quant_type) == 2:
+            values = values + 2**(bits - 1)
+        values = values * scales[:, 0][index]
+        if cls._scale_columns(quant_type) == 2:
+            values = values + scales[:, 1][index]
+        return values
+
+    @staticmethod
+    def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+        """int8 values -> bytes: as they are for 8 bits, two a byte for 4."""
+        if bits == 8:
+            return q
+        pairs = q[:q.numel() // 2 * 2].reshape(-1, 2).to(torch.int16)
+        return (pairs[:, 0] * 16 + (pairs[:, 1] & 15)).to(torch.int8)
+
+    @staticmethod
+    def _unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+        """Bytes -> int8 values (sign-extended nibbles for 4 bits)."""
+        flat = packed.reshape(-1)
+        if bits == 8:
+            return flat
+        b = flat.to(torch.int16)
+        high, low = b >> 4, (b & 15) - (b & 8) * 2
+        return torch.stack((high, low), dim=1).reshape(-1).to(torch.int8)
+
+    def swizzle_quant(self, input_vals, groups, num_bits, quant_type, pipeline_size, nodes,
+                      devices_per_node):
+        """-> (int8 {numel / (8 / num_bits)}, fp32 scales {groups, 1 or 2})."""
+        q, scales = self._quantize(input_vals.reshape(-1).float(), groups, num_bits, quant_type)
+        return [self._pack(q, num_bits), scales]
+
+    def quantized_reduction(self, input_vals, input_scales, in_groups, out_groups, num_bits,
+                            quant_type, devices_per_node):
+        """Dequantizes what every device of the node sent, sums it, quantizes the sum again:
+        -> (int8 of input's shape with the last dim / devices_per_node, fp32 scales
+        {out_groups, 1 or 2})."""
+        sizes = list(input_vals.shape)
+        sizes[-1] //= devices_per_node
+        out_bytes = 1
+        for d in sizes:
+            out_bytes *= d
+        per_device = out_bytes * (8 // num_bits)
+        values = self._dequantize(self._unpack(input_vals, num_bits), input_scales, in_groups,
+                                  num_bits, quant_type)
+        summed = values[:devices_per_node * per_device].reshape(devices_per_node, -1).sum(0)
+        q, scales = self._quantize(summed, out_groups, num_bits, quant_type)
+        return [self._pack(q, num_bits).reshape(sizes), scales]
+
+    def dequantize(self, quantized_data, params, groups, num_bits, quant_type):
+        """-> fp16 (the module exports dequantize<__half>) of quantized_data's shape, the last
+        dim times 2 for 4 bits."""
+        sizes = list(quantized_data.shape)
+        sizes[-1] *= 8 // num_bits
+        values = self._dequantize(self._unpack(quantized_data, num_bits), params, groups,
+                                  num_bits, quant_type)
+        return values.to(torch.float16).reshape(sizes)
+
+
+def replace_gradient_quantizer() -> None:
+    """Puts QuantizedGradientKernels where qgZ's all_to_all_quant_reduce loads its CUDA module
+    (the module global `quantizer_module`, loaded only while it is None), and the recorder's
+    all_to_all_single where coalesced_collectives bound torch's by name (0.13.4 and earlier:
+    `from torch.distributed import all_to_all_single`; later versions take DeepSpeed's comm
+    function, which calls torch.distributed's at each call)."""
+    from deepspeed.runtime.comm import coalesced_collectives as cc
+    if hasattr(cc, "quantizer_module"):
+        cc.quantizer_module = QuantizedGradientKernels()
+    bound = getattr(cc, "all_to_all_single", None)
+    if bound is not None and getattr(bound, "__module__", "").startswith("torch.distributed"):
+        cc.all_to_all_single = collectives.all_to_all_single
+
+
 @contextlib.contextmanager
 def constant_initialization():
     """Inside, Tensor.uniform_ and Tensor.normal_ fill a constant (see the module's notes)."""
@@ -118,8 +243,12 @@ def agree_with_rank0() -> None:
 
 
 def install(rank: int, world_size: int, local_size: int) -> None:
-    """Everything above, in the order DeepSpeed's imports need it."""
+    """Everything above, in the order DeepSpeed's imports need it. The last step imports
+    DeepSpeed's coalesced_collectives, as `import deepspeed` would next: after the Intel stubs
+    and the collectives, before the recording accelerator is set (importing DeepSpeed asks for
+    an accelerator already; set_accelerator replaces it)."""
     stub_cpu_extension_modules()
     init_fake_world(rank, world_size, local_size)
     replace_collectives()
     ignore_record_stream()
+    replace_gradient_quantizer()

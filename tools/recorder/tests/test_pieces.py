@@ -1,11 +1,12 @@
 """Unit tests of the recorder's pieces, without DeepSpeed: the op recorder's byte ranges, the
-recording streams and events, the collectives' handshakes, and the IR writer's buffers."""
+recording streams and events, the collectives' handshakes, the IR writer's buffers, and the
+stand-ins for DeepSpeed's qgZ CUDA ops."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hpzrec import accelerator, collectives, ir, ops, recording
+from hpzrec import accelerator, collectives, ir, ops, recording, stand_ins
 
 
 @pytest.fixture()
@@ -128,3 +129,47 @@ def test_other_ranks_use_their_own_groups():
               {"kind": "hpz", "creator": "zero_param", "ranks": [2, 3]}]
     assert ir._group_map(groups, 0, 3) == {0: 0, 1: 2}
     assert ir._group_map(groups, 0, 1) == {0: 0, 1: 1}
+
+
+@pytest.mark.parametrize("quant_type, columns", [(0, 1), (1, 2)], ids=["symmetric", "asymmetric"])
+def test_qgz_stand_ins_have_deepspeeds_shapes_and_dtypes(quant_type, columns):
+    """all_to_all_quant_reduce (runtime/comm/coalesced_collectives.py at v0.13.4) on a 64 x 64
+    bf16 gradient, 2 nodes x 8 GPUs: the shapes and dtypes of csrc/quantization/pt_binding.cpp
+    (swizzle_quant: int8 {numel / 2} and fp32 {groups, 1 or 2}; quantized_reduction: the last
+    dim / devices_per_node; dequantize: dequantize<__half>, the last dim x 2 for 4 bits)."""
+    kernels = stand_ins.QuantizedGradientKernels()
+    grad = torch.linspace(-1, 1, 64 * 64).reshape(64, 64).to(torch.bfloat16)
+    intra_groups = max(64, 64, 16)
+    inter_groups = intra_groups // 8
+    q, scales = kernels.swizzle_quant(grad, intra_groups, 4, quant_type, 1, 2, 8)
+    assert (q.shape, q.dtype) == ((2048, ), torch.int8)
+    assert (scales.shape, scales.dtype) == ((64, columns), torch.float32)
+    reduced, reduced_scales = kernels.quantized_reduction(q, scales, intra_groups, inter_groups,
+                                                          4, quant_type, 8)
+    assert (reduced.shape, reduced.dtype) == ((256, ), torch.int8)
+    assert (reduced_scales.shape, reduced_scales.dtype) == ((8, columns), torch.float32)
+    out = kernels.dequantize(reduced, reduced_scales, reduced_scales.numel() // columns, 4,
+                             quant_type)
+    assert (out.shape, out.dtype) == ((512, ), torch.float16)
+    assert torch.isfinite(out).all()
+    # all_to_all_quant_reduce's last line: this rank's 1/16 of the gradient
+    assert sum(out.chunk(2)).view(-1).numel() == 64 * 64 // 16
+    # 8 bits: nothing packed, a 2-D input keeps its shape in reduction and dequantization
+    q8, s8 = kernels.swizzle_quant(torch.ones(4, 16), 4, 8, quant_type, 1, 1, 2)
+    assert (q8.shape, s8.shape) == ((64, ), (4, columns))
+    r8, _ = kernels.quantized_reduction(q8.reshape(4, 16), s8, 4, 2, 8, quant_type, 2)
+    assert r8.shape == (4, 8)
+    assert kernels.dequantize(r8, s8[:2], 2, 8, quant_type).shape == (4, 8)
+
+
+def test_qgz_stand_ins_are_kernels_that_read_their_inputs_and_write_their_outputs(rec):
+    kernels = stand_ins.QuantizedGradientKernels()
+    grad = torch.ones(32, 32, dtype=torch.bfloat16)
+    with ops.OpRecorder(seq_len=23, scale=1.0):
+        q, scales = kernels.swizzle_quant(grad, 32, 4, kernels.Symmetric, 1, 2, 8)
+    lives = {rec.lifetime_of(t): t.numel() * t.element_size() for t in (grad, q, scales)}
+    reads = {(a[0], a[2], a[3]) for e in rec.entries for a in e.accesses if a[1] == "r"}
+    writes = {(a[0], a[2], a[3]) for e in rec.entries for a in e.accesses if a[1] == "w"}
+    g, qq, s = lives
+    assert (g, 0, lives[g]) in reads
+    assert (qq, 0, lives[qq]) in writes and (s, 0, lives[s]) in writes

@@ -159,3 +159,30 @@ def test_symmetry_recording_another_rank_gives_the_same_ops_on_its_groups(tmp_pa
 
     assert [key(op, mapping) for op in zero["ranks"][0]["ops"]] == \
         [key(op, {}) for op in nine["ranks"][9]["ops"]]
+
+
+def test_0134_qgz_reduces_2d_gradients_by_two_all_to_alls(tmp_path):
+    """qgZ (zero_quantized_gradients): every 2-D gradient goes through all_to_all_quant_reduce
+    (runtime/comm/coalesced_collectives.py): an all-to-all of the int4 values and one of the
+    scales within the node, then the same between nodes, each group on its own NCCL stream; the
+    1-D norm weights fall back to reduce_scatter. The checker takes the 8 streams and finds only
+    the hpZ race of stock 0.13.4."""
+    recorded = record(tmp_path, "0.13.4", {"zero_quantized_gradients": True})
+    doc = recorded["doc"]
+    rank0 = doc["ranks"][0]
+    assert {"nccl.intra_node", "nccl.inter_node"} <= set(rank0["streams"])
+    assert len(rank0["streams"]) == 8
+    units = doc["units"]
+    reduced: dict = {}
+    for op in rank0["ops"]:
+        if op["kind"] in ("all_to_all", "reduce_scatter") and op["step"] == 0:
+            kind = doc["groups"][op["group"]]["kind"]
+            assert rank0["streams"][op["stream"]] == f"nccl.{kind}"
+            reduced.setdefault(kind, []).append(op)
+    two_d = [u for u in units if not u["name"].endswith("norm.weight")]
+    assert len(reduced["intra_node"]) == len(reduced["inter_node"]) == 2 * len(two_d)
+    assert len(reduced["world"]) == len(units) - len(two_d)
+    assert all(len(g["ranks"]) == 2 for g in doc["groups"] if g["kind"] == "inter_node")
+    code, report = check(recorded["path"])
+    assert code == 1
+    assert kinds(report) == {"race"}
