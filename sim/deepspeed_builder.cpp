@@ -332,6 +332,7 @@ class RankBuilder {
   void reset_step();
   void grad_ready(int p);
   void reduce_ipg();
+  void reduce_quantized();
   void optimizer_step();
   void kernel(int module, bool backward);
 
@@ -342,6 +343,7 @@ class RankBuilder {
   Rank rank_;
   int world_, hpz_, dt_;
   GroupId world_group_ = kNoGroup, hpz_group_ = kNoGroup, grad_group_ = kNoGroup;
+  GroupId intra_group_ = kNoGroup, inter_group_ = kNoGroup;  // qgZ
   RankSchedule out_;
   StreamId s0_ = 0, sag_ = -1, srs_ = -1;
   std::map<GroupId, StreamId> nccl_;
@@ -395,6 +397,8 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
     if (grp.name == "world") world_group_ = static_cast<GroupId>(g);
     if (grp.name == "world1") grad_group_ = static_cast<GroupId>(g);
     if (grp.kind == GroupKind::kHpz) hpz_group_ = static_cast<GroupId>(g);
+    if (grp.kind == GroupKind::kIntraNode) intra_group_ = static_cast<GroupId>(g);
+    if (grp.kind == GroupKind::kInterNode) inter_group_ = static_cast<GroupId>(g);
   }
   if (v.reset_at_forward_start) trace_ = Trace::kInvalid;
   for (const DsModule& m : md_.modules) {
@@ -448,7 +452,10 @@ StreamId RankBuilder::nccl_stream(GroupId g) {
   auto it = nccl_.find(g);
   if (it != nccl_.end()) return it->second;
   const Group& grp = s_.groups[g];
-  std::string name = grp.kind == GroupKind::kHpz ? "nccl.hpz" : "nccl.world";
+  std::string name = grp.kind == GroupKind::kHpz         ? "nccl.hpz"
+                     : grp.kind == GroupKind::kIntraNode ? "nccl.intra_node"
+                     : grp.kind == GroupKind::kInterNode ? "nccl.inter_node"
+                                                         : "nccl.world";
   if (grp.name == "world1") name = "nccl.world.clone_world_group";
   out_.streams.push_back({name});
   const auto id = static_cast<StreamId>(out_.streams.size() - 1);
@@ -1079,17 +1086,92 @@ void RankBuilder::reduce_ipg() {
   }
   const StreamId saved_stream = current_;
   current_ = srs_;
-  const std::uint64_t bytes = ipg_elems_ * dt_;
-  const std::uint64_t shard = (bytes + world_ - 1) / world_;
-  const EventId done = collective(
-      OpKind::kReduceScatter, grad_group_, shard,
-      {{ipg_buffer_, AccessMode::kRead, 0, bytes}, {grad_shard_, AccessMode::kWrite, 0, shard}});
-  wait(srs_, done, Purpose::kGradReduce);
+  if (sc_.zero.zero_quantized_gradients && sc_.cluster.nodes > 1) {
+    reduce_quantized();
+  } else {
+    const std::uint64_t bytes = ipg_elems_ * dt_;
+    const std::uint64_t shard = (bytes + world_ - 1) / world_;
+    const EventId done = collective(
+        OpKind::kReduceScatter, grad_group_, shard,
+        {{ipg_buffer_, AccessMode::kRead, 0, bytes}, {grad_shard_, AccessMode::kWrite, 0, shard}});
+    wait(srs_, done, Purpose::kGradReduce);
+  }
   param_reduce_events_.push_back(record(srs_, Purpose::kGradReduce));
   current_ = saved_stream;
   ipg_params_.clear();
   ipg_elems_ = 0;
   phase_ = saved;
+}
+
+// qgZ: __avg_scatter_grads (S3:1327-1341) hands the bucket's gradients, by ds_id, to
+// all_to_all_quant_reduce (runtime/comm/coalesced_collectives.py:30-76 at v0.13.4), on S_rs. A
+// 1-D gradient, or one whose numel is not a multiple of 2 x world, goes through
+// reduce_scatter_coalesced([g]) with no group: the world group (44-52). Every other one is
+// quantized to int4 (swizzle_quant), all-to-all'd with its scales in the node, dequantized,
+// reduced and requantized (quantized_reduction), all-to-all'd with its scales across nodes, and
+// dequantized and averaged over the nodes (53-74). Every collective is blocking (the current
+// stream waits for it). Sizes are the CUDA bindings' (csrc/quantization/pt_binding.cpp:179-250):
+// int4 packs two values a byte, one fp32 scale a group (symmetric), `max(rows, cols, world)`
+// groups in the node and that over the GPUs of a node across nodes.
+void RankBuilder::reduce_quantized() {
+  std::vector<int> params = ipg_params_;
+  std::sort(params.begin(), params.end());
+  const std::uint64_t local = static_cast<std::uint64_t>(sc_.cluster.gpus_per_node);
+  const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
+  std::map<int, std::uint64_t> offset;  // each gradient's place in the bucket
+  std::uint64_t off = 0;
+  for (int p : ipg_params_) {
+    offset[p] = off;
+    off += md_.params[p].numel;
+  }
+  for (int p : params) {
+    const DsParam& dp = md_.params[p];
+    const Access grad{ipg_buffer_, AccessMode::kRead, offset[p] * dt, dp.numel * dt};
+    const std::uint64_t shard = layouts_[p].shard_numel() * dt;
+    const Access out{grad_shard_, AccessMode::kWrite, 0, shard};
+    if (dp.rows == 0 || dp.numel % (2 * static_cast<std::uint64_t>(world_)) != 0) {
+      // reduce_scatter_coalesced (84-150): the (padded) flat tensor divided, then one
+      // reduce-scatter whose output is this rank's chunk.
+      push(OpKind::kKernel, srs_, Purpose::kGradReduce, {grad}).mem_bytes =
+          2.0 * static_cast<double>(dp.numel * dt);
+      const EventId done = collective(OpKind::kReduceScatter, world_group_,
+                                      (dp.numel + world_ - 1) / world_ * dt, {grad, out});
+      wait(srs_, done, Purpose::kGradReduce);
+      continue;
+    }
+    const std::uint64_t cols = dp.numel / dp.rows;
+    const std::uint64_t intra_groups =
+        std::max({dp.rows, cols, static_cast<std::uint64_t>(world_)});
+    const std::uint64_t inter_groups = intra_groups / local;
+    const std::uint64_t q1 = dp.numel / 2, s1 = intra_groups * 4;
+    const std::uint64_t q2 = q1 / local, s2 = inter_groups * 4;
+    const BufferId qa = buffer("qgz.q", BufferRole::kScratch, kNoUnit, q1 + s1);
+    const BufferId qb = buffer("qgz.q_recv", BufferRole::kScratch, kNoUnit, q1 + s1);
+    const BufferId qc = buffer("qgz.q2", BufferRole::kScratch, kNoUnit, q2 + s2);
+    const BufferId qd = buffer("qgz.q2_recv", BufferRole::kScratch, kNoUnit, q2 + s2);
+    for (BufferId b : {qa, qb}) alloc(b, srs_, Purpose::kGradReduce);
+    push(OpKind::kQuantize, srs_, Purpose::kGradReduce,
+         {grad, {qa, AccessMode::kWrite, 0, q1 + s1}})
+        .mem_bytes = static_cast<double>(dp.numel * dt + q1 + s1);
+    auto all_to_all = [&](GroupId g, BufferId from, BufferId to, std::uint64_t at,
+                          std::uint64_t bytes) {
+      const EventId done =
+          collective(OpKind::kAllToAll, g, bytes,
+                     {{from, AccessMode::kRead, at, bytes}, {to, AccessMode::kWrite, at, bytes}});
+      wait(srs_, done, Purpose::kGradReduce);
+    };
+    all_to_all(intra_group_, qa, qb, 0, q1);
+    all_to_all(intra_group_, qa, qb, q1, s1);
+    for (BufferId b : {qc, qd}) alloc(b, srs_, Purpose::kGradReduce);
+    push(OpKind::kDequantize, srs_, Purpose::kGradReduce,
+         {{qb, AccessMode::kRead, 0, q1 + s1}, {qc, AccessMode::kWrite, 0, q2 + s2}})
+        .mem_bytes = static_cast<double>(q1 + s1 + q2 + s2);
+    all_to_all(inter_group_, qc, qd, 0, q2);
+    all_to_all(inter_group_, qc, qd, q2, s2);
+    push(OpKind::kDequantize, srs_, Purpose::kGradReduce,
+         {{qd, AccessMode::kRead, 0, q2 + s2}, out})
+        .mem_bytes = static_cast<double>(q2 + s2 + shard);
+  }
 }
 
 // DeepSpeedZeroOptimizer_Stage3.step (S3:2016-2060): release everything still gathered
@@ -1309,9 +1391,6 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   if (sc.zero.zero_quantized_weights) {
     refuse("qwZ", "set zero.zero_quantized_weights = false");
   }
-  if (sc.zero.zero_quantized_gradients) {
-    refuse("qgZ", "set zero.zero_quantized_gradients = false");
-  }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
 
   Model md = llama_model(sc.model);
@@ -1355,6 +1434,22 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   Group w{"world", GroupKind::kWorld, {}};
   for (int r = 0; r < world; ++r) w.ranks.push_back(r);
   s.groups.push_back(w);
+  // qgZ's all-to-all groups (utils/groups.py _get_local_all_to_all_group at v0.13.4, made by
+  // the stage-3 optimizer, S3:265-268): the ranks of each node, and the ranks with the same
+  // local index on every node.
+  if (sc.zero.zero_quantized_gradients) {
+    const int local = sc.cluster.gpus_per_node;
+    for (int n = 0; n < sc.cluster.nodes; ++n) {
+      Group g{"intra_node" + std::to_string(n), GroupKind::kIntraNode, {}};
+      for (int i = 0; i < local; ++i) g.ranks.push_back(n * local + i);
+      s.groups.push_back(g);
+    }
+    for (int i = 0; i < local; ++i) {
+      Group g{"inter_node" + std::to_string(i), GroupKind::kInterNode, {}};
+      for (int n = 0; n < sc.cluster.nodes; ++n) g.ranks.push_back(n * local + i);
+      s.groups.push_back(g);
+    }
+  }
   w.name = "world1";
   s.groups.push_back(w);
   for (const DsModule& m : md.modules) {
