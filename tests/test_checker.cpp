@@ -449,6 +449,51 @@ TEST(Stale, InvalidatedAndRecopiedSecondaryIsClean) {
   EXPECT_TRUE(s.b.check().clean());
 }
 
+// ---- a secondary rewritten with the data it holds ----
+
+// DeepSpeed 0.13.4 copies into the secondary on every release. A copy that writes the data the
+// secondary already holds changes no byte, so a read on another stream unordered with it is no
+// race (and is counted apart); a copy of new data after the optimizer step, or into a freshly
+// allocated secondary, races with the same read.
+TEST(SameDataRewrite, AnUnorderedReadOfARewrittenSecondaryIsNoRace) {
+  StaleFixture s;
+  s.b.op(0, 0, {W(s.primary, 0, 64)});
+  s.gather_and_copy();  // the secondary's data, written on S0
+  const EventId copied = s.b.record(0, 0);
+  s.b.wait(0, 1, copied);                 // S1 ordered after that copy
+  s.gather_and_copy();                    // a release: the same data again, on S0
+  s.b.op(0, 1, {R(s.secondary, 0, 64)});  // a gather on S1, unordered with it
+  CheckResult r = s.b.check();
+  EXPECT_TRUE(r.clean());
+  EXPECT_EQ(r.stats.same_data_rewrites, 1u);
+  EXPECT_NE(TextReporter().render_one(r).find("1 unordered pair left out: a secondary rewritten "
+                                              "with the data it held"),
+            std::string::npos);
+
+  s.optimizer();                          // new weights
+  s.gather_and_copy();                    // new data into the secondary
+  s.b.op(0, 1, {R(s.secondary, 0, 64)});  // unordered with it: a race
+  r = s.b.check();
+  // Both S1 reads race with the copy of new data: the earlier one may see it (write after
+  // read), the later one may miss it.
+  EXPECT_EQ(r.count(FindingKind::kRace), 2u);
+}
+
+TEST(SameDataRewrite, AFreshSecondaryIsNeverARewrite) {
+  StaleFixture s;
+  s.b.op(0, 0, {W(s.primary, 0, 64)});
+  s.gather_and_copy();
+  const EventId copied = s.b.record(0, 0);
+  s.b.wait(0, 1, copied);
+  s.b.free(0, 0, s.secondary);  // invalidate_secondary_tensor
+  s.b.alloc(0, 0, s.secondary);
+  s.gather_and_copy();  // same version, but into a fresh allocation
+  s.b.op(0, 1, {R(s.secondary, 0, 64)});
+  const CheckResult r = s.b.check();
+  EXPECT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(r.stats.same_data_rewrites, 0u);
+}
+
 TEST(Stale, OnlySecondaryShardsAreStale) {
   StaleFixture s;
   s.b.op(0, 0, {W(s.primary, 0, 64)});

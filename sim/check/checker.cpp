@@ -7,6 +7,7 @@
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "sim/check/byte_history.hpp"
 #include "sim/check/clock.hpp"
@@ -57,6 +58,8 @@ struct RankState {
   std::vector<std::uint32_t> group_last_op;  ///< last collective op issued, per group
   std::vector<std::uint32_t> unit_version;
   std::vector<std::uint32_t> unit_writer;  ///< the op that last wrote the unit's primary shard
+  /** (op << 32 | buffer) of copies that wrote a secondary the data it already held. */
+  std::unordered_set<std::uint64_t> same_data_rewrites;
   bool blocked = false;
   bool done = false;
 };
@@ -106,6 +109,7 @@ class Checker {
   void wait_for_event(RankState& rs, std::uint32_t index, Clock& waiter);
   void check_accesses(RankState& rs, std::uint32_t index, const Clock& clock, int thread);
   void track_versions(RankState& rs, std::uint32_t index);
+  bool rewrites_same_data(const RankState& rs, std::uint32_t index, BufferId buffer) const;
   void lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index);
   void arrive(RankState& rs, std::uint32_t index);
   void complete(std::uint64_t key, bool forced);
@@ -369,6 +373,10 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
     bool uninit_seen = false;
     std::uint64_t uninit_lo = 0;
     std::uint64_t uninit_hi = 0;
+    const bool rewrite = a.mode == AccessMode::kWrite && rewrites_same_data(rs, index, a.buffer);
+    const auto key = [](std::uint32_t op_index, BufferId buffer) {
+      return static_cast<std::uint64_t>(op_index) << 32 | static_cast<std::uint32_t>(buffer);
+    };
     b.history.access(
         a.offset, a.offset + a.bytes, a.mode, stamp, ordered,
         [&](const AccessStamp& prior, AccessMode prior_mode, std::uint64_t lo, std::uint64_t hi) {
@@ -377,6 +385,15 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
           });
           if (dup) return;
           seen.push_back({prior.op, a.buffer});
+          // Every write of the pair leaves the bytes as they were: whichever runs first, the
+          // other sees the same data (rewrites_same_data).
+          const bool prior_harmless = prior_mode == AccessMode::kRead ||
+                                      rs.same_data_rewrites.count(key(prior.op, a.buffer));
+          const bool this_harmless = a.mode == AccessMode::kRead || rewrite;
+          if (prior_harmless && this_harmless) {
+            ++stats_.same_data_rewrites;
+            return;
+          }
           log_.race(r, prior.op, prior_mode, index, a.mode, a.buffer, std::max(lo, a.offset),
                     std::min(hi, a.offset + a.bytes));
         },
@@ -390,7 +407,34 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
           uninit_hi = hi;  // unwritten bytes from the first gap to the last, reported once
         });
     if (uninit_seen) log_.uninitialized(r, b.alloc_op, index, a.buffer, uninit_lo, uninit_hi);
+    if (rewrite) rs.same_data_rewrites.insert(key(index, a.buffer));
   }
+}
+
+// DeepSpeed 0.13.2 to 0.14.2 copy a parameter into its secondary on every release, also when
+// the secondary already holds that very data (nothing changed the weights since the last
+// copy: the releases of step 0 after init's copies, of a step's recompute and backward after
+// its forward, and of every micro-step after the first). Such a copy changes no byte, so a read
+// that is unordered with it sees the same data whether it runs before, during or after it: the
+// pair is not a race. A copy into a fresh secondary (after invalidate_secondary_tensor) or of
+// new data (after the optimizer step) is one, and stays reported.
+bool Checker::rewrites_same_data(const RankState& rs, std::uint32_t index, BufferId buffer) const {
+  const Op& op = rs.schedule->ops[index];
+  const Buffer& target = rs.schedule->buffers[buffer];
+  const BufferState& held = rs.buffers[buffer];
+  if (op.kind != OpKind::kCopy || target.role != BufferRole::kSecondary || target.unit < 0 ||
+      !held.live || held.version == 0) {
+    return false;
+  }
+  std::uint32_t written = 0;  // the oldest version of the unit the copy reads, as track_versions
+  for (const Access& a : schedule_.accesses_of(rs.schedule->rank, op)) {
+    if (a.mode != AccessMode::kRead || a.buffer == buffer) continue;
+    const Buffer& from = rs.schedule->buffers[a.buffer];
+    const std::uint32_t v = rs.buffers[a.buffer].version;
+    if (!versioned(from.role) || from.unit != target.unit || v == 0) continue;
+    written = written == 0 ? v : std::min(written, v);
+  }
+  return written != 0 && written == held.version;
 }
 
 // Versions per unit: an op that reads several units' buffers (a coalesced gather, a recorded

@@ -59,6 +59,9 @@ struct CheckStats {
   std::uint64_t accesses = 0;     ///< byte-range accesses checked
   std::uint64_t collectives = 0;  ///< collective instances (one per group and position)
   std::uint64_t clock_bases = 0;  ///< dense clock bases built
+  /** Unordered pairs left out because every write in them rewrote a secondary with the data
+   *  it already held (checker.cpp, rewrites_same_data). */
+  std::uint64_t same_data_rewrites = 0;
 };
 
 /** The verdict on one schedule. */

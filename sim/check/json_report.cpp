@@ -70,7 +70,8 @@ std::string JsonReporter::render(std::span<const CheckResult> results) const {
                              {"counts", counts},
                              {"ops", r.stats.ops},
                              {"accesses", r.stats.accesses},
-                             {"collectives", r.stats.collectives}});
+                             {"collectives", r.stats.collectives},
+                             {"same_data_rewrites", r.stats.same_data_rewrites}});
     if (!r.source.empty()) scenarios.back()["source"] = r.source;
     for (const FindingGroup& g : r.groups) findings.push_back(group_json(r, g));
   }

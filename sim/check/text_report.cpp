@@ -71,11 +71,19 @@ std::string verdict_line(const CheckResult& r) {
                                                                  (built ? " built" : " recorded");
   const std::string name = fmt::format("{} [{}{}]", r.scenario.empty() ? "schedule" : r.scenario,
                                        r.variant.empty() ? "?" : r.variant, recorded);
+  // Pairs left out because their only writes rewrote a secondary with the data it held.
+  const std::string rewrites =
+      r.stats.same_data_rewrites == 0
+          ? ""
+          : fmt::format(
+                "; {} unordered pair{} left out: a secondary rewritten with the data it "
+                "held",
+                r.stats.same_data_rewrites, r.stats.same_data_rewrites == 1 ? "" : "s");
   if (r.clean()) {
     return fmt::format(
         "{}: clean: no race, stale-read, uninitialized-read or collective-mismatch "
-        "({} ranks, {} ops, {} collectives checked)\n",
-        name, r.world_size, r.stats.ops, r.stats.collectives);
+        "({} ranks, {} ops, {} collectives checked{})\n",
+        name, r.world_size, r.stats.ops, r.stats.collectives, rewrites);
   }
   std::uint64_t total = 0;
   std::string kinds;
@@ -87,7 +95,8 @@ std::string verdict_line(const CheckResult& r) {
     kinds += fmt::format("{}{} {} ({} group{})", kinds.empty() ? "" : ", ", n, to_string(k), groups,
                          groups == 1 ? "" : "s");
   }
-  return fmt::format("{}: {} finding{}: {}\n", name, total, total == 1 ? "" : "s", kinds);
+  return fmt::format("{}: {} finding{}: {}{}\n", name, total, total == 1 ? "" : "s", kinds,
+                     rewrites);
 }
 
 std::string describe_group(const FindingGroup& g) {
