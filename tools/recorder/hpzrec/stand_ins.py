@@ -86,8 +86,14 @@ class QuantizerKernels:
         return q.reshape(-1), scale.reshape(-1)
 
     def dequantize(self, quantized, scale, groups, bits=8, mode=0):
+        # The CUDA binding's output has the quantized input's shape, its last dimension times
+        # 8 / bits (csrc/quantization/pt_binding.cpp:120-122 at v0.13.4): a single parameter's
+        # gather hands it the int8 buffer viewed in the parameter's shape
+        # (partition_parameters.py:1242) and gets the parameter's shape back.
         out = quantized.reshape(groups, -1).float() * scale.reshape(-1, 1)
-        return out.reshape(-1).to(self.dtype)
+        shape = list(quantized.shape)
+        shape[-1] *= 8 // bits
+        return out.reshape(shape).to(self.dtype)
 
 
 def replace_quantizer(dtype: torch.dtype) -> None:

@@ -173,3 +173,18 @@ def test_qgz_stand_ins_are_kernels_that_read_their_inputs_and_write_their_output
     g, qq, s = lives
     assert (g, 0, lives[g]) in reads
     assert (qq, 0, lives[qq]) in writes and (s, 0, lives[s]) in writes
+
+
+def test_qwz_dequantize_keeps_the_quantized_inputs_shape():
+    """CUDAQuantizer.dequantize (runtime/zero/partition_parameters.py:761 at v0.13.4) on a single
+    parameter's gather gets the int8 buffer viewed in the parameter's shape (1242) and the CUDA
+    binding returns that shape (csrc/quantization/pt_binding.cpp:120-122); a coalesced gather's
+    flat buffer stays flat."""
+    kernels = stand_ins.QuantizerKernels(torch.bfloat16)
+    weight = torch.linspace(-1, 1, 16 * 32).reshape(16, 32)
+    q, scales = kernels.quantize(weight, 4)
+    assert (q.dtype, scales.numel()) == (torch.int8, 4)
+    out = kernels.dequantize(q.reshape(16, 32), scales, 4)
+    assert (out.shape, out.dtype) == ((16, 32), torch.bfloat16)
+    assert kernels.dequantize(q, scales, 4).shape == (512, )
+    assert torch.allclose(out.float(), weight, atol=1 / 127)
