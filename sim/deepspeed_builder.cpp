@@ -277,6 +277,10 @@ struct Handle {
   std::vector<std::uint64_t> offsets;  // coalesced: each param's offset in a rank's partition
   std::vector<std::uint64_t> chunk;    // coalesced: each param's elements per rank
   int group_size = 0;
+  // qwZ: the int8 gather's buffer, the scales' buffer and the scales' collective's end event.
+  bool quantized = false;
+  BufferId qbuf = kNoBuffer, sbuf = kNoBuffer;
+  EventId scale_end = kNoEvent;
 };
 
 struct ParamState {
@@ -327,6 +331,7 @@ class RankBuilder {
   void gather_persistent();
   void all_gather_params(const std::vector<int>& params, bool forward);
   void all_gather_coalesced(std::vector<int> params, bool forward);
+  void all_gather_quantized(Handle& h, GroupId g, bool use_secondary, int rank_in_group);
   void wait_handle(int h);
   std::set<int> params_to_release(int module, int step_id);
   void reset_step();
@@ -852,7 +857,9 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
   h.params = params;
   h.group_size = group_size;
   const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
-  if (params.size() == 1) {
+  if (sc_.zero.zero_quantized_weights) {
+    all_gather_quantized(h, g, use_secondary, rank_in_group);
+  } else if (params.size() == 1) {
     // One parameter: gathered straight into its full buffer (PP:1202-1222).
     const int p = params[0];
     ParamState& st = ps_[p];
@@ -915,6 +922,96 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
   for (int p : params) ps_[p].handle = static_cast<int>(handles_.size() - 1);
 }
 
+// CUDAQuantizer.quantize's group count (PP:735-757): the smallest count from numel / 8000 up
+// that divides numel into groups of a multiple of 8, doubled while that holds and groups stay
+// above 8000 elements. DeepSpeed asserts a multiple of 8 elements and groups under 16000.
+std::uint64_t quantizer_groups(std::uint64_t numel, const std::string& what) {
+  constexpr std::uint64_t kTarget = 8000;
+  std::uint64_t groups = (numel + kTarget - 1) / kTarget;
+  while (groups < numel && numel % (8 * groups) != 0) ++groups;
+  while (numel % (8 * groups * 2) == 0 && numel / groups > kTarget) groups *= 2;
+  if (groups == 0 || numel % (8 * groups) != 0 || numel / groups >= 16000 || numel <= groups) {
+    throw InputError("", "zero.zero_quantized_weights",
+                     "DeepSpeed's qwZ quantizer (CUDAQuantizer.quantize, "
+                     "runtime/zero/partition_parameters.py:751 at v0.13.4) asserts that a gathered "
+                     "shard holds a multiple of 8 elements; " +
+                         what + " holds " + std::to_string(numel) +
+                         ", so DeepSpeed itself stops here");
+  }
+  return groups;
+}
+
+// qwZ (all_gather_coalesced with quantize, PP:1224-1247 for one parameter, 1260-1318 for
+// several): the int8 gather buffer, the shard (or the torch.cat of the shards, on S_ag)
+// quantized to int8 with one fp32 scale a group, then two all-gathers on the same group, the
+// values' and the scales'. wait_handle dequantizes.
+void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
+                                       int rank_in_group) {
+  const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
+  const auto group_size = static_cast<std::uint64_t>(h.group_size);
+  h.quantized = true;
+  std::uint64_t partition_sz = 0;
+  for (int p : h.params) {
+    h.offsets.push_back(partition_sz);
+    const std::uint64_t n =
+        use_secondary ? layouts_[p].secondary_numel() : layouts_[p].shard_numel();
+    h.chunk.push_back(n);
+    partition_sz += n;
+  }
+  h.per_rank_elems = partition_sz;
+  h.coalesced = h.params.size() > 1;
+  const UnitId saved_unit = unit_;
+  unit_ = h.params[0];
+  h.qbuf = buffer("allgather.int8", BufferRole::kQuantized, kNoUnit, partition_sz * group_size);
+  alloc(h.qbuf, current_, purpose_);
+  std::vector<Access> src;
+  for (int p : h.params) {
+    const ElemRange mine = use_secondary ? layouts_[p].secondary_slice(rank_in_group)
+                                         : layouts_[p].primary_slice(rank_);
+    src.push_back(
+        part(p, use_secondary ? ps_[p].secondary : ps_[p].primary, mine, AccessMode::kRead, false));
+  }
+  const std::string what =
+      "the gather of " + md_.params[h.params[0]].name +
+      (h.params.size() > 1 ? " and " + std::to_string(h.params.size() - 1) + " more" : "");
+  const std::uint64_t groups = quantizer_groups(partition_sz, what);
+  const BufferId q =
+      buffer("quantize.out", BufferRole::kQuantized, kNoUnit, partition_sz + groups * 4);
+  if (h.coalesced) {
+    // torch.cat of the shards, then the quantize kernel on it.
+    const BufferId cat = buffer("allgather.cat", BufferRole::kScratch, kNoUnit, partition_sz * dt);
+    alloc(cat, current_, purpose_);
+    Op& op = push(OpKind::kCopy, current_, purpose_);
+    for (const Access& a : src) {
+      if (a.bytes > 0) out_.accesses.push_back(a);
+    }
+    out_.accesses.push_back({cat, AccessMode::kWrite, 0, partition_sz * dt});
+    op.access_count = static_cast<std::uint32_t>(out_.accesses.size() - op.access_begin);
+    op.mem_bytes = 2.0 * static_cast<double>(partition_sz * dt);
+    src = {{cat, AccessMode::kRead, 0, partition_sz * dt}};
+  }
+  alloc(q, current_, purpose_);
+  Op& quant = push(OpKind::kQuantize, current_, purpose_);
+  for (const Access& a : src) {
+    if (a.bytes > 0) out_.accesses.push_back(a);
+  }
+  out_.accesses.push_back({q, AccessMode::kWrite, 0, partition_sz + groups * 4});
+  quant.access_count = static_cast<std::uint32_t>(out_.accesses.size() - quant.access_begin);
+  quant.mem_bytes = static_cast<double>(partition_sz * dt + partition_sz + groups * 4);
+  h.sbuf = buffer("allgather.scales", BufferRole::kScratch, kNoUnit, groups * 4 * group_size);
+  // The scales' buffer is made before the values' gather when several are gathered (PP:1292),
+  // after it for one (PP:1234-1239).
+  if (h.coalesced) alloc(h.sbuf, current_, purpose_);
+  h.end = collective(OpKind::kAllGather, g, partition_sz,
+                     {{q, AccessMode::kRead, 0, partition_sz},
+                      {h.qbuf, AccessMode::kWrite, 0, partition_sz * group_size}});
+  if (!h.coalesced) alloc(h.sbuf, current_, purpose_);
+  h.scale_end = collective(OpKind::kAllGather, g, groups * 4,
+                           {{q, AccessMode::kRead, partition_sz, groups * 4},
+                            {h.sbuf, AccessMode::kWrite, 0, groups * 4 * group_size}});
+  unit_ = saved_unit;
+}
+
 // AllGatherHandle.wait (PP:631-638) and AllGatherCoalescedHandle.wait (PP:664-703): the current
 // stream (S_ag) waits for the NCCL end event; a coalesced gather then cats each parameter out
 // of the flat buffer.
@@ -923,6 +1020,37 @@ void RankBuilder::wait_handle(int hid) {
   if (h.complete) return;
   const Purpose hp = Purpose::kNcclHandshake;
   wait(current_, h.end, hp);
+  if (h.quantized) {
+    // The scales' handle too, then dequantize (CUDAQuantizer.dequantize, PP:761): one kernel
+    // writes the parameter (one gathered) or a flat tensor of them all (several).
+    wait(current_, h.scale_end, hp);
+    const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
+    const std::uint64_t per_rank = h.per_rank_elems;
+    const std::uint64_t total = per_rank * static_cast<std::uint64_t>(h.group_size);
+    BufferId out = kNoBuffer;
+    std::uint64_t out_bytes = 0;
+    if (h.coalesced) {
+      out = h.flat = buffer("allgather.dequantized", BufferRole::kScratch, kNoUnit, total * dt);
+      out_bytes = total * dt;
+      alloc(out, current_, Purpose::kFetchWait);
+    } else {
+      const int p = h.params[0];
+      const UnitId saved = unit_;
+      unit_ = p;
+      alloc(ps_[p].full, current_, Purpose::kFetchWait);
+      unit_ = saved;
+      out = ps_[p].full;
+      out_bytes = md_.params[p].numel * dt;
+    }
+    const UnitId saved = unit_;
+    unit_ = h.params[0];
+    push(OpKind::kDequantize, current_, Purpose::kParamFetch,
+         {{h.qbuf, AccessMode::kRead, 0, std::min(total, out_bytes / dt)},
+          {h.sbuf, AccessMode::kRead, 0, out_.buffers[h.sbuf].bytes},
+          {out, AccessMode::kWrite, 0, out_bytes}})
+        .mem_bytes = static_cast<double>(total + out_bytes);
+    unit_ = saved;
+  }
   if (h.coalesced) {
     const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
     for (std::size_t i = 0; i < h.params.size(); ++i) {
@@ -1388,9 +1516,6 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                          ", or run.builder = \"coarse\")");
   };
   if (!sc.model.gated_mlp) refuse("non-Llama models (model.gated_mlp = false)", "a Llama model");
-  if (sc.zero.zero_quantized_weights) {
-    refuse("qwZ", "set zero.zero_quantized_weights = false");
-  }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
 
   Model md = llama_model(sc.model);

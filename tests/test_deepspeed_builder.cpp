@@ -68,6 +68,7 @@ Scenario scenario_of(const Schedule& rec) {
   sc.zero.stage3_max_live_parameters =
       z.value("stage3_max_live_parameters", std::int64_t{1'000'000'000});
   sc.zero.zero_quantized_gradients = z.value("zero_quantized_gradients", false);
+  sc.zero.zero_quantized_weights = z.value("zero_quantized_weights", false);
   sc.zero.stage3_max_reuse_distance =
       z.value("stage3_max_reuse_distance", std::int64_t{1'000'000'000});
   return sc;
@@ -94,8 +95,9 @@ INSTANTIATE_TEST_SUITE_P(Recordings, DeepSpeedBuilderMatches,
                                          "tiny-0.13.4-max-live-3000", "tiny-0.13.4-max-live-30000",
                                          "tiny-0.13.4-max-live-1000000000",
                                          "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
-                                         "tiny-0.13.4-qgz", "tiny-0.13.1", "tiny-0.13.5",
-                                         "tiny-0.14.4", "tiny-0.17.6", "llama2-7b-0.13.4"),
+                                         "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz", "tiny-0.13.1",
+                                         "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6",
+                                         "llama2-7b-0.13.4"),
                          [](const testing::TestParamInfo<const char*>& p) {
                            std::string n = p.param;
                            for (char& c : n) {

@@ -80,9 +80,11 @@ class QuantizerKernels:
         self.dtype = dtype
 
     def quantize(self, param, groups, bits=8, mode=0):
-        blocks = param.reshape(groups, -1).float()
-        scale = blocks.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-        q = (blocks / scale).round().clamp(-127, 127).to(torch.int8)
+        # One kernel reads the shard, as the CUDA kernel does (not a copy: a .float() would be
+        # logged as one reading the shard); the rest works on its output.
+        blocks = torch.mul(param.reshape(groups, -1), 1.0)
+        scale = blocks.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-8) / 127.0
+        q = torch.div(blocks, scale).round().clamp(-127, 127).to(torch.int8)
         return q.reshape(-1), scale.reshape(-1)
 
     def dequantize(self, quantized, scale, groups, bits=8, mode=0):
@@ -90,10 +92,12 @@ class QuantizerKernels:
         # 8 / bits (csrc/quantization/pt_binding.cpp:120-122 at v0.13.4): a single parameter's
         # gather hands it the int8 buffer viewed in the parameter's shape
         # (partition_parameters.py:1242) and gets the parameter's shape back.
-        out = quantized.reshape(groups, -1).float() * scale.reshape(-1, 1)
+        # One kernel writes the result in the parameter's dtype, as the CUDA kernel does.
         shape = list(quantized.shape)
         shape[-1] *= 8 // bits
-        return out.reshape(shape).to(self.dtype)
+        out = torch.empty(shape, dtype=self.dtype)
+        torch.mul(quantized.reshape(groups, -1), scale.reshape(-1, 1), out=out.view(groups, -1))
+        return out
 
 
 def replace_quantizer(dtype: torch.dtype) -> None:
