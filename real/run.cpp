@@ -261,6 +261,15 @@ std::vector<double> step_losses(const Scenario& scenario, const Plan& plan, cons
 
 RealResult run_real(const Scenario& scenario, const Schedule& schedule,
                     const RealOptions& options) {
+  // The DeepSpeed builder's schedules (coalesced and quantized gathers through shared scratch
+  // buffers, one NCCL stream per group) have not run on a GPU yet; the data replay cannot
+  // follow them either (sim/replay/repro.cpp), so nothing would compare the tensors.
+  if (scenario.run.builder == "deepspeed") {
+    throw InputError(scenario.path, "run.builder",
+                     "hpzlab real does not run the DeepSpeed builder's schedules yet (not tried "
+                     "on a GPU, and the data replay it compares with cannot follow them); use "
+                     "run.builder = \"coarse\"");
+  }
   // --compute real: the tiny model's real math where the numeric replay can run the model,
   // cuBLAS GEMMs of the layer shapes otherwise.
   const bool model = options.compute == "real" && model_math_unfit(scenario).empty();
