@@ -76,6 +76,12 @@ void setup_compare(CLI::App& app, int& exit_code);
 /** Registers `hpzlab record` (runs tools/record with the arguments after `record`). */
 void setup_record(CLI::App& app, int& exit_code);
 
+/** Registers `hpzlab version` (what --version prints). */
+void setup_version(CLI::App& app, int& exit_code);
+
+/** "hpzlab VERSION", VERSION being project()'s in CMakeLists.txt. */
+std::string version_line();
+
 /** hpzlab's source tree: $HPZLAB_SOURCE_DIR, else where it was built from. */
 std::string source_dir();
 

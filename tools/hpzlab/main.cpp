@@ -90,6 +90,18 @@ void write_output(const std::string& path, const std::string& text) {
   }
 }
 
+std::string version_line() {
+  return "hpzlab " HPZLAB_VERSION;
+}
+
+void setup_version(CLI::App& app, int& exit_code) {
+  CLI::App* sub = app.add_subcommand("version", "Print the program name and version");
+  sub->callback([&exit_code] {
+    std::printf("%s\n", version_line().c_str());
+    exit_code = kExitOk;
+  });
+}
+
 }  // namespace hpz::cli
 
 int main(int argc, char** argv) {
@@ -98,6 +110,8 @@ int main(int argc, char** argv) {
       "(hpZ).\nEvery subcommand but `compare` (which takes two JSON files) and `record` (which "
       "takes the recorder's own options) takes a scenario file first; see scenarios/README.md."};
   app.require_subcommand(1);
+  app.set_version_flag("--version", hpz::cli::version_line(),
+                       "Print the program name and version, and exit");
   int exit_code = hpz::kExitOk;
   hpz::cli::setup_schedule(app, exit_code);
   hpz::cli::setup_check(app, exit_code);
@@ -106,11 +120,14 @@ int main(int argc, char** argv) {
   hpz::cli::setup_repro(app, exit_code);
   hpz::cli::setup_compare(app, exit_code);
   hpz::cli::setup_record(app, exit_code);
+  hpz::cli::setup_version(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
