@@ -842,6 +842,11 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
 
 }  // namespace
 
+std::optional<std::string> closest_name(const std::string& name,
+                                        const std::vector<std::string>& known) {
+  return closest(name, known);
+}
+
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides) {
   Settings settings;
   collect_file(path, settings);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,6 +150,11 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
 
 /** Parses "key=value" from the command line; throws InputError when there is no '='. */
 Override parse_override(const std::string& text);
+
+/** The name in `known` that `name` is a plausible typo of (a unique completion of it, else the
+ *  closest within a small edit distance): what a "did you mean" suggests; none if none is close. */
+std::optional<std::string> closest_name(const std::string& name,
+                                        const std::vector<std::string>& known);
 
 /** Resolves a model preset (llama2-7b, llama2-13b, llama2-70b, falcon-40b, tiny); throws
  *  InputError for an unknown name. */

@@ -82,6 +82,10 @@ void setup_version(CLI::App& app, int& exit_code);
 /** "hpzlab VERSION", VERSION being project()'s in CMakeLists.txt. */
 std::string version_line();
 
+/** Throws InputError ("unknown subcommand 'X'; did you mean 'Y'? (allowed: ...)") when the
+ *  first argument is neither an option nor one of app's subcommands. */
+void check_subcommand_name(const CLI::App& app, int argc, char** argv);
+
 /** hpzlab's source tree: $HPZLAB_SOURCE_DIR, else where it was built from. */
 std::string source_dir();
 

@@ -102,6 +102,25 @@ void setup_version(CLI::App& app, int& exit_code) {
   });
 }
 
+void check_subcommand_name(const CLI::App& app, int argc, char** argv) {
+  // The program's own options (--help, --version) take no value: a first argument that is not
+  // an option names the subcommand.
+  if (argc < 2 || argv[1][0] == '-') return;
+  const std::string name = argv[1];
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == name) return;
+    names.push_back(sub->get_name());
+  }
+  const std::optional<std::string> suggestion = closest_name(name, names);
+  std::string allowed;
+  for (const std::string& n : names) allowed += (allowed.empty() ? "" : ", ") + n;
+  throw InputError(
+      "", "",
+      fmt::format("unknown subcommand '{}'{} (allowed: {})", name,
+                  suggestion ? fmt::format("; did you mean '{}'?", *suggestion) : "", allowed));
+}
+
 }  // namespace hpz::cli
 
 int main(int argc, char** argv) {
@@ -122,6 +141,7 @@ int main(int argc, char** argv) {
   hpz::cli::setup_record(app, exit_code);
   hpz::cli::setup_version(app, exit_code);
   try {
+    hpz::cli::check_subcommand_name(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
