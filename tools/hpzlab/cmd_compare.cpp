@@ -15,14 +15,20 @@ namespace {
 
 /** What `hpzlab compare` takes. */
 struct CompareCliOptions {
-  std::string sim;   ///< JSON with op_times, the prediction
-  std::string real;  ///< JSON with op_times, the measurement
-  std::string json;  ///< --json FILE ("-" = standard output)
-  time::CompareOptions compare;
+  std::string sim;        ///< JSON with op_times, the prediction
+  std::string real;       ///< JSON with op_times, the measurement
+  std::string json;       ///< --json FILE ("-" = standard output)
+  long long top = 10;     ///< --top N (checked, then CompareOptions::top)
+  double floor_s = 1e-5;  ///< --floor S (checked, then CompareOptions::floor_s)
 };
 
 void run_compare(const CompareCliOptions& opts) {
-  const time::Comparison c = time::compare_files(opts.sim, opts.real, opts.compare);
+  require_at_least("--top", static_cast<double>(opts.top), 0);
+  require_at_least("--floor", opts.floor_s, 0);
+  time::CompareOptions compare;
+  compare.top = static_cast<std::size_t>(opts.top);
+  compare.floor_s = opts.floor_s;
+  const time::Comparison c = time::compare_files(opts.sim, opts.real, compare);
   if (!opts.json.empty()) write_output(opts.json, time::comparison_json(c).dump(2) + "\n");
   if (opts.json != "-") {
     const std::string text = time::render_text(c);
@@ -43,12 +49,10 @@ void setup_compare(CLI::App& app, int& exit_code) {
       ->required();
   sub->add_option("real", opts->real, "JSON of `hpzlab real --json FILE` (the measurement)")
       ->required();
-  sub->add_option("--top", opts->compare.top, "List the N worst-predicted ops (default 10)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--floor", opts->compare.floor_s,
+  sub->add_option("--top", opts->top, "List the N worst-predicted ops (0 or more; default 10)");
+  sub->add_option("--floor", opts->floor_s,
                   "Leave ops shorter than S seconds in the real run out of the median and p90 "
-                  "(default 1e-5)")
-      ->check(CLI::NonNegativeNumber);
+                  "(0 or more; default 1e-5)");
   sub->add_option("--json", opts->json, "Write the comparison as JSON to FILE ('-' = stdout)");
   sub->callback([opts, &exit_code] {
     run_compare(*opts);

@@ -140,9 +140,8 @@ std::string render_json(const Schedule& schedule, const real::RealResult& r) {
 }
 
 void run_real(const RealCliOptions& opts, int& exit_code) {
-  if (opts.runs < 1) throw InputError("", "--runs", "must be at least 1");
-  if (!(opts.timeout_s > 0))
-    throw InputError("", "--timeout", "must be a positive number of seconds");
+  require_at_least("--runs", opts.runs, 1);
+  require_above("--timeout", opts.timeout_s, 0);
   const Scenario sc = load(opts.scenario);
   real::RealOptions ro;
   if (opts.distributed) {

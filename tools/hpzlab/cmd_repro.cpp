@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,7 @@ namespace {
 /** What `hpzlab repro` takes. */
 struct ReproCliOptions {
   ScenarioOptions common;
-  int steps = 0;  ///< 0: the scenario's run.steps
+  std::optional<int> steps;  ///< none: the scenario's run.steps
   int runs = 1;
   std::string mode = "auto";
   std::string csv;
@@ -30,7 +31,7 @@ struct ReproCliOptions {
 /** The four variants of the scenario; exit 0 when both fixes match no-hpz. */
 replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay::ReproOptions ro,
                                    int& exit_code) {
-  if (o.steps > 0) sc.run.steps = o.steps;
+  if (o.steps) sc.run.steps = *o.steps;
   if (o.mode == "numeric") ro.mode = replay::Mode::kNumeric;
   if (o.mode == "taint") ro.mode = replay::Mode::kTaint;
   if (ro.mode == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
@@ -59,7 +60,7 @@ replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::Re
                      "the numeric replay runs the builder's tiny model, not a schedule read from "
                      "a file (use taint or auto)");
   }
-  if (o.steps > 0) throw InputError(file, "--steps", "a schedule read from a file has its steps");
+  if (o.steps) throw InputError(file, "--steps", "a schedule read from a file has its steps");
   const Schedule schedule = schedule_for(sc, file);
   ro.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} replays", done, total));
@@ -70,6 +71,8 @@ replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::Re
 }
 
 void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
+  if (o.steps) require_at_least("--steps", *o.steps, 1);
+  require_at_least("--runs", o.runs, 1);
   replay::ReproOptions ro;
   ro.runs = o.runs;
   const Scenario sc = load(o.common);
@@ -94,10 +97,9 @@ void setup_repro(CLI::App& app, int& exit_code) {
       "step, losses, share of runs that went bad (exit 0 when both fixes match no-hpz)");
   add_scenario_options(*sub, o->common);
   add_schedule_option(*sub, o->common.schedule);
-  sub->add_option("--steps", o->steps, "Optimizer steps (default: the scenario's run.steps)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--runs", o->runs, "Runs, seeds run.seed, run.seed + 1, ...")
-      ->check(CLI::PositiveNumber);
+  sub->add_option("--steps", o->steps,
+                  "Optimizer steps, 1 or more (default: the scenario's run.steps)");
+  sub->add_option("--runs", o->runs, "Runs, seeds run.seed, run.seed + 1, ... (1 or more)");
   sub->add_option("--mode", o->mode, "numeric | taint | auto (numeric when the model is small)")
       ->check(CLI::IsMember({"auto", "numeric", "taint"}));
   sub->add_option("--csv", o->csv, "Write the loss per step, variant and run as CSV to FILE");

@@ -33,7 +33,7 @@ void progress(double done, int total) {
 }
 
 void run_sim(const SimCliOptions& opts, int& exit_code) {
-  if (opts.runs < 1) throw InputError("", "--runs", "must be at least 1");
+  require_at_least("--runs", opts.runs, 1);
   Scenario sc = load(opts.scenario);
   const Schedule schedule = schedule_for(sc, opts.scenario.schedule);
   time::SimOptions sim_opts;
@@ -66,8 +66,7 @@ void setup_sim(CLI::App& app, int& exit_code) {
                   "Write a Chrome trace-event JSON of the first run to FILE (open in Perfetto)");
   sub->add_option("--runs", opts->runs,
                   "Simulate N runs with jitter seeds run.seed, run.seed + 1, ... and count in how "
-                  "many each race manifested")
-      ->check(CLI::PositiveNumber);
+                  "many each race manifested (1 or more; default 1)");
   sub->add_flag("--op-times", opts->op_times,
                 "Put every op's [issue_s, start_s, end_s] of the first run (null if it never "
                 "ran) and its kind/purpose/unit label into the --json output (op_times, "

@@ -61,6 +61,14 @@ void write_output(const std::string& path, const std::string& text);
  *  done / total, then `what`; ends the line once done reaches total. */
 void progress_bar(double done, int total, const std::string& what);
 
+/** Throws InputError ("FLAG: VALUE is out of range (allowed: MIN or more)") unless
+ *  value >= min; a NaN is out of range. For numeric flags, checked in the subcommand's callback
+ *  so that the error is one line like every other input error. */
+void require_at_least(const std::string& flag, double value, double min);
+
+/** As require_at_least, for a flag that must be greater than `bound` (e.g. a timeout). */
+void require_above(const std::string& flag, double value, double bound);
+
 /** Registers `hpzlab schedule`; the callback stores its exit code in exit_code. */
 void setup_schedule(CLI::App& app, int& exit_code);
 /** Registers `hpzlab check`. */

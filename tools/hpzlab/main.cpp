@@ -90,6 +90,17 @@ void write_output(const std::string& path, const std::string& text) {
   }
 }
 
+void require_at_least(const std::string& flag, double value, double min) {
+  if (value >= min) return;
+  throw InputError("", flag, fmt::format("{} is out of range (allowed: {} or more)", value, min));
+}
+
+void require_above(const std::string& flag, double value, double bound) {
+  if (value > bound) return;
+  throw InputError("", flag,
+                   fmt::format("{} is out of range (allowed: more than {})", value, bound));
+}
+
 std::string version_line() {
   return "hpzlab " HPZLAB_VERSION;
 }
