@@ -654,6 +654,12 @@ void RankBuilder::partition(int p) {
       // The copy happens when this rank's primary slice lies inside the parameter (PP:1633) or
       // starts in it (the tail copy, PP:1640-1645); PR 5216 rewrote these bounds.
       if (!layouts_[p].valid(sec).empty()) {
+        // run.spin_before_copy_us (a what-if): a spin kernel holds the copy's stream ahead of
+        // each copy of a training step, as a reproduction on a GPU does.
+        if (phase_ != Phase::kInit && sc_.run.spin_before_copy_us > 0) {
+          push(OpKind::kKernel, current_, Purpose::kReproSpin).spin_us =
+              static_cast<float>(sc_.run.spin_before_copy_us);
+        }
         push(OpKind::kCopy, current_, Purpose::kSecondaryPartitionCopy,
              {part(p, st.full, sec, AccessMode::kRead, true),
               part(p, st.secondary, sec, AccessMode::kWrite, false)})
@@ -1517,6 +1523,17 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   };
   if (!sc.model.gated_mlp) refuse("non-Llama models (model.gated_mlp = false)", "a Llama model");
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
+  // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes
+  // from zero.deepspeed_version, so a [bugs] key would be silently ignored: refused instead.
+  const BugConfig none;
+  const BugConfig& bugs = sc.bugs;
+  if (bugs.skip_secondary_invalidation != none.skip_secondary_invalidation ||
+      bugs.checkpoint_load_at_step != none.checkpoint_load_at_step ||
+      bugs.legacy_copy_bounds != none.legacy_copy_bounds ||
+      bugs.secondary_mismatch_rank != none.secondary_mismatch_rank) {
+    refuse("the [bugs] keys (it takes DeepSpeed's behaviour from zero.deepspeed_version)",
+           "remove them");
+  }
 
   Model md = llama_model(sc.model);
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
