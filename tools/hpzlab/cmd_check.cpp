@@ -61,7 +61,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   const std::vector<check::CheckResult> results =
       opts.schedule.empty() ? check_scenarios(opts)
                             : std::vector<check::CheckResult>{check_file(opts)};
-  if (!opts.json.empty()) write_output(opts.json, check::JsonReporter().render(results));
+  if (!opts.json.empty()) write_output(opts.json, check::JsonReporter().render(results), "--json");
   if (opts.json != "-") {
     const std::string text = check::TextReporter().render(results);
     std::fwrite(text.data(), 1, text.size(), stdout);

@@ -29,7 +29,8 @@ void run_compare(const CompareCliOptions& opts) {
   compare.top = static_cast<std::size_t>(opts.top);
   compare.floor_s = opts.floor_s;
   const time::Comparison c = time::compare_files(opts.sim, opts.real, compare);
-  if (!opts.json.empty()) write_output(opts.json, time::comparison_json(c).dump(2) + "\n");
+  if (!opts.json.empty())
+    write_output(opts.json, time::comparison_json(c).dump(2) + "\n", "--json");
   if (opts.json != "-") {
     const std::string text = time::render_text(c);
     std::fwrite(text.data(), 1, text.size(), stdout);

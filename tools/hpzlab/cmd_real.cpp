@@ -171,9 +171,10 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   const bool hung = result.reference_hung || result.timing.mean.hung;
   exit_code = hung || result.corrupted_runs > 0 ? kExitFindings : kExitOk;
   if (!result.reports) return;  // rank 0 reports for every process
-  if (!opts.scenario.json.empty()) write_output(opts.scenario.json, render_json(schedule, result));
+  if (!opts.scenario.json.empty())
+    write_output(opts.scenario.json, render_json(schedule, result), "--json");
   if (!opts.trace.empty()) {
-    write_output(opts.trace, time::TraceReporter().render(schedule, result.timing));
+    write_output(opts.trace, time::TraceReporter().render(schedule, result.timing), "--trace");
   }
   if (opts.scenario.json != "-") {
     const std::string text = render_text(schedule, result);

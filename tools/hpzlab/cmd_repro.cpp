@@ -78,9 +78,9 @@ void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
   const Scenario sc = load(o.common);
   const replay::ReproResult r = o.common.schedule.empty() ? repro_variants(o, sc, ro, exit_code)
                                                           : repro_file(o, sc, ro, exit_code);
-  if (!o.common.json.empty()) write_output(o.common.json, replay::repro_json(r));
-  if (!o.csv.empty()) write_output(o.csv, replay::repro_csv(r));
-  if (!o.plot.empty()) write_output(o.plot, replay::repro_svg(r));
+  if (!o.common.json.empty()) write_output(o.common.json, replay::repro_json(r), "--json");
+  if (!o.csv.empty()) write_output(o.csv, replay::repro_csv(r), "--csv");
+  if (!o.plot.empty()) write_output(o.plot, replay::repro_svg(r), "--plot");
   if (o.common.json != "-") {
     const std::string text = replay::repro_table(r);
     std::fwrite(text.data(), 1, text.size(), stdout);

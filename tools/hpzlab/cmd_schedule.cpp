@@ -25,7 +25,8 @@ void run_schedule(const ScheduleOptions& opts, int& exit_code) {
                      fmt::format("rank {} does not exist (allowed: 0 to {})", *opts.rank,
                                  schedule.world_size - 1));
   }
-  if (!opts.common.json.empty()) write_output(opts.common.json, schedule_to_json(schedule).dump());
+  if (!opts.common.json.empty())
+    write_output(opts.common.json, schedule_to_json(schedule).dump(), "--json");
   if (opts.common.json != "-") {
     std::string text = schedule_summary(sc, schedule);
     if (opts.rank)

@@ -54,8 +54,9 @@ auto on_schedule(const std::string& file, Fn&& fn) -> decltype(fn()) {
 }
 
 /** Writes text to path ("-" = standard output) all at once: a temporary file renamed into
- *  place, so a failed run never leaves a half-written file. Throws InputError if it cannot. */
-void write_output(const std::string& path, const std::string& text);
+ *  place, so a failed run never leaves a half-written file. Throws InputError naming the path
+ *  and `flag`, the option the path was given to (e.g. "--trace"), if it cannot. */
+void write_output(const std::string& path, const std::string& text, const std::string& flag);
 
 /** A one-line progress bar on standard error, only when it is a terminal: a bar filled to
  *  done / total, then `what`; ends the line once done reaches total. */

@@ -69,7 +69,7 @@ Schedule schedule_for(Scenario& sc, const std::string& file) {
   return s;
 }
 
-void write_output(const std::string& path, const std::string& text) {
+void write_output(const std::string& path, const std::string& text, const std::string& flag) {
   if (path == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
     return;
@@ -80,13 +80,13 @@ void write_output(const std::string& path, const std::string& text) {
   {
     std::ofstream out(tmp, std::ios::binary);
     out << text;
-    if (!out.flush()) throw InputError(path, "--json", "cannot write this file");
+    if (!out.flush()) throw InputError(path, flag, "cannot write this file");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, target, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
-    throw InputError(path, "--json", "cannot write this file");
+    throw InputError(path, flag, "cannot write this file");
   }
 }
 
