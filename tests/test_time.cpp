@@ -1,5 +1,6 @@
 // The timing engine: cost model, collective plans, and the properties `hpzlab sim` must show on
 // small scenarios (hpZ's NIC savings, the fixes' costs, determinism, a valid trace).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -206,6 +207,39 @@ TEST(Simulate, SameScenarioAndSeedGiveIdenticalJson) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_GT(j["step_time_s"].get<double>(), 0);
+}
+
+// With --runs N the header says "mean of N runs": the times are means, the race instances that
+// manifested are summed, and the console says so.
+TEST(Simulate, SeveralRunsAverageTheTimesAndSumTheRacesAndSaySo) {
+  const Scenario sc = scenario("tiny.toml");
+  const Schedule schedule = build_schedule(sc);
+  SimOptions opts;
+  opts.runs = 3;
+  const SimResult r = simulate(sc, schedule, opts);
+  ASSERT_EQ(r.runs.size(), 3u);
+  std::uint64_t races = 0;
+  double step = 0;
+  for (const StepMetrics& m : r.runs) {
+    races += m.races_manifested;
+    step += m.step_time_s / 3;
+  }
+  ASSERT_GT(races, 0u);  // tiny.toml's spin makes its race bite in every run
+  EXPECT_EQ(r.mean.races_manifested, races);
+  EXPECT_NEAR(r.mean.step_time_s, step, 1e-12);
+  const std::string text = ConsoleReporter().render(schedule, r);
+  EXPECT_NE(text.find("mean of 3 runs"), std::string::npos) << text;
+  EXPECT_NE(text.find(fmt::format("races manifested   {} (summed over 3 runs)\n", races)),
+            std::string::npos)
+      << text;
+  const auto j = nlohmann::json::parse(JsonReporter().render(schedule, r));
+  EXPECT_EQ(j.at("races_manifested").get<std::uint64_t>(), races);
+  // One run: nothing to sum, no label.
+  const SimResult one = simulate(sc, schedule, {});
+  EXPECT_NE(ConsoleReporter()
+                .render(schedule, one)
+                .find(fmt::format("races manifested   {}\n", one.mean.races_manifested)),
+            std::string::npos);
 }
 
 TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {

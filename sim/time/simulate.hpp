@@ -72,7 +72,7 @@ struct SimResult {
   double bandwidth_factor = 0;
   double latency_factor = 0;
   std::vector<StepMetrics> runs;  ///< per run
-  StepMetrics mean;               ///< averaged over runs
+  StepMetrics mean;               ///< averaged over runs, but races_manifested is summed (mean_of)
   std::vector<RaceReport> races;
   std::vector<LinkReport> links;
   Timeline timeline;  ///< the first run's
