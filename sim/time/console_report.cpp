@@ -31,7 +31,17 @@ void races(const SimResult& r, std::string& out) {
         race.example.rank, race.example.second, m.second_start_s, seconds(m.overlap_s),
         race.example.first, m.first_end_s, seconds(race.max_overlap_s));
   }
-  if (!any) out += "  races: none (the checker proves this schedule race-free)\n";
+  if (any) return;
+  if (r.steps >= 2) {
+    out += "  races: none (the checker proves this schedule race-free)\n";
+    return;
+  }
+  // The hpZ race needs a second step: DeepSpeed copies the secondary partition in one step and
+  // reads (prefetches) it in the next, after the optimizer step; step 0 does not prefetch.
+  out += fmt::format(
+      "  races: none in {} step: one step of DeepSpeed's schedule cannot show the hpZ race, which "
+      "needs a step after the optimizer's (run.steps = 2 or more, or a longer recording)\n",
+      r.steps);
 }
 
 void links(const SimResult& r, std::string& out) {
