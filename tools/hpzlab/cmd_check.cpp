@@ -40,14 +40,34 @@ struct Checked {
   bool from_file = false;  ///< --schedule FILE: its steps are the recording's
 };
 
+/** Scenario i of n on the progress bar (a terminal only): building its schedule fills the
+ *  first half of its share, checking it the second (neither reports how far it got). */
+std::string progress_what(std::size_t i, std::size_t n, const char* doing, const std::string& of) {
+  return n == 1 ? fmt::format("{} {}", doing, of)
+                : fmt::format("scenario {}/{}: {} {}", i + 1, n, doing, of);
+}
+
 std::vector<Checked> check_scenarios(const CheckOptions& opts) {
   if (opts.scenarios.empty()) throw InputError("", "scenario", "is required (or --schedule FILE)");
   const std::vector<Override> overrides = overrides_of(opts);
+  const std::size_t n = opts.scenarios.size();
+  const int total = static_cast<int>(n);
   std::vector<Checked> results;
-  for (const std::string& path : opts.scenarios) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string& path = opts.scenarios[i];
     const Scenario sc = load_scenario(path, overrides);
-    results.push_back({check::check_schedule(build_schedule(sc)), sc.run.steps, false});
+    Schedule schedule;
+    run_showing_progress(static_cast<double>(i), total,
+                         progress_what(i, n, "building the schedule of", path),
+                         [&] { schedule = build_schedule(sc); });
+    check::CheckResult result;
+    run_showing_progress(static_cast<double>(i) + 0.5, total, progress_what(i, n, "checking", path),
+                         [&] { result = check::check_schedule(schedule); });
+    results.push_back({std::move(result), sc.run.steps, false});
   }
+  progress_bar(
+      total, total,
+      fmt::format("{} checked", n == 1 ? opts.scenarios[0] : fmt::format("{} scenarios", n)));
   return results;
 }
 
@@ -59,12 +79,18 @@ Checked check_file(const CheckOptions& opts) {
   if (opts.scenarios.empty() && !opts.sets.empty()) {
     throw InputError("", "--set", "needs a scenario to apply to");
   }
-  const Schedule schedule = read_schedule(opts.schedule);
+  Schedule schedule;
+  run_showing_progress(0, 1, "reading " + opts.schedule,
+                       [&] { schedule = read_schedule(opts.schedule); });
   if (!opts.scenarios.empty()) {
     check_world_size(load_scenario(opts.scenarios[0], overrides_of(opts)), schedule, opts.schedule);
   }
-  return {on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); }),
-          step_count(schedule), true};
+  check::CheckResult result;
+  run_showing_progress(0.5, 1, "checking " + opts.schedule, [&] {
+    result = on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
+  });
+  progress_bar(1, 1, opts.schedule + " checked");
+  return {std::move(result), step_count(schedule), true};
 }
 
 /** A clean verdict on one step says nothing about the hpZ race: DeepSpeed copies the secondary

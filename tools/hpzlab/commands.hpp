@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -58,9 +59,22 @@ auto on_schedule(const std::string& file, Fn&& fn) -> decltype(fn()) {
  *  and `flag`, the option the path was given to (e.g. "--trace"), if it cannot. */
 void write_output(const std::string& path, const std::string& text, const std::string& flag);
 
+/** True when progress is shown: standard error is a terminal. */
+bool progress_on();
+
 /** A one-line progress bar on standard error, only when it is a terminal: a bar filled to
  *  done / total, then `what`; ends the line once done reaches total. */
 void progress_bar(double done, int total, const std::string& what);
+
+/** Ends the progress bar's line if one is drawn and not full (main() calls it before an error
+ *  message, so that the message starts a line of its own). */
+void end_progress_line();
+
+/** Runs fn. When progress_on(), on a thread of its own while this one redraws
+ *  progress_bar(done, total, what + the seconds it has run) four times a second (for work that
+ *  cannot report its share done); rethrows what fn throws. */
+void run_showing_progress(double done, int total, const std::string& what,
+                          const std::function<void()>& fn);
 
 /** Throws InputError ("FLAG: VALUE is out of range (allowed: MIN or more)") unless
  *  value >= min; a NaN is out of range. For numeric flags, checked in the subcommand's callback

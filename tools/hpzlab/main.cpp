@@ -164,9 +164,11 @@ int main(int argc, char** argv) {
     app.exit(e);
     return hpz::kExitBadInput;
   } catch (const hpz::InputError& e) {
+    hpz::cli::end_progress_line();
     std::fprintf(stderr, "hpzlab: error: %s\n", e.what());
     return hpz::kExitBadInput;
   } catch (const std::exception& e) {
+    hpz::cli::end_progress_line();
     std::fprintf(stderr, "hpzlab: internal error (please report): %s\n", e.what());
     return hpz::kExitInternal;
   }
