@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -266,6 +269,125 @@ TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {
   for (const char* t : {"host", "S0", "S_ag", "S_nccl"}) EXPECT_TRUE(threads.count(t)) << t;
   EXPECT_GT(flows, 0);
   EXPECT_GT(host_stalls, 0);
+}
+
+/** One "X" event of a trace, in whole nanoseconds as a viewer reads them. */
+struct TraceSlice {
+  std::int64_t start = 0, end = 0;
+  std::string cat;
+  std::size_t op = 0;  ///< args.op: the op's index on its rank
+};
+
+std::int64_t trace_ns(const nlohmann::json& us) {
+  return std::llround(us.get<double>() * 1000);
+}
+
+/** The slice of a track that encloses t, [start, end) (what a flow event binds to). */
+const TraceSlice* enclosing(const std::vector<TraceSlice>& track, std::int64_t t) {
+  auto it = std::upper_bound(track.begin(), track.end(), t,
+                             [](std::int64_t x, const TraceSlice& s) { return x < s.start; });
+  if (it == track.begin()) return nullptr;
+  --it;
+  return t < it->end ? &*it : nullptr;
+}
+
+// The Perfetto trace of tiny.toml (stock, whose race bites; host-sync; DeepSpeed's own schedule,
+// which has host event syncs): no two slices on one track overlap, none is empty, and every flow
+// event binds, by the trace-event format's rule (the slice on its track enclosing its
+// timestamp: "s" always, "f" with "bp":"e"), to the slice it is meant for: event flows from the
+// record to a wait on the same event, rendezvous from the lowest rank's collective to the same
+// collective on another rank, race arrows from the writer to the reader.
+TEST(Simulate, TraceSlicesNeverOverlapAndFlowsBindToTheirSlices) {
+  const std::vector<std::vector<Override>> variants = {
+      {}, {{"run.variant", "host-sync"}}, {{"run.builder", "deepspeed"}}};
+  for (const auto& sets : variants) {
+    const Scenario sc = scenario("tiny.toml", sets);
+    const Schedule schedule = build_schedule(sc);
+    const SimResult r = simulate(sc, schedule, {});
+    const auto trace = nlohmann::json::parse(TraceReporter().render(schedule, r));
+    const std::string label = sets.empty() ? "stock" : sets[0].second;
+    std::map<std::pair<int, int>, std::vector<TraceSlice>> tracks;
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.at("ph") != "X") continue;
+      const std::int64_t start = trace_ns(e.at("ts"));
+      const std::int64_t dur = trace_ns(e.at("dur"));
+      EXPECT_GE(dur, 1) << label << ": " << e.dump();
+      tracks[{e.at("pid"), e.at("tid")}].push_back(
+          {start, start + dur, e.at("cat"), e.at("args").at("op")});
+    }
+    for (auto& [track, slices] : tracks) {
+      std::sort(slices.begin(), slices.end(),
+                [](const TraceSlice& a, const TraceSlice& b) { return a.start < b.start; });
+      for (std::size_t k = 1; k < slices.size(); ++k) {
+        ASSERT_LE(slices[k - 1].end, slices[k].start)
+            << label << ": rank " << track.first << " tid " << track.second << ": op "
+            << slices[k - 1].op << " overlaps op " << slices[k].op;
+      }
+    }
+    // Each flow's two ends: the name, and the rank and slice each binds to.
+    struct End {
+      int pid = -1;
+      const TraceSlice* slice = nullptr;
+    };
+    std::map<std::uint64_t, std::pair<std::string, std::pair<End, End>>> flows;
+    std::vector<std::uint64_t> races;                           // flow ids of race arrows, in order
+    std::vector<std::pair<std::size_t, std::size_t>> instants;  // (writer, reader) of each RACE
+    for (const auto& e : trace.at("traceEvents")) {
+      const std::string ph = e.at("ph");
+      if (ph == "i") instants.emplace_back(e["args"]["writer_op"], e["args"]["reader_op"]);
+      if (ph != "s" && ph != "f") continue;
+      if (ph == "f") {
+        EXPECT_EQ(e.value("bp", ""), "e") << label << ": " << e.dump();
+      }
+      const int pid = e.at("pid");
+      const std::int64_t t = trace_ns(e.at("ts"));
+      const TraceSlice* slice = enclosing(tracks[{pid, e.at("tid")}], t);
+      ASSERT_NE(slice, nullptr) << label << ": binds to no slice: " << e.dump();
+      auto& flow = flows[e.at("id")];
+      flow.first = e.at("name");
+      (ph == "s" ? flow.second.first : flow.second.second) = {pid, slice};
+      if (ph == "s" && flow.first == "race") races.push_back(e.at("id"));
+    }
+    std::map<std::string, int> kinds;
+    for (const auto& [id, flow] : flows) {
+      const auto& [name, ends] = flow;
+      const auto& [from, to] = ends;
+      ASSERT_TRUE(from.slice != nullptr && to.slice != nullptr) << label << ": flow " << id;
+      const Op& a = schedule.ranks[static_cast<std::size_t>(from.pid)].ops[from.slice->op];
+      const Op& b = schedule.ranks[static_cast<std::size_t>(to.pid)].ops[to.slice->op];
+      if (name == "event") {
+        EXPECT_EQ(from.pid, to.pid);
+        EXPECT_EQ(a.kind, OpKind::kEventRecord) << label << ": flow " << id;
+        EXPECT_TRUE(b.kind == OpKind::kStreamWaitEvent || b.kind == OpKind::kHostEventSync)
+            << label << ": flow " << id << " ends on " << to_string(b.kind);
+        EXPECT_EQ(a.event, b.event);
+        ++kinds[std::string("event to ") + std::string(to_string(b.kind))];
+      } else if (name == "rendezvous") {
+        EXPECT_TRUE(is_collective(a.kind) && is_collective(b.kind)) << label << ": flow " << id;
+        EXPECT_EQ(a.group, b.group);
+        EXPECT_LT(from.pid, to.pid);
+        ++kinds[name];
+      } else {
+        EXPECT_EQ(name, "race");
+        ++kinds[name];
+      }
+    }
+    ASSERT_EQ(races.size(), instants.size()) << label;
+    for (std::size_t k = 0; k < races.size(); ++k) {
+      const auto& [from, to] = flows[races[k]].second;
+      EXPECT_EQ(from.slice->op, instants[k].first) << label << ": race " << k;
+      EXPECT_EQ(to.slice->op, instants[k].second) << label << ": race " << k;
+      EXPECT_EQ(from.pid, to.pid);
+    }
+    EXPECT_GT(kinds["event to stream_wait_event"], 0) << label;
+    EXPECT_GT(kinds["rendezvous"], 0) << label;
+    if (label == "stock") {
+      EXPECT_GT(kinds["race"], 0);  // tiny.toml's spin makes it bite
+    }
+    if (label == "deepspeed") {
+      EXPECT_GT(kinds["event to host_event_sync"], 0);
+    }
+  }
 }
 
 TEST(Simulate, CoarseCollectivesStayCloseToFine) {
