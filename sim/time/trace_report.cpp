@@ -52,7 +52,11 @@ std::vector<std::vector<Span>> spans_of(const Schedule& s, const SimResult& r) {
     out.resize(rs.ops.size());
     std::map<int, std::vector<std::uint32_t>> tracks;
     for (std::uint32_t i = 0; i < rs.ops.size(); ++i) {
-      if (times[i].end_s >= 0) tracks[tid_of(rs.ops[i])].push_back(i);
+      // An op that never ran: -1 from the engine, NaN from the real executor.
+      const OpTime& t = times[i];
+      if (std::isfinite(t.start_s) && std::isfinite(t.end_s) && t.end_s >= 0) {
+        tracks[tid_of(rs.ops[i])].push_back(i);
+      }
     }
     for (auto& [tid, ops] : tracks) {
       std::stable_sort(ops.begin(), ops.end(), [&](std::uint32_t a, std::uint32_t b) {
