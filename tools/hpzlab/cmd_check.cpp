@@ -5,6 +5,7 @@
 // anything was found, 2 on bad input.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/check/report.hpp"
+#include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -25,7 +27,31 @@ struct CheckOptions {
   std::vector<std::string> sets;       ///< --set key=value, applied to every scenario
   std::string json;                    ///< --json FILE ("-" = standard output)
   std::string schedule;                ///< --schedule FILE: check it instead of building one
+  std::string deepspeed;  ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
 };
+
+/** --deepspeed V1,V2,...: the versions, each one the DeepSpeed builder models. */
+std::vector<std::string> versions_of(const CheckOptions& opts) {
+  std::vector<std::string> out;
+  if (opts.deepspeed.empty()) return out;
+  const std::vector<std::string>& known = deepspeed_builder_versions();
+  std::string list;
+  for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+  std::size_t from = 0;
+  while (from <= opts.deepspeed.size()) {
+    const std::size_t comma = std::min(opts.deepspeed.find(',', from), opts.deepspeed.size());
+    const std::string v = opts.deepspeed.substr(from, comma - from);
+    if (std::find(known.begin(), known.end(), v) == known.end()) {
+      throw InputError("", "--deepspeed",
+                       fmt::format("'{}' is not a version the DeepSpeed builder models "
+                                   "(allowed, comma-separated: {})",
+                                   v, list));
+    }
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+    from = comma + 1;
+  }
+  return out;
+}
 
 std::vector<Override> overrides_of(const CheckOptions& opts) {
   std::vector<Override> overrides;
@@ -49,13 +75,32 @@ std::string progress_what(std::size_t i, std::size_t n, const char* doing, const
 
 std::vector<Checked> check_scenarios(const CheckOptions& opts) {
   if (opts.scenarios.empty()) throw InputError("", "scenario", "is required (or --schedule FILE)");
-  const std::vector<Override> overrides = overrides_of(opts);
-  const std::size_t n = opts.scenarios.size();
+  const std::vector<std::string> versions = versions_of(opts);
+  // Without --deepspeed each scenario once; with it, each scenario under each version, built by
+  // the DeepSpeed builder (the version matrix).
+  struct Job {
+    std::string path;
+    std::vector<Override> overrides;
+  };
+  std::vector<Job> jobs;
+  for (const std::string& path : opts.scenarios) {
+    if (versions.empty()) {
+      jobs.push_back({path, overrides_of(opts)});
+      continue;
+    }
+    for (const std::string& v : versions) {
+      std::vector<Override> o = overrides_of(opts);
+      o.emplace_back("run.builder", "deepspeed");
+      o.emplace_back("zero.deepspeed_version", v);
+      jobs.push_back({path, std::move(o)});
+    }
+  }
+  const std::size_t n = jobs.size();
   const int total = static_cast<int>(n);
   std::vector<Checked> results;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::string& path = opts.scenarios[i];
-    const Scenario sc = load_scenario(path, overrides);
+    const std::string& path = jobs[i].path;
+    const Scenario sc = load_scenario(path, jobs[i].overrides);
     Schedule schedule;
     run_showing_progress(static_cast<double>(i), total,
                          progress_what(i, n, "building the schedule of", path),
@@ -78,6 +123,11 @@ Checked check_file(const CheckOptions& opts) {
   }
   if (opts.scenarios.empty() && !opts.sets.empty()) {
     throw InputError("", "--set", "needs a scenario to apply to");
+  }
+  if (!opts.deepspeed.empty()) {
+    throw InputError("", "--deepspeed",
+                     "builds each version's schedule with the DeepSpeed builder; a schedule read "
+                     "with --schedule has its own version");
   }
   Schedule schedule;
   run_showing_progress(0, 1, "reading " + opts.schedule,
@@ -114,8 +164,19 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   if (opts.json != "-") {
     std::string text;
     for (std::size_t i = 0; i < checked.size(); ++i) {
+      const std::string full = check::TextReporter().render_one(checked[i].result);
+      if (!opts.deepspeed.empty()) {
+        // The version matrix: each version's verdict line and, when something was found, the
+        // worst group's line (what and where); `hpzlab check` without --deepspeed explains it.
+        text += full.substr(0, full.find('\n') + 1);
+        if (const auto w = full.find("\nWorst: "); w != std::string::npos) {
+          text += "  " + full.substr(w + 1, full.find('\n', w + 1) - w);
+        }
+        text += one_step_note(checked[i]);
+        continue;
+      }
       if (i > 0) text += "\n";
-      text += check::TextReporter().render_one(checked[i].result) + one_step_note(checked[i]);
+      text += full + one_step_note(checked[i]);
     }
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
@@ -143,6 +204,10 @@ void setup_check(CLI::App& app, int& exit_code) {
       ->allow_extra_args(false);
   sub->add_option("--json", opts->json,
                   "Also write the findings as JSON to FILE ('-' = stdout, instead of the text)");
+  sub->add_option("--deepspeed", opts->deepspeed,
+                  "The version matrix: check each scenario under each of these DeepSpeed "
+                  "versions (comma-separated, e.g. 0.13.1,0.13.4,0.13.5,0.14.4), built by the "
+                  "DeepSpeed builder; one verdict line (and the worst finding) per version");
   sub->add_option("--schedule", opts->schedule,
                   "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
                   "or `hpzlab schedule --json`) instead of building one");
