@@ -64,6 +64,7 @@ struct Checked {
   check::CheckResult result;
   int steps = 0;           ///< optimizer steps in the checked schedule
   bool from_file = false;  ///< --schedule FILE: its steps are the recording's
+  bool coarse = false;     ///< built by the coarse builder
 };
 
 /** Scenario i of n on the progress bar (a terminal only): building its schedule fills the
@@ -108,7 +109,7 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     check::CheckResult result;
     run_showing_progress(static_cast<double>(i) + 0.5, total, progress_what(i, n, "checking", path),
                          [&] { result = check::check_schedule(schedule); });
-    results.push_back({std::move(result), sc.run.steps, false});
+    results.push_back({std::move(result), sc.run.steps, false, sc.run.builder == "coarse"});
   }
   progress_bar(
       total, total,
@@ -140,7 +141,7 @@ Checked check_file(const CheckOptions& opts) {
     result = on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
   });
   progress_bar(1, 1, opts.schedule + " checked");
-  return {std::move(result), step_count(schedule), true};
+  return {std::move(result), step_count(schedule), true, false};
 }
 
 /** A clean verdict on one step says nothing about the hpZ race: DeepSpeed copies the secondary
@@ -177,6 +178,15 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       }
       if (i > 0) text += "\n";
       text += full + one_step_note(checked[i]);
+    }
+    // Which DeepSpeed a verdict of the coarse builder stands for, once: it is not the schedule
+    // of the user's version (docs/deepspeed-builder.md).
+    if (std::any_of(checked.begin(), checked.end(), [](const Checked& c) { return c.coarse; })) {
+      text +=
+          "\nnote: built by the coarse builder (run.builder = \"coarse\", the default: one "
+          "coordinator call per attn/mlp unit, hpZ as DeepSpeed 0.13.2-0.13.4 copies it); for the "
+          "schedule your DeepSpeed version issues, add --deepspeed VERSION (or --set "
+          "run.builder=deepspeed)\n";
     }
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
