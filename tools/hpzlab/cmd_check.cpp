@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -161,7 +162,27 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
   std::vector<check::CheckResult> results;
   for (const Checked& c : checked) results.push_back(c.result);
-  if (!opts.json.empty()) write_output(opts.json, check::JsonReporter().render(results), "--json");
+  // The same notes as the text, in the JSON under "notes" (issue 17: notes everywhere).
+  const bool any_coarse =
+      std::any_of(checked.begin(), checked.end(), [](const Checked& c) { return c.coarse; });
+  const std::string coarse_note =
+      "built by the coarse builder (run.builder = \"coarse\", the default: one coordinator call "
+      "per attn/mlp unit, hpZ as DeepSpeed 0.13.2-0.13.4 copies it); for the schedule your "
+      "DeepSpeed version issues, add --deepspeed VERSION (or --set run.builder=deepspeed)";
+  if (!opts.json.empty()) {
+    nlohmann::json j = nlohmann::json::parse(check::JsonReporter().render(results));
+    nlohmann::json notes = nlohmann::json::array();
+    for (const Checked& c : checked) {
+      std::string n = one_step_note(c);
+      if (n.empty()) continue;
+      n = n.substr(n.find("note: ") + 6);
+      if (!n.empty() && n.back() == '\n') n.pop_back();
+      notes.push_back(c.result.scenario + ": " + n);
+    }
+    if (any_coarse) notes.push_back(coarse_note);
+    j["notes"] = notes;
+    write_output(opts.json, j.dump(2) + "\n", "--json");
+  }
   if (opts.json != "-") {
     std::string text;
     for (std::size_t i = 0; i < checked.size(); ++i) {
@@ -181,13 +202,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     }
     // Which DeepSpeed a verdict of the coarse builder stands for, once: it is not the schedule
     // of the user's version (docs/deepspeed-builder.md).
-    if (std::any_of(checked.begin(), checked.end(), [](const Checked& c) { return c.coarse; })) {
-      text +=
-          "\nnote: built by the coarse builder (run.builder = \"coarse\", the default: one "
-          "coordinator call per attn/mlp unit, hpZ as DeepSpeed 0.13.2-0.13.4 copies it); for the "
-          "schedule your DeepSpeed version issues, add --deepspeed VERSION (or --set "
-          "run.builder=deepspeed)\n";
-    }
+    if (any_coarse) text += "\nnote: " + coarse_note + "\n";
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
   bool clean = true;
