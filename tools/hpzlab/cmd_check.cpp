@@ -29,7 +29,34 @@ struct CheckOptions {
   std::string json;                    ///< --json FILE ("-" = standard output)
   std::string schedule;                ///< --schedule FILE: check it instead of building one
   std::string deepspeed;  ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
+  std::string junit;      ///< --junit FILE: JUnit XML, a test case per checked schedule
 };
+
+std::string xml_escaped(const std::string& in) {
+  std::string out;
+  for (const char c : in) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
 
 /** --deepspeed V1,V2,...: the versions, each one the DeepSpeed builder models. */
 std::vector<std::string> versions_of(const CheckOptions& opts) {
@@ -158,6 +185,9 @@ std::string one_step_note(const Checked& c) {
 }
 
 void run_check(const CheckOptions& opts, int& exit_code) {
+  if (opts.json == "-" && opts.junit == "-") {
+    throw InputError("", "--junit", "and --json cannot both write to standard output ('-')");
+  }
   const std::vector<Checked> checked =
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
   std::vector<check::CheckResult> results;
@@ -183,7 +213,37 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     j["notes"] = notes;
     write_output(opts.json, j.dump(2) + "\n", "--json");
   }
-  if (opts.json != "-") {
+  if (!opts.junit.empty()) {
+    // JUnit XML for CI systems (issue 19): one test case per checked schedule (scenario x
+    // version), named by the verdict's bracket; a finding fails it with the verdict line as the
+    // message and the whole report as the text.
+    std::size_t failures = 0;
+    std::string cases;
+    for (const Checked& c : checked) {
+      const std::string report = check::TextReporter().render_one(c.result);
+      const std::string first = report.substr(0, report.find('\n'));
+      const std::size_t open = first.find(" ["), close = first.find("]:");
+      const std::string name = open != std::string::npos && close != std::string::npos
+                                   ? first.substr(open + 2, close - open - 2)
+                                   : c.result.variant;
+      cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\">\n",
+                           xml_escaped(c.result.scenario), xml_escaped(name));
+      if (!c.result.clean()) {
+        ++failures;
+        cases += fmt::format("      <failure message=\"{}\" type=\"hpzlab.finding\">{}</failure>\n",
+                             xml_escaped(first), xml_escaped(report));
+      }
+      cases += "    </testcase>\n";
+    }
+    write_output(opts.junit,
+                 fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                             "<testsuites name=\"hpzlab check\" tests=\"{0}\" failures=\"{1}\">\n"
+                             "  <testsuite name=\"hpzlab check\" tests=\"{0}\" failures=\"{1}\">\n"
+                             "{2}  </testsuite>\n</testsuites>\n",
+                             checked.size(), failures, cases),
+                 "--junit");
+  }
+  if (opts.json != "-" && opts.junit != "-") {
     std::string text;
     for (std::size_t i = 0; i < checked.size(); ++i) {
       const std::string full = check::TextReporter().render_one(checked[i].result);
@@ -233,6 +293,9 @@ void setup_check(CLI::App& app, int& exit_code) {
                   "The version matrix: check each scenario under each of these DeepSpeed "
                   "versions (comma-separated, e.g. 0.13.1,0.13.4,0.13.5,0.14.4), built by the "
                   "DeepSpeed builder; one verdict line (and the worst finding) per version");
+  sub->add_option("--junit", opts->junit,
+                  "Also write JUnit XML to FILE ('-' = stdout, instead of the text): a test case "
+                  "per checked schedule, failed by any finding");
   sub->add_option("--schedule", opts->schedule,
                   "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
                   "or `hpzlab schedule --json`) instead of building one");
