@@ -19,9 +19,10 @@ namespace hpz {
 const std::vector<std::string>& deepspeed_builder_versions();
 
 /** Builds every rank's schedule as DeepSpeed `version` issues it for the scenario (Llama-shaped
- *  models; variant stock, host-sync or event-wait on top of that version). Throws InputError
- *  for an unknown version or what it does not model (qwZ, qgZ, offload, grad_accum > 1, the
- *  [bugs] keys). */
+ *  models with qwZ, qgZ, persistence and accumulation; variant stock, host-sync or event-wait on
+ *  top of that version). Throws InputError for an unknown version or what it does not model
+ *  (other model families, offload_param, the [bugs] keys) and where DeepSpeed itself would stop
+ *  (qwZ on a shard that is not a multiple of 8 elements). */
 Schedule build_deepspeed_schedule(const Scenario& scenario, const std::string& version);
 
 }  // namespace hpz
