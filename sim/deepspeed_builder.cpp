@@ -309,6 +309,7 @@ class RankBuilder {
  private:
   // IR emission.
   Op& push(OpKind kind, StreamId s, Purpose p, std::initializer_list<Access> acc = {});
+  Op& push(OpKind kind, StreamId s, Purpose p, std::span<const Access> acc);
   EventId record(StreamId s, Purpose p);
   void wait(StreamId s, EventId e, Purpose p);
   void wait_stream(StreamId waiter, StreamId other, Purpose p);
@@ -328,10 +329,13 @@ class RankBuilder {
   void partition(int p);
   void gather_blocking(int p);
   void barrier();
+  void world_round_trip(const char* name, std::uint64_t bytes, bool read, Purpose p);
   void gather_persistent();
   void all_gather_params(const std::vector<int>& params, bool forward);
   void all_gather_coalesced(std::vector<int> params, bool forward);
   void all_gather_quantized(Handle& h, GroupId g, bool use_secondary, int rank_in_group);
+  Access shard_read(int p, bool use_secondary, int rank_in_group) const;
+  std::uint64_t lay_out_partition(Handle& h, bool use_secondary) const;
   void wait_handle(int h);
   std::set<int> params_to_release(int module, int step_id);
   void reset_step();
@@ -417,6 +421,10 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
 }
 
 Op& RankBuilder::push(OpKind kind, StreamId s, Purpose p, std::initializer_list<Access> acc) {
+  return push(kind, s, p, std::span<const Access>(acc.begin(), acc.size()));
+}
+
+Op& RankBuilder::push(OpKind kind, StreamId s, Purpose p, std::span<const Access> acc) {
   Op op;
   op.kind = kind;
   op.stream = s;
@@ -596,13 +604,24 @@ void RankBuilder::init() {
 // world group and waits for it on the host (ProcessGroupNCCL.cpp barrier(); the recorder logs it
 // the same way).
 void RankBuilder::barrier() {
-  const BufferId t = buffer("barrier", BufferRole::kScratch, kNoUnit, 4);
-  alloc(t, current_, purpose_);
-  push(OpKind::kKernel, current_, purpose_, {{t, AccessMode::kWrite, 0, 4}});
-  const EventId done = collective(OpKind::kAllReduce, world_group_, 4,
-                                  {{t, AccessMode::kRead, 0, 4}, {t, AccessMode::kWrite, 0, 4}});
-  wait(current_, done, purpose_);
-  push(OpKind::kHostStreamSync, current_, purpose_);
+  world_round_trip("barrier", 4, true, purpose_);
+}
+
+// A small tensor made on the device (an allocation and a write, none when it is empty), a
+// blocking all-reduce of it on the world group from the current stream (a broadcast is logged
+// the same way by the recorder), and, when `read`, the host reading it back (`.item()` or
+// `.cpu()`: a host sync of that stream).
+void RankBuilder::world_round_trip(const char* name, std::uint64_t bytes, bool read, Purpose p) {
+  const BufferId t = buffer(name, BufferRole::kScratch, kNoUnit, bytes);
+  if (bytes > 0) {
+    alloc(t, current_, p);
+    push(OpKind::kKernel, current_, p, {{t, AccessMode::kWrite, 0, bytes}});
+  }
+  const EventId done =
+      collective(OpKind::kAllReduce, world_group_, bytes,
+                 {{t, AccessMode::kRead, 0, bytes}, {t, AccessMode::kWrite, 0, bytes}});
+  wait(current_, done, p);
+  if (read) push(OpKind::kHostStreamSync, current_, p);
 }
 
 // param.all_gather() (PP:1114) on one parameter: _all_gather (PP:1432-1462) with async_op
@@ -872,29 +891,18 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
     const UnitId saved_unit = unit_;
     unit_ = p;
     alloc(st.full, current_, purpose_);
-    const ElemRange mine = use_secondary ? layouts_[p].secondary_slice(rank_in_group)
-                                         : layouts_[p].primary_slice(rank_);
-    const BufferId src = use_secondary ? st.secondary : st.primary;
     const std::uint64_t in_elems =
         use_secondary ? layouts_[p].secondary_numel() : layouts_[p].shard_numel();
     h.end =
         collective(OpKind::kAllGather, g, in_elems * dt,
-                   {part(p, src, mine, AccessMode::kRead, false),
+                   {shard_read(p, use_secondary, rank_in_group),
                     part(p, st.full, ElemRange{0, md_.params[p].numel}, AccessMode::kWrite, true)});
     unit_ = saved_unit;
   } else {
     // Several: a flat buffer, torch.cat of the shards into this rank's partition, one
     // collective; the per-parameter copies out of it happen at wait() (PP:664-703).
-    std::uint64_t partition_sz = 0;
-    for (int p : params) {
-      h.offsets.push_back(partition_sz);
-      const std::uint64_t n =
-          use_secondary ? layouts_[p].secondary_numel() : layouts_[p].shard_numel();
-      h.chunk.push_back(n);
-      partition_sz += n;
-    }
+    const std::uint64_t partition_sz = lay_out_partition(h, use_secondary);
     h.coalesced = true;
-    h.per_rank_elems = partition_sz;
     h.flat = buffer("allgather.flat", BufferRole::kScratch, kNoUnit,
                     partition_sz * static_cast<std::uint64_t>(group_size) * dt);
     alloc(h.flat, current_, purpose_);
@@ -905,8 +913,7 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
       const int p = params[i];
       const ElemRange mine = use_secondary ? layouts_[p].secondary_slice(rank_in_group)
                                            : layouts_[p].primary_slice(rank_);
-      const Access a = part(p, use_secondary ? ps_[p].secondary : ps_[p].primary, mine,
-                            AccessMode::kRead, false);
+      const Access a = shard_read(p, use_secondary, rank_in_group);
       if (a.bytes > 0) out_.accesses.push_back(a);
       const ElemRange v = layouts_[p].valid(mine);
       if (!v.empty()) {
@@ -926,6 +933,29 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
   }
   handles_.push_back(std::move(h));
   for (int p : params) ps_[p].handle = static_cast<int>(handles_.size() - 1);
+}
+
+// What a gather reads of parameter p on this rank: its slice of the secondary (hpZ group) or of
+// the primary (world).
+Access RankBuilder::shard_read(int p, bool use_secondary, int rank_in_group) const {
+  const ElemRange mine =
+      use_secondary ? layouts_[p].secondary_slice(rank_in_group) : layouts_[p].primary_slice(rank_);
+  return part(p, use_secondary ? ps_[p].secondary : ps_[p].primary, mine, AccessMode::kRead, false);
+}
+
+// A coalesced gather's per-rank partition (PP:1262-1265): each parameter's shard (or secondary)
+// back to back; its offsets and chunks go into the handle, its size is returned.
+std::uint64_t RankBuilder::lay_out_partition(Handle& h, bool use_secondary) const {
+  std::uint64_t partition_sz = 0;
+  for (int p : h.params) {
+    h.offsets.push_back(partition_sz);
+    const std::uint64_t n =
+        use_secondary ? layouts_[p].secondary_numel() : layouts_[p].shard_numel();
+    h.chunk.push_back(n);
+    partition_sz += n;
+  }
+  h.per_rank_elems = partition_sz;
+  return partition_sz;
 }
 
 // CUDAQuantizer.quantize's group count (PP:735-757): the smallest count from numel / 8000 up
@@ -956,27 +986,14 @@ void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
   const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
   const auto group_size = static_cast<std::uint64_t>(h.group_size);
   h.quantized = true;
-  std::uint64_t partition_sz = 0;
-  for (int p : h.params) {
-    h.offsets.push_back(partition_sz);
-    const std::uint64_t n =
-        use_secondary ? layouts_[p].secondary_numel() : layouts_[p].shard_numel();
-    h.chunk.push_back(n);
-    partition_sz += n;
-  }
-  h.per_rank_elems = partition_sz;
+  const std::uint64_t partition_sz = lay_out_partition(h, use_secondary);
   h.coalesced = h.params.size() > 1;
   const UnitId saved_unit = unit_;
   unit_ = h.params[0];
   h.qbuf = buffer("allgather.int8", BufferRole::kQuantized, kNoUnit, partition_sz * group_size);
   alloc(h.qbuf, current_, purpose_);
   std::vector<Access> src;
-  for (int p : h.params) {
-    const ElemRange mine = use_secondary ? layouts_[p].secondary_slice(rank_in_group)
-                                         : layouts_[p].primary_slice(rank_);
-    src.push_back(
-        part(p, use_secondary ? ps_[p].secondary : ps_[p].primary, mine, AccessMode::kRead, false));
-  }
+  for (int p : h.params) src.push_back(shard_read(p, use_secondary, rank_in_group));
   const std::string what =
       "the gather of " + md_.params[h.params[0]].name +
       (h.params.size() > 1 ? " and " + std::to_string(h.params.size() - 1) + " more" : "");
@@ -987,23 +1004,15 @@ void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
     // torch.cat of the shards, then the quantize kernel on it.
     const BufferId cat = buffer("allgather.cat", BufferRole::kScratch, kNoUnit, partition_sz * dt);
     alloc(cat, current_, purpose_);
-    Op& op = push(OpKind::kCopy, current_, purpose_);
-    for (const Access& a : src) {
-      if (a.bytes > 0) out_.accesses.push_back(a);
-    }
-    out_.accesses.push_back({cat, AccessMode::kWrite, 0, partition_sz * dt});
-    op.access_count = static_cast<std::uint32_t>(out_.accesses.size() - op.access_begin);
-    op.mem_bytes = 2.0 * static_cast<double>(partition_sz * dt);
+    src.push_back({cat, AccessMode::kWrite, 0, partition_sz * dt});
+    push(OpKind::kCopy, current_, purpose_, src).mem_bytes =
+        2.0 * static_cast<double>(partition_sz * dt);
     src = {{cat, AccessMode::kRead, 0, partition_sz * dt}};
   }
   alloc(q, current_, purpose_);
-  Op& quant = push(OpKind::kQuantize, current_, purpose_);
-  for (const Access& a : src) {
-    if (a.bytes > 0) out_.accesses.push_back(a);
-  }
-  out_.accesses.push_back({q, AccessMode::kWrite, 0, partition_sz + groups * 4});
-  quant.access_count = static_cast<std::uint32_t>(out_.accesses.size() - quant.access_begin);
-  quant.mem_bytes = static_cast<double>(partition_sz * dt + partition_sz + groups * 4);
+  src.push_back({q, AccessMode::kWrite, 0, partition_sz + groups * 4});
+  push(OpKind::kQuantize, current_, purpose_, src).mem_bytes =
+      static_cast<double>(partition_sz * dt + partition_sz + groups * 4);
   h.sbuf = buffer("allgather.scales", BufferRole::kScratch, kNoUnit, groups * 4 * group_size);
   // The scales' buffer is made before the values' gather when several are gathered (PP:1292),
   // after it for one (PP:1234-1239).
@@ -1141,24 +1150,8 @@ void RankBuilder::reset_step() {
   // all-reduce of the same bytes, as the builder does at init.
   auto assert_ints = [&](std::size_t n) {
     if (v_.reset_at_forward_start) {
-      const BufferId len = buffer("rank0_len", BufferRole::kScratch, kNoUnit, 8);
-      alloc(len, current_, p);
-      push(OpKind::kKernel, current_, p, {{len, AccessMode::kWrite, 0, 8}});
-      const EventId done =
-          collective(OpKind::kAllReduce, world_group_, 8,
-                     {{len, AccessMode::kRead, 0, 8}, {len, AccessMode::kWrite, 0, 8}});
-      wait(current_, done, p);
-      push(OpKind::kHostStreamSync, current_, p);
-      const BufferId lst = buffer("rank0_list", BufferRole::kScratch, kNoUnit, 8 * n);
-      if (n > 0) {
-        alloc(lst, current_, p);
-        push(OpKind::kKernel, current_, p, {{lst, AccessMode::kWrite, 0, 8 * n}});
-      }
-      const EventId d2 =
-          collective(OpKind::kAllReduce, world_group_, 8 * n,
-                     {{lst, AccessMode::kRead, 0, 8 * n}, {lst, AccessMode::kWrite, 0, 8 * n}});
-      wait(current_, d2, p);
-      if (n > 0) push(OpKind::kHostStreamSync, current_, p);
+      world_round_trip("rank0_len", 8, true, p);
+      world_round_trip("rank0_list", 8 * n, n > 0, p);
     } else {
       const EventId done = collective(OpKind::kAllReduce, world_group_, 8 * n, {});
       wait(current_, done, p);

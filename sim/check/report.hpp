@@ -33,6 +33,10 @@ class JsonReporter final : public Reporter {
   std::string render(std::span<const CheckResult> results) const override;
 };
 
+/** What a verdict line names in brackets: the variant and, for a recording or the DeepSpeed
+ *  builder, the DeepSpeed version ("stock, DeepSpeed 0.13.4 built"). */
+std::string label_of(const CheckResult& result);
+
 /** "0-7,9,12-15": a sorted set of integers as ranges. */
 std::string format_ranges(const std::set<int>& values);
 

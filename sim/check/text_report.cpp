@@ -61,16 +61,8 @@ std::string span_of(const FindingGroup& g) {
 }
 
 std::string verdict_line(const CheckResult& r) {
-  // A recording names its DeepSpeed ("recorded"); the DeepSpeed builder names the version whose
-  // behaviour it issued ("built").
-  const auto deepspeed = r.source.find("deepspeed");
-  const auto builder = r.source.find("builder");
-  const bool built = builder != r.source.end() && builder->second == "deepspeed";
-  const std::string recorded = deepspeed == r.source.end() ? ""
-                                                           : ", DeepSpeed " + deepspeed->second +
-                                                                 (built ? " built" : " recorded");
-  const std::string name = fmt::format("{} [{}{}]", r.scenario.empty() ? "schedule" : r.scenario,
-                                       r.variant.empty() ? "?" : r.variant, recorded);
+  const std::string name =
+      fmt::format("{} [{}]", r.scenario.empty() ? "schedule" : r.scenario, label_of(r));
   // Pairs left out because their only writes rewrote a secondary with the data it held.
   const std::string rewrites =
       r.stats.same_data_rewrites == 0
@@ -120,6 +112,18 @@ std::string describe_group(const FindingGroup& g) {
 }
 
 }  // namespace
+
+std::string label_of(const CheckResult& r) {
+  // A recording names its DeepSpeed ("recorded"); the DeepSpeed builder names the version whose
+  // behaviour it issued ("built").
+  const auto deepspeed = r.source.find("deepspeed");
+  const auto builder = r.source.find("builder");
+  const bool built = builder != r.source.end() && builder->second == "deepspeed";
+  const std::string version = deepspeed == r.source.end() ? ""
+                                                          : ", DeepSpeed " + deepspeed->second +
+                                                                (built ? " built" : " recorded");
+  return (r.variant.empty() ? "?" : r.variant) + version;
+}
 
 std::string format_ranges(const std::set<int>& values) {
   std::string out;

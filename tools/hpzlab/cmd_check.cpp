@@ -179,9 +179,15 @@ Checked check_file(const CheckOptions& opts) {
 std::string one_step_note(const Checked& c) {
   if (!c.result.clean() || c.steps >= 2) return "";
   return fmt::format(
-      "  note: only {} step checked: one step of DeepSpeed's schedule cannot show the hpZ race, "
-      "which needs a step after the optimizer's ({})\n",
+      "only {} step checked: one step of DeepSpeed's schedule cannot show the hpZ race, which "
+      "needs a step after the optimizer's ({})",
       c.steps, c.from_file ? "record 2 steps or more" : "--set run.steps=2 or more");
+}
+
+/** The note under a verdict in the text, or nothing. */
+std::string note_line(const Checked& c) {
+  const std::string note = one_step_note(c);
+  return note.empty() ? "" : "  note: " + note + "\n";
 }
 
 void run_check(const CheckOptions& opts, int& exit_code) {
@@ -203,15 +209,18 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     nlohmann::json j = nlohmann::json::parse(check::JsonReporter().render(results));
     nlohmann::json notes = nlohmann::json::array();
     for (const Checked& c : checked) {
-      std::string n = one_step_note(c);
-      if (n.empty()) continue;
-      n = n.substr(n.find("note: ") + 6);
-      if (!n.empty() && n.back() == '\n') n.pop_back();
-      notes.push_back(c.result.scenario + ": " + n);
+      if (const std::string n = one_step_note(c); !n.empty()) {
+        notes.push_back(c.result.scenario + ": " + n);
+      }
     }
     if (any_coarse) notes.push_back(coarse_note);
     j["notes"] = notes;
     write_output(opts.json, j.dump(2) + "\n", "--json");
+  }
+  // Each result's text report, rendered once for the text and the JUnit output.
+  std::vector<std::string> reports;
+  if (opts.json != "-" || !opts.junit.empty()) {
+    for (const Checked& c : checked) reports.push_back(check::TextReporter().render_one(c.result));
   }
   if (!opts.junit.empty()) {
     // JUnit XML for CI systems (issue 19): one test case per checked schedule (scenario x
@@ -219,15 +228,12 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     // message and the whole report as the text.
     std::size_t failures = 0;
     std::string cases;
-    for (const Checked& c : checked) {
-      const std::string report = check::TextReporter().render_one(c.result);
+    for (std::size_t i = 0; i < checked.size(); ++i) {
+      const Checked& c = checked[i];
+      const std::string& report = reports[i];
       const std::string first = report.substr(0, report.find('\n'));
-      const std::size_t open = first.find(" ["), close = first.find("]:");
-      const std::string name = open != std::string::npos && close != std::string::npos
-                                   ? first.substr(open + 2, close - open - 2)
-                                   : c.result.variant;
       cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\">\n",
-                           xml_escaped(c.result.scenario), xml_escaped(name));
+                           xml_escaped(c.result.scenario), xml_escaped(check::label_of(c.result)));
       if (!c.result.clean()) {
         ++failures;
         cases += fmt::format("      <failure message=\"{}\" type=\"hpzlab.finding\">{}</failure>\n",
@@ -246,7 +252,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   if (opts.json != "-" && opts.junit != "-") {
     std::string text;
     for (std::size_t i = 0; i < checked.size(); ++i) {
-      const std::string full = check::TextReporter().render_one(checked[i].result);
+      const std::string& full = reports[i];
       if (!opts.deepspeed.empty()) {
         // The version matrix: each version's verdict line and, when something was found, the
         // worst group's line (what and where); `hpzlab check` without --deepspeed explains it.
@@ -254,11 +260,11 @@ void run_check(const CheckOptions& opts, int& exit_code) {
         if (const auto w = full.find("\nWorst: "); w != std::string::npos) {
           text += "  " + full.substr(w + 1, full.find('\n', w + 1) - w);
         }
-        text += one_step_note(checked[i]);
+        text += note_line(checked[i]);
         continue;
       }
       if (i > 0) text += "\n";
-      text += full + one_step_note(checked[i]);
+      text += full + note_line(checked[i]);
     }
     // Which DeepSpeed a verdict of the coarse builder stands for, once: it is not the schedule
     // of the user's version (docs/deepspeed-builder.md).
