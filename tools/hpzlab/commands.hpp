@@ -86,6 +86,8 @@ void require_above(const std::string& flag, double value, double bound);
 
 /** Registers `hpzlab schedule`; the callback stores its exit code in exit_code. */
 void setup_schedule(CLI::App& app, int& exit_code);
+/** Registers `hpzlab order` (canonical issue orders and golden files). */
+void setup_order(CLI::App& app, int& exit_code);
 /** Registers `hpzlab check`. */
 void setup_check(CLI::App& app, int& exit_code);
 /** Registers `hpzlab sim`. */
