@@ -104,7 +104,10 @@ void setup_record(CLI::App& app, int& exit_code);
 /** Registers `hpzlab version` (what --version prints). */
 void setup_version(CLI::App& app, int& exit_code);
 
-/** "hpzlab VERSION", VERSION being project()'s in CMakeLists.txt. */
+/** hpzlab's version: project()'s in CMakeLists.txt. */
+std::string version();
+
+/** "hpzlab VERSION". */
 std::string version_line();
 
 /** Throws InputError ("unknown subcommand 'X'; did you mean 'Y'? (allowed: ...)") when the

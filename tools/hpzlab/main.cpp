@@ -101,8 +101,12 @@ void require_above(const std::string& flag, double value, double bound) {
                    fmt::format("{} is out of range (allowed: more than {})", value, bound));
 }
 
+std::string version() {
+  return HPZLAB_VERSION;
+}
+
 std::string version_line() {
-  return "hpzlab " HPZLAB_VERSION;
+  return "hpzlab " + version();
 }
 
 void setup_version(CLI::App& app, int& exit_code) {
