@@ -88,6 +88,8 @@ void require_above(const std::string& flag, double value, double bound);
 void setup_schedule(CLI::App& app, int& exit_code);
 /** Registers `hpzlab order` (canonical issue orders and golden files). */
 void setup_order(CLI::App& app, int& exit_code);
+/** Registers `hpzlab explore` (interleaving exploration). */
+void setup_explore(CLI::App& app, int& exit_code);
 /** Registers `hpzlab check`. */
 void setup_check(CLI::App& app, int& exit_code);
 /** Registers `hpzlab sim`. */

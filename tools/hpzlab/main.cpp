@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
   int exit_code = hpz::kExitOk;
   hpz::cli::setup_schedule(app, exit_code);
   hpz::cli::setup_order(app, exit_code);
+  hpz::cli::setup_explore(app, exit_code);
   hpz::cli::setup_check(app, exit_code);
   hpz::cli::setup_sim(app, exit_code);
   hpz::cli::setup_real(app, exit_code);

@@ -1,0 +1,340 @@
+#include "sim/replay/explore.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+
+namespace hpz::replay {
+namespace {
+
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+/** The IR's happens-before as a scheduler: hosts issue ahead, streams run FIFO (schedule.hpp). */
+class OrderScheduler {
+ public:
+  explicit OrderScheduler(const Schedule& s) : s_(s) {
+    for (const RankSchedule& rs : s.ranks) {
+      std::map<GroupId, int> count;
+      for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+        const Op& op = rs.ops[i];
+        if (!is_collective(op.kind)) continue;
+        members_[{op.group, count[op.group]}][rs.rank] = static_cast<std::uint32_t>(i);
+        ordinal_[{rs.rank, static_cast<std::uint32_t>(i)}] = count[op.group]++;
+      }
+    }
+  }
+
+  ExploredOrder run(const OrderChooser& choose, const std::optional<HoldBack>& hold_in) {
+    reset();
+    std::optional<HoldBack> hold = hold_in;
+    ExploredOrder out;
+    for (std::uint64_t step = 0;; ++step) {
+      const double t = 2.0 * static_cast<double>(step);
+      advance_hosts(t);
+      std::vector<StreamRef> enabled;
+      std::vector<std::uint32_t> heads;
+      enabled_heads(hold, enabled, heads);
+      if (enabled.empty() && hold && !ran_[hold->rank][hold->until] &&
+          !ran_[hold->rank][hold->held]) {
+        // Nothing else can run: happens-before puts the held op before the other one.
+        out.held_back_ran = false;
+        hold.reset();
+        enabled_heads(hold, enabled, heads);
+      }
+      if (enabled.empty()) break;
+      const std::size_t k = choose(enabled, heads, step);
+      execute(enabled.at(k).rank, heads.at(k), t);
+    }
+    for (std::size_t r = 0; r < ran_.size(); ++r) {
+      out.complete =
+          out.complete && std::all_of(ran_[r].begin(), ran_[r].end(), [](bool b) { return b; });
+    }
+    out.timeline = std::move(timeline_);
+    return out;
+  }
+
+ private:
+  void reset() {
+    const std::size_t n = s_.ranks.size();
+    host_pc_.assign(n, 0);
+    fifo_.assign(n, {});
+    events_.assign(n, {});
+    ran_.assign(n, {});
+    timeline_ = Timeline{};
+    timeline_.ranks.resize(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      fifo_[r].resize(s_.ranks[r].streams.size());
+      ran_[r].assign(s_.ranks[r].ops.size(), false);
+      timeline_.ranks[r].assign(s_.ranks[r].ops.size(), {kNan, kNan, kNan});
+    }
+  }
+
+  bool host_may_pass(std::size_t r, const Op& op) const {
+    switch (op.kind) {
+      case OpKind::kHostStreamSync:
+        return fifo_[r].at(static_cast<std::size_t>(op.stream)).empty();
+      case OpKind::kHostDeviceSync:
+        return std::all_of(fifo_[r].begin(), fifo_[r].end(),
+                           [](const auto& q) { return q.empty(); });
+      case OpKind::kHostEventSync:
+        return events_[r].count(op.event) != 0;
+      default:
+        return true;
+    }
+  }
+
+  /** Every host issues until a host sync it cannot pass yet. */
+  void advance_hosts(double t) {
+    for (std::size_t r = 0; r < s_.ranks.size(); ++r) {
+      const auto& ops = s_.ranks[r].ops;
+      for (std::size_t& pc = host_pc_[r]; pc < ops.size(); ++pc) {
+        const Op& op = ops[pc];
+        if (is_host_sync(op.kind) || op.stream == kHostStream) {
+          if (!host_may_pass(r, op)) break;
+          timeline_.ranks[r][pc] = {t, t, t};
+          ran_[r][pc] = true;
+          continue;
+        }
+        fifo_[r][static_cast<std::size_t>(op.stream)].push_back(static_cast<std::uint32_t>(pc));
+        timeline_.ranks[r][pc].issue_s = t;
+      }
+    }
+  }
+
+  bool at_head(Rank r, std::uint32_t i) const {
+    const auto& q = fifo_[static_cast<std::size_t>(r)].at(
+        static_cast<std::size_t>(s_.ranks[static_cast<std::size_t>(r)].ops[i].stream));
+    return !q.empty() && q.front() == i;
+  }
+
+  /** Fills `out` with the members' ops of the collective op i of rank r; false unless each is
+   *  at the head of its stream. */
+  bool collective_ready(Rank r, std::uint32_t i,
+                        std::vector<std::pair<Rank, std::uint32_t>>& out) const {
+    const Op& op = s_.ranks[static_cast<std::size_t>(r)].ops[i];
+    const auto members = members_.find({op.group, ordinal_.at({r, i})});
+    out.clear();
+    for (const Rank m : s_.groups.at(static_cast<std::size_t>(op.group)).ranks) {
+      const auto it = members->second.find(m);
+      if (it == members->second.end() || !at_head(m, it->second)) return false;
+      out.emplace_back(m, it->second);
+    }
+    return true;
+  }
+
+  bool head_enabled(std::size_t r, std::uint32_t h, const std::optional<HoldBack>& hold) const {
+    auto held = [&](Rank rank, std::uint32_t i) {
+      return hold && hold->rank == rank && hold->held == i && !ran_[rank][hold->until];
+    };
+    if (held(static_cast<Rank>(r), h)) return false;
+    const Op& op = s_.ranks[r].ops[h];
+    if (op.kind == OpKind::kStreamWaitEvent) return events_[r].count(op.event) != 0;
+    if (!is_collective(op.kind)) return true;
+    std::vector<std::pair<Rank, std::uint32_t>> members;
+    if (!collective_ready(static_cast<Rank>(r), h, members)) return false;
+    return std::none_of(members.begin(), members.end(),
+                        [&](const auto& m) { return held(m.first, m.second); });
+  }
+
+  void enabled_heads(const std::optional<HoldBack>& hold, std::vector<StreamRef>& enabled,
+                     std::vector<std::uint32_t>& heads) const {
+    enabled.clear();
+    heads.clear();
+    for (std::size_t r = 0; r < fifo_.size(); ++r) {
+      for (std::size_t st = 0; st < fifo_[r].size(); ++st) {
+        if (fifo_[r][st].empty()) continue;
+        const std::uint32_t h = fifo_[r][st].front();
+        if (!head_enabled(r, h, hold)) continue;
+        enabled.push_back({static_cast<Rank>(r), static_cast<StreamId>(st)});
+        heads.push_back(h);
+      }
+    }
+  }
+
+  void run_one(Rank r, std::uint32_t i, double t) {
+    const auto ru = static_cast<std::size_t>(r);
+    const Op& op = s_.ranks[ru].ops[i];
+    fifo_[ru][static_cast<std::size_t>(op.stream)].pop_front();
+    ran_[ru][i] = true;
+    timeline_.ranks[ru][i].start_s = t;
+    timeline_.ranks[ru][i].end_s = t + 1;
+    if (op.kind == OpKind::kEventRecord) events_[ru].insert(op.event);
+  }
+
+  void execute(Rank r, std::uint32_t i, double t) {
+    if (!is_collective(s_.ranks[static_cast<std::size_t>(r)].ops[i].kind)) {
+      run_one(r, i, t);
+      return;
+    }
+    std::vector<std::pair<Rank, std::uint32_t>> members;
+    collective_ready(r, i, members);
+    for (const auto& [m, j] : members) run_one(m, j, t);
+  }
+
+  const Schedule& s_;
+  std::map<std::pair<GroupId, int>, std::map<Rank, std::uint32_t>> members_;
+  std::map<std::pair<Rank, std::uint32_t>, int> ordinal_;
+  std::vector<std::size_t> host_pc_;
+  std::vector<std::vector<std::deque<std::uint32_t>>> fifo_;
+  std::vector<std::set<EventId>> events_;  // records that have run
+  std::vector<std::vector<bool>> ran_;
+  Timeline timeline_;
+};
+
+int first_difference(const ReplayResult& a, const ReplayResult& ref) {
+  for (std::size_t k = 0; k < std::max(a.steps.size(), ref.steps.size()); ++k) {
+    if (k >= a.steps.size() || k >= ref.steps.size()) return static_cast<int>(k);
+    ReplayResult x;
+    ReplayResult y;
+    x.mode = a.mode;
+    y.mode = ref.mode;
+    x.steps = {a.steps[k]};
+    y.steps = {ref.steps[k]};
+    if (!same_result(x, y)) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+}  // namespace
+
+ExploredOrder run_order(const Schedule& schedule, const OrderChooser& choose,
+                        const std::optional<HoldBack>& hold) {
+  return OrderScheduler(schedule).run(choose, hold);
+}
+
+OrderChooser pct_chooser(const Schedule& s, std::uint64_t seed, int depth, std::uint64_t steps) {
+  std::mt19937_64 rng(seed);
+  std::vector<StreamRef> streams;
+  for (const RankSchedule& rs : s.ranks) {
+    for (std::size_t st = 0; st < rs.streams.size(); ++st)
+      streams.push_back({rs.rank, static_cast<StreamId>(st)});
+  }
+  std::shuffle(streams.begin(), streams.end(), rng);
+  auto priority = std::make_shared<std::map<std::pair<Rank, StreamId>, double>>();
+  for (std::size_t k = 0; k < streams.size(); ++k) {
+    (*priority)[{streams[k].rank, streams[k].stream}] = static_cast<double>(depth + k);
+  }
+  auto changes = std::make_shared<std::map<std::uint64_t, int>>();  // step -> change point i
+  std::uniform_int_distribution<std::uint64_t> at(0, steps == 0 ? 0 : steps - 1);
+  for (int i = 1; i < depth; ++i) changes->emplace(at(rng), i);
+  return [priority, changes, depth](const std::vector<StreamRef>& enabled,
+                                    const std::vector<std::uint32_t>&, std::uint64_t step) {
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < enabled.size(); ++k) {
+      if (priority->at({enabled[k].rank, enabled[k].stream}) >
+          priority->at({enabled[best].rank, enabled[best].stream})) {
+        best = k;
+      }
+    }
+    if (const auto c = changes->find(step); c != changes->end()) {
+      (*priority)[{enabled[best].rank, enabled[best].stream}] =
+          static_cast<double>(depth - c->second);
+    }
+    return best;
+  };
+}
+
+OrderChooser timing_chooser(const Timeline& timing) {
+  return [&timing](const std::vector<StreamRef>& enabled, const std::vector<std::uint32_t>& heads,
+                   std::uint64_t) {
+    auto start = [&](std::size_t k) {
+      const double s =
+          timing.ranks.at(static_cast<std::size_t>(enabled[k].rank)).at(heads[k]).start_s;
+      return std::isfinite(s) ? s : std::numeric_limits<double>::infinity();
+    };
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < enabled.size(); ++k)
+      if (start(k) < start(best)) best = k;
+    return best;
+  };
+}
+
+bool same_result(const ReplayResult& a, const ReplayResult& b) {
+  if (a.steps.size() != b.steps.size()) return false;
+  for (std::size_t k = 0; k < a.steps.size(); ++k) {
+    const StepRecord& x = a.steps[k];
+    const StepRecord& y = b.steps[k];
+    if (std::bit_cast<std::uint64_t>(x.loss) != std::bit_cast<std::uint64_t>(y.loss) ||
+        x.loss_health != y.loss_health || x.weights_hash != y.weights_hash ||
+        x.bad_elements != y.bad_elements || x.bad_ranks != y.bad_ranks ||
+        x.bad_units != y.bad_units) {
+      return false;
+    }
+  }
+  return true;
+}
+
+ExploreResult explore(const Scenario& scenario, const Schedule& schedule,
+                      const std::vector<RacePair>& pairs, const Timeline& timing,
+                      const ExploreOptions& o) {
+  ExploreResult out;
+  const Timeline serialized = serialized_timeline(schedule);
+  out.reference = replay(scenario, schedule, serialized, o.mode);
+  for (const auto& ops : serialized.ranks) {
+    out.reference_complete =
+        out.reference_complete &&
+        std::all_of(ops.begin(), ops.end(), [](const OpTime& t) { return std::isfinite(t.end_s); });
+  }
+  for (std::size_t k = 0; k < out.reference.steps.size() && out.reference_bad_step < 0; ++k) {
+    const StepRecord& step = out.reference.steps[k];
+    const bool bad = o.mode == Mode::kNumeric
+                         ? !std::isfinite(step.loss)
+                         : step.loss_health != Health::kGood || step.bad_elements > 0;
+    if (bad) out.reference_bad_step = static_cast<int>(k);
+  }
+  OrderScheduler scheduler(schedule);
+  int done = 0;
+  auto judge = [&](ExploredOrder order, const std::string& phase,
+                   const std::optional<RacePair>& pair, bool second_first) {
+    if (!order.complete) ++out.incomplete;
+    ReplayResult r = replay(scenario, schedule, order.timeline, o.mode);
+    const int order_index = done++;
+    if (o.progress) o.progress(done, o.budget);
+    if (same_result(r, out.reference)) return false;
+    Counterexample c;
+    c.phase = phase;
+    c.pair = pair;
+    c.second_first = second_first;
+    c.order = order_index;
+    c.first_bad_step = first_difference(r, out.reference);
+    c.timeline = std::move(order.timeline);
+    c.result = std::move(r);
+    out.counterexample = std::move(c);
+    return true;
+  };
+  const OrderChooser by_timing = timing_chooser(timing);
+  for (const RacePair& p : pairs) {
+    for (const bool second_first : {true, false}) {
+      if (done >= o.budget) return out;
+      const HoldBack hold =
+          second_first ? HoldBack{p.rank, p.first, p.second} : HoldBack{p.rank, p.second, p.first};
+      ExploredOrder order = scheduler.run(by_timing, hold);
+      ++out.targeted;
+      if (!order.held_back_ran) ++out.unreorderable;
+      const auto& times = order.timeline.ranks.at(static_cast<std::size_t>(p.rank));
+      if (!std::isfinite(times.at(p.first).end_s) || !std::isfinite(times.at(p.second).end_s)) {
+        ++out.unreached;
+      }
+      if (judge(std::move(order), "targeted", p, second_first)) return out;
+    }
+  }
+  std::uint64_t total_ops = 0;
+  for (const RankSchedule& rs : schedule.ranks) total_ops += rs.ops.size();
+  while (done < o.budget) {
+    const std::uint64_t seed =
+        o.seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(out.random);
+    ExploredOrder order =
+        scheduler.run(pct_chooser(schedule, seed, o.depth, total_ops), std::nullopt);
+    ++out.random;
+    if (judge(std::move(order), "random", std::nullopt, false)) return out;
+  }
+  return out;
+}
+
+}  // namespace hpz::replay

@@ -1,0 +1,215 @@
+// `hpzlab explore SCENARIO [--budget N] [--seed S] [--depth D] [--mode M] [--order-out FILE]
+// [--json FILE]`: runs the schedule in orders happens-before allows (the checker's race pairs
+// both ways, then PCT random orders), replays the data along each and compares the final
+// weights with the serialized reference (sim/replay/explore.hpp, docs/explore.md). Exit 0 when
+// every explored order gives the reference's weights, 1 with a counterexample, 2 on bad input.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "sim/builder.hpp"
+#include "sim/check/checker.hpp"
+#include "sim/check/finding_log.hpp"
+#include "sim/check/report.hpp"
+#include "sim/error.hpp"
+#include "sim/replay/explore.hpp"
+#include "sim/time/engine.hpp"
+#include "tools/hpzlab/commands.hpp"
+
+namespace hpz::cli {
+namespace {
+
+struct ExploreCliOptions {
+  ScenarioOptions common;
+  int budget = 1000;
+  std::uint64_t seed = 1;
+  int depth = 3;
+  std::string mode = "auto";
+  std::string order_out;
+};
+
+/** The checker's race pairs, every occurrence of every race group, each pair once. */
+std::vector<replay::RacePair> race_pairs(const check::CheckResult& result) {
+  std::vector<replay::RacePair> out;
+  std::set<std::tuple<Rank, std::uint32_t, std::uint32_t>> seen;
+  for (const check::FindingGroup& g : result.groups) {
+    if (g.example.kind != check::FindingKind::kRace) continue;
+    for (const check::OpPair& p : g.occurrences) {
+      if (seen.emplace(p.rank, p.first, p.second).second)
+        out.push_back({p.rank, p.first, p.second});
+    }
+  }
+  return out;
+}
+
+std::string step_text(const replay::StepRecord& s, replay::Mode mode) {
+  if (mode == replay::Mode::kNumeric)
+    return fmt::format("loss {}, weights after it {:016x}", s.loss, s.weights_hash);
+  return fmt::format("{} bad weight element{} after it", s.bad_elements,
+                     s.bad_elements == 1 ? "" : "s");
+}
+
+nlohmann::json timeline_json(const Timeline& t) {
+  nlohmann::json ranks = nlohmann::json::array();
+  auto num = [](double v) {
+    return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+  };
+  for (const auto& ops : t.ranks) {
+    nlohmann::json r = nlohmann::json::array();
+    for (const OpTime& o : ops) r.push_back({num(o.issue_s), num(o.start_s), num(o.end_s)});
+    ranks.push_back(std::move(r));
+  }
+  return ranks;
+}
+
+void run_explore(const ExploreCliOptions& o, int& exit_code) {
+  require_at_least("--budget", o.budget, 1);
+  require_at_least("--depth", o.depth, 1);
+  Scenario sc = load(o.common);
+  if (sc.run.builder == "deepspeed") {
+    throw InputError(sc.path, "run.builder",
+                     "explore replays the data, which cannot follow the DeepSpeed builder's "
+                     "schedules yet (as repro); use run.builder = \"coarse\"");
+  }
+  replay::ExploreOptions eo;
+  eo.budget = o.budget;
+  eo.seed = o.seed;
+  eo.depth = o.depth;
+  if (o.mode == "numeric" && !replay::numeric_fits(sc)) {
+    throw InputError(o.common.scenario, "--mode",
+                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
+                     "(use taint or auto)");
+  }
+  eo.mode = o.mode == "taint" || (o.mode == "auto" && !replay::numeric_fits(sc))
+                ? replay::Mode::kTaint
+                : replay::Mode::kNumeric;
+  eo.progress = [](int done, int total) {
+    progress_bar(done, total, fmt::format("{}/{} orders explored", done, total));
+  };
+  const Schedule schedule = build_schedule(sc);
+  check::CheckResult checked;
+  run_showing_progress(0, o.budget, "checking the schedule",
+                       [&] { checked = check::check_schedule(schedule); });
+  const std::vector<replay::RacePair> pairs = race_pairs(checked);
+  Timeline timing;
+  run_showing_progress(0, o.budget, "one timed run (the targeted phase's other choices)",
+                       [&] { timing = time::run_isolated(sc, schedule, sc.run.seed).timeline; });
+  const replay::ExploreResult r = replay::explore(sc, schedule, pairs, timing, eo);
+  end_progress_line();
+
+  const std::string name = fmt::format("{} [{}]", sc.path, schedule.variant);
+  const char* mode = eo.mode == replay::Mode::kNumeric ? "numeric" : "taint";
+  const int orders = r.targeted + r.random;
+  std::string text;
+  nlohmann::json j{{"scenario", sc.path},
+                   {"variant", schedule.variant},
+                   {"mode", mode},
+                   {"budget", o.budget},
+                   {"seed", o.seed},
+                   {"depth", o.depth},
+                   {"race_pairs", pairs.size()},
+                   {"checker_clean", checked.clean()},
+                   {"targeted", r.targeted},
+                   {"random", r.random},
+                   {"incomplete", r.incomplete},
+                   {"unreorderable", r.unreorderable}};
+  if (!r.counterexample) {
+    text = fmt::format(
+        "{}: {} order{} explored ({} targeted over {} race pair{}, {} random, {} replay), all "
+        "bit-identical to the serialized reference\n",
+        name, orders, orders == 1 ? "" : "s", r.targeted, pairs.size(),
+        pairs.size() == 1 ? "" : "s", r.random, mode);
+    if (!r.reference_complete) {
+      text += fmt::format(
+          "  note: the serialized reference hangs (a collective some member never reaches), and "
+          "{} of the {} explored orders hung like it; in {} targeted order(s) the race pair lies "
+          "after the hang and never ran\n",
+          r.incomplete, orders, r.unreached);
+    } else if (r.reference_bad_step >= 0) {
+      text += fmt::format(
+          "  note: the serialized reference itself is bad from step {} ({}): the checker's "
+          "uninitialized or stale reads; where every order is bad alike, a race changes nothing "
+          "this comparison sees\n",
+          r.reference_bad_step,
+          step_text(r.reference.steps[static_cast<std::size_t>(r.reference_bad_step)], eo.mode));
+    } else if (r.incomplete > 0) {
+      text += fmt::format("  note: {} order(s) hung (a collective some member never reaches)\n",
+                          r.incomplete);
+    }
+    j["counterexample"] = nullptr;
+    exit_code = kExitOk;
+  } else {
+    const replay::Counterexample& c = *r.counterexample;
+    text = fmt::format("{}: counterexample in the {} phase (order {} of {} explored, {} replay)\n",
+                       name, c.phase, c.order + 1, orders, mode);
+    nlohmann::json cj{{"phase", c.phase}, {"order", c.order}, {"first_bad_step", c.first_bad_step}};
+    if (c.pair) {
+      const check::FindingLog log(schedule);
+      const auto ran_first = c.second_first ? c.pair->second : c.pair->first;
+      const auto ran_later = c.second_first ? c.pair->first : c.pair->second;
+      text += fmt::format("  ran first: {}\n  then:      {}\n",
+                          check::describe(log.label(c.pair->rank, ran_first)),
+                          check::describe(log.label(c.pair->rank, ran_later)));
+      cj["rank"] = c.pair->rank;
+      cj["ran_first"] = ran_first;
+      cj["ran_later"] = ran_later;
+    }
+    // The steps from the first that differs (three at most): this order, then the reference.
+    for (std::size_t k = static_cast<std::size_t>(std::max(c.first_bad_step, 0));
+         k < std::min({c.result.steps.size(), r.reference.steps.size(),
+                       static_cast<std::size_t>(std::max(c.first_bad_step, 0)) + 3});
+         ++k) {
+      text += fmt::format("  step {}: {} in this order; {} in the serialized reference\n", k,
+                          step_text(c.result.steps[k], eo.mode),
+                          step_text(r.reference.steps[k], eo.mode));
+    }
+    if (checked.clean()) {
+      text +=
+          "  note: the checker proves this schedule race-free: a counterexample contradicts "
+          "it (please report)\n";
+    }
+    if (!o.order_out.empty()) {
+      nlohmann::json order{{"format", "hpzlab explored order 1"},
+                           {"scenario", sc.path},
+                           {"sets", o.common.sets},
+                           {"variant", schedule.variant},
+                           {"ranks", timeline_json(c.timeline)}};
+      write_output(o.order_out, order.dump() + "\n", "--order-out");
+      text += fmt::format("  the order: {} (issue, start, end of every op of every rank)\n",
+                          o.order_out);
+    }
+    j["counterexample"] = cj;
+    exit_code = kExitFindings;
+  }
+  if (!o.common.json.empty()) write_output(o.common.json, j.dump(2) + "\n", "--json");
+  if (o.common.json != "-") std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+}  // namespace
+
+void setup_explore(CLI::App& app, int& exit_code) {
+  auto opts = std::make_shared<ExploreCliOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "explore",
+      "Run the schedule in orders happens-before allows (each race pair both ways, then PCT "
+      "random orders), replay the data along each and compare the weights with the serialized "
+      "reference (exit 0 all identical, 1 counterexample)");
+  add_scenario_options(*sub, opts->common);
+  sub->add_option("--budget", opts->budget,
+                  "Orders to explore in all, targeted first (default 1000)");
+  sub->add_option("--seed", opts->seed, "Seed of the random phase (default 1)");
+  sub->add_option("--depth", opts->depth,
+                  "PCT's bug depth d: d - 1 priority change points per random order (default 3)");
+  sub->add_option("--mode", opts->mode,
+                  "Replay: auto (numeric when the model fits), numeric, taint")
+      ->check(CLI::IsMember({"auto", "numeric", "taint"}));
+  sub->add_option("--order-out", opts->order_out,
+                  "Write the counterexample's order (every op's issue, start and end) as JSON");
+  sub->callback([opts, &exit_code] { run_explore(*opts, exit_code); });
+}
+
+}  // namespace hpz::cli
