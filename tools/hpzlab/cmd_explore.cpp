@@ -17,6 +17,7 @@
 #include "sim/check/report.hpp"
 #include "sim/error.hpp"
 #include "sim/replay/explore.hpp"
+#include "sim/replay/explored_order.hpp"
 #include "sim/time/engine.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -51,19 +52,6 @@ std::string step_text(const replay::StepRecord& s, replay::Mode mode) {
     return fmt::format("loss {}, weights after it {:016x}", s.loss, s.weights_hash);
   return fmt::format("{} bad weight element{} after it", s.bad_elements,
                      s.bad_elements == 1 ? "" : "s");
-}
-
-nlohmann::json timeline_json(const Timeline& t) {
-  nlohmann::json ranks = nlohmann::json::array();
-  auto num = [](double v) {
-    return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-  };
-  for (const auto& ops : t.ranks) {
-    nlohmann::json r = nlohmann::json::array();
-    for (const OpTime& o : ops) r.push_back({num(o.issue_s), num(o.start_s), num(o.end_s)});
-    ranks.push_back(std::move(r));
-  }
-  return ranks;
 }
 
 void run_explore(const ExploreCliOptions& o, int& exit_code) {
@@ -173,14 +161,13 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
           "it (please report)\n";
     }
     if (!o.order_out.empty()) {
-      nlohmann::json order{{"format", "hpzlab explored order 1"},
-                           {"scenario", sc.path},
-                           {"sets", o.common.sets},
-                           {"variant", schedule.variant},
-                           {"ranks", timeline_json(c.timeline)}};
-      write_output(o.order_out, order.dump() + "\n", "--order-out");
-      text += fmt::format("  the order: {} (issue, start, end of every op of every rank)\n",
-                          o.order_out);
+      write_output(o.order_out,
+                   replay::explored_order_text(schedule, sc.path, o.common.sets, c.timeline),
+                   "--order-out");
+      std::string sets;
+      for (const std::string& set : o.common.sets) sets += " --set " + set;
+      text += fmt::format("  the order: {} (replay it: hpzlab repro {}{} --order {})\n",
+                          o.order_out, sc.path, sets, o.order_out);
     }
     j["counterexample"] = cj;
     exit_code = kExitFindings;
