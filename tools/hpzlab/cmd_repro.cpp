@@ -1,7 +1,8 @@
 // `hpzlab repro SCENARIO [--steps N] [--runs N] [--mode M] [--json FILE] [--csv FILE]
 // [--plot FILE]`: replays stock, host-sync, event-wait and hpZ off on the same seeds and shows
 // whether the loss goes NaN (or wrong) and whether both fixes train bit for bit like no-hpz.
-// Exit 0 when both fixes match no-hpz, 1 when a fix does not, 2 on bad input. With --schedule
+// Exit 0 when both fixes match no-hpz, 1 when a fix does not or a variant hangs (mismatched
+// collectives: reported, not replayed), 2 on bad input. With --schedule
 // FILE: the taint replay of that one schedule; exit 1 when it went bad in a run.
 #include <fmt/format.h>
 
@@ -44,10 +45,12 @@ replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay
   };
   replay::ReproResult r = replay::run_repro(sc, ro);
   bool fixes_ok = true;
+  bool hangs = false;
   for (const auto& v : r.variants) {
     if (v.name == "host-sync" || v.name == "event-wait") fixes_ok = fixes_ok && v.share_bad() == 0;
+    for (const auto& run : v.runs) hangs = hangs || !run.hang.empty();
   }
-  exit_code = fixes_ok ? kExitOk : kExitFindings;
+  exit_code = fixes_ok && !hangs ? kExitOk : kExitFindings;
   return r;
 }
 
