@@ -21,6 +21,7 @@
 #include <variant>
 
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 
 namespace hpz {
 namespace {
@@ -60,6 +61,7 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 
 /** The known name closest to `name`, if it is close enough to be a plausible typo. */
 std::optional<std::string> closest(const std::string& name, const std::vector<std::string>& known) {
+  if (name.size() > 200) return std::nullopt;  // no name is that long; spares the distances
   // A unique completion ('h100' -> 'h100-sxm') beats a closer but different name ('h200').
   std::vector<std::string> completions;
   for (const std::string& candidate : known) {
@@ -99,7 +101,7 @@ std::string describe(const Raw& raw) {
   if (const bool* b = std::get_if<bool>(&raw)) return *b ? "true" : "false";
   if (const std::int64_t* i = std::get_if<std::int64_t>(&raw)) return std::to_string(*i);
   if (const double* d = std::get_if<double>(&raw)) return fmt::format("{}", *d);
-  return "'" + std::get<std::string>(raw) + "'";
+  return "'" + shown(std::get<std::string>(raw)) + "'";
 }
 
 [[noreturn]] void wrong_type(const Setting& s, const std::string& key, const char* expected) {
@@ -156,9 +158,9 @@ std::string choice_of(const Setting& s, const std::string& key,
                       const std::vector<std::string>& choices) {
   const std::string value = string_of(s, key);
   if (std::find(choices.begin(), choices.end(), value) != choices.end()) return value;
-  throw InputError(
-      s.where, key,
-      "unknown value '" + value + "'" + did_you_mean(closest(value, choices)) + allowed(choices));
+  throw InputError(s.where, key,
+                   "unknown value '" + shown(value) + "'" + did_you_mean(closest(value, choices)) +
+                       allowed(choices));
 }
 
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
@@ -340,7 +342,7 @@ std::optional<std::string> suggest_key(const std::string& section, const std::st
   }
   if (!known_section) {
     throw InputError(where, key,
-                     "unknown section '" + section + "'" + hint + allowed(section_names()));
+                     "unknown section '" + shown(section) + "'" + hint + allowed(section_names()));
   }
   throw InputError(
       where, key,
@@ -369,23 +371,6 @@ using Settings = std::map<std::string, Setting>;
 /** Which file (or --set) last gave each key its value, for validation messages. */
 using Origins = std::map<std::string, std::string>;
 
-std::optional<std::string> read_text(const fs::path& path, std::string& reason) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    reason = "is a directory, not a file";
-    return std::nullopt;
-  }
-  errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    reason = errno != 0 ? std::strerror(errno) : "cannot be opened";
-    return std::nullopt;
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 fs::path resolve(const Setting& s, const std::string& key) {
   const fs::path value = string_of(s, key);
   if (value.empty()) throw InputError(s.where, key, "expected a file path, got ''");
@@ -394,23 +379,13 @@ fs::path resolve(const Setting& s, const std::string& key) {
 
 /** Reads the JSON file named by setting `s` of `key`; errors name the file. */
 json read_json(const Setting& s, const std::string& key, const fs::path& path) {
-  std::string reason;
-  const std::optional<std::string> text = read_text(path, reason);
-  if (!text) throw InputError(s.where, key, "cannot read '" + path.string() + "': " + reason);
-  try {
-    json document = json::parse(*text);
-    if (!document.is_object()) {
-      throw InputError(path.string(), "", "expected a JSON object (read for " + key + ")");
-    }
-    return document;
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix: users need the position only.
-    if (const auto end = what.find("] "); what.starts_with("[json.") && end != std::string::npos) {
-      what = what.substr(end + 2);
-    }
-    throw InputError(path.string(), "", "malformed JSON (read for " + key + "): " + what);
+  const std::string text =
+      read_input_file(path.string(), s.where, key, "cannot read '" + shown(path.string()) + "'");
+  json document = parse_json_input(text, path.string(), "malformed JSON read for " + key);
+  if (!document.is_object()) {
+    throw InputError(path.string(), "", "expected a JSON object (read for " + key + ")");
   }
+  return document;
 }
 
 /** A JSON value as a Raw, so that JSON keys convert like TOML and --set ones. */
@@ -431,19 +406,26 @@ std::optional<Raw> raw_of(const json& value) {
 Setting json_setting(const json& value, const std::string& file, const std::string& key,
                      const char* expected) {
   std::optional<Raw> raw = raw_of(value);
-  if (!raw) throw InputError(file, key, fmt::format("expected {}, got {}", expected, value.dump()));
+  if (!raw)
+    throw InputError(file, key, fmt::format("expected {}, got {}", expected, shown_json(value)));
   return Setting{*raw, file, {}};
 }
 
 // ---------------------------------------------------------------------------------------------
 // model.hf_config
 
+/** A model dimension of the HF config, by its first name present; 1 or more, and errors name
+ *  the config file and the key as written there. */
 std::optional<int> hf_int(const json& config, const std::string& file,
                           std::initializer_list<const char*> names) {
   for (const char* name : names) {
     const auto it = config.find(name);
     if (it == config.end() || it->is_null()) continue;
-    return int_of(json_setting(*it, file, name, "an integer"), name);
+    const int value = int_of(json_setting(*it, file, name, "an integer"), name);
+    if (value < 1) {
+      throw InputError(file, name, fmt::format("must be at least 1, got {}", value));
+    }
+    return value;
   }
   return std::nullopt;
 }
@@ -468,8 +450,16 @@ ModelConfig read_hf_config(const Setting& s) {
   model.hidden = hf_required(config, file, {"hidden_size"});
   model.heads = hf_required(config, file, {"num_attention_heads", "n_head"});
   model.vocab = hf_required(config, file, {"vocab_size"});
-  model.ffn =
-      hf_int(config, file, {"intermediate_size", "ffn_hidden_size"}).value_or(4 * model.hidden);
+  const std::optional<int> ffn = hf_int(config, file, {"intermediate_size", "ffn_hidden_size"});
+  // Without intermediate_size, transformers' default is 4 x hidden_size.
+  const std::int64_t default_ffn = std::int64_t{4} * model.hidden;
+  if (!ffn && default_ffn > std::numeric_limits<int>::max()) {
+    throw InputError(file, "hidden_size",
+                     fmt::format("{} is too large: without intermediate_size the MLP is 4 x "
+                                 "hidden_size = {} wide (allowed: at most {})",
+                                 model.hidden, default_ffn, std::numeric_limits<int>::max() / 4));
+  }
+  model.ffn = ffn.value_or(static_cast<int>(default_ffn));
   std::optional<int> kv =
       hf_int(config, file, {"num_key_value_heads", "num_kv_heads", "n_head_kv"});
   if (!kv && falcon && config.value("multi_query", json()) == true &&
@@ -505,7 +495,7 @@ Setting ds_offload(const json& value, const std::string& file) {
   if (value.is_boolean()) return Setting{Raw{value.get<bool>()}, file, {}};
   if (!value.is_object()) {
     throw InputError(file, key,
-                     "expected an object like {\"device\": \"cpu\"}, got " + value.dump());
+                     "expected an object like {\"device\": \"cpu\"}, got " + shown_json(value));
   }
   const json device = value.value("device", json("none"));
   const std::vector<std::string> devices = {"none", "cpu", "nvme"};
@@ -524,7 +514,7 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins) {
   }
   const json zero = config.value("zero_optimization", json::object());
   if (!zero.is_object()) {
-    throw InputError(file, "zero_optimization", "expected an object, got " + zero.dump());
+    throw InputError(file, "zero_optimization", "expected an object, got " + shown_json(zero));
   }
   for (const auto& [name, value] : zero.items()) {
     const std::string key = "zero_optimization." + name;
@@ -637,11 +627,9 @@ const char* node_kind(const toml::node& node) {
 }
 
 toml::table parse_toml(const std::string& path) {
-  std::string reason;
-  const std::optional<std::string> text = read_text(path, reason);
-  if (!text) throw InputError(path, "", "cannot read the scenario file: " + reason);
+  const std::string text = read_input_file(path, path, "", "cannot read the scenario file");
   try {
-    return toml::parse(*text, path);
+    return toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     throw InputError(path, "",
                      fmt::format("line {}, column {}: malformed TOML: {}", e.source().begin.line,
