@@ -118,6 +118,9 @@ void render(const json& value, int depth, std::string& out) {
 
 std::string read_input_file(const std::string& path, const std::string& where,
                             const std::string& key, const std::string& what) {
+  if (path.empty()) {
+    throw InputError(where.empty() ? "''" : where, key, what + ": the file name is empty");
+  }
   std::uintmax_t bytes = 0;
   if (const std::optional<std::string> why = unreadable(path, bytes)) {
     throw InputError(where, key, what + ": " + *why);

@@ -291,6 +291,8 @@ TEST(Compare, HostileFilesAreOneLine) {
             twice +
                 ": op_times: not valid JSON: this key is given twice in one object (allowed: "
                 "once)");
+  EXPECT_EQ(input_error([&] { read_timed_json(""); }),
+            "'': cannot read this file: the file name is empty");
   EXPECT_EQ(input_error([&] { read_timed_json("/dev/zero"); }),
             "/dev/zero: cannot read this file: is not a regular file (a device, FIFO or socket "
             "is not read)");

@@ -194,6 +194,9 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   if (opts.json == "-" && opts.junit == "-") {
     throw InputError("", "--junit", "and --json cannot both write to standard output ('-')");
   }
+  std::vector<std::string> inputs = opts.scenarios;
+  inputs.push_back(opts.schedule);
+  check_outputs({{opts.json, "--json"}, {opts.junit, "--junit"}}, inputs);
   const std::vector<Checked> checked =
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
   std::vector<check::CheckResult> results;

@@ -76,6 +76,8 @@ replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::Re
 void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
   if (o.steps) require_at_least("--steps", *o.steps, 1);
   require_at_least("--runs", o.runs, 1);
+  check_outputs({{o.common.json, "--json"}, {o.csv, "--csv"}, {o.plot, "--plot"}},
+                inputs_of(o.common));
   replay::ReproOptions ro;
   ro.runs = o.runs;
   const Scenario sc = load(o.common);

@@ -18,6 +18,7 @@ struct ScheduleOptions {
 };
 
 void run_schedule(const ScheduleOptions& opts, int& exit_code) {
+  check_outputs({{opts.common.json, "--json"}}, inputs_of(opts.common));
   Scenario sc = load(opts.common);
   const Schedule schedule = schedule_for(sc, opts.common.schedule);
   if (opts.rank && (*opts.rank < 0 || *opts.rank >= schedule.world_size)) {
