@@ -523,7 +523,8 @@ void RankEmitter::prefetch(std::size_t pos) {
     st_[v].fetched_for = std::max(st_[v].fetched_for, static_cast<int>(at));
     if (st_[v].available) continue;
     launch_gather(v, Purpose::kPrefetch);
-    prefetching += static_cast<std::int64_t>(c_.units[v].numel);
+    // Saturating at the budget (near 2^63 the sum overflowed).
+    prefetching += std::min(static_cast<std::int64_t>(c_.units[v].numel), budget - prefetching);
   }
 }
 
@@ -566,9 +567,12 @@ void RankEmitter::release(UnitId u, std::size_t pos, bool trace_complete) {
     if (st_[u].fetched_for > static_cast<int>(pos)) return;
     std::int64_t traversed = 0;
     for (std::size_t at = pos + 1; at < c_.trace.size(); ++at) {
-      if (traversed >= c_.sc.zero.stage3_max_reuse_distance) break;
+      const std::int64_t distance = c_.sc.zero.stage3_max_reuse_distance;
+      if (traversed >= distance) break;
       if (c_.trace[at].unit == u) return;
-      traversed += static_cast<std::int64_t>(c_.units[c_.trace[at].unit].numel);
+      // Saturating at the distance: a distance near 2^63 overflowed the sum.
+      traversed += std::min(static_cast<std::int64_t>(c_.units[c_.trace[at].unit].numel),
+                            distance - traversed);
     }
   }
   if (c_.hpz > 1 && !st_[u].secondary) secondary_partition(u);

@@ -814,6 +814,31 @@ void check_sim(const SimConfig& m, const WhereOf& where_of) {
   positive(m.latency_factor, where_of, "sim.latency_factor", "a factor");
 }
 
+// The builder counts elements and bytes in 64 bits (and activation bytes through a double):
+// beyond these sizes its sums wrapped (hidden = 2e9 gave a negative attention unit, counted as
+// persistent, and "params 9223373688269700349"). Far above any model trained today.
+constexpr double kMaxParams = 1e13;             ///< parameters of the whole model
+constexpr double kMaxActivationBytes = 0x1p50;  ///< one activation checkpoint (a PiB)
+
+/** The model's size as the builder will count it, before anything is built. */
+void check_sizes(const Scenario& s, const WhereOf& where_of) {
+  const auto& m = s.model;
+  const double h = m.hidden;
+  const double attn = h * (h + 2 * (h / m.heads * m.kv_heads)) + h * h;
+  const double mlp = (m.gated_mlp ? 3 : 2) * h * m.ffn;
+  const double params = 2.0 * m.vocab * h + m.layers * (attn + mlp + 2 * h) + h;
+  require(params <= kMaxParams, where_of, "model.hidden",
+          fmt::format("the model would have {:.3g} parameters ({} layers, hidden {}, ffn {}, "
+                      "vocab {}), more than hpzlab counts (allowed: at most {:.0e})",
+                      params, m.layers, m.hidden, m.ffn, m.vocab, kMaxParams));
+  const double act = static_cast<double>(s.training.seq_len) * s.training.micro_batch * h *
+                     s.training.dtype_bytes();
+  require(act <= kMaxActivationBytes, where_of, "training.seq_len",
+          fmt::format("one activation checkpoint (seq_len x micro_batch x hidden x dtype bytes) "
+                      "would be {:.3g} bytes (allowed: at most 2^50, a PiB)",
+                      act));
+}
+
 void check_scenario(const Scenario& s, const WhereOf& where_of) {
   check_cluster(s.cluster, where_of);
   check_model(s.model, where_of);
@@ -826,6 +851,7 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
                       s.run.spin_before_copy_us));
   check_bugs(s.bugs, s.run.steps, s.cluster.world_size(), where_of);
   check_sim(s.sim, where_of);
+  check_sizes(s, where_of);
 }
 
 }  // namespace
