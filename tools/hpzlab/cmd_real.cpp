@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "real/backend.hpp"
 #include "real/device.hpp"
 #include "real/run.hpp"
 #include "sim/builder.hpp"
@@ -173,7 +174,16 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   ro.backend = opts.backend;
   ro.compute = opts.compute;
   if (!ro.launch || ro.launch->rank == 0) ro.progress = progress;
-  const real::RealResult result = real::run_real(sc, schedule, ro);
+  real::RealResult result;
+  try {
+    result = real::run_real(sc, schedule, ro);
+  } catch (const real::HangError& e) {
+    // Before any run could start (rank 0's store unreachable, a peer that never came): the
+    // job hangs, exit 1, in one line like every hang.
+    fmt::print(stderr, "hpzlab real: {}\n", e.what());
+    exit_code = kExitFindings;
+    return;
+  }
   const bool hung = result.reference_hung || result.timing.mean.hung;
   exit_code = hung || result.corrupted_runs > 0 ? kExitFindings : kExitOk;
   if (!result.reports) return;  // rank 0 reports for every process
