@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -516,9 +517,20 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins) {
   if (!zero.is_object()) {
     throw InputError(file, "zero_optimization", "expected an object, got " + shown_json(zero));
   }
+  std::map<std::string, std::string> spelled;  // dotted key -> the name it was given by
   for (const auto& [name, value] : zero.items()) {
     const std::string key = "zero_optimization." + name;
     const std::optional<std::string> dotted = ds_key(name);
+    if (dotted) {
+      // DeepSpeed reads one of an alias and its stage3_ name, chosen by its own precedence; the
+      // other value is dropped silently (an invalid one never reported).
+      if (const auto [it, fresh] = spelled.try_emplace(*dotted, name); !fresh) {
+        throw InputError(file, key,
+                         fmt::format("given together with its alias zero_optimization.{} "
+                                     "(allowed: one of the two)",
+                                     it->second));
+      }
+    }
     if (!dotted) {
       ignored.push_back(key);
     } else if (value.is_string() && value.get<std::string>() == "auto") {
@@ -626,14 +638,49 @@ const char* node_kind(const toml::node& node) {
   return "a date or time";
 }
 
+/** The key assigned on line `line` (1-based) of a TOML text and its kind, when that line is
+ *  `name = ...` under a `[section]` of the format: a value toml++ cannot read (1e400, 2^63)
+ *  fails before the key is known to it. */
+const KeySpec* key_on_line(const std::string& text, std::size_t line) {
+  std::istringstream in(text);
+  std::string row, section;
+  for (std::size_t n = 1; std::getline(in, row) && n <= line; ++n) {
+    const std::size_t first = row.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    if (row[first] == '[') {
+      const std::size_t close = row.find(']', first);
+      if (close != std::string::npos) section = row.substr(first + 1, close - first - 1);
+      continue;
+    }
+    if (n < line) continue;
+    const std::size_t equals = row.find('=', first);
+    if (equals == std::string::npos) return nullptr;
+    const std::size_t last = row.find_last_not_of(" \t", equals - 1);
+    return find_spec(section + "." + row.substr(first, last - first + 1));
+  }
+  return nullptr;
+}
+
 toml::table parse_toml(const std::string& path) {
   const std::string text = read_input_file(path, path, "", "cannot read the scenario file");
   try {
     return toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    throw InputError(path, "",
-                     fmt::format("line {}, column {}: malformed TOML: {}", e.source().begin.line,
-                                 e.source().begin.column, e.description()));
+    const std::string where =
+        fmt::format("line {}, column {}: malformed TOML: {}", e.source().begin.line,
+                    e.source().begin.column, e.description());
+    const KeySpec* spec = key_on_line(text, e.source().begin.line);
+    if (spec == nullptr) throw InputError(path, "", where);
+    // A number toml++ cannot hold: say what it can.
+    const bool number = e.description().find("floating-point") != std::string_view::npos ||
+                        e.description().find("integer") != std::string_view::npos;
+    const char* allowed_text = !number                        ? ""
+                               : spec->kind == Kind::kInteger ? " (allowed: an integer of at most "
+                                                                "2^63 - 1)"
+                               : spec->kind == Kind::kNumber
+                                   ? " (allowed: a number a double can hold, about 1.8e308 at most)"
+                                   : "";
+    throw InputError(path, spec->dotted(), where + allowed_text);
   }
 }
 
@@ -673,6 +720,12 @@ Raw raw_of_text(const std::string& text, Kind kind) {
     double value = 0;
     const auto [ptr, ec] = std::from_chars(begin, end, value);
     if (ec == std::errc() && ptr == end && !text.empty()) return Raw{value};
+    if (ec == std::errc::result_out_of_range && ptr == end) {
+      // Too small for a double (1e-400): 0, as the TOML parser reads it; too large stays text
+      // and is refused, as the TOML parser refuses it.
+      const double rounded = std::strtod(text.c_str(), nullptr);
+      if (std::isfinite(rounded) && std::fabs(rounded) < 1) return Raw{rounded};
+    }
   }
   if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
       text.back() == text.front()) {

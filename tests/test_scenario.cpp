@@ -366,6 +366,32 @@ TEST_F(ScenarioFile, DuplicateJsonKeysAndNulBytesAreRefused) {
   EXPECT_HAS(load_error("[zero]\nds_config = \"nul.json\"\n"), "a NUL byte at offset 25");
 }
 
+TEST_F(ScenarioFile, ADeepSpeedAliasNextToItsStage3NameIsRefused) {
+  // One of the two was dropped by key order, an invalid one never reported.
+  write("ds.json",
+        "{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": 5, "
+        "\"prefetch_bucket_size\": -1}}");
+  EXPECT_HAS(load_error("[zero]\nds_config = \"ds.json\"\n"),
+             "ds.json: zero_optimization.stage3_prefetch_bucket_size: given together with its "
+             "alias zero_optimization.prefetch_bucket_size (allowed: one of the two)");
+}
+
+TEST_F(ScenarioFile, ValuesTomlCannotHoldNameTheirKey) {
+  // toml++ refuses 1e400 and 2^63 before it knows the key: the line and column were all.
+  EXPECT_HAS(load_error("[cluster]\nnodes = 9223372036854775808\n"),
+             "s.toml: cluster.nodes: line 4, column 28: malformed TOML");
+  EXPECT_HAS(load_error("[cluster]\nnodes = 9223372036854775808\n"),
+             "line 4, column 28: malformed TOML: Error while parsing decimal integer: "
+             "'9223372036854775808' is not representable in 64 bits (allowed: an integer of at "
+             "most 2^63 - 1)");
+  EXPECT_HAS(load_error("[sim]\n  jitter  = 1e400\n"),
+             "s.toml: sim.jitter: line 4, column 18: malformed TOML");
+  // --set reads a number too small for a double as 0, as the TOML parser does.
+  EXPECT_EQ(load("[sim]\njitter = 1e-400\n").sim.jitter, 0);
+  EXPECT_EQ(load("", {{"sim.jitter", "1e-400"}}).sim.jitter, 0);
+  EXPECT_HAS(load_error("", {{"sim.jitter", "1e400"}}), "--set: sim.jitter: expected a number");
+}
+
 TEST_F(ScenarioFile, HuggingFaceDimensionsAreCheckedWhereTheyAreWritten) {
   // 4 x hidden_size overflowed int (the model was accepted as "ffn 4"), and a 0 was reported as
   // the scenario's model.layers, a key the user never wrote.
@@ -477,7 +503,8 @@ TEST_F(ScenarioFile, UnreadableAndMalformedFiles) {
   EXPECT_HAS(malformed, "bad.toml: line 3");
   EXPECT_HAS(malformed, "malformed TOML");
   const std::string twice = write("twice.toml", "[zero]\noverlap_comm = true\noverlap_comm = 1\n");
-  EXPECT_HAS(error_of([&] { load_scenario(twice); }), "twice.toml: line 3");
+  // The key on the line is named too (issue 20).
+  EXPECT_HAS(error_of([&] { load_scenario(twice); }), "twice.toml: zero.overlap_comm: line 3");
 }
 
 TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
