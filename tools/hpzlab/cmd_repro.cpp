@@ -102,14 +102,17 @@ void setup_repro(CLI::App& app, int& exit_code) {
       "step, losses, share of runs that went bad (exit 0 when both fixes match no-hpz)");
   add_scenario_options(*sub, o->common);
   add_schedule_option(*sub, o->common.schedule);
-  sub->add_option("--steps", o->steps,
-                  "Optimizer steps, 1 or more (default: the scenario's run.steps)");
+  const CLI::Option* steps = sub->add_option(
+      "--steps", o->steps, "Optimizer steps, 1 or more (default: the scenario's run.steps)");
   sub->add_option("--runs", o->runs, "Runs, seeds run.seed, run.seed + 1, ... (1 or more)");
   sub->add_option("--mode", o->mode, "numeric | taint | auto (numeric when the model is small)")
       ->check(CLI::IsMember({"auto", "numeric", "taint"}));
   sub->add_option("--csv", o->csv, "Write the loss per step, variant and run as CSV to FILE");
   sub->add_option("--plot", o->plot, "Write the loss curves as an SVG plot to FILE");
-  sub->callback([o, &exit_code] { run_repro_cmd(*o, exit_code); });
+  sub->callback([o, steps, &exit_code] {
+    require_value(*steps, o->steps.has_value());
+    run_repro_cmd(*o, exit_code);
+  });
 }
 
 }  // namespace hpz::cli

@@ -75,6 +75,11 @@ void require_at_least(const std::string& flag, double value, double min) {
   throw InputError("", flag, fmt::format("{} is out of range (allowed: {} or more)", value, min));
 }
 
+void require_value(const CLI::Option& option, bool has_value) {
+  if (option.count() == 0 || has_value) return;
+  throw InputError("", option.get_name(), "expected a value, got ''");
+}
+
 void require_between(const std::string& flag, double value, double min, double max) {
   if (value >= min && value <= max) return;
   throw InputError("", flag,

@@ -1,11 +1,13 @@
 #!/bin/bash
-# Output paths (issue 20, items 1 and 14): `tests/cli/output_paths.sh HPZLAB`, run from the
-# repository root. A symlink is written through (its target replaced, the link kept), a FIFO is
-# written into (never replaced by a file), a directory at PATH.tmp does not stop the write, and
-# a run whose later output cannot be written writes none of its outputs.
+# Hostile input the one-line cases of tests/cli/*.txt cannot express (issue 20):
+# `tests/cli/hostile.sh HPZLAB`, run from the repository root.
+# Output paths (items 1 and 14): a symlink is written through (its target replaced, the link
+# kept), a FIFO is written into (never replaced by a file), a directory at PATH.tmp does not stop
+# the write, and a run whose later output cannot be written writes none of its outputs.
+# Empty arguments (item 15): '' for a numeric flag is refused, not read as "not given".
 set -u
 hpzlab=$1
-dir=$(mktemp -d "${TMPDIR:-/tmp}/hpzlab-outputs.XXXXXX")
+dir=$(mktemp -d "${TMPDIR:-/tmp}/hpzlab-hostile.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 failed=0
 fail() {
@@ -49,5 +51,13 @@ out=$("$hpzlab" sim $scenario --json "$dir/target.json" --trace "$dir/link.json"
 [ $? = 2 ] || fail "the same file twice: not refused"
 case "$out" in *"--trace: is also given to --json"*) ;; *) fail "the same file twice: '$out'" ;; esac
 
-[ $failed = 0 ] && echo "output paths: all cases pass"
+# An empty value for a flag that takes a number.
+out=$("$hpzlab" schedule $scenario --rank '' 2>&1)
+[ $? = 2 ] && [ "$out" = "hpzlab: error: --rank: expected a value, got ''" ] ||
+  fail "--rank '': '$out'"
+out=$("$hpzlab" repro $scenario --steps '' 2>&1)
+[ $? = 2 ] && [ "$out" = "hpzlab: error: --steps: expected a value, got ''" ] ||
+  fail "--steps '': '$out'"
+
+[ $failed = 0 ] && echo "hostile input: all cases pass"
 exit $failed
