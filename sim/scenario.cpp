@@ -770,6 +770,16 @@ void non_negative(double value, const WhereOf& where_of, const std::string& key,
           fmt::format("must be a non-negative number of {}, got {}", unit, value));
 }
 
+/** A physical value within what hpzlab's engines handle (0 allowed when `zero_ok`): values the
+ *  type allows but no machine has crashed SimGrid (1e308 GB/s, latencies of 1e-300 us) or gave
+ *  nonsense (a 200-digit step time). */
+void plausible(double value, double lo, double hi, bool zero_ok, const WhereOf& where_of,
+               const std::string& key, const char* unit) {
+  require((zero_ok && value == 0) || (value >= lo && value <= hi), where_of, key,
+          fmt::format("{} is out of range (allowed: {}{:g} to {:g} {})", value,
+                      zero_ok ? "0, or " : "", lo, hi, unit));
+}
+
 void check_cluster(const ClusterConfig& c, const WhereOf& where_of) {
   at_least(c.nodes, 1, where_of, "cluster.nodes");
   at_least(c.gpus_per_node, 1, where_of, "cluster.gpus_per_node");
@@ -778,10 +788,19 @@ void check_cluster(const ClusterConfig& c, const WhereOf& where_of) {
           fmt::format("world size {} x {} is larger than {} ranks", c.nodes, c.gpus_per_node,
                       kMaxWorld));
   positive(c.nvlink_gbytes_per_s, where_of, "cluster.nvlink_gbytes_per_s", "GB/s");
+  plausible(c.nvlink_gbytes_per_s, 1e-3, 1e5, false, where_of, "cluster.nvlink_gbytes_per_s",
+            "GB/s");
   non_negative(c.nvlink_latency_us, where_of, "cluster.nvlink_latency_us", "microseconds");
+  plausible(c.nvlink_latency_us, 1e-6, 1e6, true, where_of, "cluster.nvlink_latency_us",
+            "microseconds");
   positive(c.nic_gbps, where_of, "cluster.nic_gbps", "Gbit/s");
+  plausible(c.nic_gbps, 1e-3, 1e5, false, where_of, "cluster.nic_gbps", "Gbit/s");
   at_least(c.nics_per_node, 1, where_of, "cluster.nics_per_node");
+  require(c.nics_per_node <= 1024, where_of, "cluster.nics_per_node",
+          fmt::format("{} is out of range (allowed: 1 to 1024 NICs per node)", c.nics_per_node));
   non_negative(c.internode_latency_us, where_of, "cluster.internode_latency_us", "microseconds");
+  plausible(c.internode_latency_us, 1e-6, 1e6, true, where_of, "cluster.internode_latency_us",
+            "microseconds");
   require(
       c.gpu.peak_flops > 0 && c.gpu.hbm_bytes_per_s > 0 && c.gpu.memory_bytes > 0, where_of,
       "cluster.gpu",
@@ -857,14 +876,24 @@ void check_sim(const SimConfig& m, const WhereOf& where_of) {
           fmt::format("{} is out of range (allowed: a fraction in (0, 1])", m.compute_efficiency));
   require(m.memory_efficiency > 0 && m.memory_efficiency <= 1, where_of, "sim.memory_efficiency",
           fmt::format("{} is out of range (allowed: a fraction in (0, 1])", m.memory_efficiency));
+  plausible(m.compute_efficiency, 1e-3, 1, false, where_of, "sim.compute_efficiency",
+            "(a fraction)");
+  plausible(m.memory_efficiency, 1e-3, 1, false, where_of, "sim.memory_efficiency", "(a fraction)");
   non_negative(m.launch_overhead_us, where_of, "sim.launch_overhead_us", "microseconds");
+  plausible(m.launch_overhead_us, 1e-6, 1e6, true, where_of, "sim.launch_overhead_us",
+            "microseconds");
   non_negative(m.kernel_latency_us, where_of, "sim.kernel_latency_us", "microseconds");
+  plausible(m.kernel_latency_us, 1e-6, 1e6, true, where_of, "sim.kernel_latency_us",
+            "microseconds");
   positive(m.pcie_gbytes_per_s, where_of, "sim.pcie_gbytes_per_s", "GB/s");
+  plausible(m.pcie_gbytes_per_s, 1e-3, 1e5, false, where_of, "sim.pcie_gbytes_per_s", "GB/s");
   require(m.jitter >= 0 && m.jitter <= 1, where_of, "sim.jitter",
           fmt::format("{} is out of range (allowed: a relative standard deviation in [0, 1])",
                       m.jitter));
   positive(m.bandwidth_factor, where_of, "sim.bandwidth_factor", "a factor");
+  plausible(m.bandwidth_factor, 1e-3, 1e3, false, where_of, "sim.bandwidth_factor", "(a factor)");
   positive(m.latency_factor, where_of, "sim.latency_factor", "a factor");
+  plausible(m.latency_factor, 1e-3, 1e3, false, where_of, "sim.latency_factor", "(a factor)");
 }
 
 // The builder counts elements and bytes in 64 bits (and activation bytes through a double):
@@ -880,7 +909,7 @@ void check_sizes(const Scenario& s, const WhereOf& where_of) {
   const double attn = h * (h + 2 * (h / m.heads * m.kv_heads)) + h * h;
   const double mlp = (m.gated_mlp ? 3 : 2) * h * m.ffn;
   const double params = 2.0 * m.vocab * h + m.layers * (attn + mlp + 2 * h) + h;
-  require(params <= kMaxParams, where_of, "model.hidden",
+  require(params <= kMaxParams, where_of, "model",
           fmt::format("the model would have {:.3g} parameters ({} layers, hidden {}, ffn {}, "
                       "vocab {}), more than hpzlab counts (allowed: at most {:.0e})",
                       params, m.layers, m.hidden, m.ffn, m.vocab, kMaxParams));
