@@ -20,6 +20,7 @@
 
 #include "real/backend.hpp"
 #include "real/executor.hpp"
+#include "sim/error.hpp"
 
 namespace hpz::real {
 namespace {
@@ -84,7 +85,11 @@ class StoreServer {
         ::listen(listen_fd_, 128) != 0) {
       const std::string why = errno_text();
       ::close(listen_fd_);
-      throw std::runtime_error(fmt::format("store: cannot serve on port {}: {}", port, why));
+      // A port in use or not ours to bind is the user's setting, not a bug of hpzlab.
+      throw InputError("environment", "MASTER_PORT",
+                       fmt::format("rank 0 cannot serve its store on port {}: {} (allowed: a "
+                                   "free port, 1 to 65535)",
+                                   port, why));
     }
     socklen_t len = sizeof a;
     ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
@@ -210,8 +215,10 @@ void Store::connect_to_server() {
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port_);
   if (const int err = ::getaddrinfo(addr_.c_str(), service.c_str(), &hints, &found); err != 0) {
-    throw std::runtime_error(
-        fmt::format("store: cannot resolve {}:{}: {}", addr_, port_, gai_strerror(err)));
+    throw InputError("environment", "MASTER_ADDR",
+                     fmt::format("cannot resolve '{}': {} (allowed: rank 0's host name or "
+                                 "address)",
+                                 shown(addr_), gai_strerror(err)));
   }
   const auto deadline = now_s() + timeout_s_;
   // Rank 0 may not be serving yet: retry until it is, or until the deadline.

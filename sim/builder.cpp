@@ -1,5 +1,8 @@
 #include "sim/builder.hpp"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cassert>
 #include <initializer_list>
@@ -523,7 +526,8 @@ void RankEmitter::prefetch(std::size_t pos) {
     st_[v].fetched_for = std::max(st_[v].fetched_for, static_cast<int>(at));
     if (st_[v].available) continue;
     launch_gather(v, Purpose::kPrefetch);
-    prefetching += static_cast<std::int64_t>(c_.units[v].numel);
+    // Saturating at the budget (near 2^63 the sum overflowed).
+    prefetching += std::min(static_cast<std::int64_t>(c_.units[v].numel), budget - prefetching);
   }
 }
 
@@ -566,9 +570,12 @@ void RankEmitter::release(UnitId u, std::size_t pos, bool trace_complete) {
     if (st_[u].fetched_for > static_cast<int>(pos)) return;
     std::int64_t traversed = 0;
     for (std::size_t at = pos + 1; at < c_.trace.size(); ++at) {
-      if (traversed >= c_.sc.zero.stage3_max_reuse_distance) break;
+      const std::int64_t distance = c_.sc.zero.stage3_max_reuse_distance;
+      if (traversed >= distance) break;
       if (c_.trace[at].unit == u) return;
-      traversed += static_cast<std::int64_t>(c_.units[c_.trace[at].unit].numel);
+      // Saturating at the distance: a distance near 2^63 overflowed the sum.
+      traversed += std::min(static_cast<std::int64_t>(c_.units[c_.trace[at].unit].numel),
+                            distance - traversed);
     }
   }
   if (c_.hpz > 1 && !st_[u].secondary) secondary_partition(u);
@@ -698,7 +705,38 @@ void RankEmitter::optimizer() {
 
 }  // namespace
 
+namespace {
+
+/** Refuses, in milliseconds, a schedule this machine cannot hold (cluster.nodes = 100000 or
+ *  run.steps = 1000000 ran until memory was gone): an estimate of its ops and bytes from the
+ *  scenario's sizes, measured on llama2-7b.toml at 16 x 8 GPUs in a release build (coarse
+ *  builder: 21 ops per rank, unit and step, init counted as a step, at about 50 bytes each;
+ *  DeepSpeed builder: 141 ops at about 100 bytes), rounded up, against the machine's physical
+ *  memory. */
+void check_schedule_size(const Scenario& sc) {
+  const bool deepspeed = sc.run.builder == "deepspeed";
+  const double units = 4.0 * sc.model.layers + 3;
+  const double ops_per = deepspeed ? 150 : 32;
+  const double ops = static_cast<double>(sc.cluster.world_size()) * units * (sc.run.steps + 1.0) *
+                     sc.training.grad_accum * ops_per;
+  const double bytes = ops * (deepspeed ? 128 : 64);
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (memory <= 0 || bytes <= memory) return;
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  throw InputError(
+      sc.path, "",
+      fmt::format("the schedule would need about {:.3g} GiB ({:.3g} ops: {} ranks x {} units x {} "
+                  "steps (and init) x {} micro-steps x ~{} ops), more than this machine's {:.3g} "
+                  "GiB of memory (allowed: fewer ranks, layers, steps or micro-steps)",
+                  bytes / kGiB, ops, sc.cluster.world_size(), units, sc.run.steps,
+                  sc.training.grad_accum, ops_per, memory / kGiB));
+}
+
+}  // namespace
+
 Schedule build_schedule(const Scenario& sc) {
+  check_schedule_size(sc);
   if (sc.run.builder == "deepspeed") return build_deepspeed_schedule(sc, sc.zero.deepspeed_version);
   validate(sc);
   const BuildContext ctx(sc);

@@ -822,7 +822,8 @@ void RankBuilder::fetch_sub_module(int module, bool forward) {
             it == most_recent_.end() ? e.step_id : std::max(it->second, e.step_id);
         if (do_prefetch) {
           prefetch.push_back(e.param);
-          numel += static_cast<std::int64_t>(md_.params[e.param].numel);
+          // Saturating at the budget: near 2^63 the sum overflowed.
+          numel += std::min(static_cast<std::int64_t>(md_.params[e.param].numel), budget - numel);
         }
       }
       if (numel > 0) {
@@ -1107,11 +1108,13 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
   }
   std::int64_t traversed = 0;
   for (std::size_t i = static_cast<std::size_t>(step_id); i < submodule_order_.size(); ++i) {
-    if (traversed >= sc_.zero.stage3_max_reuse_distance) break;
+    const std::int64_t distance = sc_.zero.stage3_max_reuse_distance;
+    if (traversed >= distance) break;
     const int p = md_.modules[submodule_order_[i]].param;
     if (p >= 0) {
       out.erase(p);
-      traversed += static_cast<std::int64_t>(md_.params[p].numel);
+      // Saturating at the distance: a distance near 2^63 overflowed the sum.
+      traversed += std::min(static_cast<std::int64_t>(md_.params[p].numel), distance - traversed);
     }
   }
   release_cache_.emplace(key, out);

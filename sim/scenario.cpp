@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <variant>
 
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 
 namespace hpz {
 namespace {
@@ -60,6 +62,7 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 
 /** The known name closest to `name`, if it is close enough to be a plausible typo. */
 std::optional<std::string> closest(const std::string& name, const std::vector<std::string>& known) {
+  if (name.size() > 200) return std::nullopt;  // no name is that long; spares the distances
   // A unique completion ('h100' -> 'h100-sxm') beats a closer but different name ('h200').
   std::vector<std::string> completions;
   for (const std::string& candidate : known) {
@@ -99,7 +102,7 @@ std::string describe(const Raw& raw) {
   if (const bool* b = std::get_if<bool>(&raw)) return *b ? "true" : "false";
   if (const std::int64_t* i = std::get_if<std::int64_t>(&raw)) return std::to_string(*i);
   if (const double* d = std::get_if<double>(&raw)) return fmt::format("{}", *d);
-  return "'" + std::get<std::string>(raw) + "'";
+  return "'" + shown(std::get<std::string>(raw)) + "'";
 }
 
 [[noreturn]] void wrong_type(const Setting& s, const std::string& key, const char* expected) {
@@ -156,9 +159,9 @@ std::string choice_of(const Setting& s, const std::string& key,
                       const std::vector<std::string>& choices) {
   const std::string value = string_of(s, key);
   if (std::find(choices.begin(), choices.end(), value) != choices.end()) return value;
-  throw InputError(
-      s.where, key,
-      "unknown value '" + value + "'" + did_you_mean(closest(value, choices)) + allowed(choices));
+  throw InputError(s.where, key,
+                   "unknown value '" + shown(value) + "'" + did_you_mean(closest(value, choices)) +
+                       allowed(choices));
 }
 
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
@@ -340,7 +343,7 @@ std::optional<std::string> suggest_key(const std::string& section, const std::st
   }
   if (!known_section) {
     throw InputError(where, key,
-                     "unknown section '" + section + "'" + hint + allowed(section_names()));
+                     "unknown section '" + shown(section) + "'" + hint + allowed(section_names()));
   }
   throw InputError(
       where, key,
@@ -369,23 +372,6 @@ using Settings = std::map<std::string, Setting>;
 /** Which file (or --set) last gave each key its value, for validation messages. */
 using Origins = std::map<std::string, std::string>;
 
-std::optional<std::string> read_text(const fs::path& path, std::string& reason) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    reason = "is a directory, not a file";
-    return std::nullopt;
-  }
-  errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    reason = errno != 0 ? std::strerror(errno) : "cannot be opened";
-    return std::nullopt;
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 fs::path resolve(const Setting& s, const std::string& key) {
   const fs::path value = string_of(s, key);
   if (value.empty()) throw InputError(s.where, key, "expected a file path, got ''");
@@ -394,23 +380,13 @@ fs::path resolve(const Setting& s, const std::string& key) {
 
 /** Reads the JSON file named by setting `s` of `key`; errors name the file. */
 json read_json(const Setting& s, const std::string& key, const fs::path& path) {
-  std::string reason;
-  const std::optional<std::string> text = read_text(path, reason);
-  if (!text) throw InputError(s.where, key, "cannot read '" + path.string() + "': " + reason);
-  try {
-    json document = json::parse(*text);
-    if (!document.is_object()) {
-      throw InputError(path.string(), "", "expected a JSON object (read for " + key + ")");
-    }
-    return document;
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix: users need the position only.
-    if (const auto end = what.find("] "); what.starts_with("[json.") && end != std::string::npos) {
-      what = what.substr(end + 2);
-    }
-    throw InputError(path.string(), "", "malformed JSON (read for " + key + "): " + what);
+  const std::string text =
+      read_input_file(path.string(), s.where, key, "cannot read '" + shown(path.string()) + "'");
+  json document = parse_json_input(text, path.string(), "malformed JSON read for " + key);
+  if (!document.is_object()) {
+    throw InputError(path.string(), "", "expected a JSON object (read for " + key + ")");
   }
+  return document;
 }
 
 /** A JSON value as a Raw, so that JSON keys convert like TOML and --set ones. */
@@ -431,19 +407,26 @@ std::optional<Raw> raw_of(const json& value) {
 Setting json_setting(const json& value, const std::string& file, const std::string& key,
                      const char* expected) {
   std::optional<Raw> raw = raw_of(value);
-  if (!raw) throw InputError(file, key, fmt::format("expected {}, got {}", expected, value.dump()));
+  if (!raw)
+    throw InputError(file, key, fmt::format("expected {}, got {}", expected, shown_json(value)));
   return Setting{*raw, file, {}};
 }
 
 // ---------------------------------------------------------------------------------------------
 // model.hf_config
 
+/** A model dimension of the HF config, by its first name present; 1 or more, and errors name
+ *  the config file and the key as written there. */
 std::optional<int> hf_int(const json& config, const std::string& file,
                           std::initializer_list<const char*> names) {
   for (const char* name : names) {
     const auto it = config.find(name);
     if (it == config.end() || it->is_null()) continue;
-    return int_of(json_setting(*it, file, name, "an integer"), name);
+    const int value = int_of(json_setting(*it, file, name, "an integer"), name);
+    if (value < 1) {
+      throw InputError(file, name, fmt::format("must be at least 1, got {}", value));
+    }
+    return value;
   }
   return std::nullopt;
 }
@@ -468,8 +451,16 @@ ModelConfig read_hf_config(const Setting& s) {
   model.hidden = hf_required(config, file, {"hidden_size"});
   model.heads = hf_required(config, file, {"num_attention_heads", "n_head"});
   model.vocab = hf_required(config, file, {"vocab_size"});
-  model.ffn =
-      hf_int(config, file, {"intermediate_size", "ffn_hidden_size"}).value_or(4 * model.hidden);
+  const std::optional<int> ffn = hf_int(config, file, {"intermediate_size", "ffn_hidden_size"});
+  // Without intermediate_size, transformers' default is 4 x hidden_size.
+  const std::int64_t default_ffn = std::int64_t{4} * model.hidden;
+  if (!ffn && default_ffn > std::numeric_limits<int>::max()) {
+    throw InputError(file, "hidden_size",
+                     fmt::format("{} is too large: without intermediate_size the MLP is 4 x "
+                                 "hidden_size = {} wide (allowed: at most {})",
+                                 model.hidden, default_ffn, std::numeric_limits<int>::max() / 4));
+  }
+  model.ffn = ffn.value_or(static_cast<int>(default_ffn));
   std::optional<int> kv =
       hf_int(config, file, {"num_key_value_heads", "num_kv_heads", "n_head_kv"});
   if (!kv && falcon && config.value("multi_query", json()) == true &&
@@ -505,7 +496,7 @@ Setting ds_offload(const json& value, const std::string& file) {
   if (value.is_boolean()) return Setting{Raw{value.get<bool>()}, file, {}};
   if (!value.is_object()) {
     throw InputError(file, key,
-                     "expected an object like {\"device\": \"cpu\"}, got " + value.dump());
+                     "expected an object like {\"device\": \"cpu\"}, got " + shown_json(value));
   }
   const json device = value.value("device", json("none"));
   const std::vector<std::string> devices = {"none", "cpu", "nvme"};
@@ -524,11 +515,22 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins) {
   }
   const json zero = config.value("zero_optimization", json::object());
   if (!zero.is_object()) {
-    throw InputError(file, "zero_optimization", "expected an object, got " + zero.dump());
+    throw InputError(file, "zero_optimization", "expected an object, got " + shown_json(zero));
   }
+  std::map<std::string, std::string> spelled;  // dotted key -> the name it was given by
   for (const auto& [name, value] : zero.items()) {
     const std::string key = "zero_optimization." + name;
     const std::optional<std::string> dotted = ds_key(name);
+    if (dotted) {
+      // DeepSpeed reads one of an alias and its stage3_ name, chosen by its own precedence; the
+      // other value is dropped silently (an invalid one never reported).
+      if (const auto [it, fresh] = spelled.try_emplace(*dotted, name); !fresh) {
+        throw InputError(file, key,
+                         fmt::format("given together with its alias zero_optimization.{} "
+                                     "(allowed: one of the two)",
+                                     it->second));
+      }
+    }
     if (!dotted) {
       ignored.push_back(key);
     } else if (value.is_string() && value.get<std::string>() == "auto") {
@@ -636,16 +638,49 @@ const char* node_kind(const toml::node& node) {
   return "a date or time";
 }
 
+/** The key assigned on line `line` (1-based) of a TOML text and its kind, when that line is
+ *  `name = ...` under a `[section]` of the format: a value toml++ cannot read (1e400, 2^63)
+ *  fails before the key is known to it. */
+const KeySpec* key_on_line(const std::string& text, std::size_t line) {
+  std::istringstream in(text);
+  std::string row, section;
+  for (std::size_t n = 1; std::getline(in, row) && n <= line; ++n) {
+    const std::size_t first = row.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    if (row[first] == '[') {
+      const std::size_t close = row.find(']', first);
+      if (close != std::string::npos) section = row.substr(first + 1, close - first - 1);
+      continue;
+    }
+    if (n < line) continue;
+    const std::size_t equals = row.find('=', first);
+    if (equals == std::string::npos) return nullptr;
+    const std::size_t last = row.find_last_not_of(" \t", equals - 1);
+    return find_spec(section + "." + row.substr(first, last - first + 1));
+  }
+  return nullptr;
+}
+
 toml::table parse_toml(const std::string& path) {
-  std::string reason;
-  const std::optional<std::string> text = read_text(path, reason);
-  if (!text) throw InputError(path, "", "cannot read the scenario file: " + reason);
+  const std::string text = read_input_file(path, path, "", "cannot read the scenario file");
   try {
-    return toml::parse(*text, path);
+    return toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    throw InputError(path, "",
-                     fmt::format("line {}, column {}: malformed TOML: {}", e.source().begin.line,
-                                 e.source().begin.column, e.description()));
+    const std::string where =
+        fmt::format("line {}, column {}: malformed TOML: {}", e.source().begin.line,
+                    e.source().begin.column, e.description());
+    const KeySpec* spec = key_on_line(text, e.source().begin.line);
+    if (spec == nullptr) throw InputError(path, "", where);
+    // A number toml++ cannot hold: say what it can.
+    const bool number = e.description().find("floating-point") != std::string_view::npos ||
+                        e.description().find("integer") != std::string_view::npos;
+    const char* allowed_text = !number                        ? ""
+                               : spec->kind == Kind::kInteger ? " (allowed: an integer of at most "
+                                                                "2^63 - 1)"
+                               : spec->kind == Kind::kNumber
+                                   ? " (allowed: a number a double can hold, about 1.8e308 at most)"
+                                   : "";
+    throw InputError(path, spec->dotted(), where + allowed_text);
   }
 }
 
@@ -685,6 +720,12 @@ Raw raw_of_text(const std::string& text, Kind kind) {
     double value = 0;
     const auto [ptr, ec] = std::from_chars(begin, end, value);
     if (ec == std::errc() && ptr == end && !text.empty()) return Raw{value};
+    if (ec == std::errc::result_out_of_range && ptr == end) {
+      // Too small for a double (1e-400): 0, as the TOML parser reads it; too large stays text
+      // and is refused, as the TOML parser refuses it.
+      const double rounded = std::strtod(text.c_str(), nullptr);
+      if (std::isfinite(rounded) && std::fabs(rounded) < 1) return Raw{rounded};
+    }
   }
   if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
       text.back() == text.front()) {
@@ -729,6 +770,16 @@ void non_negative(double value, const WhereOf& where_of, const std::string& key,
           fmt::format("must be a non-negative number of {}, got {}", unit, value));
 }
 
+/** A physical value within what hpzlab's engines handle (0 allowed when `zero_ok`): values the
+ *  type allows but no machine has crashed SimGrid (1e308 GB/s, latencies of 1e-300 us) or gave
+ *  nonsense (a 200-digit step time). */
+void plausible(double value, double lo, double hi, bool zero_ok, const WhereOf& where_of,
+               const std::string& key, const char* unit) {
+  require((zero_ok && value == 0) || (value >= lo && value <= hi), where_of, key,
+          fmt::format("{} is out of range (allowed: {}{:g} to {:g} {})", value,
+                      zero_ok ? "0, or " : "", lo, hi, unit));
+}
+
 void check_cluster(const ClusterConfig& c, const WhereOf& where_of) {
   at_least(c.nodes, 1, where_of, "cluster.nodes");
   at_least(c.gpus_per_node, 1, where_of, "cluster.gpus_per_node");
@@ -737,10 +788,19 @@ void check_cluster(const ClusterConfig& c, const WhereOf& where_of) {
           fmt::format("world size {} x {} is larger than {} ranks", c.nodes, c.gpus_per_node,
                       kMaxWorld));
   positive(c.nvlink_gbytes_per_s, where_of, "cluster.nvlink_gbytes_per_s", "GB/s");
+  plausible(c.nvlink_gbytes_per_s, 1e-3, 1e5, false, where_of, "cluster.nvlink_gbytes_per_s",
+            "GB/s");
   non_negative(c.nvlink_latency_us, where_of, "cluster.nvlink_latency_us", "microseconds");
+  plausible(c.nvlink_latency_us, 1e-6, 1e6, true, where_of, "cluster.nvlink_latency_us",
+            "microseconds");
   positive(c.nic_gbps, where_of, "cluster.nic_gbps", "Gbit/s");
+  plausible(c.nic_gbps, 1e-3, 1e5, false, where_of, "cluster.nic_gbps", "Gbit/s");
   at_least(c.nics_per_node, 1, where_of, "cluster.nics_per_node");
+  require(c.nics_per_node <= 1024, where_of, "cluster.nics_per_node",
+          fmt::format("{} is out of range (allowed: 1 to 1024 NICs per node)", c.nics_per_node));
   non_negative(c.internode_latency_us, where_of, "cluster.internode_latency_us", "microseconds");
+  plausible(c.internode_latency_us, 1e-6, 1e6, true, where_of, "cluster.internode_latency_us",
+            "microseconds");
   require(
       c.gpu.peak_flops > 0 && c.gpu.hbm_bytes_per_s > 0 && c.gpu.memory_bytes > 0, where_of,
       "cluster.gpu",
@@ -816,14 +876,49 @@ void check_sim(const SimConfig& m, const WhereOf& where_of) {
           fmt::format("{} is out of range (allowed: a fraction in (0, 1])", m.compute_efficiency));
   require(m.memory_efficiency > 0 && m.memory_efficiency <= 1, where_of, "sim.memory_efficiency",
           fmt::format("{} is out of range (allowed: a fraction in (0, 1])", m.memory_efficiency));
+  plausible(m.compute_efficiency, 1e-3, 1, false, where_of, "sim.compute_efficiency",
+            "(a fraction)");
+  plausible(m.memory_efficiency, 1e-3, 1, false, where_of, "sim.memory_efficiency", "(a fraction)");
   non_negative(m.launch_overhead_us, where_of, "sim.launch_overhead_us", "microseconds");
+  plausible(m.launch_overhead_us, 1e-6, 1e6, true, where_of, "sim.launch_overhead_us",
+            "microseconds");
   non_negative(m.kernel_latency_us, where_of, "sim.kernel_latency_us", "microseconds");
+  plausible(m.kernel_latency_us, 1e-6, 1e6, true, where_of, "sim.kernel_latency_us",
+            "microseconds");
   positive(m.pcie_gbytes_per_s, where_of, "sim.pcie_gbytes_per_s", "GB/s");
+  plausible(m.pcie_gbytes_per_s, 1e-3, 1e5, false, where_of, "sim.pcie_gbytes_per_s", "GB/s");
   require(m.jitter >= 0 && m.jitter <= 1, where_of, "sim.jitter",
           fmt::format("{} is out of range (allowed: a relative standard deviation in [0, 1])",
                       m.jitter));
   positive(m.bandwidth_factor, where_of, "sim.bandwidth_factor", "a factor");
+  plausible(m.bandwidth_factor, 1e-3, 1e3, false, where_of, "sim.bandwidth_factor", "(a factor)");
   positive(m.latency_factor, where_of, "sim.latency_factor", "a factor");
+  plausible(m.latency_factor, 1e-3, 1e3, false, where_of, "sim.latency_factor", "(a factor)");
+}
+
+// The builder counts elements and bytes in 64 bits (and activation bytes through a double):
+// beyond these sizes its sums wrapped (hidden = 2e9 gave a negative attention unit, counted as
+// persistent, and "params 9223373688269700349"). Far above any model trained today.
+constexpr double kMaxParams = 1e13;             ///< parameters of the whole model
+constexpr double kMaxActivationBytes = 0x1p50;  ///< one activation checkpoint (a PiB)
+
+/** The model's size as the builder will count it, before anything is built. */
+void check_sizes(const Scenario& s, const WhereOf& where_of) {
+  const auto& m = s.model;
+  const double h = m.hidden;
+  const double attn = h * (h + 2 * (h / m.heads * m.kv_heads)) + h * h;
+  const double mlp = (m.gated_mlp ? 3 : 2) * h * m.ffn;
+  const double params = 2.0 * m.vocab * h + m.layers * (attn + mlp + 2 * h) + h;
+  require(params <= kMaxParams, where_of, "model",
+          fmt::format("the model would have {:.3g} parameters ({} layers, hidden {}, ffn {}, "
+                      "vocab {}), more than hpzlab counts (allowed: at most {:.0e})",
+                      params, m.layers, m.hidden, m.ffn, m.vocab, kMaxParams));
+  const double act = static_cast<double>(s.training.seq_len) * s.training.micro_batch * h *
+                     s.training.dtype_bytes();
+  require(act <= kMaxActivationBytes, where_of, "training.seq_len",
+          fmt::format("one activation checkpoint (seq_len x micro_batch x hidden x dtype bytes) "
+                      "would be {:.3g} bytes (allowed: at most 2^50, a PiB)",
+                      act));
 }
 
 void check_scenario(const Scenario& s, const WhereOf& where_of) {
@@ -838,6 +933,7 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
                       s.run.spin_before_copy_us));
   check_bugs(s.bugs, s.run.steps, s.cluster.world_size(), where_of);
   check_sim(s.sim, where_of);
+  check_sizes(s, where_of);
 }
 
 }  // namespace

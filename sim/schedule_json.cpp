@@ -3,14 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <limits>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 #include "sim/scenario.hpp"
 
 namespace hpz {
@@ -468,21 +467,8 @@ Schedule schedule_from_json(const json& j, const std::string& where) {
 }
 
 Schedule read_schedule_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot read this schedule file");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    const std::string what = e.what();
-    const std::size_t cut = what.find("] ");
-    throw InputError(
-        path, "",
-        "not valid JSON (" + (cut == std::string::npos ? what : what.substr(cut + 2)) + ")");
-  }
-  return schedule_from_json(j, path);
+  const std::string text = read_input_file(path, path, "", "cannot read this schedule file");
+  return schedule_from_json(parse_json_input(text, path, "not valid JSON"), path);
 }
 
 }  // namespace hpz

@@ -254,13 +254,48 @@ TEST(Compare, AFileWithoutOpTimesOrNotJsonIsOneLineNamingIt) {
   EXPECT_EQ(bad.rfind(malformed + ": not valid JSON (", 0), 0u) << bad;
   EXPECT_EQ(bad.find('\n'), std::string::npos);
   EXPECT_EQ(input_error([&] { read_timed_json("no/such/file.json"); }),
-            "no/such/file.json: cannot read this file");
+            "no/such/file.json: cannot read this file: No such file or directory");
   json broken = tiny_sim();
   broken["op_times"][0][3] = "soon";
   EXPECT_NE(input_error([&] {
               compare(broken, "SIM.json", tiny_sim(), "REAL.json");
             }).find("SIM.json: op_times: rank 0 op 3"),
             std::string::npos);
+}
+
+TEST(Compare, HostileFilesAreOneLine) {
+  // Issue 20: a 5,000-deep value where an op time is expected overflowed the stack in the
+  // message's dump; 1e999 was "internal error"; a duplicate key was silently dropped.
+  const std::string dir = ::testing::TempDir();
+  const auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "hpzlab-hostile-" + name) << text;
+    return dir + "hpzlab-hostile-" + name;
+  };
+  const std::string deep =
+      file("deep.json", "{\"op_times\": [[" + std::string(5000, '[') + std::string(5000, ']') +
+                            "]], \"op_labels\": [[\"kernel/forward/0\"]]}");
+  EXPECT_EQ(input_error([&] { read_timed_json(deep); }),
+            deep + ": not valid JSON: nested more than 64 levels deep (allowed: at most 64)");
+  const std::string shallow =
+      file("shallow.json", "{\"op_times\": [[" + std::string(20, '[') + std::string(20, ']') +
+                               "]], \"op_labels\": [[\"kernel/forward/0\"]], \"step_time_s\": 1}");
+  EXPECT_EQ(input_error([&] { read_timed_json(shallow); }),
+            shallow +
+                ": op_times: rank 0 op 0: expected [issue_s, start_s, end_s] or null, got "
+                "[[[[...]]]]");
+  const std::string huge = file("huge.json", "{\"op_times\": [], \"step_time_s\": 1e999}");
+  EXPECT_EQ(input_error([&] { read_timed_json(huge); }),
+            huge + ": not valid JSON (number overflow parsing '1e999')");
+  const std::string twice = file("twice.json", "{\"op_times\": [], \"op_times\": []}");
+  EXPECT_EQ(input_error([&] { read_timed_json(twice); }),
+            twice +
+                ": op_times: not valid JSON: this key is given twice in one object (allowed: "
+                "once)");
+  EXPECT_EQ(input_error([&] { read_timed_json(""); }),
+            "'': cannot read this file: the file name is empty");
+  EXPECT_EQ(input_error([&] { read_timed_json("/dev/zero"); }),
+            "/dev/zero: cannot read this file: is not a regular file (a device, FIFO or socket "
+            "is not read)");
 }
 
 TEST(Compare, TheShippedFixturesDifferByTenPercentAndOneOp) {

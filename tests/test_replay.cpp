@@ -120,6 +120,44 @@ TEST(SerializedTimeline, StopsAtACollectiveSomeMemberNeverReaches) {
 
 // Step 1's first secondary copy made to end after the hpZ gather that reads it started:
 // the gather reads NaN (fill = nan) and the loss goes NaN.
+TEST(NumericReplay, FitCheckMultipliesTokensIn64Bits) {
+  // 2^31 - 1 squared wraps an int to 1, which passed the check and ran (and crashed) the
+  // numeric replay on a model it cannot hold (issue 20).
+  Scenario sc = tiny(1);
+  EXPECT_TRUE(numeric_fits(sc));
+  sc.training.seq_len = std::numeric_limits<int>::max();
+  sc.training.micro_batch = std::numeric_limits<int>::max();
+  EXPECT_FALSE(numeric_fits(sc));
+}
+
+TEST(Repro, AJobThatHangsIsReportedNotReplayed) {
+  // The timing engine marks ops that never ran with -1: replaying them (as if they ran at -1 s)
+  // segfaulted in the numeric model with the gathers on the compute stream (issue 20).
+  Scenario sc = tiny(1);
+  const Schedule s = build_schedule(sc);
+  Timeline t = serial(s);
+  const std::size_t gather =
+      find_op(s, 0, [](const Op& o) { return o.kind == OpKind::kAllGather; });
+  for (std::size_t i = gather; i < s.ranks[0].ops.size(); ++i) t.ranks[0][i] = {-1, -1, -1};
+  EXPECT_EQ(hang_of(s, serial(s)), "");
+  EXPECT_NE(hang_of(s, t).find(fmt::format("the first: rank 0 op {} (all_gather", gather)),
+            std::string::npos)
+      << hang_of(s, t);
+  ReproOptions o;
+  o.timeline = [&](const Scenario& run, const Schedule& built, std::uint64_t) {
+    const bool stock = run.run.variant == Variant::kStock && run.zero.zero_hpz_partition_size > 1;
+    return stock ? t : serial(built);
+  };
+  const ReproResult r = run_repro(sc, o);
+  ASSERT_EQ(r.variants.size(), 4u);
+  EXPECT_FALSE(r.variants[0].runs[0].hang.empty());
+  EXPECT_TRUE(r.variants[0].runs[0].steps.empty());
+  EXPECT_EQ(r.variants[0].first_bad[0], 0);
+  EXPECT_TRUE(r.variants[3].runs[0].hang.empty());  // no-hpz: its own (serial) timeline
+  EXPECT_NE(repro_table(r).find("stock: the job hangs in 1 of 1 run(s), not replayed: HANG"),
+            std::string::npos);
+}
+
 TEST(NumericReplay, GatherBeforeCopyEndsReadsNan) {
   Scenario sc = tiny();
   const Schedule s = build_schedule(sc);

@@ -333,6 +333,102 @@ TEST_F(ScenarioFile, MalformedAndMissingJsonNameTheFile) {
              "ds5.json: zero.zero_hpz_partition_size: 3 does not divide the world size 16");
 }
 
+// --- hostile input (issue 20): one line, exit 2, never a crash ----------------------------------
+
+TEST_F(ScenarioFile, DeeplyNestedJsonIsRefusedNotDumped) {
+  // 5,000 levels where a number is expected: dumping the value in the message recursed once per
+  // level and overflowed the stack.
+  const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  write("ds.json", "{\"zero_optimization\": {\"overlap_comm\": " + deep + "}}");
+  const std::string error = load_error("[zero]\nds_config = \"ds.json\"\n");
+  EXPECT_HAS(error, "ds.json: malformed JSON read for zero.ds_config: nested more than 64 levels");
+  EXPECT_EQ(error.find('\n'), std::string::npos);
+  // Shallow enough to read, a structured value is shown cut short.
+  write("hf.json", "{\"num_hidden_layers\": " + std::string(50, '[') + std::string(50, ']') +
+                       ", \"hidden_size\": 64, \"num_attention_heads\": 4, \"vocab_size\": 10}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
+             "hf.json: num_hidden_layers: expected an integer, got [[[[...]]]]");
+}
+
+TEST_F(ScenarioFile, JsonNumberBeyondADoubleIsOneLine) {
+  // nlohmann throws out_of_range, not parse_error, for 1e999: it became "internal error".
+  write("hf.json", "{\"num_hidden_layers\": 2, \"rope_theta\": 1e999}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
+             "hf.json: malformed JSON read for model.hf_config (number overflow parsing '1e999')");
+}
+
+TEST_F(ScenarioFile, DuplicateJsonKeysAndNulBytesAreRefused) {
+  write("ds.json", "{\"zero_optimization\": {\"overlap_comm\": true, \"overlap_comm\": false}}");
+  EXPECT_HAS(load_error("[zero]\nds_config = \"ds.json\"\n"),
+             "ds.json: overlap_comm: malformed JSON read for zero.ds_config: this key is given "
+             "twice in one object");
+  write("nul.json", std::string("{\"zero_optimization\": {}}\0garbage", 33));
+  EXPECT_HAS(load_error("[zero]\nds_config = \"nul.json\"\n"), "a NUL byte at offset 25");
+}
+
+TEST_F(ScenarioFile, ADeepSpeedAliasNextToItsStage3NameIsRefused) {
+  // One of the two was dropped by key order, an invalid one never reported.
+  write("ds.json",
+        "{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": 5, "
+        "\"prefetch_bucket_size\": -1}}");
+  EXPECT_HAS(load_error("[zero]\nds_config = \"ds.json\"\n"),
+             "ds.json: zero_optimization.stage3_prefetch_bucket_size: given together with its "
+             "alias zero_optimization.prefetch_bucket_size (allowed: one of the two)");
+}
+
+TEST_F(ScenarioFile, ValuesTomlCannotHoldNameTheirKey) {
+  // toml++ refuses 1e400 and 2^63 before it knows the key: the line and column were all.
+  EXPECT_HAS(load_error("[cluster]\nnodes = 9223372036854775808\n"),
+             "s.toml: cluster.nodes: line 4, column 28: malformed TOML");
+  EXPECT_HAS(load_error("[cluster]\nnodes = 9223372036854775808\n"),
+             "line 4, column 28: malformed TOML: Error while parsing decimal integer: "
+             "'9223372036854775808' is not representable in 64 bits (allowed: an integer of at "
+             "most 2^63 - 1)");
+  EXPECT_HAS(load_error("[sim]\n  jitter  = 1e400\n"),
+             "s.toml: sim.jitter: line 4, column 18: malformed TOML");
+  // --set reads a number too small for a double as 0, as the TOML parser does.
+  EXPECT_EQ(load("[sim]\njitter = 1e-400\n").sim.jitter, 0);
+  EXPECT_EQ(load("", {{"sim.jitter", "1e-400"}}).sim.jitter, 0);
+  EXPECT_HAS(load_error("", {{"sim.jitter", "1e400"}}), "--set: sim.jitter: expected a number");
+}
+
+TEST_F(ScenarioFile, HuggingFaceDimensionsAreCheckedWhereTheyAreWritten) {
+  // 4 x hidden_size overflowed int (the model was accepted as "ffn 4"), and a 0 was reported as
+  // the scenario's model.layers, a key the user never wrote.
+  write("hf.json",
+        "{\"num_hidden_layers\": 2, \"hidden_size\": 1073741824, "
+        "\"num_attention_heads\": 4, \"vocab_size\": 10}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
+             "hf.json: hidden_size: 1073741824 is too large: without intermediate_size the MLP "
+             "is 4 x hidden_size = 4294967296 wide");
+  write("hf0.json",
+        "{\"num_hidden_layers\": 0, \"hidden_size\": 64, "
+        "\"num_attention_heads\": 4, \"vocab_size\": 10}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf0.json\"\n"),
+             "hf0.json: num_hidden_layers: must be at least 1, got 0");
+}
+
+TEST_F(ScenarioFile, InputFilesAreRegularAndCapped) {
+  EXPECT_HAS(error_of([] { load_scenario("/dev/zero"); }),
+             "/dev/zero: cannot read the scenario file: is not a regular file");
+  const std::string big = (dir_ / "big.toml").string();
+  fs::resize_file(write("big.toml", ""), (std::uintmax_t{64} << 20) + 1);
+  EXPECT_HAS(error_of([&] { load_scenario(big); }), "is 67108865 bytes (allowed: at most 64 MiB)");
+}
+
+TEST_F(ScenarioFile, ValuesInMessagesAreEscapedAndCut) {
+  // A newline in a value split the one-line message (and could forge a second error line); a
+  // 200 KB value gave a 200 KB message.
+  const std::string forged = load_error("[run]\nvariant = \"x\\nhpzlab: error: forged\"\n");
+  EXPECT_EQ(forged.find('\n'), std::string::npos) << forged;
+  EXPECT_HAS(forged, "unknown value 'x\\nhpzlab: error: forged'");
+  const std::string long_key = load_error("[run]\n" + std::string(20000, 'k') + " = 1\n");
+  EXPECT_LT(long_key.size(), 1000u);
+  EXPECT_HAS(long_key, "... (20004 bytes)");
+  EXPECT_EQ(shown(std::string("a\tb\x01") + std::string(100, 'c')),
+            "a\\tb\\x01" + std::string(72, 'c') + "... (104 bytes)");
+}
+
 // --- --set --------------------------------------------------------------------------------------
 
 TEST(Overrides, ParseOverride) {
@@ -407,7 +503,8 @@ TEST_F(ScenarioFile, UnreadableAndMalformedFiles) {
   EXPECT_HAS(malformed, "bad.toml: line 3");
   EXPECT_HAS(malformed, "malformed TOML");
   const std::string twice = write("twice.toml", "[zero]\noverlap_comm = true\noverlap_comm = 1\n");
-  EXPECT_HAS(error_of([&] { load_scenario(twice); }), "twice.toml: line 3");
+  // The key on the line is named too (issue 20).
+  EXPECT_HAS(error_of([&] { load_scenario(twice); }), "twice.toml: zero.overlap_comm: line 3");
 }
 
 TEST_F(ScenarioFile, UnknownSectionsAndKeys) {

@@ -234,6 +234,29 @@ TEST(ScheduleJson, ReadsAFileAndNamesItInErrors) {
   }
 }
 
+TEST(ScheduleJson, HostileFilesAreOneLine) {
+  // Issue 20: nesting deep enough to overflow the stack, a number beyond a double, /dev/zero.
+  const std::string path = ::testing::TempDir() + "hpzlab-hostile-schedule.json";
+  std::ofstream(path) << "{\"format\": \"hpzlab-schedule\", \"ranks\": " + std::string(5000, '[') +
+                             std::string(5000, ']') + "}";
+  const auto error = [](const std::string& file) {
+    try {
+      read_schedule_file(file);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(path),
+            path + ": not valid JSON: nested more than 64 levels deep (allowed: at most 64)");
+  std::ofstream(path) << "{\"format\": \"hpzlab-schedule\", \"version\": 1e999}";
+  EXPECT_EQ(error(path), path + ": not valid JSON (number overflow parsing '1e999')");
+  EXPECT_EQ(
+      error("/dev/zero").rfind("/dev/zero: cannot read this schedule file: is not a regular", 0),
+      0u);
+  std::filesystem::remove(path);
+}
+
 /** tiny_schedule()'s JSON with rank 2 written as a recorder writes the ranks it did not record:
  *  like rank 0, on the groups of rank 2's node (or, with `mapped` false, on rank 0's). */
 nlohmann::json rank_2_like_0(bool mapped) {

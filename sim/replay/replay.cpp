@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
 
@@ -18,8 +20,11 @@ bool numeric_fits(const Scenario& sc) {
       2.0 * m.vocab * m.hidden + m.layers * (4.0 * m.hidden * m.hidden + 3.0 * m.hidden * m.ffn);
   // The numeric model needs full attention heads and a gated MLP (tiny_model.hpp), and every
   // rank's buffers (a few copies of the model each) in memory.
+  // In 64 bits: both are ints of up to 2^31 - 1, whose product wraps an int (to 1 for both at
+  // the maximum, which passed this check).
+  const std::int64_t tokens = std::int64_t{sc.training.seq_len} * sc.training.micro_batch;
   return m.kv_heads == m.heads && m.gated_mlp && params * sc.cluster.world_size() < 4e7 &&
-         sc.training.seq_len * sc.training.micro_batch <= 4096;
+         tokens <= 4096;
 }
 
 Timeline serialized_timeline(const Schedule& s) {
@@ -107,6 +112,28 @@ std::string replay_unsupported(const Schedule& s) {
     }
   }
   return "";
+}
+
+std::string hang_of(const Schedule& s, const Timeline& t) {
+  std::uint64_t never_ran = 0;
+  std::string first;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    for (std::size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
+      const Op& op = s.ranks[r].ops[i];
+      // Never ran: NaN (serialized_timeline) or -1 (the timing engine's mark).
+      const double end = t.ranks[r][i].end_s;
+      if (op.kind == OpKind::kAlloc || (std::isfinite(end) && end >= 0)) continue;
+      if (never_ran++ == 0) {
+        first = fmt::format("rank {} op {} ({} {}, step {})", r, i, to_string(op.kind),
+                            to_string(op.purpose), op.step);
+      }
+    }
+  }
+  if (never_ran == 0) return "";
+  return fmt::format(
+      "HANG: {} op(s) never ran (a collective that not every rank of its group issues, "
+      "mismatched collectives); the first: {}",
+      never_ran, first);
 }
 
 ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,

@@ -50,7 +50,15 @@ struct ReplayResult {
   Mode mode = Mode::kNumeric;
   std::vector<StepRecord> steps;
   std::uint64_t mixed_reads = 0;  ///< reads that overlapped a write in flight
+  /** Not empty when the job hangs on this timeline (some ops never ran: a collective not every
+   *  member of its group issues): what hangs. Such a run is not replayed (steps is empty). */
+  std::string hang;
 };
+
+/** What hangs on `timeline` ("" when every op of `schedule` ran; an op that never ran has a
+ *  NaN or negative end): the ops that never ran and
+ *  the first of them, e.g. "HANG: 12 ops never ran (...); the first: rank 3 op 40 ...". */
+std::string hang_of(const Schedule& schedule, const Timeline& timeline);
 
 /** True when the numeric replay can hold every rank's buffers of this scenario in memory. */
 bool numeric_fits(const Scenario& scenario);

@@ -51,21 +51,33 @@ std::string repro_table(const ReproResult& r) {
                      "final loss", "runs bad", "runs NaN", "tokens/s/node", "mixed reads");
   for (const VariantRepro& v : r.variants) {
     const ReplayResult& run0 = v.runs.front();
-    const std::string last = run0.steps.empty() ? "-" : loss_text(r, run0.steps.back());
+    const std::string last = !run0.hang.empty()   ? "HANG"
+                             : run0.steps.empty() ? "-"
+                                                  : loss_text(r, run0.steps.back());
     out += fmt::format("{:<11} {:>10} {:>14} {:>8.0f}% {:>8.0f}% {:>14.4g} {:>12}\n", v.name,
                        first_bad_text(v.first_bad.front()), last, 100 * v.share_bad(),
                        100 * v.share_nan(), v.tokens_per_s_per_node, v.mixed_reads);
   }
+  for (const VariantRepro& v : r.variants) {
+    const auto hung = std::count_if(v.runs.begin(), v.runs.end(),
+                                    [](const ReplayResult& run) { return !run.hang.empty(); });
+    const auto first = std::find_if(v.runs.begin(), v.runs.end(),
+                                    [](const ReplayResult& run) { return !run.hang.empty(); });
+    if (hung == 0) continue;
+    out += fmt::format("  {}: the job hangs in {} of {} run(s), not replayed: {}\n", v.name, hung,
+                       v.runs.size(), first->hang);
+  }
   out += "loss per step (first run):\n";
   for (const VariantRepro& v : r.variants) {
     out += fmt::format("  {:<11}", v.name);
+    if (!v.runs.front().hang.empty()) out += " HANG";
     for (const StepRecord& s : v.runs.front().steps) out += " " + loss_text(r, s);
     out += "\n";
   }
   if (r.mode == Mode::kTaint) {
     for (const VariantRepro& v : r.variants) {
       const auto& f = v.first_bad.front();
-      if (!f) continue;
+      if (!f || !v.runs.front().hang.empty()) continue;
       const StepRecord& s = v.runs.front().steps[*f];
       out +=
           fmt::format("  {}: weights bad after step {}: {} element(s) on {} rank(s), {} unit(s)\n",
@@ -205,6 +217,7 @@ std::string repro_json(const ReproResult& r) {
                           {"bad_units", s.bad_units}});
       }
       if (r.mode == Mode::kTaint) jr["spread"] = spread;
+      if (!v.runs[k].hang.empty()) jr["hang"] = v.runs[k].hang;
       runs.push_back(jr);
     }
     jv["runs"] = runs;

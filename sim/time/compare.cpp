@@ -5,12 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string_view>
 
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 #include "sim/schedule.hpp"
 
 namespace hpz::time {
@@ -23,13 +22,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 /** NaN and infinities as null, already in the object (nlohmann only does so when dumping). */
 json number_or_null(double v) {
   return std::isfinite(v) ? json(v) : json(nullptr);
-}
-
-/** nlohmann's message without its "[json.exception.parse_error.101] " prefix. */
-std::string parse_problem(const json::parse_error& e) {
-  const std::string_view what = e.what();
-  const std::size_t cut = what.find("] ");
-  return std::string(cut == std::string_view::npos ? what : what.substr(cut + 2));
 }
 
 /** One file: its parsed JSON and the name messages use. */
@@ -61,7 +53,7 @@ void check_rank_shape(const Side& f, std::size_t r) {
       throw InputError(f.name, "op_times",
                        fmt::format("rank {} op {}: expected [issue_s, start_s, end_s] or null, "
                                    "got {}",
-                                   r, i, times[i].dump()));
+                                   r, i, shown_json(times[i])));
     }
     if (!labels[i].is_string()) {
       throw InputError(f.name, "op_labels", fmt::format("rank {} op {} is not a string", r, i));
@@ -72,7 +64,7 @@ void check_rank_shape(const Side& f, std::size_t r) {
     } catch (const InputError&) {
       throw InputError(
           f.name, "op_labels",
-          fmt::format("rank {} op {}: '{}' is not \"kind/purpose/unit\"", r, i, label));
+          fmt::format("rank {} op {}: '{}' is not \"kind/purpose/unit\"", r, i, shown(label)));
     }
   }
 }
@@ -101,7 +93,7 @@ void check_shape(const Side& f) {
 std::string key_text(const json& j, const char* key) {
   if (!j.contains(key)) return "";
   const json& v = j[key];
-  return v.is_string() ? v.get<std::string>() : v.dump();
+  return v.is_string() ? v.get<std::string>() : shown_json(v);
 }
 
 void check_same_key(const Side& sim, const Side& real, const char* key) {
@@ -114,8 +106,8 @@ void check_same_key(const Side& sim, const Side& real, const char* key) {
   }
   if (a != b) {
     throw InputError("", key,
-                     fmt::format("'{}' in {} but '{}' in {}: the files time different schedules", b,
-                                 real.name, a, sim.name));
+                     fmt::format("'{}' in {} but '{}' in {}: the files time different schedules",
+                                 shown(b), real.name, shown(a), sim.name));
   }
 }
 
@@ -138,8 +130,8 @@ void check_same_ops(const Side& sim, const Side& real) {
     for (std::size_t i = 0; i < sl.size(); ++i) {
       if (sl[i] != rl[i]) {
         throw InputError("", "op_labels",
-                         fmt::format("rank {} op {} is {} in {} but {} in {}", r, i, rl[i].dump(),
-                                     real.name, sl[i].dump(), sim.name));
+                         fmt::format("rank {} op {} is {} in {} but {} in {}", r, i,
+                                     shown_json(rl[i]), real.name, shown_json(sl[i]), sim.name));
       }
     }
   }
@@ -245,16 +237,8 @@ double quantile(const std::vector<double>& sorted, double p) {
 }
 
 json read_timed_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot read this file");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    throw InputError(path, "", "not valid JSON (" + parse_problem(e) + ")");
-  }
+  const std::string text = read_input_file(path, path, "", "cannot read this file");
+  json j = parse_json_input(text, path, "not valid JSON");
   check_shape({j, path});
   return j;
 }

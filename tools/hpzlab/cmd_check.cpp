@@ -199,6 +199,9 @@ void run_check(const CheckOptions& opts, int& exit_code) {
                      "only one of them can write to standard output ('-')");
   }
   const bool text_out = to_stdout == 0;
+  std::vector<std::string> inputs = opts.scenarios;
+  inputs.push_back(opts.schedule);
+  check_outputs({{opts.json, "--json"}, {opts.junit, "--junit"}, {opts.sarif, "--sarif"}}, inputs);
   const std::vector<Checked> checked =
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
   std::vector<check::CheckResult> results;

@@ -22,9 +22,14 @@ struct CompareCliOptions {
   double floor_s = 1e-5;  ///< --floor S (checked, then CompareOptions::floor_s)
 };
 
+/** The most ops --top lists (a million: more than any schedule's ops per step). */
+constexpr double kMaxTop = 1e6;
+
 void run_compare(const CompareCliOptions& opts) {
-  require_at_least("--top", static_cast<double>(opts.top), 0);
+  // CLI11 stores 2^63 and beyond as the largest long long: an upper bound refuses them.
+  require_between("--top", static_cast<double>(opts.top), 0, kMaxTop);
   require_at_least("--floor", opts.floor_s, 0);
+  check_outputs({{opts.json, "--json"}}, {opts.sim, opts.real});
   time::CompareOptions compare;
   compare.top = static_cast<std::size_t>(opts.top);
   compare.floor_s = opts.floor_s;
@@ -50,7 +55,7 @@ void setup_compare(CLI::App& app, int& exit_code) {
       ->required();
   sub->add_option("real", opts->real, "JSON of `hpzlab real --json FILE` (the measurement)")
       ->required();
-  sub->add_option("--top", opts->top, "List the N worst-predicted ops (0 or more; default 10)");
+  sub->add_option("--top", opts->top, "List the N worst-predicted ops (0 to 1000000; default 10)");
   sub->add_option("--floor", opts->floor_s,
                   "Leave ops shorter than S seconds in the real run out of the median and p90 "
                   "(0 or more; default 1e-5)");

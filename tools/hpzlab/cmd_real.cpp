@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "real/backend.hpp"
 #include "real/device.hpp"
 #include "real/run.hpp"
 #include "sim/builder.hpp"
@@ -139,9 +140,15 @@ std::string render_json(const Schedule& schedule, const real::RealResult& r) {
   return j.dump(2) + "\n";
 }
 
+/** The longest --timeout, in seconds (a week). */
+constexpr double kMaxTimeoutS = 7 * 24 * 3600;
+
 void run_real(const RealCliOptions& opts, int& exit_code) {
   require_at_least("--runs", opts.runs, 1);
-  require_above("--timeout", opts.timeout_s, 0);
+  // A week: std::chrono's deadline (nanoseconds in 64 bits) overflows past about 9.2e9 s.
+  require_within("--timeout", opts.timeout_s, 0, kMaxTimeoutS);
+  check_outputs({{opts.scenario.json, "--json"}, {opts.trace, "--trace"}},
+                inputs_of(opts.scenario));
   const Scenario sc = load(opts.scenario);
   real::RealOptions ro;
   if (opts.distributed) {
@@ -167,7 +174,16 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   ro.backend = opts.backend;
   ro.compute = opts.compute;
   if (!ro.launch || ro.launch->rank == 0) ro.progress = progress;
-  const real::RealResult result = real::run_real(sc, schedule, ro);
+  real::RealResult result;
+  try {
+    result = real::run_real(sc, schedule, ro);
+  } catch (const real::HangError& e) {
+    // Before any run could start (rank 0's store unreachable, a peer that never came): the
+    // job hangs, exit 1, in one line like every hang.
+    fmt::print(stderr, "hpzlab real: {}\n", e.what());
+    exit_code = kExitFindings;
+    return;
+  }
   const bool hung = result.reference_hung || result.timing.mean.hung;
   exit_code = hung || result.corrupted_runs > 0 ? kExitFindings : kExitOk;
   if (!result.reports) return;  // rank 0 reports for every process
@@ -196,7 +212,7 @@ void setup_real(CLI::App& app, int& exit_code) {
   sub->add_option("--runs", opts->runs, "Timed runs after the reference (default 5)");
   sub->add_option("--timeout", opts->timeout_s,
                   "Seconds any host wait may take before the run is reported as a hang "
-                  "(default 60)");
+                  "(default 60, at most 604800: a week)");
   sub->add_option("--trace", opts->trace, "Chrome trace-event JSON of the first timed run");
   sub->add_option("--backend", opts->backend,
                   "cuda (default: ranks emulated on GPU 0) | host (CPU, every op at issue: no "

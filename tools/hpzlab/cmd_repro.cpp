@@ -1,7 +1,8 @@
 // `hpzlab repro SCENARIO [--steps N] [--runs N] [--mode M] [--json FILE] [--csv FILE]
 // [--plot FILE]`: replays stock, host-sync, event-wait and hpZ off on the same seeds and shows
 // whether the loss goes NaN (or wrong) and whether both fixes train bit for bit like no-hpz.
-// Exit 0 when both fixes match no-hpz, 1 when a fix does not, 2 on bad input. With --schedule
+// Exit 0 when both fixes match no-hpz, 1 when a fix does not or a variant hangs (mismatched
+// collectives: reported, not replayed), 2 on bad input. With --schedule
 // FILE: the taint replay of that one schedule; exit 1 when it went bad in a run.
 #include <fmt/format.h>
 
@@ -44,10 +45,12 @@ replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay
   };
   replay::ReproResult r = replay::run_repro(sc, ro);
   bool fixes_ok = true;
+  bool hangs = false;
   for (const auto& v : r.variants) {
     if (v.name == "host-sync" || v.name == "event-wait") fixes_ok = fixes_ok && v.share_bad() == 0;
+    for (const auto& run : v.runs) hangs = hangs || !run.hang.empty();
   }
-  exit_code = fixes_ok ? kExitOk : kExitFindings;
+  exit_code = fixes_ok && !hangs ? kExitOk : kExitFindings;
   return r;
 }
 
@@ -73,6 +76,8 @@ replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::Re
 void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
   if (o.steps) require_at_least("--steps", *o.steps, 1);
   require_at_least("--runs", o.runs, 1);
+  check_outputs({{o.common.json, "--json"}, {o.csv, "--csv"}, {o.plot, "--plot"}},
+                inputs_of(o.common));
   replay::ReproOptions ro;
   ro.runs = o.runs;
   const Scenario sc = load(o.common);
@@ -97,14 +102,17 @@ void setup_repro(CLI::App& app, int& exit_code) {
       "step, losses, share of runs that went bad (exit 0 when both fixes match no-hpz)");
   add_scenario_options(*sub, o->common);
   add_schedule_option(*sub, o->common.schedule);
-  sub->add_option("--steps", o->steps,
-                  "Optimizer steps, 1 or more (default: the scenario's run.steps)");
+  const CLI::Option* steps = sub->add_option(
+      "--steps", o->steps, "Optimizer steps, 1 or more (default: the scenario's run.steps)");
   sub->add_option("--runs", o->runs, "Runs, seeds run.seed, run.seed + 1, ... (1 or more)");
   sub->add_option("--mode", o->mode, "numeric | taint | auto (numeric when the model is small)")
       ->check(CLI::IsMember({"auto", "numeric", "taint"}));
   sub->add_option("--csv", o->csv, "Write the loss per step, variant and run as CSV to FILE");
   sub->add_option("--plot", o->plot, "Write the loss curves as an SVG plot to FILE");
-  sub->callback([o, &exit_code] { run_repro_cmd(*o, exit_code); });
+  sub->callback([o, steps, &exit_code] {
+    require_value(*steps, o->steps.has_value());
+    run_repro_cmd(*o, exit_code);
+  });
 }
 
 }  // namespace hpz::cli

@@ -18,6 +18,7 @@ struct ScheduleOptions {
 };
 
 void run_schedule(const ScheduleOptions& opts, int& exit_code) {
+  check_outputs({{opts.common.json, "--json"}}, inputs_of(opts.common));
   Scenario sc = load(opts.common);
   const Schedule schedule = schedule_for(sc, opts.common.schedule);
   if (opts.rank && (*opts.rank < 0 || *opts.rank >= schedule.world_size)) {
@@ -48,8 +49,12 @@ void setup_schedule(CLI::App& app, int& exit_code) {
       "ops (--rank) or all ranks as JSON (--json)");
   add_scenario_options(*sub, opts->common);
   add_schedule_option(*sub, opts->common.schedule);
-  sub->add_option("--rank", opts->rank, "Print the operations of this rank, one line each");
-  sub->callback([opts, &exit_code] { run_schedule(*opts, exit_code); });
+  const CLI::Option* rank =
+      sub->add_option("--rank", opts->rank, "Print the operations of this rank, one line each");
+  sub->callback([opts, rank, &exit_code] {
+    require_value(*rank, opts->rank.has_value());
+    run_schedule(*opts, exit_code);
+  });
 }
 
 }  // namespace hpz::cli

@@ -34,6 +34,8 @@ void progress(double done, int total) {
 
 void run_sim(const SimCliOptions& opts, int& exit_code) {
   require_at_least("--runs", opts.runs, 1);
+  check_outputs({{opts.scenario.json, "--json"}, {opts.trace, "--trace"}},
+                inputs_of(opts.scenario));
   Scenario sc = load(opts.scenario);
   const Schedule schedule = schedule_for(sc, opts.scenario.schedule);
   time::SimOptions sim_opts;

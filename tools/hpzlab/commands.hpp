@@ -28,6 +28,9 @@ void add_scenario_options(CLI::App& sub, ScenarioOptions& opts);
 /** Binds --schedule FILE on a subcommand. */
 void add_schedule_option(CLI::App& sub, std::string& file);
 
+/** The files a run reads: the scenario and the --schedule file, if any. */
+std::vector<std::string> inputs_of(const ScenarioOptions& opts);
+
 /** Loads the scenario with its overrides; throws InputError. */
 Scenario load(const ScenarioOptions& opts);
 
@@ -54,9 +57,23 @@ auto on_schedule(const std::string& file, Fn&& fn) -> decltype(fn()) {
   }
 }
 
-/** Writes text to path ("-" = standard output) all at once: a temporary file renamed into
- *  place, so a failed run never leaves a half-written file. Throws InputError naming the path
- *  and `flag`, the option the path was given to (e.g. "--trace"), if it cannot. */
+/** An output file of a run and the flag it was given to (e.g. "--trace"). */
+struct OutputFile {
+  std::string path;  ///< "" = not asked for, "-" = standard output
+  std::string flag;
+};
+
+/** Checks every output of a run before anything is written (or computed): each can be
+ *  written (an existing directory that is writable, not a directory itself), none is one of
+ *  `inputs` (the scenario, a schedule file), no two name the same file. Throws InputError
+ *  naming the path and its flag. */
+void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<std::string>& inputs);
+
+/** Writes text to path ("-" = standard output) all at once: a temporary file next to the
+ *  file (a symlink's target) renamed into place, so a failed run never leaves a half-written
+ *  file; a FIFO or device (/dev/null) is written directly, never replaced. Throws InputError
+ *  naming the path and `flag`, the option the path was given to (e.g. "--trace"), if it
+ *  cannot. */
 void write_output(const std::string& path, const std::string& text, const std::string& flag);
 
 /** True when progress is shown: standard error is a terminal. */
@@ -81,8 +98,16 @@ void run_showing_progress(double done, int total, const std::string& what,
  *  so that the error is one line like every other input error. */
 void require_at_least(const std::string& flag, double value, double min);
 
-/** As require_at_least, for a flag that must be greater than `bound` (e.g. a timeout). */
-void require_above(const std::string& flag, double value, double bound);
+/** Throws InputError ("FLAG: expected a value, got ''") when `option` was given but left
+ *  `has_value` false: CLI11 reads '' into an optional<int> as no value at all. */
+void require_value(const CLI::Option& option, bool has_value);
+
+/** As require_at_least, for a flag that must be in [min, max]. */
+void require_between(const std::string& flag, double value, double min, double max);
+
+/** As require_at_least, for a flag that must be greater than `bound` and at most `max` (a
+ *  timeout: `inf` or 1e300 s would overflow the clock's deadline). */
+void require_within(const std::string& flag, double value, double bound, double max);
 
 /** Registers `hpzlab schedule`; the callback stores its exit code in exit_code. */
 void setup_schedule(CLI::App& app, int& exit_code);

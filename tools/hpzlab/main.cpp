@@ -5,9 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
-#include <fstream>
-#include <system_error>
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
@@ -32,6 +29,10 @@ void add_schedule_option(CLI::App& sub, std::string& file) {
                  "`hpzlab schedule --json`) instead of building one; the scenario supplies the "
                  "cluster (its world size must be the schedule's), costs and run settings, and "
                  "run.steps becomes the schedule's step count");
+}
+
+std::vector<std::string> inputs_of(const ScenarioOptions& opts) {
+  return {opts.scenario, opts.schedule};
 }
 
 Scenario load(const ScenarioOptions& opts) {
@@ -69,36 +70,27 @@ Schedule schedule_for(Scenario& sc, const std::string& file) {
   return s;
 }
 
-void write_output(const std::string& path, const std::string& text, const std::string& flag) {
-  if (path == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    return;
-  }
-  const std::filesystem::path target(path);
-  std::filesystem::path tmp = target;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    if (!out.flush()) throw InputError(path, flag, "cannot write this file");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, target, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw InputError(path, flag, "cannot write this file");
-  }
-}
-
 void require_at_least(const std::string& flag, double value, double min) {
   if (value >= min) return;
   throw InputError("", flag, fmt::format("{} is out of range (allowed: {} or more)", value, min));
 }
 
-void require_above(const std::string& flag, double value, double bound) {
-  if (value > bound) return;
+void require_value(const CLI::Option& option, bool has_value) {
+  if (option.count() == 0 || has_value) return;
+  throw InputError("", option.get_name(), "expected a value, got ''");
+}
+
+void require_between(const std::string& flag, double value, double min, double max) {
+  if (value >= min && value <= max) return;
   throw InputError("", flag,
-                   fmt::format("{} is out of range (allowed: more than {})", value, bound));
+                   fmt::format("{} is out of range (allowed: {} to {})", value, min, max));
+}
+
+void require_within(const std::string& flag, double value, double bound, double max) {
+  if (value > bound && value <= max) return;
+  throw InputError(
+      "", flag,
+      fmt::format("{} is out of range (allowed: more than {} and at most {})", value, bound, max));
 }
 
 std::string version() {

@@ -1,0 +1,63 @@
+#!/bin/bash
+# Hostile input the one-line cases of tests/cli/*.txt cannot express (issue 20):
+# `tests/cli/hostile.sh HPZLAB`, run from the repository root.
+# Output paths (items 1 and 14): a symlink is written through (its target replaced, the link
+# kept), a FIFO is written into (never replaced by a file), a directory at PATH.tmp does not stop
+# the write, and a run whose later output cannot be written writes none of its outputs.
+# Empty arguments (item 15): '' for a numeric flag is refused, not read as "not given".
+set -u
+hpzlab=$1
+dir=$(mktemp -d "${TMPDIR:-/tmp}/hpzlab-hostile.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+failed=0
+fail() {
+  echo "FAIL: $*"
+  failed=1
+}
+scenario=scenarios/tiny.toml
+
+# A symlink: the link stays, its target gets the JSON.
+echo old >"$dir/target.json"
+ln -s target.json "$dir/link.json"
+"$hpzlab" schedule $scenario --json "$dir/link.json" >/dev/null || fail "symlink: exit $?"
+[ -L "$dir/link.json" ] || fail "symlink: the link was replaced"
+grep -q '"format":"hpzlab-schedule"' "$dir/target.json" || fail "symlink: the target is not written"
+
+# A FIFO: its reader gets the JSON, the FIFO stays a FIFO.
+mkfifo "$dir/fifo.json"
+timeout 60 cat "$dir/fifo.json" >"$dir/from-fifo" &
+reader=$!
+"$hpzlab" schedule $scenario --json "$dir/fifo.json" >/dev/null || fail "fifo: exit $?"
+wait $reader
+[ -p "$dir/fifo.json" ] || fail "fifo: replaced by a file"
+grep -q '"format":"hpzlab-schedule"' "$dir/from-fifo" || fail "fifo: the reader got nothing"
+
+# PATH.tmp is a directory: the write goes through another temporary name.
+mkdir "$dir/out.json.tmp"
+"$hpzlab" schedule $scenario --json "$dir/out.json" >/dev/null || fail "out.json.tmp dir: exit $?"
+grep -q '"format":"hpzlab-schedule"' "$dir/out.json" || fail "out.json.tmp dir: not written"
+[ "$(ls "$dir" | grep -c '\.tmp$')" = 1 ] || fail "out.json.tmp dir: a temporary file was left"
+
+# A later output that cannot be written: nothing is written, exit 2, its own flag named.
+out=$("$hpzlab" sim $scenario --set run.steps=1 --json "$dir/sim.json" --trace "$dir/no/t.json" 2>&1)
+rc=$?
+[ $rc = 2 ] || fail "unwritable --trace: exit $rc"
+[ -e "$dir/sim.json" ] && fail "unwritable --trace: --json was written anyway"
+[ "$out" = "hpzlab: error: $dir/no/t.json: --trace: cannot write this file" ] ||
+  fail "unwritable --trace: message '$out'"
+
+# The same file through a symlink is still the same file.
+out=$("$hpzlab" sim $scenario --json "$dir/target.json" --trace "$dir/link.json" 2>&1)
+[ $? = 2 ] || fail "the same file twice: not refused"
+case "$out" in *"--trace: is also given to --json"*) ;; *) fail "the same file twice: '$out'" ;; esac
+
+# An empty value for a flag that takes a number.
+out=$("$hpzlab" schedule $scenario --rank '' 2>&1)
+[ $? = 2 ] && [ "$out" = "hpzlab: error: --rank: expected a value, got ''" ] ||
+  fail "--rank '': '$out'"
+out=$("$hpzlab" repro $scenario --steps '' 2>&1)
+[ $? = 2 ] && [ "$out" = "hpzlab: error: --steps: expected a value, got ''" ] ||
+  fail "--steps '': '$out'"
+
+[ $failed = 0 ] && echo "hostile input: all cases pass"
+exit $failed
