@@ -57,6 +57,7 @@ std::string step_text(const replay::StepRecord& s, replay::Mode mode) {
 void run_explore(const ExploreCliOptions& o, int& exit_code) {
   require_at_least("--budget", o.budget, 1);
   require_at_least("--depth", o.depth, 1);
+  check_outputs({{o.common.json, "--json"}, {o.order_out, "--order-out"}}, inputs_of(o.common));
   Scenario sc = load(o.common);
   if (sc.run.builder == "deepspeed") {
     throw InputError(sc.path, "run.builder",

@@ -3,12 +3,11 @@
 // that CI compares it with (docs/orders.md).
 #include <fmt/format.h>
 
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 #include "sim/order.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -47,10 +46,7 @@ GoldenOrder golden_now(const std::string& scenario, const std::vector<std::strin
 }
 
 GoldenOrder read_golden(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream text;
-  if (!in || !(text << in.rdbuf())) throw InputError(file, "", "cannot read this golden file");
-  return parse_golden_order(text.str(), file);
+  return parse_golden_order(read_input_file(file, file, "", "cannot read this golden file"), file);
 }
 
 std::string command_of(const GoldenOrder& g) {
@@ -102,6 +98,7 @@ void print_orders(const OrderOptions& opts) {
         fmt::format("rank {} does not exist (allowed: 0 to {})", *opts.rank, s.world_size - 1));
   }
   if (!opts.golden.empty()) {
+    check_outputs({{opts.golden, "--golden"}}, {opts.scenario});
     const GoldenOrder g = make_golden_order(s, opts.scenario, opts.sets, built_by(s));
     write_output(opts.golden, golden_order_text(g), "--golden");
     std::printf("%s: golden order of %s (%s) written\n", opts.golden.c_str(), command_of(g).c_str(),
