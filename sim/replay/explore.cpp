@@ -187,20 +187,6 @@ class OrderScheduler {
   Timeline timeline_;
 };
 
-int first_difference(const ReplayResult& a, const ReplayResult& ref) {
-  for (std::size_t k = 0; k < std::max(a.steps.size(), ref.steps.size()); ++k) {
-    if (k >= a.steps.size() || k >= ref.steps.size()) return static_cast<int>(k);
-    ReplayResult x;
-    ReplayResult y;
-    x.mode = a.mode;
-    y.mode = ref.mode;
-    x.steps = {a.steps[k]};
-    y.steps = {ref.steps[k]};
-    if (!same_result(x, y)) return static_cast<int>(k);
-  }
-  return -1;
-}
-
 }  // namespace
 
 ExploredOrder run_order(const Schedule& schedule, const OrderChooser& choose,
@@ -253,6 +239,20 @@ OrderChooser timing_chooser(const Timeline& timing) {
       if (start(k) < start(best)) best = k;
     return best;
   };
+}
+
+int first_difference(const ReplayResult& a, const ReplayResult& ref) {
+  for (std::size_t k = 0; k < std::max(a.steps.size(), ref.steps.size()); ++k) {
+    if (k >= a.steps.size() || k >= ref.steps.size()) return static_cast<int>(k);
+    ReplayResult x;
+    ReplayResult y;
+    x.mode = a.mode;
+    y.mode = ref.mode;
+    x.steps = {a.steps[k]};
+    y.steps = {ref.steps[k]};
+    if (!same_result(x, y)) return static_cast<int>(k);
+  }
+  return -1;
 }
 
 bool same_result(const ReplayResult& a, const ReplayResult& b) {

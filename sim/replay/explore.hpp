@@ -121,6 +121,10 @@ ExploreResult explore(const Scenario& scenario, const Schedule& schedule,
                       const std::vector<RacePair>& pairs, const Timeline& timing,
                       const ExploreOptions& options);
 
+/** The first step in which `a` differs from `reference` (same_result on that step), -1 when
+ *  none does. */
+int first_difference(const ReplayResult& a, const ReplayResult& reference);
+
 /** True when two replays agree bit for bit: per step the loss and weights hash (numeric), or
  *  the loss's health, bad elements, ranks and units (taint). */
 bool same_result(const ReplayResult& a, const ReplayResult& b);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 
 namespace hpz::replay {
 namespace {
@@ -46,9 +47,9 @@ std::string explored_order_text(const Schedule& s, const std::string& scenario,
 }
 
 Timeline read_explored_order(const std::string& text, const std::string& file, const Schedule& s) {
-  const json doc = json::parse(text, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object())
-    throw InputError(file, "", "not valid JSON (an order file from hpzlab explore --order-out)");
+  const json doc = parse_json_input(text, file, "not valid JSON");
+  if (!doc.is_object())
+    throw InputError(file, "", "not an order file from hpzlab explore --order-out");
   if (doc.value("format", "") != kFormat) {
     throw InputError(file, "format",
                      fmt::format("not an explored order (allowed: \"{}\")", kFormat));

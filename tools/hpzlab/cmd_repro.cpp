@@ -8,11 +8,16 @@
 
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/input.hpp"
+#include "sim/replay/explore.hpp"
+#include "sim/replay/explored_order.hpp"
 #include "sim/replay/repro.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -27,6 +32,7 @@ struct ReproCliOptions {
   std::string mode = "auto";
   std::string csv;
   std::string plot;
+  std::string order;  ///< --order FILE: replay that explored order (hpzlab explore --order-out)
 };
 
 /** The four variants of the scenario; exit 0 when both fixes match no-hpz. */
@@ -73,7 +79,78 @@ replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::Re
   return r;
 }
 
+std::string order_step_text(const replay::StepRecord& s, replay::Mode mode) {
+  if (mode == replay::Mode::kNumeric)
+    return fmt::format("loss {}, weights after it {:016x}", s.loss, s.weights_hash);
+  return fmt::format("{} bad weight element{} after it", s.bad_elements,
+                     s.bad_elements == 1 ? "" : "s");
+}
+
+/** --order FILE: the scenario's schedule replayed along that order and along the serialized
+ *  one; exit 1 when the weights differ (the order corrupts them), 0 when they agree. */
+void repro_order(const ReproCliOptions& o, int& exit_code) {
+  if (!o.common.schedule.empty() || o.steps || o.runs != 1 || !o.csv.empty() || !o.plot.empty()) {
+    throw InputError("", "--order",
+                     "replays one order of the scenario's own schedule: it takes no --schedule, "
+                     "--steps, --runs, --csv or --plot");
+  }
+  check_outputs({{o.common.json, "--json"}}, {o.common.scenario, o.order});
+  const Scenario sc = load(o.common);
+  if (sc.run.builder == "deepspeed") {
+    throw InputError(sc.path, "run.builder",
+                     "the data replay cannot follow the DeepSpeed builder's schedules yet");
+  }
+  if (o.mode == "numeric" && !replay::numeric_fits(sc)) {
+    throw InputError(o.common.scenario, "--mode",
+                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
+                     "(use taint or auto)");
+  }
+  const replay::Mode mode = o.mode == "taint" || (o.mode == "auto" && !replay::numeric_fits(sc))
+                                ? replay::Mode::kTaint
+                                : replay::Mode::kNumeric;
+  const Schedule schedule = build_schedule(sc);
+  const Timeline order = replay::read_explored_order(
+      read_input_file(o.order, o.order, "--order", "cannot read this order file"), o.order,
+      schedule);
+  const replay::ReplayResult r = replay::replay(sc, schedule, order, mode);
+  const replay::ReplayResult ref =
+      replay::replay(sc, schedule, replay::serialized_timeline(schedule), mode);
+  const int bad = replay::first_difference(r, ref);
+  const char* mode_name = mode == replay::Mode::kNumeric ? "numeric" : "taint";
+  std::string text = fmt::format("{} [{}] along the order in {} ({} replay):\n", sc.path,
+                                 schedule.variant, o.order, mode_name);
+  nlohmann::json steps = nlohmann::json::array();
+  for (std::size_t k = 0; k < r.steps.size() && k < ref.steps.size(); ++k) {
+    const bool same = bad < 0 || static_cast<int>(k) < bad;
+    text += fmt::format("  step {}: {}; serialized reference: {}{}\n", k,
+                        order_step_text(r.steps[k], mode), order_step_text(ref.steps[k], mode),
+                        same ? "" : "  <- differs");
+    steps.push_back({{"step", k},
+                     {"loss", r.steps[k].loss},
+                     {"reference_loss", ref.steps[k].loss},
+                     {"weights_hash", r.steps[k].weights_hash},
+                     {"reference_weights_hash", ref.steps[k].weights_hash},
+                     {"bad_elements", r.steps[k].bad_elements},
+                     {"reference_bad_elements", ref.steps[k].bad_elements}});
+  }
+  text += bad < 0
+              ? "the weights are the serialized reference's, bit for bit\n"
+              : fmt::format("the weights differ from the serialized reference from step {}\n", bad);
+  if (!o.common.json.empty()) {
+    const nlohmann::json j{{"scenario", sc.path}, {"variant", schedule.variant},
+                           {"order", o.order},    {"mode", mode_name},
+                           {"steps", steps},      {"first_bad_step", bad}};
+    write_output(o.common.json, j.dump(2) + "\n", "--json");
+  }
+  if (o.common.json != "-") std::fwrite(text.data(), 1, text.size(), stdout);
+  exit_code = bad < 0 ? kExitOk : kExitFindings;
+}
+
 void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
+  if (!o.order.empty()) {
+    repro_order(o, exit_code);
+    return;
+  }
   if (o.steps) require_at_least("--steps", *o.steps, 1);
   require_at_least("--runs", o.runs, 1);
   check_outputs({{o.common.json, "--json"}, {o.csv, "--csv"}, {o.plot, "--plot"}},
@@ -109,6 +186,10 @@ void setup_repro(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"auto", "numeric", "taint"}));
   sub->add_option("--csv", o->csv, "Write the loss per step, variant and run as CSV to FILE");
   sub->add_option("--plot", o->plot, "Write the loss curves as an SVG plot to FILE");
+  sub->add_option(
+      "--order", o->order,
+      "Replay the scenario's schedule along this explored order (hpzlab explore "
+      "--order-out FILE) and compare with the serialized one (exit 1 when they differ)");
   sub->callback([o, steps, &exit_code] {
     require_value(*steps, o->steps.has_value());
     run_repro_cmd(*o, exit_code);
