@@ -230,6 +230,7 @@ const std::vector<KeySpec>& key_specs() {
          sc.training.dtype = choice_of(v, k, kDtypeNames);
        }},
       {"zero", "ds_config", Kind::kText, nullptr},
+      {"zero", "stage", Kind::kInteger, HPZ_SET(zero.stage, int_of)},
       {"zero", "zero_hpz_partition_size", Kind::kInteger,
        HPZ_SET(zero.zero_hpz_partition_size, int_of)},
       {"zero", "zero_quantized_weights", Kind::kBool,
@@ -549,6 +550,14 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins) {
     scenario.notes.push_back(
         fmt::format("ds_config {}: ignored (not modelled): {}", file, joined(ignored)));
   }
+  if (!zero.contains("stage")) {
+    // get_zero_config builds DeepSpeedZeroConfig from zero_optimization (or {} without it), and
+    // its stage defaults to 0 (deepspeed/runtime/zero/config.py, v0.13.4 lines 63-70 and 87).
+    scenario.zero.stage = 0;
+    origins["zero.stage"] = file;
+    scenario.notes.push_back(fmt::format(
+        "ds_config {}: no zero_optimization.stage: DeepSpeed's default, stage 0 (ZeRO off)", file));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -619,6 +628,15 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
     if (!setting || !spec.apply) continue;
     spec.apply(scenario, *setting, spec.dotted());
     origins[spec.dotted()] = setting->where;
+  }
+  ZeroConfig& z = scenario.zero;
+  if (z.stage >= 0 && z.stage < 3 && z.zero_hpz_partition_size > 1) {
+    // DeepSpeed builds hpZ's secondary partitions in zero.Init, which only stage 3 uses.
+    scenario.notes.push_back(fmt::format(
+        "zero.stage = {}: DeepSpeed uses hpZ (zero_hpz_partition_size = {}) only at ZeRO stage "
+        "3; hpzlab models stage 3 only, and checks stage 3 without hpZ in its place",
+        z.stage, z.zero_hpz_partition_size));
+    z.zero_hpz_partition_size = 1;
   }
   return scenario;
 }
@@ -840,6 +858,8 @@ std::vector<std::string> divisors(int n) {
 }
 
 void check_zero(const ZeroConfig& z, int world, const WhereOf& where_of) {
+  require(z.stage >= 0 && z.stage <= 3, where_of, "zero.stage",
+          fmt::format("{} is out of range (allowed: 0, 1, 2 or 3)", z.stage));
   const std::string hpz_key = "zero.zero_hpz_partition_size";
   const std::string allowed_hpz = allowed(divisors(world));
   at_least(z.zero_hpz_partition_size, 1, where_of, hpz_key);

@@ -71,6 +71,10 @@ struct TrainingConfig {
 
 /** [zero]: the DeepSpeed ZeRO-3 / ZeRO++ keys, under their DeepSpeed names and defaults. */
 struct ZeroConfig {
+  /// ZeRO stage. hpzlab models stage 3; below it DeepSpeed partitions no parameters and uses no
+  /// hpZ, so a lower stage turns hpZ off (with a note). A ds_config without it means stage 0,
+  /// DeepSpeed's default (deepspeed/runtime/zero/config.py, v0.13.4 line 87).
+  int stage = 3;
   int zero_hpz_partition_size = 1;                        ///< P', ranks per hpZ group (1 = hpZ off)
   bool zero_quantized_weights = false;                    ///< qwZ
   bool zero_quantized_gradients = false;                  ///< qgZ

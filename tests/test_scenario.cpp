@@ -328,7 +328,7 @@ TEST_F(ScenarioFile, MalformedAndMissingJsonNameTheFile) {
   write("ds4.json", "{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": 5.5e0}}");
   EXPECT_HAS(load_error("[zero]\nds_config = \"ds4.json\"\n"),
              "ds4.json: zero_optimization.stage3_prefetch_bucket_size: expected an integer");
-  write("ds5.json", "{\"zero_optimization\": {\"zero_hpz_partition_size\": 3}}");
+  write("ds5.json", "{\"zero_optimization\": {\"stage\": 3, \"zero_hpz_partition_size\": 3}}");
   EXPECT_HAS(load_error("[zero]\nds_config = \"ds5.json\"\n"),
              "ds5.json: zero.zero_hpz_partition_size: 3 does not divide the world size 16");
 }
@@ -500,7 +500,7 @@ TEST_F(ScenarioFile, UnreadableAndMalformedFiles) {
 
   const std::string bad = write("bad.toml", "[zero]\noverlap_comm = true\nstage = = 3\n");
   const std::string malformed = error_of([&] { load_scenario(bad); });
-  EXPECT_HAS(malformed, "bad.toml: line 3");
+  EXPECT_HAS(malformed, "bad.toml: zero.stage: line 3");
   EXPECT_HAS(malformed, "malformed TOML");
   const std::string twice = write("twice.toml", "[zero]\noverlap_comm = true\noverlap_comm = 1\n");
   // The key on the line is named too (issue 20).
@@ -510,7 +510,7 @@ TEST_F(ScenarioFile, UnreadableAndMalformedFiles) {
 TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
   const std::string key = load_error("[zero]\noverlap_com = false\n");
   EXPECT_HAS(key, "s.toml: zero.overlap_com: unknown key; did you mean 'zero.overlap_comm'?");
-  EXPECT_HAS(key, "allowed in [zero]: ds_config, zero_hpz_partition_size,");
+  EXPECT_HAS(key, "allowed in [zero]: ds_config, stage, zero_hpz_partition_size,");
   const std::string section = load_error("[zeroo]\noverlap_comm = false\n");
   EXPECT_HAS(section,
              "s.toml: zeroo.overlap_comm: unknown section 'zeroo'; did you mean "

@@ -94,6 +94,7 @@ struct Checked {
   int steps = 0;           ///< optimizer steps in the checked schedule
   bool from_file = false;  ///< --schedule FILE: its steps are the recording's
   bool coarse = false;     ///< built by the coarse builder
+  std::vector<std::string> notes;  ///< what loading the scenario noted (Scenario::notes)
 };
 
 /** Scenario i of n on the progress bar (a terminal only): building its schedule fills the
@@ -138,7 +139,8 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     check::CheckResult result;
     run_showing_progress(static_cast<double>(i) + 0.5, total, progress_what(i, n, "checking", path),
                          [&] { result = check::check_schedule(schedule); });
-    results.push_back({std::move(result), sc.run.steps, false, sc.run.builder == "coarse"});
+    results.push_back(
+        {std::move(result), sc.run.steps, false, sc.run.builder == "coarse", sc.notes});
   }
   progress_bar(
       total, total,
@@ -185,10 +187,13 @@ std::string one_step_note(const Checked& c) {
       c.steps, c.from_file ? "record 2 steps or more" : "--set run.steps=2 or more");
 }
 
-/** The note under a verdict in the text, or nothing. */
+/** The notes under a verdict in the text: the scenario's (what was read, ignored, defaulted),
+ *  then the one-step note. */
 std::string note_line(const Checked& c) {
+  std::string out;
+  for (const std::string& n : c.notes) out += "  note: " + n + "\n";
   const std::string note = one_step_note(c);
-  return note.empty() ? "" : "  note: " + note + "\n";
+  return note.empty() ? out : out + "  note: " + note + "\n";
 }
 
 void run_check(const CheckOptions& opts, int& exit_code) {
@@ -217,6 +222,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     nlohmann::json j = nlohmann::json::parse(check::JsonReporter().render(results));
     nlohmann::json notes = nlohmann::json::array();
     for (const Checked& c : checked) {
+      for (const std::string& n : c.notes) notes.push_back(c.result.scenario + ": " + n);
       if (const std::string n = one_step_note(c); !n.empty()) {
         notes.push_back(c.result.scenario + ": " + n);
       }
