@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <variant>
 
@@ -506,14 +507,95 @@ Setting ds_offload(const json& value, const std::string& file) {
   return Setting{Raw{name != "none"}, file, {}};
 }
 
-void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins) {
+/** A ds_config's batch keys, reconciled once the world size is known (reconcile_batch). */
+struct DsBatch {
+  std::string file;
+  std::optional<std::int64_t> train_batch;  ///< train_batch_size
+  std::optional<std::int64_t> micro;        ///< train_micro_batch_size_per_gpu
+  std::optional<std::int64_t> accum;        ///< gradient_accumulation_steps
+};
+
+/** A top-level batch key of the ds_config: none when absent or "auto" (the HF Trainer fills
+ *  "auto" values itself; DeepSpeed never sees them), else a positive integer. */
+std::optional<std::int64_t> ds_batch_key(Scenario& sc, const json& config, const std::string& name,
+                                         const std::string& file) {
+  if (!config.contains(name)) return std::nullopt;
+  const json& value = config[name];
+  if (value.is_string() && value.get<std::string>() == "auto") {
+    sc.notes.push_back(fmt::format(
+        "ds_config {}: {} is \"auto\" (the HF Trainer fills it in): hpzlab keeps its own value",
+        file, name));
+    return std::nullopt;
+  }
+  const std::int64_t v = int64_of(json_setting(value, file, name, "an integer"), name);
+  if (v < 1 || v > std::numeric_limits<int>::max()) {
+    throw InputError(file, name,
+                     fmt::format("{} is out of range (allowed: 1 to {})", v,
+                                 std::numeric_limits<int>::max()));
+  }
+  return v;
+}
+
+/** bf16 / fp16 as DeepSpeed reads them: {"enabled": bool}, false when absent (runtime/config.py,
+ *  v0.13.4 lines 158-169: bf16 also under its old name "bfloat16"); "auto" is a note. */
+bool ds_precision_enabled(Scenario& sc, const json& config, const std::vector<std::string>& names,
+                          const std::string& file) {
+  for (const std::string& name : names) {
+    if (!config.contains(name)) continue;
+    const json& section = config[name];
+    if (!section.is_object())
+      throw InputError(file, name, "expected an object such as {\"enabled\": true}");
+    if (!section.contains("enabled")) return false;
+    const json& enabled = section["enabled"];
+    if (enabled.is_string() && enabled.get<std::string>() == "auto") {
+      sc.notes.push_back(fmt::format(
+          "ds_config {}: {}.enabled is \"auto\" (the HF Trainer fills it in): not enabled here",
+          file, name));
+      return false;
+    }
+    return bool_of(json_setting(enabled, file, name + ".enabled", "a boolean"), name + ".enabled");
+  }
+  return false;
+}
+
+/** The dtype the ds_config trains in: bf16, fp16, else fp32 (DeepSpeed refuses both). */
+void apply_ds_precision(Scenario& sc, const json& config, const std::string& file,
+                        Origins& origins) {
+  const bool bf16 = ds_precision_enabled(sc, config, {"bf16", "bfloat16"}, file);
+  const bool fp16 = ds_precision_enabled(sc, config, {"fp16"}, file);
+  if (bf16 && fp16) {
+    // runtime/config.py, v0.13.4 line 831: 'bfloat16 and fp16 modes cannot be simultaneously
+    // enabled'.
+    throw InputError(file, "bf16", "and fp16 are both enabled (allowed: at most one, as DeepSpeed)");
+  }
+  sc.training.dtype = bf16 ? "bf16" : fp16 ? "fp16" : "fp32";
+  origins["training.dtype"] = file;
+  if (!bf16 && !fp16) {
+    sc.notes.push_back(
+        fmt::format("ds_config {}: neither bf16 nor fp16 enabled: training.dtype = fp32", file));
+  }
+}
+
+void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsBatch& batch) {
   const fs::path path = resolve(s, "zero.ds_config");
   const json config = read_json(s, "zero.ds_config", path);
   const std::string file = path.string();
   std::vector<std::string> ignored;
+  const std::set<std::string> read_here = {"zero_optimization",
+                                           "train_batch_size",
+                                           "train_micro_batch_size_per_gpu",
+                                           "gradient_accumulation_steps",
+                                           "bf16",
+                                           "bfloat16",
+                                           "fp16"};
   for (const auto& [name, value] : config.items()) {
-    if (name != "zero_optimization") ignored.push_back(name);
+    if (read_here.count(name) == 0) ignored.push_back(name);
   }
+  batch.file = file;
+  batch.train_batch = ds_batch_key(scenario, config, "train_batch_size", file);
+  batch.micro = ds_batch_key(scenario, config, "train_micro_batch_size_per_gpu", file);
+  batch.accum = ds_batch_key(scenario, config, "gradient_accumulation_steps", file);
+  apply_ds_precision(scenario, config, file, origins);
   const json zero = config.value("zero_optimization", json::object());
   if (!zero.is_object()) {
     throw InputError(file, "zero_optimization", "expected an object, got " + shown_json(zero));
@@ -615,20 +697,75 @@ void apply_model_source(Scenario& scenario, Settings& settings, Origins& origins
   }
 }
 
+/** DeepSpeed's batch rule (runtime/config.py, v0.13.4 lines 914-974): of train_batch_size,
+ *  train_micro_batch_size_per_gpu and gradient_accumulation_steps, the missing ones follow from
+ *  the others and the world size (accumulation 1 when only one is given), and the three must
+ *  satisfy train = micro x accumulation x world. Sets training.micro_batch and grad_accum unless
+ *  the scenario or --set gave them (a note when those differ from the ds_config's). */
+void reconcile_batch(Scenario& sc, const DsBatch& b, const Origins& origins) {
+  if (!b.train_batch && !b.micro) {
+    sc.notes.push_back(fmt::format(
+        "ds_config {}: neither train_batch_size nor train_micro_batch_size_per_gpu is given "
+        "(DeepSpeed asserts one is): training.micro_batch stays {}",
+        b.file, sc.training.micro_batch));
+    if (!b.accum) return;
+  }
+  const std::int64_t world = sc.cluster.world_size();
+  std::int64_t micro = b.micro.value_or(sc.training.micro_batch);
+  std::int64_t accum = b.accum.value_or(1);
+  if (b.train_batch) {
+    // The missing ones by DeepSpeed's integer divisions, then its assertion
+    // train == micro x accum x world (checked by division: the product could overflow).
+    const std::int64_t train = *b.train_batch;
+    if (b.micro && !b.accum) accum = train / micro / world;
+    if (!b.micro) micro = train / world / accum;
+    const bool holds = micro >= 1 && accum >= 1 && train % world == 0 &&
+                       (train / world) % accum == 0 && train / world / accum == micro;
+    if (!holds) {
+      throw InputError(
+          b.file, "train_batch_size",
+          fmt::format("{} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} "
+                      "x world size {} (DeepSpeed refuses this; allowed: the product)",
+                      train, micro, accum, world));
+    }
+  }
+  auto take = [&](int& field, std::int64_t value, const std::string& key, const char* name) {
+    if (origins.count(key) != 0) {
+      if (field != value) {
+        sc.notes.push_back(fmt::format("{} = {} from {} overrides the ds_config's {} {}", key,
+                                       field, origins.at(key), name, value));
+      }
+      return;
+    }
+    field = static_cast<int>(std::min<std::int64_t>(value, std::numeric_limits<int>::max()));
+  };
+  take(sc.training.micro_batch, micro, "training.micro_batch", "train_micro_batch_size_per_gpu");
+  take(sc.training.grad_accum, accum, "training.grad_accum", "gradient_accumulation_steps");
+}
+
 Scenario build(const std::string& path, Settings& settings, Origins& origins) {
   Scenario scenario;
   scenario.path = path;
   scenario.cluster.gpu = gpu_preset("a100-80g");
   apply_model_source(scenario, settings, origins);
+  DsBatch batch;
   if (const Setting* ds = find_setting(settings, "zero.ds_config")) {
-    apply_ds_config(scenario, *ds, origins);
+    apply_ds_config(scenario, *ds, origins, batch);
   }
+  // The user's ds_config and HF config set some keys above; a key given in the scenario or with
+  // --set overrides them, and says so (issue 17: nothing overridden silently).
+  const Origins from_files = origins;
   for (const KeySpec& spec : key_specs()) {
     const Setting* setting = find_setting(settings, spec.dotted());
     if (!setting || !spec.apply) continue;
     spec.apply(scenario, *setting, spec.dotted());
     origins[spec.dotted()] = setting->where;
+    if (const auto it = from_files.find(spec.dotted()); it != from_files.end()) {
+      scenario.notes.push_back(fmt::format("{} from {} overrides the value {} gives", spec.dotted(),
+                                           setting->where, it->second));
+    }
   }
+  if (!batch.file.empty()) reconcile_batch(scenario, batch, origins);
   ZeroConfig& z = scenario.zero;
   if (z.stage >= 0 && z.stage < 3 && z.zero_hpz_partition_size > 1) {
     // DeepSpeed builds hpZ's secondary partitions in zero.Init, which only stage 3 uses.

@@ -282,12 +282,19 @@ TEST(ModelFiles, DeepSpeedConfig) {
   const std::string ignored =
       *std::find_if(s.notes.begin(), s.notes.end(),
                     [](const std::string& n) { return n.find("ignored") != std::string::npos; });
-  for (const char* key : {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16",
-                          "zero_optimization.stage", "zero_optimization.contiguous_gradients",
-                          "zero_optimization.reduce_bucket_size"}) {
+  for (const char* key :
+       {"zero_optimization.contiguous_gradients", "zero_optimization.reduce_bucket_size"}) {
     EXPECT_HAS(ignored, key);
   }
-  EXPECT_EQ(ignored.find("overlap_comm"), std::string::npos) << ignored;
+  // Read, not ignored (issue 17): the stage, the batch keys and the precision.
+  for (const char* key : {"overlap_comm", "train_micro_batch_size_per_gpu",
+                          "gradient_accumulation_steps", "bf16", "zero_optimization.stage,"}) {
+    EXPECT_EQ(ignored.find(key), std::string::npos) << key << ": " << ignored;
+  }
+  EXPECT_EQ(s.zero.stage, 3);
+  EXPECT_EQ(s.training.micro_batch, 1);
+  EXPECT_EQ(s.training.grad_accum, 1);
+  EXPECT_EQ(s.training.dtype, "bf16");
   EXPECT_EQ(count("stage3_max_reuse_distance is \"auto\""), 1);
 }
 
@@ -651,6 +658,61 @@ TEST_F(ScenarioFile, SimSectionErrors) {
   EXPECT_HAS(load_error("[sim]\njiter = 0.1\n"), "did you mean 'sim.jitter'");
   EXPECT_HAS(load_error("", {{"sim.jitter", "-1"}}), "sim.jitter");
   EXPECT_HAS(load_error("[sim]\npcie_gbytes_per_s = 0\n"), "sim.pcie_gbytes_per_s");
+}
+
+// --- the ds_config's batch and precision keys, as DeepSpeed reads them (issue 17) -------------
+
+TEST_F(ScenarioFile, DeepSpeedBatchRule) {
+  // 2 nodes x 2 GPUs = world 4 (runtime/config.py, _set_batch_related_parameters).
+  const std::string head = "[cluster]\nnodes = 2\ngpus_per_node = 2\n[model]\npreset = \"tiny\"\n";
+  auto load_ds = [&](const std::string& json, const std::string& extra = "") {
+    write("ds.json", json);
+    return load_scenario(write("s.toml", head + extra + "[zero]\nds_config = \"ds.json\"\n"));
+  };
+  Scenario s = load_ds(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})");
+  EXPECT_EQ(s.training.micro_batch, 4);
+  EXPECT_EQ(s.training.grad_accum, 2);  // 32 / 4 / 4
+  s = load_ds(R"({"train_batch_size": 32, "gradient_accumulation_steps": 4})");
+  EXPECT_EQ(s.training.micro_batch, 2);  // 32 / 4 / 4
+  s = load_ds(R"({"train_batch_size": 8})");
+  EXPECT_EQ(s.training.micro_batch, 2);
+  EXPECT_EQ(s.training.grad_accum, 1);
+  s = load_ds(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})");
+  EXPECT_EQ(s.training.micro_batch, 3);
+  EXPECT_EQ(s.training.grad_accum, 5);
+  // The three disagree: DeepSpeed's assertion, one line.
+  EXPECT_HAS(error_of([&] {
+               load_ds(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                           "gradient_accumulation_steps": 2})");
+             }),
+             "ds.json: train_batch_size: 30 != train_micro_batch_size_per_gpu 4 x "
+             "gradient_accumulation_steps 2 x world size 4");
+  // A scenario key wins over the file, with a note.
+  s = load_ds(R"({"train_micro_batch_size_per_gpu": 4})", "[training]\nmicro_batch = 2\n");
+  EXPECT_EQ(s.training.micro_batch, 2);
+  EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [](const std::string& n) {
+    return n.find("training.micro_batch = 2 from") != std::string::npos &&
+           n.find("train_micro_batch_size_per_gpu 4") != std::string::npos;
+  }));
+  // "auto" (the HF Trainer's) keeps hpzlab's value, with a note.
+  s = load_ds(R"({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"})");
+  EXPECT_EQ(s.training.micro_batch, 1);
+}
+
+TEST_F(ScenarioFile, DeepSpeedPrecision) {
+  const std::string toml = "[model]\npreset = \"tiny\"\n[zero]\nds_config = \"ds.json\"\n";
+  auto dtype = [&](const std::string& json) {
+    write("ds.json", json);
+    return load_scenario(write("s.toml", toml)).training.dtype;
+  };
+  EXPECT_EQ(dtype(R"({"bf16": {"enabled": true}})"), "bf16");
+  EXPECT_EQ(dtype(R"({"bfloat16": {"enabled": true}})"), "bf16");  // DeepSpeed's old name
+  EXPECT_EQ(dtype(R"({"fp16": {"enabled": true}, "bf16": {"enabled": false}})"), "fp16");
+  EXPECT_EQ(dtype(R"({"fp16": {"loss_scale": 0}})"), "fp32");  // enabled defaults to false
+  EXPECT_EQ(dtype("{}"), "fp32");
+  write("ds.json", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
+  EXPECT_HAS(error_of([&] { load_scenario(write("s.toml", toml)); }),
+             "ds.json: bf16: and fp16 are both enabled");
 }
 
 }  // namespace
