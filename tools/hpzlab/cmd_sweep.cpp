@@ -89,11 +89,16 @@ void run_sweep(const SweepCliOptions& opts, int& exit_code) {
       opts.out, opts.resume, opts.jobs == 0 ? default_jobs() : opts.jobs, sweep::own_executable()};
   sweep::prepare_dir(plan, settings);
   const sweep::Summary s = sweep::run(plan, settings, show_progress);
+  const auto count = [](std::size_t n, const char* what) {
+    return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s");
+  };
   std::printf(
-      "sweep: %zu points x %zu variants x %d runs: %zu rows (%zu ok, %zu hung, %zu failed) in "
-      "%s/results.csv and %s/results.jsonl; %zu simulations run in %.1f s, %zu already there\n",
-      plan.points(), plan.variants.size(), plan.runs, s.rows, s.ok, s.hung, s.failed,
-      opts.out.c_str(), opts.out.c_str(), s.ran, s.elapsed_s, s.skipped);
+      "sweep: %s x %s x %s: %s (%zu ok, %zu hung, %zu failed) in %s/results.csv and "
+      "%s/results.jsonl; %s run in %.1f s, %zu already there\n",
+      count(plan.points(), "point").c_str(), count(plan.variants.size(), "variant").c_str(),
+      count(static_cast<std::size_t>(plan.runs), "run").c_str(), count(s.rows, "row").c_str(), s.ok,
+      s.hung, s.failed, opts.out.c_str(), opts.out.c_str(), count(s.ran, "simulation").c_str(),
+      s.elapsed_s, s.skipped);
   exit_code = s.failed > 0 ? kExitFindings : kExitOk;
 }
 
