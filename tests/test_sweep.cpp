@@ -7,6 +7,8 @@
 
 #include "sim/error.hpp"
 #include "tools/hpzlab/sweep/plan.hpp"
+#include "tools/hpzlab/sweep/plot.hpp"
+#include "tools/hpzlab/sweep/report.hpp"
 #include "tools/hpzlab/sweep/table.hpp"
 
 namespace hpz::sweep {
@@ -191,6 +193,84 @@ TEST(SweepTable, ResumeRerunsWhatIsMissingFromEitherFile) {
   EXPECT_EQ(Table(plan, dir).resume(), (std::set<SimKey>{{0, 0}}));
   const std::string jsonl = read(table.jsonl_path());
   EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1);
+}
+
+}  // namespace
+}  // namespace hpz::sweep
+
+namespace hpz::sweep {
+namespace {
+
+TEST(SweepPlot, LogScaleFromTwoDecades) {
+  EXPECT_TRUE(wants_log_scale({1, 2, 100}));
+  EXPECT_FALSE(wants_log_scale({1, 2, 99}));
+  EXPECT_FALSE(wants_log_scale({0, 1, 1000}));
+  EXPECT_EQ(ticks(1, 400, true), (std::vector<double>{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}));
+  EXPECT_EQ(ticks(1e3, 1e9, true), (std::vector<double>{1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9}));
+  EXPECT_EQ(ticks(0, 200, false), (std::vector<double>{0, 50, 100, 150, 200}));
+  const std::vector<double> small = ticks(0, 0.0031, false);
+  ASSERT_EQ(small.size(), 5u);  // 0, 0.001, ..., 0.004: 1-2-5 steps, ends on a tick
+  EXPECT_NEAR(small.back(), 0.004, 1e-15);
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+TEST(SweepPlot, LinePerSeriesRingWhereARaceBites) {
+  Chart chart;
+  chart.title = "step time vs cluster.nic_gbps";
+  chart.series = {{"stock", {{1, 2, false}, {10, 1, true}, {100, 0.5, true}}},
+                  {"event-wait <fix B>", {{1, 2, false}, {10, 1, false}, {100, 0.5, false}}}};
+  chart.marked_meaning = "a race bites";
+  const std::string svg = render_svg(chart);
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_EQ(count(svg, "<polyline"), 2u);
+  EXPECT_EQ(count(svg, "r=\"7\""), 2u);  // the two ringed points
+  EXPECT_NE(svg.find("event-wait &lt;fix B&gt;"), std::string::npos);
+  EXPECT_NE(svg.find(">a race bites</text>"), std::string::npos);
+  // 1 .. 100 is two decades: a log x axis, so 10 lies halfway between 1 and 100.
+  EXPECT_NE(svg.find(">10</text>"), std::string::npos);
+}
+
+TEST(SweepReport, ChartPerResultAndKeyRunsAveraged) {
+  Plan plan;
+  plan.scenario = "s.toml";
+  plan.axes = {{"cluster.nic_gbps", {"1", "100"}}, {"cluster.gpu", {"a100-80g", "h100-sxm"}}};
+  plan.variants = {variant_spec("stock")};
+  plan.runs = 2;
+  std::vector<Row> rows;
+  for (std::size_t point = 0; point < 4; ++point) {
+    for (int run = 0; run < 2; ++run) {
+      nlohmann::json sim = {{"runs", nlohmann::json::array()}, {"races", nlohmann::json::array()}};
+      for (int r = 0; r < 2; ++r) {
+        sim["runs"].push_back({{"step_time_s", 1.0 + r},
+                               {"tokens_per_s_per_node", 1.0},
+                               {"exposed_comm_s", 0.0},
+                               {"host_stall_s", 0.0},
+                               {"host_sync_s", 0.0},
+                               {"races_manifested", point == 3 ? 1 : 0},
+                               {"hung", false}});
+      }
+      if (run == 0) {
+        for (Row& row : rows_from_sim(plan, {point, 0}, sim)) rows.push_back(std::move(row));
+      }
+    }
+  }
+  const auto all = charts(plan, rows);
+  ASSERT_EQ(all.size(), 2 * plotted_results().size());
+  EXPECT_EQ(all[0].first, "step_time_s-vs-cluster.nic_gbps.svg");
+  const Chart& by_gpu = all[plotted_results().size()].second;
+  EXPECT_EQ(by_gpu.x_labels, (std::vector<std::string>{"a100-80g", "h100-sxm"}));
+  ASSERT_EQ(by_gpu.series.size(), 2u);  // stock at each bandwidth
+  EXPECT_EQ(by_gpu.series[1].name, "stock, cluster.nic_gbps=100");
+  EXPECT_DOUBLE_EQ(by_gpu.series[1].points[0].y, 1.5);  // runs averaged
+  EXPECT_TRUE(by_gpu.series[1].points[1].marked);
+  EXPECT_FALSE(by_gpu.series[0].points[1].marked);
 }
 
 }  // namespace

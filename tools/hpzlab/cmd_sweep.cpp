@@ -13,6 +13,7 @@
 
 #include "sim/error.hpp"
 #include "tools/hpzlab/commands.hpp"
+#include "tools/hpzlab/sweep/report.hpp"
 #include "tools/hpzlab/sweep/runner.hpp"
 #include "tools/hpzlab/sweep/sweep.hpp"
 
@@ -29,6 +30,7 @@ struct SweepCliOptions {
   int jobs = 0;  ///< 0 = the number of cores
   std::string out;
   bool resume = false;
+  bool plot = false;  ///< --plot: DIR/plots/*.svg and DIR/report.html
 };
 
 std::vector<sweep::VariantSpec> variants_of(const SweepCliOptions& opts) {
@@ -99,6 +101,11 @@ void run_sweep(const SweepCliOptions& opts, int& exit_code) {
       count(static_cast<std::size_t>(plan.runs), "run").c_str(), count(s.rows, "row").c_str(), s.ok,
       s.hung, s.failed, opts.out.c_str(), opts.out.c_str(), count(s.ran, "simulation").c_str(),
       s.elapsed_s, s.skipped);
+  if (opts.plot) {
+    const std::vector<std::string> files = sweep::write_report(plan, s.table, opts.out);
+    std::printf("plots: %zu SVG files in %s/plots, report: %s/report.html\n", files.size() - 1,
+                opts.out.c_str(), opts.out.c_str());
+  }
   exit_code = s.failed > 0 ? kExitFindings : kExitOk;
 }
 
@@ -138,6 +145,10 @@ void setup_sweep(CLI::App& app, int& exit_code) {
   sub->add_flag("--resume", opts->resume,
                 "Finish the sweep in --out: run only the (point, variant) simulations whose rows "
                 "are not there yet");
+  sub->add_flag("--plot", opts->plot,
+                "Also write DIR/plots/RESULT-vs-KEY.svg (every numeric result against each "
+                "varied key, a line per variant, log axes where values span 2 decades, points "
+                "where a race bites ringed) and DIR/report.html (the plots and the table)");
   sub->callback([opts, &exit_code] { run_sweep(*opts, exit_code); });
 }
 
