@@ -208,6 +208,25 @@ nlohmann::json Plan::to_json() const {
   return j;
 }
 
+Plan plan_from_json(const nlohmann::json& j) {
+  Plan plan;
+  try {
+    plan.scenario = j.at("scenario").get<std::string>();
+    plan.sets = j.at("sets").get<std::vector<std::string>>();
+    plan.runs = j.at("runs").get<int>();
+    for (const nlohmann::json& a : j.at("vary")) {
+      plan.axes.push_back(
+          {a.at("key").get<std::string>(), a.at("values").get<std::vector<std::string>>()});
+    }
+    for (const nlohmann::json& v : j.at("variants")) {
+      plan.variants.push_back(variant_spec(v.get<std::string>()));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError("sweep.json", "", std::string("not a sweep's plan: ") + e.what());
+  }
+  return plan;
+}
+
 void validate(const Plan& plan) {
   load_scenario(plan.scenario, base_overrides(plan));
   std::set<std::string> keys;

@@ -59,6 +59,10 @@ struct Plan {
   nlohmann::json to_json() const;
 };
 
+/** The plan Plan::to_json() wrote (sweep.json). Throws InputError("sweep.json", ...) if it is
+ *  not one. */
+Plan plan_from_json(const nlohmann::json& j);
+
 /** Checks the plan before anything runs: loads the scenario with the --set overrides, then once
  *  more for each axis value and each variant on its own. Throws InputError naming the key and
  *  the value ("--vary: KEY=VALUE: what is wrong"). */

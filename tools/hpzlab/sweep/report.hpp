@@ -20,8 +20,8 @@ const std::vector<std::pair<std::string, std::string>>& plotted_results();
  *  rows whose status is "ok", runs averaged. */
 std::vector<std::pair<std::string, Chart>> charts(const Plan& plan, const std::vector<Row>& rows);
 
-/** Writes the SVG files in DIR/plots and DIR/report.html; returns the paths written. Throws InputError
- *  naming a file it cannot write. */
+/** Writes the SVG files in DIR/plots and DIR/report.html; returns the paths written. Throws
+ * InputError naming a file it cannot write. */
 std::vector<std::string> write_report(const Plan& plan, const std::vector<Row>& rows,
                                       const std::string& dir);
 
