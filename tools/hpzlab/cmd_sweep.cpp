@@ -1,9 +1,11 @@
 // `hpzlab sweep SCENARIO --vary KEY=VALUES [--vary ...] [--variants LIST] [--runs N] [--jobs J]
-// --out DIR [--resume] [--set k=v]`: runs `hpzlab sim` at every point of the cross product of
-// the --vary values, once per variant, each in a child process, J at a time, and writes one
-// table (DIR/results.csv, DIR/results.jsonl) with a row per (point, variant, run). Exit 0 when
-// every simulation gave results, 1 when one or more failed (their rows say why), 2 on bad input
-// (checked before anything runs). docs/sweep.md.
+// --out DIR [--resume] [--plot] [--set k=v]`: runs `hpzlab sim` at every point of the cross
+// product of the --vary values, once per variant, each in a child process, J at a time, and
+// writes one table (DIR/results.csv, DIR/results.jsonl) with a row per (point, variant, run);
+// --plot adds SVG plots and DIR/report.html. `--emit DIR` writes the simulations as shell
+// commands instead, `--collect DIR` makes the table from what they wrote. Exit 0 when every
+// simulation gave results, 1 when one or more failed (their rows say why) or, for --collect, has
+// not run yet, 2 on bad input (checked before anything runs). docs/sweep.md.
 #include <fmt/format.h>
 
 #include <cstdio>
