@@ -63,6 +63,38 @@ std::string stem(const SimKey& key) {
   return fmt::format("p{}-v{}", key.first, key.second);
 }
 
+/** A job's id is its simulation's index in (point, variant) order. */
+SimKey key_of(const Plan& plan, std::size_t id) {
+  return {id / plan.variants.size(), id % plan.variants.size()};
+}
+
+/** The simulations not done yet, in table order. */
+std::vector<Job> pending_jobs(const Plan& plan, const RunSettings& settings,
+                              const std::set<SimKey>& done) {
+  std::vector<Job> jobs;
+  for (std::size_t id = 0; id < plan.points() * plan.variants.size(); ++id) {
+    const SimKey key = key_of(plan, id);
+    if (done.count(key)) continue;
+    const std::string base = work_dir(settings) + "/" + stem(key);
+    jobs.push_back({id, plan.sim_args(key.first, key.second, base + ".json"), base + ".err"});
+  }
+  return jobs;
+}
+
+/** The final table and its rows by status. */
+Summary tally(std::vector<Row> table) {
+  Summary summary;
+  for (const Row& row : table) {
+    const std::string status = row.value("status", "");
+    summary.ok += status == "ok";
+    summary.hung += status == "hung";
+    summary.failed += status == "failed";
+  }
+  summary.rows = table.size();
+  summary.table = std::move(table);
+  return summary;
+}
+
 }  // namespace
 
 void prepare_dir(const Plan& plan, const RunSettings& settings) {
@@ -89,47 +121,32 @@ Summary run(const Plan& plan, const RunSettings& settings,
   } else {
     table.start();
   }
-  std::vector<SimKey> keys;
-  std::vector<Job> jobs;
-  for (std::size_t point = 0; point < plan.points(); ++point) {
-    for (std::size_t v = 0; v < plan.variants.size(); ++v) {
-      if (done.count({point, v})) continue;
-      const std::string base = work_dir(settings) + "/" + stem({point, v});
-      jobs.push_back({keys.size(), plan.sim_args(point, v, base + ".json"), base + ".err"});
-      keys.emplace_back(point, v);
-    }
-  }
-  Summary summary;
-  summary.skipped = done.size();
+  const std::vector<Job> jobs = pending_jobs(plan, settings, done);
   Progress now;
   now.total = jobs.size();
   const auto start = std::chrono::steady_clock::now();
+  const auto seconds_since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   run_jobs(settings.program, jobs, settings.jobs, [&](const Job& job, const Outcome& outcome) {
-    const std::string base = work_dir(settings) + "/" + stem(keys[job.id]);
-    const std::vector<Row> rows =
-        rows_of(plan, keys[job.id], base + ".json", job.stderr_path, outcome);
+    const SimKey key = key_of(plan, job.id);
+    const std::string json_path = work_dir(settings) + "/" + stem(key) + ".json";
+    const std::vector<Row> rows = rows_of(plan, key, json_path, job.stderr_path, outcome);
     table.append(rows);
     std::error_code ec;
-    fs::remove(base + ".json", ec);
+    fs::remove(json_path, ec);
     fs::remove(job.stderr_path, ec);
     ++now.done;
-    if (!rows.empty() && rows.front()["status"] == "failed") ++now.failed;
-    now.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    now.failed += rows.front()["status"] == "failed";
+    now.elapsed_s = seconds_since_start();
     progress(now);
   });
   std::error_code ec;
   fs::remove(work_dir(settings), ec);  // only when empty
+  Summary summary = tally(table.finish());
   summary.ran = jobs.size();
-  summary.elapsed_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  summary.table = table.finish();
-  summary.rows = summary.table.size();
-  for (const Row& row : summary.table) {
-    const std::string status = row.value("status", "");
-    summary.ok += status == "ok";
-    summary.hung += status == "hung";
-    summary.failed += status == "failed";
-  }
+  summary.skipped = done.size();
+  summary.elapsed_s = seconds_since_start();
   return summary;
 }
 
