@@ -15,6 +15,8 @@ constexpr const char* kVaryWhere = "--vary";
 constexpr const char* kListForms = "(allowed: v1,v2,..., start:stop:step, log:start:stop:n)";
 /// More values than this on one axis is a typo, not a sweep.
 constexpr std::size_t kMaxAxisValues = 10'000;
+/// A sweep's points x variants; beyond this the table alone is gigabytes.
+constexpr double kMaxSimulations = 1e7;
 
 std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> parts;
@@ -229,6 +231,15 @@ Plan plan_from_json(const nlohmann::json& j) {
 
 void validate(const Plan& plan) {
   load_scenario(plan.scenario, base_overrides(plan));
+  // The cross product, counted without overflow.
+  double simulations = static_cast<double>(plan.variants.size());
+  for (const Axis& axis : plan.axes) simulations *= static_cast<double>(axis.values.size());
+  if (simulations > kMaxSimulations) {
+    throw InputError(kVaryWhere, "",
+                     fmt::format("{:.0f} simulations (allowed: at most {}; use --emit for a "
+                                 "cluster, or fewer values)",
+                                 simulations, kMaxSimulations));
+  }
   std::set<std::string> keys;
   for (const Axis& axis : plan.axes) {
     if (axis.key == "run.variant") {
