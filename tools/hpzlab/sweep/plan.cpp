@@ -160,7 +160,10 @@ VariantSpec variant_spec(const std::string& name) {
     if (known == name) return {name, {{"run.variant", name}}};
   }
   std::string allowed;
-  for (const std::string& n : variant_names()) allowed += (allowed.empty() ? "" : ", ") + n;
+  for (const std::string& n : variant_names()) {
+    if (!allowed.empty()) allowed += ", ";
+    allowed += n;
+  }
   const std::optional<std::string> close = closest_name(name, variant_names());
   throw InputError("--variants", name,
                    fmt::format("unknown variant{} (allowed: {})",

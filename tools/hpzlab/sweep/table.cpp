@@ -200,7 +200,10 @@ std::vector<Row> failed_rows(const Plan& plan, SimKey key, const std::string& er
 
 std::string csv_header(const std::vector<std::string>& columns) {
   std::string line;
-  for (const std::string& c : columns) line += (line.empty() ? "" : ",") + csv_field(c);
+  for (const std::string& c : columns) {
+    if (!line.empty()) line += ',';
+    line += csv_field(c);
+  }
   return line + "\n";
 }
 
