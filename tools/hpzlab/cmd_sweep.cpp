@@ -197,10 +197,11 @@ void setup_sweep(CLI::App& app, int& exit_code) {
       "--resume", opts->resume,
       "Finish the sweep in --out: run only the (point, variant) simulations whose rows "
       "are not there yet");
-  sub->add_flag("--plot", opts->plot,
-                "Also write DIR/plots/RESULT-vs-KEY.svg (every numeric result against each "
-                "varied key, a line per variant, log axes where values span 2 decades, points "
-                "where a race bites ringed) and DIR/report.html (the plots and the table)");
+  CLI::Option* plot =
+      sub->add_flag("--plot", opts->plot,
+                    "Also write DIR/plots/RESULT-vs-KEY.svg (every numeric result against each "
+                    "varied key, a line per variant, log axes where values span 2 decades, points "
+                    "where a race bites ringed) and DIR/report.html (the plots and the table)");
   CLI::Option* emit =
       sub->add_option("--emit", opts->emit,
                       "Do not run: write DIR/commands.txt, one self-contained `hpzlab sim` "
@@ -208,7 +209,8 @@ void setup_sweep(CLI::App& app, int& exit_code) {
                       "(docs/sweep.md), then collect with --collect DIR")
           ->excludes(out)
           ->excludes(resume)
-          ->excludes(jobs);
+          ->excludes(jobs)
+          ->excludes(plot);
   sub->add_option("--collect", opts->collect,
                   "Write DIR/results.csv and results.jsonl from what the commands --emit wrote "
                   "to DIR/out (takes no scenario; --plot allowed)")
