@@ -9,6 +9,7 @@
 #include "tools/hpzlab/sweep/plan.hpp"
 #include "tools/hpzlab/sweep/plot.hpp"
 #include "tools/hpzlab/sweep/report.hpp"
+#include "tools/hpzlab/sweep/runner.hpp"
 #include "tools/hpzlab/sweep/table.hpp"
 
 namespace hpz::sweep {
@@ -271,6 +272,44 @@ TEST(SweepReport, ChartPerResultAndKeyRunsAveraged) {
   EXPECT_DOUBLE_EQ(by_gpu.series[1].points[0].y, 1.5);  // runs averaged
   EXPECT_TRUE(by_gpu.series[1].points[1].marked);
   EXPECT_FALSE(by_gpu.series[0].points[1].marked);
+}
+
+}  // namespace
+}  // namespace hpz::sweep
+
+namespace hpz::sweep {
+namespace {
+
+TEST(SweepRunner, ErrorLineOfAChild) {
+  const std::string path = temp_dir("runner") + "/child.err";
+  std::ofstream(path) << "\r[###   ] 1/3 runs\r[######] 2/3 runs\n"
+                         "hpzlab: error: --set: cluster.nodes: must be at least 1, got 0\n\n";
+  EXPECT_EQ(last_error_line(path), "--set: cluster.nodes: must be at least 1, got 0");
+  std::ofstream(path) << "AddressSanitizer: SEGV on unknown address\n";
+  EXPECT_EQ(last_error_line(path), "AddressSanitizer: SEGV on unknown address");
+  std::ofstream(path) << "";
+  EXPECT_EQ(last_error_line(path), "");
+}
+
+TEST(SweepRunner, RunsJobsAtMostJAtATime) {
+  const std::string dir = temp_dir("jobs");
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < 5; ++i) {
+    // Each job fails if another holds the lock file: with 1 at a time none does.
+    const std::string script = "set -o noclobber; : > " + dir +
+                               "/lock || exit 9; sleep 0.05; "
+                               "rm " +
+                               dir + "/lock; exit " + std::to_string(i);
+    jobs.push_back({i, {"-c", script}, dir + "/err" + std::to_string(i)});
+  }
+  std::vector<int> codes(5, -1);
+  run_jobs("/bin/sh", jobs, 1,
+           [&](const Job& job, const Outcome& outcome) { codes[job.id] = outcome.exit_code; });
+  EXPECT_EQ(codes, (std::vector<int>{0, 1, 2, 3, 4}));
+  std::vector<Job> killed = {{0, {"-c", "kill -TERM $$"}, dir + "/killed"}};
+  Outcome seen;
+  run_jobs("/bin/sh", killed, 2, [&](const Job&, const Outcome& o) { seen = o; });
+  EXPECT_EQ(seen.signal, 15);
 }
 
 }  // namespace
