@@ -108,6 +108,15 @@ TEST(SweepPlan, ValidatesEveryValueBeforeRunning) {
             std::string::npos);
   plan.axes = {parse_axis("zero.stage3_max_live_parameters=log:1e7:1e9:5")};
   EXPECT_EQ(validate_error(plan), "");
+  // hpZ 8 is more than tiny's 4 ranks, but fine once another --vary makes 8 or 16 ranks.
+  plan.axes = {parse_axis("zero.zero_hpz_partition_size=2,8"),
+               parse_axis("cluster.gpus_per_node=2,4,8")};
+  EXPECT_EQ(validate_error(plan), "");
+  plan.axes = {parse_axis("zero.zero_hpz_partition_size=2,32"),
+               parse_axis("cluster.gpus_per_node=2,4,8")};
+  EXPECT_EQ(validate_error(plan),
+            "--vary: zero.zero_hpz_partition_size=32: 32 is larger than the world size 4 (nodes "
+            "x gpus_per_node) (allowed: 1, 2, 4)");
   plan.axes = {parse_axis("run.variant=stock")};
   EXPECT_NE(validate_error(plan).find("--variants"), std::string::npos);
 }

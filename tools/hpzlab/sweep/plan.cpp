@@ -15,6 +15,8 @@ constexpr const char* kVaryWhere = "--vary";
 constexpr const char* kListForms = "(allowed: v1,v2,..., start:stop:step, log:start:stop:n)";
 /// More values than this on one axis is a typo, not a sweep.
 constexpr std::size_t kMaxAxisValues = 10'000;
+/// Combinations of the other axes tried for a value the scenario refuses on its own.
+constexpr std::size_t kMaxCombinations = 1000;
 /// A sweep's points x variants; beyond this the table alone is gigabytes.
 constexpr double kMaxSimulations = 1e7;
 
@@ -127,6 +129,36 @@ void load_with(const Plan& plan, const Override& extra, const char* where) {
     throw InputError(where, extra.first + "=" + extra.second,
                      without_set_prefix(e.what(), extra.first));
   }
+}
+
+/** Whether the scenario takes axis k's `value` together with some combination of the other
+ *  axes' values (the first kMaxCombinations of them, the last axis fastest). */
+bool loads_with_other_axes(const Plan& plan, std::size_t k, const std::string& value) {
+  std::size_t others = 1;
+  for (std::size_t i = 0; i < plan.axes.size(); ++i) {
+    if (i != k) others *= plan.axes[i].values.size();
+  }
+  if (plan.axes.size() <= 1) return false;
+  for (std::size_t m = 0; m < others && m < kMaxCombinations; ++m) {
+    std::vector<Override> overrides = base_overrides(plan);
+    std::size_t rest = m;
+    for (std::size_t i = plan.axes.size(); i-- > 0;) {
+      const Axis& axis = plan.axes[i];
+      if (i == k) {
+        overrides.emplace_back(axis.key, value);
+        continue;
+      }
+      overrides.emplace_back(axis.key, axis.values[rest % axis.values.size()]);
+      rest /= axis.values.size();
+    }
+    try {
+      load_scenario(plan.scenario, overrides);
+      return true;
+    } catch (const InputError&) {
+      // try the next combination
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -254,7 +286,17 @@ void validate(const Plan& plan) {
       throw InputError(kVaryWhere, axis.key,
                        "given twice (allowed: one --vary per key, with all its values)");
     }
-    for (const std::string& value : axis.values) load_with(plan, {axis.key, value}, kVaryWhere);
+  }
+  for (std::size_t k = 0; k < plan.axes.size(); ++k) {
+    for (const std::string& value : plan.axes[k].values) {
+      try {
+        load_with(plan, {plan.axes[k].key, value}, kVaryWhere);
+      } catch (const InputError&) {
+        // A value the scenario refuses only with the other keys as the file has them (an hpZ
+        // size larger than the file's world, while another --vary grows the world) is fine.
+        if (!loads_with_other_axes(plan, k, value)) throw;
+      }
+    }
   }
   for (const VariantSpec& v : plan.variants) {
     for (const Override& o : v.overrides) load_with(plan, o, "--variants");
