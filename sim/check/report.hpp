@@ -5,6 +5,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "sim/check/checker.hpp"
 
@@ -32,6 +33,21 @@ class JsonReporter final : public Reporter {
  public:
   std::string render(std::span<const CheckResult> results) const override;
 };
+
+/** For code-scanning tools (GitHub, GitLab): SARIF 2.1.0, one run of tool "hpzlab" with a rule
+ *  per finding kind and a result per finding group (sarif_report.cpp, docs/ci.md). */
+class SarifReporter final : public Reporter {
+ public:
+  /** `version`: hpzlab's, for tool.driver.version. */
+  explicit SarifReporter(std::string version) : version_(std::move(version)) {}
+  std::string render(std::span<const CheckResult> results) const override;
+
+ private:
+  std::string version_;
+};
+
+/** What a finding means, for someone who knows DeepSpeed but not happens-before: a paragraph. */
+std::string explain(const Finding& finding);
 
 /** What a verdict line names in brackets: the variant and, for a recording or the DeepSpeed
  *  builder, the DeepSpeed version ("stock, DeepSpeed 0.13.4 built"). */

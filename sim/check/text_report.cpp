@@ -13,7 +13,8 @@ bool is_hpz_copy_race(const Finding& f) {
           f.second.purpose == Purpose::kSecondaryPartitionCopy);
 }
 
-// What the finding means, for someone who knows DeepSpeed but not happens-before.
+}  // namespace
+
 std::string explain(const Finding& f) {
   switch (f.kind) {
     case FindingKind::kRace:
@@ -51,6 +52,8 @@ std::string explain(const Finding& f) {
   }
   return "";
 }
+
+namespace {
 
 std::string span_of(const FindingGroup& g) {
   std::set<int> ranks(g.ranks.begin(), g.ranks.end());

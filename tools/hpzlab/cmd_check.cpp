@@ -30,6 +30,7 @@ struct CheckOptions {
   std::string schedule;                ///< --schedule FILE: check it instead of building one
   std::string deepspeed;  ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
   std::string junit;      ///< --junit FILE: JUnit XML, a test case per checked schedule
+  std::string sarif;      ///< --sarif FILE: SARIF 2.1.0, a result per finding group
 };
 
 std::string xml_escaped(const std::string& in) {
@@ -191,9 +192,13 @@ std::string note_line(const Checked& c) {
 }
 
 void run_check(const CheckOptions& opts, int& exit_code) {
-  if (opts.json == "-" && opts.junit == "-") {
-    throw InputError("", "--junit", "and --json cannot both write to standard output ('-')");
+  const int to_stdout = static_cast<int>(opts.json == "-") + static_cast<int>(opts.junit == "-") +
+                        static_cast<int>(opts.sarif == "-");
+  if (to_stdout > 1) {
+    throw InputError("", "--json/--junit/--sarif",
+                     "only one of them can write to standard output ('-')");
   }
+  const bool text_out = to_stdout == 0;
   const std::vector<Checked> checked =
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
   std::vector<check::CheckResult> results;
@@ -219,7 +224,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   }
   // Each result's text report, rendered once for the text and the JUnit output.
   std::vector<std::string> reports;
-  if (opts.json != "-" || !opts.junit.empty()) {
+  if (text_out || !opts.junit.empty()) {
     for (const Checked& c : checked) reports.push_back(check::TextReporter().render_one(c.result));
   }
   if (!opts.junit.empty()) {
@@ -249,7 +254,10 @@ void run_check(const CheckOptions& opts, int& exit_code) {
                              checked.size(), failures, cases),
                  "--junit");
   }
-  if (opts.json != "-" && opts.junit != "-") {
+  if (!opts.sarif.empty()) {
+    write_output(opts.sarif, check::SarifReporter(version()).render(results), "--sarif");
+  }
+  if (text_out) {
     std::string text;
     for (std::size_t i = 0; i < checked.size(); ++i) {
       const std::string& full = reports[i];
@@ -302,6 +310,9 @@ void setup_check(CLI::App& app, int& exit_code) {
   sub->add_option("--junit", opts->junit,
                   "Also write JUnit XML to FILE ('-' = stdout, instead of the text): a test case "
                   "per checked schedule, failed by any finding");
+  sub->add_option("--sarif", opts->sarif,
+                  "Also write SARIF 2.1.0 to FILE ('-' = stdout, instead of the text) for code "
+                  "scanning: a result per group of findings, a rule per kind (docs/ci.md)");
   sub->add_option("--schedule", opts->schedule,
                   "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
                   "or `hpzlab schedule --json`) instead of building one");

@@ -86,6 +86,8 @@ void require_above(const std::string& flag, double value, double bound);
 
 /** Registers `hpzlab schedule`; the callback stores its exit code in exit_code. */
 void setup_schedule(CLI::App& app, int& exit_code);
+/** Registers `hpzlab order` (canonical issue orders and golden files). */
+void setup_order(CLI::App& app, int& exit_code);
 /** Registers `hpzlab check`. */
 void setup_check(CLI::App& app, int& exit_code);
 /** Registers `hpzlab sim`. */
@@ -104,7 +106,10 @@ void setup_record(CLI::App& app, int& exit_code);
 /** Registers `hpzlab version` (what --version prints). */
 void setup_version(CLI::App& app, int& exit_code);
 
-/** "hpzlab VERSION", VERSION being project()'s in CMakeLists.txt. */
+/** hpzlab's version: project()'s in CMakeLists.txt. */
+std::string version();
+
+/** "hpzlab VERSION". */
 std::string version_line();
 
 /** Throws InputError ("unknown subcommand 'X'; did you mean 'Y'? (allowed: ...)") when the

@@ -101,8 +101,12 @@ void require_above(const std::string& flag, double value, double bound) {
                    fmt::format("{} is out of range (allowed: more than {})", value, bound));
 }
 
+std::string version() {
+  return HPZLAB_VERSION;
+}
+
 std::string version_line() {
-  return "hpzlab " HPZLAB_VERSION;
+  return "hpzlab " + version();
 }
 
 void setup_version(CLI::App& app, int& exit_code) {
@@ -137,13 +141,15 @@ void check_subcommand_name(const CLI::App& app, int argc, char** argv) {
 int main(int argc, char** argv) {
   CLI::App app{
       "hpzlab: simulator and race-reproduction harness for ZeRO++ hierarchical partitioning "
-      "(hpZ).\nEvery subcommand but `compare` (which takes two JSON files) and `record` (which "
-      "takes the recorder's own options) takes a scenario file first; see scenarios/README.md."};
+      "(hpZ).\nEvery subcommand but `compare` (which takes two JSON files), `record` (which "
+      "takes the recorder's own options) and `order --check/--update` (which take golden files) "
+      "takes a scenario file first; see scenarios/README.md."};
   app.require_subcommand(1);
   app.set_version_flag("--version", hpz::cli::version_line(),
                        "Print the program name and version, and exit");
   int exit_code = hpz::kExitOk;
   hpz::cli::setup_schedule(app, exit_code);
+  hpz::cli::setup_order(app, exit_code);
   hpz::cli::setup_check(app, exit_code);
   hpz::cli::setup_sim(app, exit_code);
   hpz::cli::setup_sweep(app, exit_code);
