@@ -119,6 +119,8 @@ void setup_explore(CLI::App& app, int& exit_code);
 void setup_check(CLI::App& app, int& exit_code);
 /** Registers `hpzlab sim`. */
 void setup_sim(CLI::App& app, int& exit_code);
+/** Registers `hpzlab sweep`. */
+void setup_sweep(CLI::App& app, int& exit_code);
 /** Registers `hpzlab real`. */
 void setup_real(CLI::App& app, int& exit_code);
 /** Registers `hpzlab repro`. */

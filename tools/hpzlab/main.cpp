@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
   hpz::cli::setup_explore(app, exit_code);
   hpz::cli::setup_check(app, exit_code);
   hpz::cli::setup_sim(app, exit_code);
+  hpz::cli::setup_sweep(app, exit_code);
   hpz::cli::setup_real(app, exit_code);
   hpz::cli::setup_repro(app, exit_code);
   hpz::cli::setup_compare(app, exit_code);

@@ -1,0 +1,325 @@
+// `hpzlab sweep`'s plan (axes, ranges, variants, the cross product) and its results table.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "sim/error.hpp"
+#include "tools/hpzlab/sweep/plan.hpp"
+#include "tools/hpzlab/sweep/plot.hpp"
+#include "tools/hpzlab/sweep/report.hpp"
+#include "tools/hpzlab/sweep/runner.hpp"
+#include "tools/hpzlab/sweep/table.hpp"
+
+namespace hpz::sweep {
+namespace {
+
+using Values = std::vector<std::string>;
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_axis(text);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SweepAxis, ListsAndRanges) {
+  EXPECT_EQ(parse_axis("cluster.nic_gbps=12.5,25").values, (Values{"12.5", "25"}));
+  EXPECT_EQ(parse_axis("training.micro_batch=1:4:1").values, (Values{"1", "2", "3", "4"}));
+  EXPECT_EQ(parse_axis("x.y=0.1:0.3:0.1").values, (Values{"0.1", "0.2", "0.3"}));
+  EXPECT_EQ(parse_axis("x.y=10:1:-4").values, (Values{"10", "6", "2"}));
+  EXPECT_EQ(parse_axis("x.y=log:1:100:3").values, (Values{"1", "10", "100"}));
+  EXPECT_EQ(parse_axis("x.y=log:1e7:1e9:5").values,
+            (Values{"1e+07", "3.16e+07", "1e+08", "3.16e+08", "1e+09"}));
+  EXPECT_EQ(parse_axis("x.y=1,5:7:1,stock").values, (Values{"1", "5", "6", "7", "stock"}));
+}
+
+TEST(SweepAxis, BadListsNameKeyAndValue) {
+  EXPECT_EQ(error_of("x.y="),
+            "--vary: x.y=: an empty list (allowed: v1,v2,..., start:stop:step, log:start:stop:n)");
+  EXPECT_EQ(error_of("x.y=1,,2"),
+            "--vary: x.y=1,,2: an empty value (allowed: v1,v2,..., start:stop:step, "
+            "log:start:stop:n)");
+  EXPECT_EQ(error_of("x.y=1:5:0"),
+            "--vary: x.y=1:5:0: the step is zero (allowed: a step that reaches stop)");
+  EXPECT_NE(error_of("x.y=1:5:-1").find("leads away from stop"), std::string::npos);
+  EXPECT_NE(error_of("x.y=log:0:5:3").find("above zero"), std::string::npos);
+  EXPECT_NE(error_of("x.y=log:1:5:2.5").find("n = 2.5"), std::string::npos);
+  EXPECT_NE(error_of("x.y=1:1e9:1").find("more than 10000 values"), std::string::npos);
+  EXPECT_NE(error_of("novalue").find("expected section.key=values"), std::string::npos);
+}
+
+TEST(SweepVariants, NoHpzTurnsHpzOff) {
+  EXPECT_EQ(variant_spec("no-hpz").overrides,
+            (std::vector<Override>{{"zero.zero_hpz_partition_size", "1"}}));
+  EXPECT_EQ(variant_spec("event-wait").overrides,
+            (std::vector<Override>{{"run.variant", "event-wait"}}));
+  EXPECT_THROW(variant_spec("event_wait"), InputError);
+}
+
+Plan two_by_three() {
+  Plan plan;
+  plan.scenario = "scenarios/tiny.toml";
+  plan.sets = {"run.steps=2"};
+  plan.axes = {{"a.b", {"1", "2"}}, {"c.d", {"x", "y", "z"}}};
+  plan.variants = {variant_spec("stock"), variant_spec("no-hpz")};
+  return plan;
+}
+
+TEST(SweepPlan, CrossProductLastAxisFastest) {
+  const Plan plan = two_by_three();
+  ASSERT_EQ(plan.points(), 6u);
+  EXPECT_EQ(plan.values_at(0), (Values{"1", "x"}));
+  EXPECT_EQ(plan.values_at(2), (Values{"1", "z"}));
+  EXPECT_EQ(plan.values_at(4), (Values{"2", "y"}));
+  EXPECT_EQ(
+      plan.overrides(4, 1),
+      (std::vector<Override>{
+          {"run.steps", "2"}, {"a.b", "2"}, {"c.d", "y"}, {"zero.zero_hpz_partition_size", "1"}}));
+  EXPECT_EQ(plan.sim_args(0, 0, "f.json"),
+            (Values{"sim", "scenarios/tiny.toml", "--set", "run.steps=2", "--set", "a.b=1", "--set",
+                    "c.d=x", "--set", "run.variant=stock", "--runs", "1", "--json", "f.json"}));
+}
+
+std::string validate_error(Plan plan) {
+  try {
+    validate(plan);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SweepPlan, ValidatesEveryValueBeforeRunning) {
+  Plan plan;
+  plan.scenario = "scenarios/tiny.toml";
+  plan.variants = {variant_spec("stock")};
+  plan.axes = {parse_axis("cluster.nic_gbps=12.5,-1")};
+  EXPECT_EQ(validate_error(plan),
+            "--vary: cluster.nic_gbps=-1: must be a positive number of Gbit/s, got -1");
+  plan.axes = {parse_axis("cluster.nic_gbs=12.5")};
+  EXPECT_NE(validate_error(plan).find("--vary: cluster.nic_gbs=12.5: "), std::string::npos);
+  EXPECT_NE(validate_error(plan).find("did you mean 'cluster.nic_gbps'"), std::string::npos);
+  plan.axes = {parse_axis("training.micro_batch=1,two")};
+  EXPECT_NE(validate_error(plan).find("--vary: training.micro_batch=two: expected an integer"),
+            std::string::npos);
+  plan.axes = {parse_axis("zero.stage3_max_live_parameters=log:1e7:1e9:5")};
+  EXPECT_EQ(validate_error(plan), "");
+  // hpZ 8 is more than tiny's 4 ranks, but fine once another --vary makes 8 or 16 ranks.
+  plan.axes = {parse_axis("zero.zero_hpz_partition_size=2,8"),
+               parse_axis("cluster.gpus_per_node=2,4,8")};
+  EXPECT_EQ(validate_error(plan), "");
+  plan.axes = {parse_axis("zero.zero_hpz_partition_size=2,32"),
+               parse_axis("cluster.gpus_per_node=2,4,8")};
+  EXPECT_EQ(validate_error(plan),
+            "--vary: zero.zero_hpz_partition_size=32: 32 is larger than the world size 4 (nodes "
+            "x gpus_per_node) (allowed: 1, 2, 4)");
+  plan.axes = {parse_axis("run.variant=stock")};
+  EXPECT_NE(validate_error(plan).find("--variants"), std::string::npos);
+}
+
+/** A fresh directory under the build's temporary space. */
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("hpzlab_test_sweep_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+nlohmann::json sim_json(double step_time) {
+  nlohmann::json run = {{"step_time_s", step_time},
+                        {"tokens_per_s_per_node", 100.5},
+                        {"exposed_comm_s", 0.25},
+                        {"host_stall_s", 0.0},
+                        {"host_sync_s", 0.0},
+                        {"races_manifested", 3},
+                        {"hung", false}};
+  nlohmann::json race = {{"second", "rank 0 S_nccl #5 all_gather prefetch (step 1, l0, forward)"},
+                         {"manifested_per_run", {3}}};
+  return {{"runs", {run}}, {"races", {race}}};
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(SweepTable, RowsFromSimAndFailedRows) {
+  const Plan plan = two_by_three();
+  const std::vector<std::string> cols = columns(plan);
+  const std::vector<Row> ok = rows_from_sim(plan, {4, 1}, sim_json(0.5));
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(csv_header(cols),
+            "point,variant,run,a.b,c.d,status,step_time_s,tokens_per_s_per_node,exposed_comm_s,"
+            "host_stall_s,host_sync_s,races_manifested,race_groups,first_race,error\n");
+  EXPECT_EQ(csv_line(cols, ok[0]),
+            "4,no-hpz,0,2,y,ok,0.5,100.5,0.25,0,0,3,1,"
+            "\"rank 0 S_nccl #5 all_gather prefetch (step 1, l0, forward)\",\n");
+  const std::vector<Row> failed =
+      failed_rows(plan, {1, 0}, "exit code 2: a \"bad\", value\nsecond line");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(csv_line(cols, failed[0]),
+            "1,stock,0,1,y,failed,,,,,,,,,\"exit code 2: a \"\"bad\"\", value second line\"\n");
+  EXPECT_EQ(failed[0]["a.b"], 1);
+  EXPECT_EQ(failed[0]["c.d"], "y");
+}
+
+TEST(SweepTable, AppendResumeAndSortedFinish) {
+  const Plan plan = two_by_three();
+  const std::string dir = temp_dir("table");
+  Table table(plan, dir);
+  table.start();
+  table.append(rows_from_sim(plan, {3, 0}, sim_json(3)));
+  table.append(failed_rows(plan, {0, 1}, "boom"));
+  table.append(rows_from_sim(plan, {0, 0}, sim_json(1)));
+  // A torn last line (a crash mid-write) is not a row.
+  std::ofstream(table.jsonl_path(), std::ios::app) << "{\"point\": 5, \"vari";
+  Table again(plan, dir);
+  EXPECT_EQ(again.resume(), (std::set<SimKey>{{0, 0}, {0, 1}, {3, 0}}));
+  const std::vector<Row> rows = again.finish();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0]["variant"], "stock");
+  EXPECT_EQ(rows[1]["status"], "failed");
+  EXPECT_EQ(rows[2]["point"], 3);
+  const std::string csv = read(table.csv_path());
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4);
+  EXPECT_EQ(csv.find("0,stock,0,"), csv.find('\n') + 1);
+}
+
+TEST(SweepTable, ResumeRerunsWhatIsMissingFromEitherFile) {
+  const Plan plan = two_by_three();
+  const std::string dir = temp_dir("resume");
+  Table table(plan, dir);
+  table.start();
+  table.append(rows_from_sim(plan, {0, 0}, sim_json(1)));
+  table.append(rows_from_sim(plan, {1, 0}, sim_json(1)));
+  // Delete point 1's row from the CSV only.
+  std::string csv = read(table.csv_path());
+  csv.erase(csv.find("1,stock,0,"));
+  std::ofstream(table.csv_path()) << csv;
+  EXPECT_EQ(Table(plan, dir).resume(), (std::set<SimKey>{{0, 0}}));
+  const std::string jsonl = read(table.jsonl_path());
+  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1);
+}
+
+}  // namespace
+}  // namespace hpz::sweep
+
+namespace hpz::sweep {
+namespace {
+
+TEST(SweepPlot, LogScaleFromTwoDecades) {
+  EXPECT_TRUE(wants_log_scale({1, 2, 100}));
+  EXPECT_FALSE(wants_log_scale({1, 2, 99}));
+  EXPECT_FALSE(wants_log_scale({0, 1, 1000}));
+  EXPECT_EQ(ticks(1, 400, true), (std::vector<double>{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}));
+  EXPECT_EQ(ticks(1e3, 1e9, true), (std::vector<double>{1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9}));
+  EXPECT_EQ(ticks(0, 200, false), (std::vector<double>{0, 50, 100, 150, 200}));
+  const std::vector<double> small = ticks(0, 0.0031, false);
+  ASSERT_EQ(small.size(), 5u);  // 0, 0.001, ..., 0.004: 1-2-5 steps, ends on a tick
+  EXPECT_NEAR(small.back(), 0.004, 1e-15);
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+TEST(SweepPlot, LinePerSeriesRingWhereARaceBites) {
+  Chart chart;
+  chart.title = "step time vs cluster.nic_gbps";
+  chart.series = {{"stock", {{1, 2, false}, {10, 1, true}, {100, 0.5, true}}},
+                  {"event-wait <fix B>", {{1, 2, false}, {10, 1, false}, {100, 0.5, false}}}};
+  chart.marked_meaning = "a race bites";
+  const std::string svg = render_svg(chart);
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_EQ(count(svg, "<polyline"), 2u);
+  EXPECT_EQ(count(svg, "r=\"7\""), 2u);  // the two ringed points
+  EXPECT_NE(svg.find("event-wait &lt;fix B&gt;"), std::string::npos);
+  EXPECT_NE(svg.find(">a race bites</text>"), std::string::npos);
+  // 1 .. 100 is two decades: a log x axis, so 10 lies halfway between 1 and 100.
+  EXPECT_NE(svg.find(">10</text>"), std::string::npos);
+}
+
+TEST(SweepReport, ChartPerResultAndKeyRunsAveraged) {
+  Plan plan;
+  plan.scenario = "s.toml";
+  plan.axes = {{"cluster.nic_gbps", {"1", "100"}}, {"cluster.gpu", {"a100-80g", "h100-sxm"}}};
+  plan.variants = {variant_spec("stock")};
+  plan.runs = 2;
+  std::vector<Row> rows;
+  for (std::size_t point = 0; point < 4; ++point) {
+    for (int run = 0; run < 2; ++run) {
+      nlohmann::json sim = {{"runs", nlohmann::json::array()}, {"races", nlohmann::json::array()}};
+      for (int r = 0; r < 2; ++r) {
+        sim["runs"].push_back({{"step_time_s", 1.0 + r},
+                               {"tokens_per_s_per_node", 1.0},
+                               {"exposed_comm_s", 0.0},
+                               {"host_stall_s", 0.0},
+                               {"host_sync_s", 0.0},
+                               {"races_manifested", point == 3 ? 1 : 0},
+                               {"hung", false}});
+      }
+      if (run == 0) {
+        for (Row& row : rows_from_sim(plan, {point, 0}, sim)) rows.push_back(std::move(row));
+      }
+    }
+  }
+  const auto all = charts(plan, rows);
+  ASSERT_EQ(all.size(), 2 * plotted_results().size());
+  EXPECT_EQ(all[0].first, "step_time_s-vs-cluster.nic_gbps.svg");
+  const Chart& by_gpu = all[plotted_results().size()].second;
+  EXPECT_EQ(by_gpu.x_labels, (std::vector<std::string>{"a100-80g", "h100-sxm"}));
+  ASSERT_EQ(by_gpu.series.size(), 2u);  // stock at each bandwidth
+  EXPECT_EQ(by_gpu.series[1].name, "stock, cluster.nic_gbps=100");
+  EXPECT_DOUBLE_EQ(by_gpu.series[1].points[0].y, 1.5);  // runs averaged
+  EXPECT_TRUE(by_gpu.series[1].points[1].marked);
+  EXPECT_FALSE(by_gpu.series[0].points[1].marked);
+}
+
+}  // namespace
+}  // namespace hpz::sweep
+
+namespace hpz::sweep {
+namespace {
+
+TEST(SweepRunner, ErrorLineOfAChild) {
+  const std::string path = temp_dir("runner") + "/child.err";
+  std::ofstream(path) << "\r[###   ] 1/3 runs\r[######] 2/3 runs\n"
+                         "hpzlab: error: --set: cluster.nodes: must be at least 1, got 0\n\n";
+  EXPECT_EQ(last_error_line(path), "--set: cluster.nodes: must be at least 1, got 0");
+  std::ofstream(path) << "AddressSanitizer: SEGV on unknown address\n";
+  EXPECT_EQ(last_error_line(path), "AddressSanitizer: SEGV on unknown address");
+  std::ofstream(path) << "";
+  EXPECT_EQ(last_error_line(path), "");
+}
+
+TEST(SweepRunner, RunsJobsAtMostJAtATime) {
+  const std::string dir = temp_dir("jobs");
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < 5; ++i) {
+    // Each job fails if another holds the lock file: with 1 at a time none does.
+    const std::string script = "set -o noclobber; : > " + dir +
+                               "/lock || exit 9; sleep 0.05; "
+                               "rm " +
+                               dir + "/lock; exit " + std::to_string(i);
+    jobs.push_back({i, {"-c", script}, dir + "/err" + std::to_string(i)});
+  }
+  std::vector<int> codes(5, -1);
+  run_jobs("/bin/sh", jobs, 1,
+           [&](const Job& job, const Outcome& outcome) { codes[job.id] = outcome.exit_code; });
+  EXPECT_EQ(codes, (std::vector<int>{0, 1, 2, 3, 4}));
+  std::vector<Job> killed = {{0, {"-c", "kill -TERM $$"}, dir + "/killed"}};
+  Outcome seen;
+  run_jobs("/bin/sh", killed, 2, [&](const Job&, const Outcome& o) { seen = o; });
+  EXPECT_EQ(seen.signal, 15);
+}
+
+}  // namespace
+}  // namespace hpz::sweep

@@ -1,0 +1,121 @@
+#include "tools/hpzlab/sweep/emit.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "sim/error.hpp"
+#include "tools/hpzlab/sweep/runner.hpp"
+
+namespace hpz::sweep {
+namespace fs = std::filesystem;
+namespace {
+
+/** A word for sh: single-quoted unless it is plainly safe. */
+std::string shell_word(const std::string& word) {
+  if (!word.empty() &&
+      word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                             "_-+=.,/:@%") == std::string::npos) {
+    return word;
+  }
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::string stem(std::size_t point, std::size_t variant) {
+  return fmt::format("p{}-v{}", point, variant);
+}
+
+/** DIR/scenario.toml when the scenario loads from there, else the original's absolute path. */
+std::string scenario_for_commands(const Plan& plan, const fs::path& dir) {
+  const fs::path copy = dir / "scenario.toml";
+  std::error_code ec;
+  fs::copy_file(plan.scenario, copy, fs::copy_options::overwrite_existing, ec);
+  if (!ec) {
+    try {
+      std::vector<Override> sets;
+      for (const std::string& s : plan.sets) sets.push_back(parse_override(s));
+      load_scenario(copy.string(), sets);
+      return copy.string();
+    } catch (const InputError&) {
+      // It names a file (hf_config, ds_config) by a path relative to where it was.
+    }
+    fs::remove(copy, ec);
+  }
+  return fs::absolute(plan.scenario).lexically_normal().string();
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out.flush()) throw InputError(path.string(), "--emit", "cannot write this file");
+}
+
+}  // namespace
+
+std::size_t emit(const Plan& plan, const std::string& dir, const std::string& program) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_empty(dir, ec)) {
+    throw InputError(dir, "--emit", "exists and is not empty (allowed: a new or empty directory)");
+  }
+  const fs::path root = fs::absolute(dir).lexically_normal();
+  fs::create_directories(root / "out", ec);
+  if (ec) throw InputError(dir, "--emit", "cannot create this directory: " + ec.message());
+  Plan emitted = plan;
+  emitted.scenario = scenario_for_commands(plan, root);
+  std::string commands;
+  for (std::size_t point = 0; point < emitted.points(); ++point) {
+    for (std::size_t v = 0; v < emitted.variants.size(); ++v) {
+      const std::string out = (root / "out" / stem(point, v)).string();
+      std::string line = "\"${HPZLAB:-" + program + "}\"";
+      for (const std::string& arg : emitted.sim_args(point, v, out + ".json")) {
+        line += " " + shell_word(arg);
+      }
+      commands += line + " >/dev/null 2>" + shell_word(out + ".err") + "\n";
+    }
+  }
+  write_text(root / "commands.txt", commands);
+  write_text(root / "sweep.json", emitted.to_json().dump(2) + "\n");
+  return emitted.points() * emitted.variants.size();
+}
+
+Plan read_plan(const std::string& dir) {
+  const std::string path = dir + "/sweep.json";
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    throw InputError(dir, "--collect",
+                     "no readable sweep.json here (allowed: a directory `hpzlab sweep --emit` "
+                     "wrote)");
+  }
+  return plan_from_json(j);
+}
+
+Collected collect(const std::string& dir) {
+  const Plan plan = read_plan(dir);
+  Table table(plan, dir);
+  table.start();
+  Collected c;
+  for (std::size_t point = 0; point < plan.points(); ++point) {
+    for (std::size_t v = 0; v < plan.variants.size(); ++v) {
+      ++c.simulations;
+      const std::string base = dir + "/out/" + stem(point, v);
+      std::ifstream in(base + ".json");
+      const nlohmann::json sim = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (sim.is_object() && sim.contains("runs")) {
+        table.append(rows_from_sim(plan, {point, v}, sim));
+      } else if (fs::exists(base + ".err")) {
+        const std::string error = last_error_line(base + ".err");
+        table.append(failed_rows(plan, {point, v}, error.empty() ? "no JSON written" : error));
+      } else {
+        ++c.missing;
+      }
+    }
+  }
+  c.table = table.finish();
+  return c;
+}
+
+}  // namespace hpz::sweep

@@ -1,0 +1,38 @@
+// Runs a sweep's simulations as child processes of this same program (`hpzlab sim ...`), a few
+// at a time: SimGrid's engine is one per process, and separate processes use every core.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace hpz::sweep {
+
+/** One child process to run. */
+struct Job {
+  std::size_t id = 0;             ///< the caller's index, handed back in finished()
+  std::vector<std::string> args;  ///< arguments after the program name
+  std::string stderr_path;        ///< where the child's standard error goes (stdout: /dev/null)
+};
+
+/** How a child ended. */
+struct Outcome {
+  int exit_code = -1;  ///< its exit status, -1 when a signal ended it
+  int signal = 0;      ///< the signal that ended it, 0 if none
+};
+
+/** The program to run the jobs with: this process's own executable (/proc/self/exe resolved). */
+std::string own_executable();
+
+/** Runs every job with `program`, at most `parallel` at once, in the order given; calls
+ *  finished(job, outcome) in this thread as each one ends. Throws std::runtime_error if a child
+ *  cannot be started. */
+void run_jobs(const std::string& program, const std::vector<Job>& jobs, int parallel,
+              const std::function<void(const Job&, const Outcome&)>& finished);
+
+/** The last line of a child's standard error worth showing as its error ("" if none), without
+ *  the "hpzlab: error: " start. */
+std::string last_error_line(const std::string& stderr_path);
+
+}  // namespace hpz::sweep

@@ -1,0 +1,153 @@
+#include "tools/hpzlab/sweep/sweep.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "sim/error.hpp"
+#include "tools/hpzlab/sweep/runner.hpp"
+
+namespace hpz::sweep {
+namespace fs = std::filesystem;
+namespace {
+
+std::string plan_path(const RunSettings& settings) {
+  return settings.out + "/sweep.json";
+}
+
+std::string work_dir(const RunSettings& settings) {
+  return settings.out + "/work";
+}
+
+bool non_empty_dir(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(dir, ec) && !fs::is_empty(dir, ec);
+}
+
+void check_same_plan(const Plan& plan, const RunSettings& settings) {
+  const std::string path = plan_path(settings);
+  std::ifstream in(path);
+  if (!in) {
+    throw InputError(settings.out, "--resume",
+                     "no sweep.json here: not a sweep's directory (allowed: the --out of an "
+                     "earlier sweep, or a new or empty directory)");
+  }
+  const nlohmann::json before = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (before != plan.to_json()) {
+    throw InputError(path, "--resume",
+                     "this directory holds a different sweep (scenario, --set, --vary, "
+                     "--variants or --runs differ; allowed: the same arguments as the sweep "
+                     "that wrote it, or a new --out)");
+  }
+}
+
+/** The rows of one finished child: from its JSON, or a failed row with its error. */
+std::vector<Row> rows_of(const Plan& plan, SimKey key, const std::string& json_path,
+                         const std::string& err_path, const Outcome& outcome) {
+  // `hpzlab sim` exits 1 when the simulated job hangs, with its JSON written all the same.
+  if (outcome.exit_code == kExitOk || outcome.exit_code == kExitFindings) {
+    std::ifstream in(json_path);
+    const nlohmann::json sim = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (sim.is_object() && sim.contains("runs")) return rows_from_sim(plan, key, sim);
+  }
+  std::string error = last_error_line(err_path);
+  const std::string how = outcome.signal != 0 ? fmt::format("killed by signal {}", outcome.signal)
+                                              : fmt::format("exit code {}", outcome.exit_code);
+  return failed_rows(plan, key, error.empty() ? how : how + ": " + error);
+}
+
+std::string stem(const SimKey& key) {
+  return fmt::format("p{}-v{}", key.first, key.second);
+}
+
+/** A job's id is its simulation's index in (point, variant) order. */
+SimKey key_of(const Plan& plan, std::size_t id) {
+  return {id / plan.variants.size(), id % plan.variants.size()};
+}
+
+/** The simulations not done yet, in table order. */
+std::vector<Job> pending_jobs(const Plan& plan, const RunSettings& settings,
+                              const std::set<SimKey>& done) {
+  std::vector<Job> jobs;
+  for (std::size_t id = 0; id < plan.points() * plan.variants.size(); ++id) {
+    const SimKey key = key_of(plan, id);
+    if (done.count(key)) continue;
+    const std::string base = work_dir(settings) + "/" + stem(key);
+    jobs.push_back({id, plan.sim_args(key.first, key.second, base + ".json"), base + ".err"});
+  }
+  return jobs;
+}
+
+/** The final table and its rows by status. */
+Summary tally(std::vector<Row> table) {
+  Summary summary;
+  for (const Row& row : table) {
+    const std::string status = row.value("status", "");
+    summary.ok += status == "ok";
+    summary.hung += status == "hung";
+    summary.failed += status == "failed";
+  }
+  summary.rows = table.size();
+  summary.table = std::move(table);
+  return summary;
+}
+
+}  // namespace
+
+void prepare_dir(const Plan& plan, const RunSettings& settings) {
+  if (non_empty_dir(settings.out)) {
+    if (!settings.resume) {
+      throw InputError(settings.out, "--out",
+                       "exists and is not empty (allowed: a new or empty directory, or "
+                       "--resume to finish the sweep in it)");
+    }
+    check_same_plan(plan, settings);
+  }
+  std::error_code ec;
+  fs::create_directories(work_dir(settings), ec);
+  if (ec) throw InputError(settings.out, "--out", "cannot create this directory: " + ec.message());
+  std::ofstream(plan_path(settings)) << plan.to_json().dump(2) << "\n";
+}
+
+Summary run(const Plan& plan, const RunSettings& settings,
+            const std::function<void(const Progress&)>& progress) {
+  Table table(plan, settings.out);
+  std::set<SimKey> done;
+  if (settings.resume) {
+    done = table.resume();
+  } else {
+    table.start();
+  }
+  const std::vector<Job> jobs = pending_jobs(plan, settings, done);
+  Progress now;
+  now.total = jobs.size();
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds_since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  run_jobs(settings.program, jobs, settings.jobs, [&](const Job& job, const Outcome& outcome) {
+    const SimKey key = key_of(plan, job.id);
+    const std::string json_path = work_dir(settings) + "/" + stem(key) + ".json";
+    const std::vector<Row> rows = rows_of(plan, key, json_path, job.stderr_path, outcome);
+    table.append(rows);
+    std::error_code ec;
+    fs::remove(json_path, ec);
+    fs::remove(job.stderr_path, ec);
+    ++now.done;
+    now.failed += rows.front()["status"] == "failed";
+    now.elapsed_s = seconds_since_start();
+    progress(now);
+  });
+  std::error_code ec;
+  fs::remove(work_dir(settings), ec);  // only when empty
+  Summary summary = tally(table.finish());
+  summary.ran = jobs.size();
+  summary.skipped = done.size();
+  summary.elapsed_s = seconds_since_start();
+  return summary;
+}
+
+}  // namespace hpz::sweep

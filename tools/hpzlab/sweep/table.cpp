@@ -1,0 +1,295 @@
+#include "tools/hpzlab/sweep/table.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+
+#include "sim/error.hpp"
+
+namespace hpz::sweep {
+namespace {
+
+/** A varied value as JSON: a number or boolean when it reads as one, else the text. */
+nlohmann::json typed_value(const std::string& text) {
+  if (text == "true" || text == "false") return text == "true";
+  double value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec == std::errc() && ptr == end && !text.empty() && std::isfinite(value)) {
+    if (std::trunc(value) == value && std::fabs(value) < 9e15) {
+      return static_cast<std::int64_t>(value);
+    }
+    return value;
+  }
+  return text;
+}
+
+Row row_head(const Plan& plan, SimKey key, int run) {
+  Row row;
+  row["point"] = key.first;
+  row["variant"] = plan.variants.at(key.second).name;
+  row["run"] = run;
+  const std::vector<std::string> values = plan.values_at(key.first);
+  for (std::size_t i = 0; i < plan.axes.size(); ++i) {
+    row[plan.axes[i].key] = typed_value(values[i]);
+  }
+  return row;
+}
+
+/** The first race sim --json lists that manifested in run `run` ("" if none), and how many
+ *  race groups did. */
+std::pair<std::string, int> races_in_run(const nlohmann::json& sim, std::size_t run) {
+  std::string first;
+  int groups = 0;
+  for (const nlohmann::json& race : sim.value("races", nlohmann::json::array())) {
+    const nlohmann::json& per_run = race.at("manifested_per_run");
+    if (run >= per_run.size() || per_run[run].get<double>() <= 0) continue;
+    if (groups++ == 0) first = race.value("second", "");
+  }
+  return {first, groups};
+}
+
+std::string one_line(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  std::replace(text.begin(), text.end(), '\r', ' ');
+  return text;
+}
+
+std::string csv_field(const nlohmann::ordered_json& value) {
+  std::string text;
+  if (value.is_null()) return "";
+  if (value.is_string()) {
+    text = value.get<std::string>();
+  } else if (value.is_number_float()) {
+    text = fmt::format("{}", value.get<double>());
+  } else {
+    text = value.dump();
+  }
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+void write_all(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    if (!out.flush()) throw InputError(path, "--out", "cannot write this file");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw InputError(path, "--out", "cannot write this file: " + ec.message());
+}
+
+/** Appends text with one write() on an O_APPEND descriptor: whole lines or nothing. */
+void append_once(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError(path, "--out", std::string("cannot open: ") + std::strerror(errno));
+  const ssize_t written = ::write(fd, text.data(), text.size());
+  const int saved = errno;
+  ::close(fd);
+  if (written != static_cast<ssize_t>(text.size())) {
+    throw InputError(path, "--out", std::string("cannot append: ") + std::strerror(saved));
+  }
+}
+
+/** (point, variant, run) of the CSV lines after the header: the first three fields. */
+std::set<std::tuple<std::size_t, std::string, int>> csv_keys(const std::string& path) {
+  std::set<std::tuple<std::size_t, std::string, int>> keys;
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string point, variant, run;
+    if (!std::getline(fields, point, ',') || !std::getline(fields, variant, ',') ||
+        !std::getline(fields, run, ',')) {
+      continue;
+    }
+    try {
+      keys.emplace(std::stoul(point), variant, std::stoi(run));
+    } catch (const std::exception&) {
+      // not a row (a torn line): the simulation runs again
+    }
+  }
+  return keys;
+}
+
+std::size_t variant_index(const Plan& plan, const std::string& name) {
+  for (std::size_t i = 0; i < plan.variants.size(); ++i) {
+    if (plan.variants[i].name == name) return i;
+  }
+  return plan.variants.size();
+}
+
+/** A row's place in the final table, or nullopt for a row that is not of this plan. */
+std::optional<std::tuple<std::size_t, std::size_t, int>> place(const Plan& plan, const Row& row) {
+  if (!row.contains("point") || !row["point"].is_number_unsigned() || !row.contains("variant") ||
+      !row["variant"].is_string() || !row.contains("run") || !row["run"].is_number_integer()) {
+    return {};
+  }
+  const auto point = row["point"].get<std::size_t>();
+  const std::size_t variant = variant_index(plan, row["variant"].get<std::string>());
+  const int run = row["run"].get<int>();
+  if (point >= plan.points() || variant >= plan.variants.size() || run < 0 || run >= plan.runs) {
+    return {};
+  }
+  return std::make_tuple(point, variant, run);
+}
+
+}  // namespace
+
+std::vector<std::string> columns(const Plan& plan) {
+  std::vector<std::string> c = {"point", "variant", "run"};
+  for (const Axis& a : plan.axes) c.push_back(a.key);
+  for (const char* name :
+       {"status", "step_time_s", "tokens_per_s_per_node", "exposed_comm_s", "host_stall_s",
+        "host_sync_s", "races_manifested", "race_groups", "first_race", "error"}) {
+    c.emplace_back(name);
+  }
+  return c;
+}
+
+std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::json& sim) {
+  std::vector<Row> rows;
+  const nlohmann::json& runs = sim.at("runs");
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const nlohmann::json& m = runs[i];
+    Row row = row_head(plan, key, static_cast<int>(i));
+    row["status"] = m.value("hung", false) ? "hung" : "ok";
+    for (const char* name : {"step_time_s", "tokens_per_s_per_node", "exposed_comm_s",
+                             "host_stall_s", "host_sync_s", "races_manifested"}) {
+      row[name] = m.at(name);
+    }
+    const auto [first, groups] = races_in_run(sim, i);
+    row["race_groups"] = groups;
+    row["first_race"] = first;
+    row["error"] = "";
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::vector<Row> failed_rows(const Plan& plan, SimKey key, const std::string& error) {
+  std::vector<Row> rows;
+  for (int run = 0; run < plan.runs; ++run) {
+    Row row = row_head(plan, key, run);
+    row["status"] = "failed";
+    for (const char* name : {"step_time_s", "tokens_per_s_per_node", "exposed_comm_s",
+                             "host_stall_s", "host_sync_s", "races_manifested", "race_groups"}) {
+      row[name] = nullptr;
+    }
+    row["first_race"] = "";
+    row["error"] = one_line(error);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::string csv_header(const std::vector<std::string>& columns) {
+  std::string line;
+  for (const std::string& c : columns) {
+    if (!line.empty()) line += ',';
+    line += csv_field(c);
+  }
+  return line + "\n";
+}
+
+std::string csv_line(const std::vector<std::string>& columns, const Row& row) {
+  std::string line;
+  for (std::size_t i = 0; i < columns.size(); ++i) {
+    if (i > 0) line += ',';
+    const auto it = row.find(columns[i]);
+    if (it != row.end()) line += csv_field(*it);
+  }
+  return line + "\n";
+}
+
+std::vector<Row> read_jsonl(const std::string& path) {
+  std::vector<Row> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    Row row = Row::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_object()) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+Table::Table(const Plan& plan, std::string dir)
+    : plan_(plan), dir_(std::move(dir)), columns_(columns(plan)) {}
+
+void Table::start() {
+  write_all(csv_path(), csv_header(columns_));
+  write_all(jsonl_path(), "");
+}
+
+std::set<SimKey> Table::resume() {
+  const auto in_csv = csv_keys(csv_path());
+  std::map<SimKey, std::set<int>> runs;
+  std::vector<Row> kept;
+  for (Row& row : read_jsonl(jsonl_path())) {
+    const auto at = place(plan_, row);
+    if (!at ||
+        !in_csv.count({std::get<0>(*at), row["variant"].get<std::string>(), std::get<2>(*at)})) {
+      continue;
+    }
+    runs[{std::get<0>(*at), std::get<1>(*at)}].insert(std::get<2>(*at));
+    kept.push_back(std::move(row));
+  }
+  std::set<SimKey> done;
+  for (const auto& [key, seen] : runs) {
+    if (static_cast<int>(seen.size()) == plan_.runs) done.insert(key);
+  }
+  std::erase_if(kept, [&](const Row& row) {
+    const auto at = place(plan_, row);
+    return !done.count({std::get<0>(*at), std::get<1>(*at)});
+  });
+  rewrite(std::move(kept));
+  return done;
+}
+
+void Table::append(const std::vector<Row>& rows) {
+  std::string csv, jsonl;
+  for (const Row& row : rows) {
+    csv += csv_line(columns_, row);
+    jsonl += row.dump() + "\n";
+  }
+  append_once(jsonl_path(), jsonl);
+  append_once(csv_path(), csv);
+}
+
+std::vector<Row> Table::finish() {
+  std::vector<Row> rows = read_jsonl(jsonl_path());
+  std::erase_if(rows, [&](const Row& row) { return !place(plan_, row); });
+  rewrite(rows);
+  return read_jsonl(jsonl_path());
+}
+
+void Table::rewrite(std::vector<Row> rows) const {
+  // Stable: of two rows for one (point, variant, run), the later one written is kept.
+  std::stable_sort(rows.begin(), rows.end(),
+                   [&](const Row& a, const Row& b) { return *place(plan_, a) < *place(plan_, b); });
+  std::string csv = csv_header(columns_), jsonl;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (i + 1 < rows.size() && *place(plan_, rows[i]) == *place(plan_, rows[i + 1])) continue;
+    csv += csv_line(columns_, rows[i]);
+    jsonl += rows[i].dump() + "\n";
+  }
+  write_all(csv_path(), csv);
+  write_all(jsonl_path(), jsonl);
+}
+
+}  // namespace hpz::sweep

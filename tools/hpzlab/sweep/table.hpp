@@ -1,0 +1,74 @@
+// The sweep's results: one tidy table, a row per (point, variant, run), kept in DIR as CSV
+// (results.csv) and JSON Lines (results.jsonl). Rows are appended as simulations finish, each
+// simulation's rows with one write() on an O_APPEND descriptor, so that an interrupted sweep
+// keeps whole rows; the finished sweep rewrites both files sorted by (point, variant, run).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tools/hpzlab/sweep/plan.hpp"
+
+namespace hpz::sweep {
+
+/** One row; its keys in column order (nlohmann::ordered_json keeps insertion order). */
+using Row = nlohmann::ordered_json;
+
+/** (point, variant index): what one simulation (one child process) produces rows for. */
+using SimKey = std::pair<std::size_t, std::size_t>;
+
+/** The table's columns: point, variant, run, the varied keys, then the results. */
+std::vector<std::string> columns(const Plan& plan);
+
+/** The rows of one finished simulation from the JSON `hpzlab sim --json` wrote: one per run,
+ *  status "ok" or "hung". */
+std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::json& sim);
+
+/** The rows of a simulation that failed (no JSON): one per run, status "failed", `error` set. */
+std::vector<Row> failed_rows(const Plan& plan, SimKey key, const std::string& error);
+
+/** A row as one CSV line (with its newline), fields in columns(plan) order, quoted when needed. */
+std::string csv_line(const std::vector<std::string>& columns, const Row& row);
+
+/** The CSV header line (with its newline). */
+std::string csv_header(const std::vector<std::string>& columns);
+
+/** The results files in DIR and the rows they hold. */
+class Table {
+ public:
+  Table(const Plan& plan, std::string dir);
+
+  /** Reads the rows already in DIR (for --resume): a simulation counts as done when all its
+   *  runs are in both files; the files are then rewritten to hold exactly the done ones. */
+  std::set<SimKey> resume();
+
+  /** Starts empty files (header only). */
+  void start();
+
+  /** Appends one simulation's rows to both files, one write() each. */
+  void append(const std::vector<Row>& rows);
+
+  /** Rewrites both files from results.jsonl, sorted by (point, variant, run), one row per
+   *  (point, variant, run) (the last written wins). Returns the rows. */
+  std::vector<Row> finish();
+
+  std::string csv_path() const { return dir_ + "/results.csv"; }
+  std::string jsonl_path() const { return dir_ + "/results.jsonl"; }
+
+ private:
+  void rewrite(std::vector<Row> rows) const;
+
+  const Plan& plan_;
+  std::string dir_;
+  std::vector<std::string> columns_;
+};
+
+/** Reads results.jsonl: the rows that parse (a torn last line is skipped). */
+std::vector<Row> read_jsonl(const std::string& path);
+
+}  // namespace hpz::sweep
