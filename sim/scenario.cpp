@@ -691,7 +691,9 @@ void apply_model_source(Scenario& scenario, Settings& settings, Origins& origins
     }
     return;
   }
-  const std::string source = preset ? preset->where : hf->where;
+  // A value read from an HF config is that file's: its range errors name it, not the scenario
+  // that points to it (model.name is the config's path).
+  const std::string source = preset ? preset->where : scenario.model.name;
   for (const char* name : {"layers", "hidden", "ffn", "heads", "kv_heads", "vocab"}) {
     origins[std::string("model.") + name] = source;
   }

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -67,6 +69,11 @@ json rank_to_json(const RankSchedule& rank) {
 }
 
 /** Reads one field with a clear error naming the path inside the document. */
+template <typename T>
+struct is_vector : std::false_type {};
+template <typename T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
 class Reader {
  public:
   explicit Reader(std::string where) : where_(std::move(where)) {}
@@ -84,11 +91,61 @@ class Reader {
   }
   template <typename T>
   T as(const json& j, const std::string& path) const {
-    try {
-      return j.get<T>();
-    } catch (const json::exception&) {
-      fail(path, "wrong type: " + std::string(j.type_name()));
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      return integer<T>(j, path);
+    } else if constexpr (is_vector<T>::value) {
+      // Element by element, so that integers in nested lists are range-checked too.
+      if (!j.is_array()) fail(path, "wrong type: " + std::string(j.type_name()));
+      T out;
+      for (std::size_t i = 0; i < j.size(); ++i) {
+        out.push_back(as<typename T::value_type>(j[i], path + "[" + std::to_string(i) + "]"));
+      }
+      return out;
+    } else {
+      try {
+        return j.get<T>();
+      } catch (const json::exception&) {
+        fail(path, "wrong type: " + std::string(j.type_name()));
+      }
     }
+  }
+  /** An integer of type T: nlohmann's get<int> casts a float or a wide integer unchecked (1e300
+   *  as an int is undefined behaviour); a whole float in range is accepted. */
+  template <typename T>
+  T integer(const json& j, const std::string& path) const {
+    const auto lo = static_cast<double>(std::numeric_limits<T>::min());
+    const auto hi = static_cast<double>(std::numeric_limits<T>::max());
+    const auto range = [&] {
+      return fmt::format("out of range (allowed: an integer from {} to {})",
+                         std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+    };
+    constexpr auto max = std::numeric_limits<T>::max();
+    if (j.is_number_unsigned()) {
+      const auto v = j.get<std::uint64_t>();
+      if constexpr (sizeof(T) < 8 || std::is_signed_v<T>) {
+        if (v > static_cast<std::uint64_t>(max)) fail(path, range());
+      }
+      return static_cast<T>(v);
+    }
+    if (j.is_number_integer()) {
+      const auto v = j.get<std::int64_t>();
+      if constexpr (std::is_unsigned_v<T>) {
+        if (v < 0) fail(path, range());
+        if constexpr (sizeof(T) < 8) {
+          if (static_cast<std::uint64_t>(v) > max) fail(path, range());
+        }
+      } else if constexpr (sizeof(T) < 8) {
+        if (v < std::numeric_limits<T>::min() || v > max) fail(path, range());
+      }
+      return static_cast<T>(v);
+    }
+    if (j.is_number_float()) {
+      const double d = j.get<double>();
+      // hi + 1 is a power of two, exact in a double: d < hi + 1 keeps the cast defined.
+      if (!(d >= lo && d < hi + 1) || std::trunc(d) != d) fail(path, range());
+      return static_cast<T>(d);
+    }
+    fail(path, "wrong type: " + std::string(j.type_name()));
   }
   const json& list(const json& j, const char* key, const std::string& path) const {
     if (!j.is_object() || !j.contains(key)) fail(path + (path.empty() ? "" : ".") + key, "missing");

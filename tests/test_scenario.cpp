@@ -408,6 +408,11 @@ TEST_F(ScenarioFile, HuggingFaceDimensionsAreCheckedWhereTheyAreWritten) {
   EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
              "hf.json: hidden_size: 1073741824 is too large: without intermediate_size the MLP "
              "is 4 x hidden_size = 4294967296 wide");
+  write("hf3.json",
+        "{\"num_hidden_layers\": 2, \"hidden_size\": 64, "
+        "\"num_attention_heads\": 3, \"vocab_size\": 10}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf3.json\"\n"),
+             "hf3.json: model.heads: 3 heads do not divide hidden = 64");
   write("hf0.json",
         "{\"num_hidden_layers\": 0, \"hidden_size\": 64, "
         "\"num_attention_heads\": 4, \"vocab_size\": 10}");

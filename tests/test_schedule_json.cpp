@@ -234,6 +234,34 @@ TEST(ScheduleJson, ReadsAFileAndNamesItInErrors) {
   }
 }
 
+TEST(ScheduleJson, IntegersOutOfTheirTypesRangeAreRefused) {
+  // nlohmann's get<int> casts 1e300 or 2^40 unchecked (undefined behaviour for the float).
+  const auto error = [](const nlohmann::json& j) {
+    try {
+      schedule_from_json(j, "s.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json j = schedule_to_json(tiny_schedule());
+  j["world_size"] = 1e300;
+  EXPECT_EQ(error(j),
+            "s.json: world_size: out of range (allowed: an integer from -2147483648 to "
+            "2147483647)");
+  j["world_size"] = std::uint64_t{1} << 40;
+  EXPECT_EQ(error(j).rfind("s.json: world_size: out of range", 0), 0u) << error(j);
+  j["world_size"] = 2.5;
+  EXPECT_EQ(error(j).rfind("s.json: world_size: out of range", 0), 0u) << error(j);
+  j = schedule_to_json(tiny_schedule());
+  j["groups"][0]["ranks"][0] = -1e30;
+  EXPECT_EQ(error(j).rfind("s.json: groups[0].ranks[0]: out of range", 0), 0u) << error(j);
+  // A whole float in range reads as the integer it is.
+  j = schedule_to_json(tiny_schedule());
+  j["world_size"] = static_cast<double>(tiny_schedule().world_size);
+  EXPECT_EQ(schedule_to_json(schedule_from_json(j, "s.json")), schedule_to_json(tiny_schedule()));
+}
+
 TEST(ScheduleJson, HostileFilesAreOneLine) {
   // Issue 20: nesting deep enough to overflow the stack, a number beyond a double, /dev/zero.
   const std::string path = ::testing::TempDir() + "hpzlab-hostile-schedule.json";
