@@ -773,7 +773,7 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
     // DeepSpeed builds hpZ's secondary partitions in zero.Init, which only stage 3 uses.
     scenario.notes.push_back(fmt::format(
         "zero.stage = {}: DeepSpeed uses hpZ (zero_hpz_partition_size = {}) only at ZeRO stage "
-        "3; hpzlab models stage 3 only, and checks stage 3 without hpZ in its place",
+        "3; hpzlab models stage 3 only and uses stage 3 without hpZ in its place",
         z.stage, z.zero_hpz_partition_size));
     z.zero_hpz_partition_size = 1;
   }

@@ -173,6 +173,8 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
     j["counterexample"] = cj;
     exit_code = kExitFindings;
   }
+  j["notes"] = sc.notes;
+  text += notes_text(sc);
   if (!o.common.json.empty()) write_output(o.common.json, j.dump(2) + "\n", "--json");
   if (o.common.json != "-") std::fwrite(text.data(), 1, text.size(), stdout);
 }

@@ -139,9 +139,11 @@ void repro_order(const ReproCliOptions& o, int& exit_code) {
   if (!o.common.json.empty()) {
     const nlohmann::json j{{"scenario", sc.path}, {"variant", schedule.variant},
                            {"order", o.order},    {"mode", mode_name},
-                           {"steps", steps},      {"first_bad_step", bad}};
+                           {"steps", steps},      {"first_bad_step", bad},
+                           {"notes", sc.notes}};
     write_output(o.common.json, j.dump(2) + "\n", "--json");
   }
+  text += notes_text(sc);
   if (o.common.json != "-") std::fwrite(text.data(), 1, text.size(), stdout);
   exit_code = bad < 0 ? kExitOk : kExitFindings;
 }
@@ -160,11 +162,12 @@ void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
   const Scenario sc = load(o.common);
   const replay::ReproResult r = o.common.schedule.empty() ? repro_variants(o, sc, ro, exit_code)
                                                           : repro_file(o, sc, ro, exit_code);
-  if (!o.common.json.empty()) write_output(o.common.json, replay::repro_json(r), "--json");
+  if (!o.common.json.empty())
+    write_output(o.common.json, with_notes(replay::repro_json(r), sc), "--json");
   if (!o.csv.empty()) write_output(o.csv, replay::repro_csv(r), "--csv");
   if (!o.plot.empty()) write_output(o.plot, replay::repro_svg(r), "--plot");
   if (o.common.json != "-") {
-    const std::string text = replay::repro_table(r);
+    const std::string text = replay::repro_table(r) + notes_text(sc);
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
 }

@@ -44,13 +44,14 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   const time::SimResult result =
       on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
   if (!opts.scenario.json.empty()) {
-    write_output(opts.scenario.json, time::JsonReporter(opts.op_times).render(schedule, result),
+    write_output(opts.scenario.json,
+                 with_notes(time::JsonReporter(opts.op_times).render(schedule, result), sc),
                  "--json");
   }
   if (!opts.trace.empty())
     write_output(opts.trace, time::TraceReporter().render(schedule, result), "--trace");
   if (opts.scenario.json != "-") {
-    const std::string text = time::ConsoleReporter().render(schedule, result);
+    const std::string text = time::ConsoleReporter().render(schedule, result) + notes_text(sc);
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
   exit_code = result.mean.hung ? kExitFindings : kExitOk;

@@ -31,6 +31,13 @@ void add_schedule_option(CLI::App& sub, std::string& file);
 /** The files a run reads: the scenario and the --schedule file, if any. */
 std::vector<std::string> inputs_of(const ScenarioOptions& opts);
 
+/** The scenario's notes (what loading it read, ignored, defaulted or overrode: Scenario::notes),
+ *  a "note: ..." line each, for a subcommand's text output (issue 17: notes everywhere). */
+std::string notes_text(const Scenario& scenario);
+
+/** `json_text`, a JSON object, with "notes": the scenario's notes added. */
+std::string with_notes(const std::string& json_text, const Scenario& scenario);
+
 /** Loads the scenario with its overrides; throws InputError. */
 Scenario load(const ScenarioOptions& opts);
 
