@@ -507,6 +507,68 @@ Setting ds_offload(const json& value, const std::string& file) {
   return Setting{Raw{name != "none"}, file, {}};
 }
 
+/** The keys DeepSpeed's DeepSpeedZeroConfig accepts in zero_optimization for `version`: its
+ *  fields and their aliases. Its config model forbids any other key (runtime/config_utils.py,
+ *  v0.13.4 line 109 `extra = "forbid"`; v0.17.6 line 110 `extra="forbid"`), so DeepSpeed
+ *  refuses a ds_config with a misspelt key. From runtime/zero/config.py's class
+ *  DeepSpeedZeroConfig: v0.13.1 to v0.13.5 (lines 82-299 of v0.13.4) have the same 41; v0.14.4
+ *  adds use_all_reduce_for_fetch_params (line 238) with its stage3_ alias; v0.17.6 adds also
+ *  zenflow (170), module_granularity_threshold (256) with its stage3_ alias, zeropp_loco_param
+ *  (320), log_trace_cache_warnings and enable_sanity_checks. */
+std::vector<std::string> deepspeed_zero_keys(const std::string& version) {
+  std::vector<std::string> keys = {"stage",
+                                   "contiguous_gradients",
+                                   "reduce_scatter",
+                                   "reduce_bucket_size",
+                                   "use_multi_rank_bucket_allreduce",
+                                   "allgather_partitions",
+                                   "allgather_bucket_size",
+                                   "overlap_comm",
+                                   "load_from_fp32_weights",
+                                   "elastic_checkpoint",
+                                   "offload_param",
+                                   "offload_optimizer",
+                                   "sub_group_size",
+                                   "cpu_offload_param",
+                                   "cpu_offload_use_pin_memory",
+                                   "cpu_offload",
+                                   "prefetch_bucket_size",
+                                   "stage3_prefetch_bucket_size",
+                                   "param_persistence_threshold",
+                                   "stage3_param_persistence_threshold",
+                                   "model_persistence_threshold",
+                                   "stage3_model_persistence_threshold",
+                                   "max_live_parameters",
+                                   "stage3_max_live_parameters",
+                                   "max_reuse_distance",
+                                   "stage3_max_reuse_distance",
+                                   "gather_16bit_weights_on_model_save",
+                                   "stage3_gather_16bit_weights_on_model_save",
+                                   "stage3_gather_fp16_weights_on_model_save",
+                                   "ignore_unused_parameters",
+                                   "legacy_stage1",
+                                   "round_robin_gradients",
+                                   "zero_hpz_partition_size",
+                                   "zero_quantized_weights",
+                                   "zero_quantized_nontrainable_weights",
+                                   "zero_quantized_gradients",
+                                   "mics_shard_size",
+                                   "mics_hierarchical_params_gather",
+                                   "memory_efficient_linear",
+                                   "pipeline_loading_checkpoint",
+                                   "override_module_apply"};
+  if (version == "0.14.4" || version == "0.17.6") {
+    keys.insert(keys.end(),
+                {"use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params"});
+  }
+  if (version == "0.17.6") {
+    keys.insert(keys.end(),
+                {"zenflow", "module_granularity_threshold", "stage3_module_granularity_threshold",
+                 "zeropp_loco_param", "log_trace_cache_warnings", "enable_sanity_checks"});
+  }
+  return keys;
+}
+
 /** A ds_config's batch keys, reconciled once the world size is known (reconcile_batch). */
 struct DsBatch {
   std::string file;
@@ -529,9 +591,9 @@ std::optional<std::int64_t> ds_batch_key(Scenario& sc, const json& config, const
   }
   const std::int64_t v = int64_of(json_setting(value, file, name, "an integer"), name);
   if (v < 1 || v > std::numeric_limits<int>::max()) {
-    throw InputError(file, name,
-                     fmt::format("{} is out of range (allowed: 1 to {})", v,
-                                 std::numeric_limits<int>::max()));
+    throw InputError(
+        file, name,
+        fmt::format("{} is out of range (allowed: 1 to {})", v, std::numeric_limits<int>::max()));
   }
   return v;
 }
@@ -566,7 +628,8 @@ void apply_ds_precision(Scenario& sc, const json& config, const std::string& fil
   if (bf16 && fp16) {
     // runtime/config.py, v0.13.4 line 831: 'bfloat16 and fp16 modes cannot be simultaneously
     // enabled'.
-    throw InputError(file, "bf16", "and fp16 are both enabled (allowed: at most one, as DeepSpeed)");
+    throw InputError(file, "bf16",
+                     "and fp16 are both enabled (allowed: at most one, as DeepSpeed)");
   }
   sc.training.dtype = bf16 ? "bf16" : fp16 ? "fp16" : "fp32";
   origins["training.dtype"] = file;
@@ -576,7 +639,8 @@ void apply_ds_precision(Scenario& sc, const json& config, const std::string& fil
   }
 }
 
-void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsBatch& batch) {
+void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsBatch& batch,
+                     const std::string& version) {
   const fs::path path = resolve(s, "zero.ds_config");
   const json config = read_json(s, "zero.ds_config", path);
   const std::string file = path.string();
@@ -601,8 +665,17 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
     throw InputError(file, "zero_optimization", "expected an object, got " + shown_json(zero));
   }
   std::map<std::string, std::string> spelled;  // dotted key -> the name it was given by
+  const std::vector<std::string> known = deepspeed_zero_keys(version);
   for (const auto& [name, value] : zero.items()) {
     const std::string key = "zero_optimization." + name;
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      const std::optional<std::string> near = closest(name, known);
+      throw InputError(file, key,
+                       fmt::format("unknown key: DeepSpeed {} refuses it (its DeepSpeedZeroConfig "
+                                   "forbids keys it does not define){} (allowed: {})",
+                                   version, near ? fmt::format("; did you mean '{}'?", *near) : "",
+                                   joined(known)));
+    }
     const std::optional<std::string> dotted = ds_key(name);
     if (dotted) {
       // DeepSpeed reads one of an alias and its stage3_ name, chosen by its own precedence; the
@@ -752,7 +825,17 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
   apply_model_source(scenario, settings, origins);
   DsBatch batch;
   if (const Setting* ds = find_setting(settings, "zero.ds_config")) {
-    apply_ds_config(scenario, *ds, origins, batch);
+    // The version whose config rules apply: the scenario's or --set's, else the default. An
+    // unknown one is reported when its key is applied below; here the default's rules apply.
+    std::string version = ZeroConfig{}.deepspeed_version;
+    if (const Setting* v = find_setting(settings, "zero.deepspeed_version")) {
+      if (const auto* text = std::get_if<std::string>(&v->raw);
+          text != nullptr && std::find(kDeepSpeedVersions.begin(), kDeepSpeedVersions.end(),
+                                       *text) != kDeepSpeedVersions.end()) {
+        version = *text;
+      }
+    }
+    apply_ds_config(scenario, *ds, origins, batch, version);
   }
   // The user's ds_config and HF config set some keys above; a key given in the scenario or with
   // --set overrides them, and says so (issue 17: nothing overridden silently).
