@@ -241,33 +241,29 @@ OrderChooser timing_chooser(const Timeline& timing) {
   };
 }
 
+namespace {
+
+/** One step of two replays, bit for bit: the loss's bits and health, the weights' hash, and
+ *  the bad elements, ranks and units. */
+bool same_step(const StepRecord& x, const StepRecord& y) {
+  return std::bit_cast<std::uint64_t>(x.loss) == std::bit_cast<std::uint64_t>(y.loss) &&
+         x.loss_health == y.loss_health && x.weights_hash == y.weights_hash &&
+         x.bad_elements == y.bad_elements && x.bad_ranks == y.bad_ranks &&
+         x.bad_units == y.bad_units;
+}
+
+}  // namespace
+
 int first_difference(const ReplayResult& a, const ReplayResult& ref) {
-  for (std::size_t k = 0; k < std::max(a.steps.size(), ref.steps.size()); ++k) {
-    if (k >= a.steps.size() || k >= ref.steps.size()) return static_cast<int>(k);
-    ReplayResult x;
-    ReplayResult y;
-    x.mode = a.mode;
-    y.mode = ref.mode;
-    x.steps = {a.steps[k]};
-    y.steps = {ref.steps[k]};
-    if (!same_result(x, y)) return static_cast<int>(k);
+  const std::size_t common = std::min(a.steps.size(), ref.steps.size());
+  for (std::size_t k = 0; k < common; ++k) {
+    if (!same_step(a.steps[k], ref.steps[k])) return static_cast<int>(k);
   }
-  return -1;
+  return a.steps.size() == ref.steps.size() ? -1 : static_cast<int>(common);
 }
 
 bool same_result(const ReplayResult& a, const ReplayResult& b) {
-  if (a.steps.size() != b.steps.size()) return false;
-  for (std::size_t k = 0; k < a.steps.size(); ++k) {
-    const StepRecord& x = a.steps[k];
-    const StepRecord& y = b.steps[k];
-    if (std::bit_cast<std::uint64_t>(x.loss) != std::bit_cast<std::uint64_t>(y.loss) ||
-        x.loss_health != y.loss_health || x.weights_hash != y.weights_hash ||
-        x.bad_elements != y.bad_elements || x.bad_ranks != y.bad_ranks ||
-        x.bad_units != y.bad_units) {
-      return false;
-    }
-  }
-  return true;
+  return first_difference(a, b) < 0;
 }
 
 ExploreResult explore(const Scenario& scenario, const Schedule& schedule,
@@ -296,13 +292,14 @@ ExploreResult explore(const Scenario& scenario, const Schedule& schedule,
     ReplayResult r = replay(scenario, schedule, order.timeline, o.mode);
     const int order_index = done++;
     if (o.progress) o.progress(done, o.budget);
-    if (same_result(r, out.reference)) return false;
+    const int bad = first_difference(r, out.reference);
+    if (bad < 0) return false;
     Counterexample c;
     c.phase = phase;
     c.pair = pair;
     c.second_first = second_first;
     c.order = order_index;
-    c.first_bad_step = first_difference(r, out.reference);
+    c.first_bad_step = bad;
     c.timeline = std::move(order.timeline);
     c.result = std::move(r);
     out.counterexample = std::move(c);

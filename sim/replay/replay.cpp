@@ -27,6 +27,13 @@ bool numeric_fits(const Scenario& sc) {
          tokens <= 4096;
 }
 
+std::string describe_step(const StepRecord& s, Mode mode) {
+  if (mode == Mode::kNumeric)
+    return fmt::format("loss {}, weights after it {:016x}", s.loss, s.weights_hash);
+  return fmt::format("{} bad weight element{} after it", s.bad_elements,
+                     s.bad_elements == 1 ? "" : "s");
+}
+
 Timeline serialized_timeline(const Schedule& s) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const std::size_t ranks = s.ranks.size();

@@ -60,6 +60,10 @@ struct ReplayResult {
  *  the first of them, e.g. "HANG: 12 ops never ran (...); the first: rank 3 op 40 ...". */
 std::string hang_of(const Schedule& schedule, const Timeline& timeline);
 
+/** One step in words, as explore and repro --order print it: the loss and a hash of the
+ *  weights after it (numeric), or how many weight elements are bad after it (taint). */
+std::string describe_step(const StepRecord& step, Mode mode);
+
 /** True when the numeric replay can hold every rank's buffers of this scenario in memory. */
 bool numeric_fits(const Scenario& scenario);
 

@@ -107,14 +107,18 @@ namespace {
 constexpr const char* kDeepSpeedBuilderRefusal =
     "the data replay cannot follow the DeepSpeed builder's schedules yet (its coalesced and "
     "quantized gathers carry several parameters through shared buffers); use run.builder = "
-    "\"coarse\" for repro, or check and sim for this builder";
+    "\"coarse\" to replay, or check and sim for this builder";
 
 }  // namespace
 
-ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
+void require_replayable(const Scenario& scenario) {
   if (scenario.run.builder == "deepspeed") {
     throw InputError(scenario.path, "run.builder", kDeepSpeedBuilderRefusal);
   }
+}
+
+ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
+  require_replayable(scenario);
   ReproResult out;
   out.scenario = scenario.path;
   out.mode = o.mode.value_or(numeric_fits(scenario) ? Mode::kNumeric : Mode::kTaint);

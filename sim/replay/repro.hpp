@@ -57,6 +57,10 @@ struct ReproResult {
 /** Runs every variant of `scenario` (whose run.variant is ignored) per `options`. */
 ReproResult run_repro(const Scenario& scenario, const ReproOptions& options);
 
+/** Throws InputError (run.builder) when the data replay cannot follow the schedules `scenario`
+ *  builds: the DeepSpeed builder's (repro, repro --order and explore all call it). */
+void require_replayable(const Scenario& scenario);
+
 /** Replays one given schedule (say, read from a file: there are no variants to build) per
  *  `options`, always in the taint domain (the numeric one runs the builder's tiny model); its
  *  one variant is named after schedule.variant, and `name` names the result. `scenario`
@@ -71,7 +75,8 @@ std::string repro_table(const ReproResult& r);
 std::string repro_csv(const ReproResult& r);
 /** The loss curves of the first run as a self-contained SVG plot. */
 std::string repro_svg(const ReproResult& r);
-/** The JSON form: {"variants": {"stock": {"loss": [...], "first_bad_step": n|null, ...}}}. */
-std::string repro_json(const ReproResult& r);
+/** The JSON form: {"variants": {"stock": {"loss": [...], "first_bad_step": n|null, ...}},
+ *  "notes": [...]}, `notes` being what loading the scenario noted (Scenario::notes). */
+std::string repro_json(const ReproResult& r, const std::vector<std::string>& notes = {});
 
 }  // namespace hpz::replay

@@ -171,9 +171,10 @@ std::string repro_svg(const ReproResult& r) {
   return out;
 }
 
-std::string repro_json(const ReproResult& r) {
+std::string repro_json(const ReproResult& r, const std::vector<std::string>& notes) {
   nlohmann::json j;
   j["scenario"] = r.scenario;
+  j["notes"] = notes;
   j["mode"] = r.mode == Mode::kNumeric ? "numeric" : "taint";
   j["timing"] = r.timing;
   j["first_seed"] = r.first_seed;

@@ -106,7 +106,9 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
 }
 
 std::string JsonReporter::render(const Schedule& schedule, const SimResult& r) const {
-  return to_json(schedule, r, op_times_).dump(2) + "\n";
+  nlohmann::json j = to_json(schedule, r, op_times_);
+  j["notes"] = notes_;
+  return j.dump(2) + "\n";
 }
 
 }  // namespace hpz::time

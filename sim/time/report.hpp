@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "sim/schedule.hpp"
 #include "sim/time/simulate.hpp"
@@ -33,11 +35,13 @@ class JsonReporter : public Reporter {
   /** With `op_times`, the JSON also has `op_times` (per rank, per op in IR order:
    *  [issue_s, start_s, end_s], null for an op that never ran) and `op_labels` (per rank, per
    *  op: "kind/purpose/unit"), which `hpzlab compare` aligns. */
-  explicit JsonReporter(bool op_times = false) : op_times_(op_times) {}
+  explicit JsonReporter(bool op_times = false, std::vector<std::string> notes = {})
+      : op_times_(op_times), notes_(std::move(notes)) {}
   std::string render(const Schedule& schedule, const SimResult& result) const override;
 
  private:
   bool op_times_;
+  std::vector<std::string> notes_;  ///< what loading the scenario noted, as "notes"
 };
 
 /** The JSON object JsonReporter writes, for callers that add keys of their own (`hpzlab real`

@@ -17,6 +17,7 @@
 #include "sim/check/report.hpp"
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
+#include "sim/xml.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {
@@ -32,32 +33,6 @@ struct CheckOptions {
   std::string junit;      ///< --junit FILE: JUnit XML, a test case per checked schedule
   std::string sarif;      ///< --sarif FILE: SARIF 2.1.0, a result per finding group
 };
-
-std::string xml_escaped(const std::string& in) {
-  std::string out;
-  for (const char c : in) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 /** --deepspeed V1,V2,...: the versions, each one the DeepSpeed builder models. */
 std::vector<std::string> versions_of(const CheckOptions& opts) {
@@ -91,9 +66,9 @@ std::vector<Override> overrides_of(const CheckOptions& opts) {
 /** A verdict and what it covered. */
 struct Checked {
   check::CheckResult result;
-  int steps = 0;           ///< optimizer steps in the checked schedule
-  bool from_file = false;  ///< --schedule FILE: its steps are the recording's
-  bool coarse = false;     ///< built by the coarse builder
+  int steps = 0;                   ///< optimizer steps in the checked schedule
+  bool from_file = false;          ///< --schedule FILE: its steps are the recording's
+  bool coarse = false;             ///< built by the coarse builder
   std::vector<std::string> notes;  ///< what loading the scenario noted (Scenario::notes)
 };
 

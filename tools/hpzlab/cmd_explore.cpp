@@ -18,6 +18,7 @@
 #include "sim/error.hpp"
 #include "sim/replay/explore.hpp"
 #include "sim/replay/explored_order.hpp"
+#include "sim/replay/repro.hpp"
 #include "sim/time/engine.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -47,35 +48,17 @@ std::vector<replay::RacePair> race_pairs(const check::CheckResult& result) {
   return out;
 }
 
-std::string step_text(const replay::StepRecord& s, replay::Mode mode) {
-  if (mode == replay::Mode::kNumeric)
-    return fmt::format("loss {}, weights after it {:016x}", s.loss, s.weights_hash);
-  return fmt::format("{} bad weight element{} after it", s.bad_elements,
-                     s.bad_elements == 1 ? "" : "s");
-}
-
 void run_explore(const ExploreCliOptions& o, int& exit_code) {
   require_at_least("--budget", o.budget, 1);
   require_at_least("--depth", o.depth, 1);
   check_outputs({{o.common.json, "--json"}, {o.order_out, "--order-out"}}, inputs_of(o.common));
   Scenario sc = load(o.common);
-  if (sc.run.builder == "deepspeed") {
-    throw InputError(sc.path, "run.builder",
-                     "explore replays the data, which cannot follow the DeepSpeed builder's "
-                     "schedules yet (as repro); use run.builder = \"coarse\"");
-  }
+  replay::require_replayable(sc);
   replay::ExploreOptions eo;
   eo.budget = o.budget;
   eo.seed = o.seed;
   eo.depth = o.depth;
-  if (o.mode == "numeric" && !replay::numeric_fits(sc)) {
-    throw InputError(o.common.scenario, "--mode",
-                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
-                     "(use taint or auto)");
-  }
-  eo.mode = o.mode == "taint" || (o.mode == "auto" && !replay::numeric_fits(sc))
-                ? replay::Mode::kTaint
-                : replay::Mode::kNumeric;
+  eo.mode = replay_mode(o.mode, sc, o.common.scenario);
   eo.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} orders explored", done, total));
   };
@@ -124,7 +107,8 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
           "uninitialized or stale reads; where every order is bad alike, a race changes nothing "
           "this comparison sees\n",
           r.reference_bad_step,
-          step_text(r.reference.steps[static_cast<std::size_t>(r.reference_bad_step)], eo.mode));
+          replay::describe_step(r.reference.steps[static_cast<std::size_t>(r.reference_bad_step)],
+                                eo.mode));
     } else if (r.incomplete > 0) {
       text += fmt::format("  note: {} order(s) hung (a collective some member never reaches)\n",
                           r.incomplete);
@@ -153,8 +137,8 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
                        static_cast<std::size_t>(std::max(c.first_bad_step, 0)) + 3});
          ++k) {
       text += fmt::format("  step {}: {} in this order; {} in the serialized reference\n", k,
-                          step_text(c.result.steps[k], eo.mode),
-                          step_text(r.reference.steps[k], eo.mode));
+                          replay::describe_step(c.result.steps[k], eo.mode),
+                          replay::describe_step(r.reference.steps[k], eo.mode));
     }
     if (checked.clean()) {
       text +=

@@ -34,10 +34,10 @@ std::string built_by(const Schedule& s) {
 }
 
 Schedule build(const std::string& scenario, const std::vector<std::string>& sets) {
-  std::vector<Override> overrides;
-  for (const std::string& s : sets) overrides.push_back(parse_override(s));
-  Scenario sc = load_scenario(scenario, overrides);
-  return build_schedule(sc);
+  ScenarioOptions opts;
+  opts.scenario = scenario;
+  opts.sets = sets;
+  return build_schedule(load(opts));
 }
 
 GoldenOrder golden_now(const std::string& scenario, const std::vector<std::string>& sets) {

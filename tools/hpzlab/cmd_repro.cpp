@@ -35,17 +35,25 @@ struct ReproCliOptions {
   std::string order;  ///< --order FILE: replay that explored order (hpzlab explore --order-out)
 };
 
+}  // namespace
+
+replay::Mode replay_mode(const std::string& mode, const Scenario& sc, const std::string& file) {
+  if (mode == "numeric" && !replay::numeric_fits(sc)) {
+    throw InputError(file, "--mode",
+                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
+                     "(use taint or auto)");
+  }
+  return mode == "taint" || (mode == "auto" && !replay::numeric_fits(sc)) ? replay::Mode::kTaint
+                                                                          : replay::Mode::kNumeric;
+}
+
+namespace {
+
 /** The four variants of the scenario; exit 0 when both fixes match no-hpz. */
 replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay::ReproOptions ro,
                                    int& exit_code) {
   if (o.steps) sc.run.steps = *o.steps;
-  if (o.mode == "numeric") ro.mode = replay::Mode::kNumeric;
-  if (o.mode == "taint") ro.mode = replay::Mode::kTaint;
-  if (ro.mode == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
-    throw InputError(o.common.scenario, "--mode",
-                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
-                     "(use taint or auto)");
-  }
+  ro.mode = replay_mode(o.mode, sc, o.common.scenario);
   ro.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} replays (4 variants x --runs)", done, total));
   };
@@ -79,13 +87,6 @@ replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::Re
   return r;
 }
 
-std::string order_step_text(const replay::StepRecord& s, replay::Mode mode) {
-  if (mode == replay::Mode::kNumeric)
-    return fmt::format("loss {}, weights after it {:016x}", s.loss, s.weights_hash);
-  return fmt::format("{} bad weight element{} after it", s.bad_elements,
-                     s.bad_elements == 1 ? "" : "s");
-}
-
 /** --order FILE: the scenario's schedule replayed along that order and along the serialized
  *  one; exit 1 when the weights differ (the order corrupts them), 0 when they agree. */
 void repro_order(const ReproCliOptions& o, int& exit_code) {
@@ -96,18 +97,8 @@ void repro_order(const ReproCliOptions& o, int& exit_code) {
   }
   check_outputs({{o.common.json, "--json"}}, {o.common.scenario, o.order});
   const Scenario sc = load(o.common);
-  if (sc.run.builder == "deepspeed") {
-    throw InputError(sc.path, "run.builder",
-                     "the data replay cannot follow the DeepSpeed builder's schedules yet");
-  }
-  if (o.mode == "numeric" && !replay::numeric_fits(sc)) {
-    throw InputError(o.common.scenario, "--mode",
-                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
-                     "(use taint or auto)");
-  }
-  const replay::Mode mode = o.mode == "taint" || (o.mode == "auto" && !replay::numeric_fits(sc))
-                                ? replay::Mode::kTaint
-                                : replay::Mode::kNumeric;
+  replay::require_replayable(sc);
+  const replay::Mode mode = replay_mode(o.mode, sc, o.common.scenario);
   const Schedule schedule = build_schedule(sc);
   const Timeline order = replay::read_explored_order(
       read_input_file(o.order, o.order, "--order", "cannot read this order file"), o.order,
@@ -123,8 +114,8 @@ void repro_order(const ReproCliOptions& o, int& exit_code) {
   for (std::size_t k = 0; k < r.steps.size() && k < ref.steps.size(); ++k) {
     const bool same = bad < 0 || static_cast<int>(k) < bad;
     text += fmt::format("  step {}: {}; serialized reference: {}{}\n", k,
-                        order_step_text(r.steps[k], mode), order_step_text(ref.steps[k], mode),
-                        same ? "" : "  <- differs");
+                        replay::describe_step(r.steps[k], mode),
+                        replay::describe_step(ref.steps[k], mode), same ? "" : "  <- differs");
     steps.push_back({{"step", k},
                      {"loss", r.steps[k].loss},
                      {"reference_loss", ref.steps[k].loss},
@@ -163,7 +154,7 @@ void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
   const replay::ReproResult r = o.common.schedule.empty() ? repro_variants(o, sc, ro, exit_code)
                                                           : repro_file(o, sc, ro, exit_code);
   if (!o.common.json.empty())
-    write_output(o.common.json, with_notes(replay::repro_json(r), sc), "--json");
+    write_output(o.common.json, replay::repro_json(r, sc.notes), "--json");
   if (!o.csv.empty()) write_output(o.csv, replay::repro_csv(r), "--csv");
   if (!o.plot.empty()) write_output(o.plot, replay::repro_svg(r), "--plot");
   if (o.common.json != "-") {

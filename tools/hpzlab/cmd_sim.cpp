@@ -45,8 +45,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
       on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
   if (!opts.scenario.json.empty()) {
     write_output(opts.scenario.json,
-                 with_notes(time::JsonReporter(opts.op_times).render(schedule, result), sc),
-                 "--json");
+                 time::JsonReporter(opts.op_times, sc.notes).render(schedule, result), "--json");
   }
   if (!opts.trace.empty())
     write_output(opts.trace, time::TraceReporter().render(schedule, result), "--trace");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sim/error.hpp"
+#include "sim/replay/replay.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule.hpp"
 
@@ -34,9 +35,6 @@ std::vector<std::string> inputs_of(const ScenarioOptions& opts);
 /** The scenario's notes (what loading it read, ignored, defaulted or overrode: Scenario::notes),
  *  a "note: ..." line each, for a subcommand's text output (issue 17: notes everywhere). */
 std::string notes_text(const Scenario& scenario);
-
-/** `json_text`, a JSON object, with "notes": the scenario's notes added. */
-std::string with_notes(const std::string& json_text, const Scenario& scenario);
 
 /** Loads the scenario with its overrides; throws InputError. */
 Scenario load(const ScenarioOptions& opts);
@@ -115,6 +113,12 @@ void require_between(const std::string& flag, double value, double min, double m
 /** As require_at_least, for a flag that must be greater than `bound` and at most `max` (a
  *  timeout: `inf` or 1e300 s would overflow the clock's deadline). */
 void require_within(const std::string& flag, double value, double bound, double max);
+
+/** --mode (auto | numeric | taint) for `scenario`: auto is numeric when the numeric replay can
+ *  hold the model (replay::numeric_fits), else taint; numeric on a model it cannot hold throws
+ *  InputError naming `file` and --mode. Shared by repro and explore. */
+replay::Mode replay_mode(const std::string& mode, const Scenario& scenario,
+                         const std::string& file);
 
 /** Registers `hpzlab schedule`; the callback stores its exit code in exit_code. */
 void setup_schedule(CLI::App& app, int& exit_code);

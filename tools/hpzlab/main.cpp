@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <nlohmann/json.hpp>
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
@@ -40,12 +39,6 @@ std::string notes_text(const Scenario& scenario) {
   std::string out;
   for (const std::string& note : scenario.notes) out += "note: " + note + "\n";
   return out;
-}
-
-std::string with_notes(const std::string& json_text, const Scenario& scenario) {
-  nlohmann::json j = nlohmann::json::parse(json_text);
-  j["notes"] = scenario.notes;
-  return j.dump(2) + "\n";
 }
 
 Scenario load(const ScenarioOptions& opts) {

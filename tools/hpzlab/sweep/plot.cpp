@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/xml.hpp"
+
 namespace hpz::sweep {
 namespace {
 
@@ -19,29 +21,6 @@ const char* color(std::size_t i) {
   static const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
                                         "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
   return palette[i % (sizeof(palette) / sizeof(palette[0]))];
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 /** One axis: its range, scale and ticks, and where a value lands in pixels. */
@@ -85,12 +64,12 @@ void draw_frame(std::string& svg, const Chart& chart) {
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft,
       kTop, kPlotW, kPlotH);
   svg += fmt::format("<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
-                     kLeft + kPlotW / 2, escape(chart.title));
+                     kLeft + kPlotW / 2, xml_escaped(chart.title));
   svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                     kLeft + kPlotW / 2, kHeight - 14, escape(chart.x_label));
+                     kLeft + kPlotW / 2, kHeight - 14, xml_escaped(chart.x_label));
   svg += fmt::format(
       "<text transform=\"translate(18 {}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
-      kTop + kPlotH / 2, escape(chart.y_label));
+      kTop + kPlotH / 2, xml_escaped(chart.y_label));
 }
 
 void draw_x_ticks(std::string& svg, const Chart& chart, const Axis& x) {
@@ -98,7 +77,7 @@ void draw_x_ticks(std::string& svg, const Chart& chart, const Axis& x) {
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#ddd\"/>"
         "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
-        px, kTop, kTop + kPlotH, kTop + kPlotH + 16, escape(label));
+        px, kTop, kTop + kPlotH, kTop + kPlotH + 16, xml_escaped(label));
   };
   if (!chart.x_labels.empty()) {
     for (std::size_t i = 0; i < chart.x_labels.size(); ++i) {
@@ -128,7 +107,7 @@ void draw_legend(std::string& svg, const Chart& chart) {
     svg += fmt::format(
         "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"2\"/>"
         "<text x=\"{}\" y=\"{}\">{}</text>\n",
-        x, y, x + 20, y, color(i), x + 26, y + 4, escape(chart.series[i].name));
+        x, y, x + 20, y, color(i), x + 26, y + 4, xml_escaped(chart.series[i].name));
   }
   if (chart.series.size() > kMaxLegend) {
     svg += fmt::format("<text x=\"{}\" y=\"{}\">... {} more</text>\n", x, y + 4,
@@ -139,7 +118,7 @@ void draw_legend(std::string& svg, const Chart& chart) {
     svg += fmt::format(
         "<circle cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>"
         "<text x=\"{}\" y=\"{}\">{}</text>\n",
-        x + 10, y + 6, kMarkColor, x + 26, y + 10, escape(chart.marked_meaning));
+        x + 10, y + 6, kMarkColor, x + 26, y + 10, xml_escaped(chart.marked_meaning));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "sim/error.hpp"
+#include "sim/xml.hpp"
 
 namespace hpz::sweep {
 namespace {
@@ -101,39 +102,21 @@ Chart chart_of(const Plan& plan, const std::vector<Row>& rows, std::size_t k,
   return chart;
 }
 
-std::string html_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '&') {
-      out += "&amp;";
-    } else if (c == '<') {
-      out += "&lt;";
-    } else if (c == '>') {
-      out += "&gt;";
-    } else if (c == '"') {
-      out += "&quot;";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 std::string cell(const nlohmann::ordered_json& v) {
   if (v.is_null()) return "";
-  if (v.is_string()) return html_escape(v.get<std::string>());
+  if (v.is_string()) return xml_escaped(v.get<std::string>());
   if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
-  return html_escape(v.dump());
+  return xml_escaped(v.dump());
 }
 
 std::string html_table(const Plan& plan, const std::vector<Row>& rows) {
   const std::vector<std::string> cols = columns(plan);
   std::string html = "<table>\n<tr>";
-  for (const std::string& c : cols) html += "<th>" + html_escape(c) + "</th>";
+  for (const std::string& c : cols) html += "<th>" + xml_escaped(c) + "</th>";
   html += "</tr>\n";
   for (const Row& row : rows) {
     const std::string status = row.value("status", "");
-    html += status == "ok" ? "<tr>" : "<tr class=\"" + html_escape(status) + "\">";
+    html += status == "ok" ? "<tr>" : "<tr class=\"" + xml_escaped(status) + "\">";
     for (const std::string& c : cols)
       html += "<td>" + (row.contains(c) ? cell(row[c]) : "") + "</td>";
     html += "</tr>\n";
@@ -157,11 +140,11 @@ std::string html_report(const Plan& plan, const std::vector<Row>& rows,
       "<p>{1} points &times; {2} variants &times; {3} runs: {4} rows, {5} failed, {6} in which a "
       "race bites (ringed in red in the plots). Results: <a href=\"results.csv\">results.csv</a>, "
       "<a href=\"results.jsonl\">results.jsonl</a>. The sweep:</p>\n<pre>{7}</pre>\n",
-      html_escape(plan.scenario), plan.points(), plan.variants.size(), plan.runs, rows.size(),
-      failed, bites, html_escape(plan.to_json().dump(2)));
+      xml_escaped(plan.scenario), plan.points(), plan.variants.size(), plan.runs, rows.size(),
+      failed, bites, xml_escaped(plan.to_json().dump(2)));
   if (!svg_files.empty()) html += "<h2>Plots</h2>\n";
   for (const std::string& f : svg_files) {
-    html += fmt::format("<p><img src=\"plots/{0}\" alt=\"{0}\"></p>\n", html_escape(f));
+    html += fmt::format("<p><img src=\"plots/{0}\" alt=\"{0}\"></p>\n", xml_escaped(f));
   }
   html += "<h2>Table</h2>\n" + html_table(plan, rows);
   return html + "</body></html>\n";
