@@ -65,6 +65,10 @@ struct TrainingConfig {
   int grad_accum = 1;              ///< micro-steps per optimizer step
   bool grad_checkpointing = true;  ///< recompute each layer's forward in backward
   std::string dtype = "bf16";      ///< bf16 | fp16 | fp32
+  /// The run uses the Hugging Face Trainer (or accelerate, axolotl, LLaMA-Factory, which fill
+  /// alike): a ds_config's "auto" values are filled as it fills them, from the model's hidden
+  /// size; otherwise "auto" keeps DeepSpeed's default. A note says which, either way.
+  bool hf_trainer = false;
 
   int dtype_bytes() const { return dtype == "fp32" ? 4 : 2; }
 };
@@ -151,6 +155,21 @@ using Override = std::pair<std::string, std::string>;
 
 /** Reads a scenario file and applies overrides; throws InputError on any mistake. */
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides = {});
+
+/** A key set by a command-line flag of its own, such as `--ds-config FILE` for zero.ds_config
+ *  (issue 17's one-command form); `flag` names it in errors and notes. */
+struct FlagSetting {
+  std::string flag;   ///< e.g. "--ds-config"
+  std::string key;    ///< e.g. "zero.ds_config"
+  std::string value;  ///< read as --set reads it
+};
+
+/** As above, with keys set by flags: the file's keys, then the flags', then `overrides` (--set),
+ *  each later one winning. `path` may be "" (no scenario file: every key at its documented
+ *  default), in which case the flags must name the model (model.hf_config) and the ds_config,
+ *  and the scenario is named after those two files. */
+Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides,
+                       const std::vector<FlagSetting>& flags);
 
 /** Parses "key=value" from the command line; throws InputError when there is no '='. */
 Override parse_override(const std::string& text);

@@ -720,5 +720,132 @@ TEST_F(ScenarioFile, DeepSpeedPrecision) {
              "ds.json: bf16: and fp16 are both enabled");
 }
 
+TEST_F(ScenarioFile, DeepSpeedPrecisionAutoKeepsTheScenarios) {
+  // "auto" is the HF Trainer's (its --bf16 / --fp16): the scenario's dtype stays, not fp32.
+  const std::string toml = "[model]\npreset = \"tiny\"\n[zero]\nds_config = \"ds.json\"\n";
+  write("ds.json", R"({"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}})");
+  Scenario s = load_scenario(write("s.toml", toml));
+  EXPECT_EQ(s.training.dtype, "bf16");
+  EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [](const std::string& n) {
+    return n.find("bf16.enabled is \"auto\"") != std::string::npos;
+  }));
+  s = load_scenario(write("s.toml", toml + "[training]\ndtype = \"fp16\"\n"));
+  EXPECT_EQ(s.training.dtype, "fp16");
+  write("ds.json", R"({"bf16": {"enabled": "auto"}, "fp16": {"enabled": true}})");
+  EXPECT_EQ(load_scenario(write("s.toml", toml)).training.dtype, "fp16");
+}
+
+TEST_F(ScenarioFile, BatchAutoKeepsTheScenarios) {
+  // Accumulation "auto" is the Trainer's argument: the scenario's value stands, and no note
+  // claims the batch keys are missing.
+  write("ds.json", R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                       "gradient_accumulation_steps": "auto"})");
+  const Scenario s = load_scenario(write(
+      "s.toml",
+      "[model]\npreset = \"tiny\"\n[zero]\nds_config = \"ds.json\"\n[training]\ngrad_accum = 4\n"
+      "micro_batch = 2\n"));
+  EXPECT_EQ(s.training.grad_accum, 4);
+  EXPECT_EQ(s.training.micro_batch, 2);
+  for (const std::string& n : s.notes)
+    EXPECT_EQ(n.find("DeepSpeed asserts"), std::string::npos) << n;
+  EXPECT_EQ(std::count_if(s.notes.begin(), s.notes.end(),
+                          [](const std::string& n) {
+                            return n.find("gradient_accumulation_steps are \"auto\"") !=
+                                   std::string::npos;
+                          }),
+            1);
+}
+
+// The HF Trainer's fill (transformers 4.35.2 integrations/deepspeed.py, trainer_config_finalize;
+// the same values in accelerate, axolotl and LLaMA-Factory): from the hidden size h,
+// stage3_prefetch_bucket_size 0.9 h^2 and stage3_param_persistence_threshold 10 h.
+TEST_F(ScenarioFile, AutoFilledAsTheHfTrainerDoesOnlyWhenAsked) {
+  write("ds.json", R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto",
+                       "stage3_param_persistence_threshold": "auto", "reduce_bucket_size": "auto"}})");
+  const std::string toml = "[model]\npreset = \"llama2-7b\"\n[zero]\nds_config = \"ds.json\"\n";
+  const Scenario plain = load_scenario(write("s.toml", toml));
+  EXPECT_EQ(plain.zero.stage3_prefetch_bucket_size, 50'000'000);  // DeepSpeed's defaults
+  EXPECT_EQ(plain.zero.stage3_param_persistence_threshold, 100'000);
+  EXPECT_TRUE(std::any_of(plain.notes.begin(), plain.notes.end(), [](const std::string& n) {
+    return n.find("the HF Trainer would fill 15099494") != std::string::npos;
+  }));
+  const std::string path = write("s.toml", toml);
+  for (const Scenario& s :
+       {load_scenario(path, {{"training.hf_trainer", "true"}}),
+        load_scenario(path, {}, {{"--hf-trainer", "training.hf_trainer", "true"}})}) {
+    EXPECT_EQ(s.zero.stage3_prefetch_bucket_size, 15'099'494);  // int(0.9 x 4096^2)
+    EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 40'960);
+    EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [](const std::string& n) {
+      return n.find("40960 as the HF Trainer fills it") != std::string::npos;
+    }));
+  }
+}
+
+TEST_F(ScenarioFile, MicsIsRefused) {
+  write("ds.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})");
+  const std::string toml = "[model]\npreset = \"tiny\"\n[zero]\nds_config = \"ds.json\"\n";
+  EXPECT_HAS(error_of([&] { load_scenario(write("s.toml", toml)); }),
+             "ds.json: zero_optimization.mics_shard_size: 8: MiCS is not modelled");
+  write("ds.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": -1}})");
+  EXPECT_NO_THROW(load_scenario(write("s.toml", toml)));  // DeepSpeed's default: MiCS off
+}
+
+// Issue 17's one-command form: the user's files on the defaults, no scenario file.
+TEST_F(ScenarioFile, OneCommandFormReadsTheUsersFilesOnTheDefaults) {
+  const std::string ds = write("ds.json", R"({"train_micro_batch_size_per_gpu": 2,
+      "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4, "overlap_comm": false}})");
+  const std::string hf = (kData / "hf_llama" / "config.json").string();
+  const Scenario s = load_scenario("", {},
+                                   {{"--hf-config", "model.hf_config", hf},
+                                    {"--ds-config", "zero.ds_config", ds},
+                                    {"--nodes", "cluster.nodes", "4"}});
+  EXPECT_EQ(s.path, ds + " + " + hf);
+  EXPECT_EQ(s.model.hidden, 8192);
+  EXPECT_EQ(s.cluster.nodes, 4);
+  EXPECT_EQ(s.cluster.gpus_per_node, 8);  // the documented default
+  EXPECT_EQ(s.cluster.nic_gbps, 12.5);
+  EXPECT_EQ(s.zero.zero_hpz_partition_size, 4);
+  EXPECT_FALSE(s.zero.overlap_comm);
+  EXPECT_EQ(s.training.micro_batch, 2);
+  // Both files are needed without a scenario; a flag's bad value names the flag.
+  EXPECT_HAS(error_of([&] {
+               load_scenario("", {}, {{"--hf-config", "model.hf_config", hf}});
+             }),
+             "--ds-config: is required without a scenario file");
+  EXPECT_HAS(error_of([&] {
+               load_scenario("", {},
+                             {{"--hf-config", "model.hf_config", hf},
+                              {"--ds-config", "zero.ds_config", ds},
+                              {"--nodes", "cluster.nodes", "0"}});
+             }),
+             "--nodes: cluster.nodes: must be at least 1");
+}
+
+TEST_F(ScenarioFile, PrecedenceFilesThenScenarioKeysThenSet) {
+  // The flags' files sit under the scenario's own keys (with a note); --set wins over both.
+  const std::string ds = write("ds.json", R"({"zero_optimization": {"stage": 3,
+      "overlap_comm": false, "zero_hpz_partition_size": 2}})");
+  const std::string path = write(
+      "s.toml", "[model]\npreset = \"tiny\"\n[zero]\noverlap_comm = true\n[cluster]\nnodes = 3\n");
+  const std::vector<FlagSetting> flags = {{"--ds-config", "zero.ds_config", ds},
+                                          {"--nodes", "cluster.nodes", "2"}};
+  Scenario s = load_scenario(path, {}, flags);
+  EXPECT_TRUE(s.zero.overlap_comm);              // the scenario's key over the user's file
+  EXPECT_EQ(s.zero.zero_hpz_partition_size, 2);  // the file's, the scenario is silent
+  EXPECT_EQ(s.cluster.nodes, 2);                 // the flag, given on the command line
+  EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [&](const std::string& n) {
+    return n.find("zero.overlap_comm from " + path + " overrides the value " + ds) !=
+           std::string::npos;
+  }));
+  s = load_scenario(path, {{"zero.overlap_comm", "false"}, {"cluster.nodes", "1"}}, flags);
+  EXPECT_FALSE(s.zero.overlap_comm);
+  EXPECT_EQ(s.cluster.nodes, 1);
+  // A model file given as a flag replaces the scenario's preset, as --set does.
+  s = load_scenario(
+      path, {},
+      {{"--hf-config", "model.hf_config", (kData / "hf_llama" / "config.json").string()}});
+  EXPECT_EQ(s.model.hidden, 8192);
+}
+
 }  // namespace
 }  // namespace hpz

@@ -32,6 +32,7 @@ struct CheckOptions {
   std::string deepspeed;  ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
   std::string junit;      ///< --junit FILE: JUnit XML, a test case per checked schedule
   std::string sarif;      ///< --sarif FILE: SARIF 2.1.0, a result per finding group
+  UserFlags user;         ///< --ds-config, --hf-config, --nodes, --gpus-per-node
 };
 
 /** --deepspeed V1,V2,...: the versions, each one the DeepSpeed builder models. */
@@ -80,7 +81,11 @@ std::string progress_what(std::size_t i, std::size_t n, const char* doing, const
 }
 
 std::vector<Checked> check_scenarios(const CheckOptions& opts) {
-  if (opts.scenarios.empty()) throw InputError("", "scenario", "is required (or --schedule FILE)");
+  if (opts.scenarios.empty() && !has_user_files(opts.user)) {
+    throw InputError("", "scenario",
+                     "is required (a scenario file, your own --hf-config FILE --ds-config FILE, "
+                     "or --schedule FILE)");
+  }
   const std::vector<std::string> versions = versions_of(opts);
   // Without --deepspeed each scenario once; with it, each scenario under each version, built by
   // the DeepSpeed builder (the version matrix).
@@ -89,7 +94,10 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     std::vector<Override> overrides;
   };
   std::vector<Job> jobs;
-  for (const std::string& path : opts.scenarios) {
+  // The one-command form: the user's files on the defaults, as one scenario named after them.
+  const std::vector<std::string> paths =
+      opts.scenarios.empty() ? std::vector<std::string>{""} : opts.scenarios;
+  for (const std::string& path : paths) {
     if (versions.empty()) {
       jobs.push_back({path, overrides_of(opts)});
       continue;
@@ -105,8 +113,8 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
   const int total = static_cast<int>(n);
   std::vector<Checked> results;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::string& path = jobs[i].path;
-    const Scenario sc = load_scenario(path, jobs[i].overrides);
+    const Scenario sc = load(jobs[i].path, opts.user, jobs[i].overrides);
+    const std::string& path = sc.path;
     Schedule schedule;
     run_showing_progress(static_cast<double>(i), total,
                          progress_what(i, n, "building the schedule of", path),
@@ -117,9 +125,9 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     results.push_back(
         {std::move(result), sc.run.steps, false, sc.run.builder == "coarse", sc.notes});
   }
-  progress_bar(
-      total, total,
-      fmt::format("{} checked", n == 1 ? opts.scenarios[0] : fmt::format("{} scenarios", n)));
+  progress_bar(total, total,
+               fmt::format("{} checked",
+                           n == 1 ? results[0].result.scenario : fmt::format("{} scenarios", n)));
   return results;
 }
 
@@ -128,7 +136,7 @@ Checked check_file(const CheckOptions& opts) {
   if (opts.scenarios.size() > 1) {
     throw InputError("", "--schedule", "checks one schedule: give at most one scenario");
   }
-  if (opts.scenarios.empty() && !opts.sets.empty()) {
+  if (opts.scenarios.empty() && !opts.sets.empty() && !has_user_files(opts.user)) {
     throw InputError("", "--set", "needs a scenario to apply to");
   }
   if (!opts.deepspeed.empty()) {
@@ -139,8 +147,9 @@ Checked check_file(const CheckOptions& opts) {
   Schedule schedule;
   run_showing_progress(0, 1, "reading " + opts.schedule,
                        [&] { schedule = read_schedule(opts.schedule); });
-  if (!opts.scenarios.empty()) {
-    check_world_size(load_scenario(opts.scenarios[0], overrides_of(opts)), schedule, opts.schedule);
+  if (!opts.scenarios.empty() || has_user_files(opts.user)) {
+    const std::string path = opts.scenarios.empty() ? "" : opts.scenarios[0];
+    check_world_size(load(path, opts.user, overrides_of(opts)), schedule, opts.schedule);
   }
   check::CheckResult result;
   run_showing_progress(0.5, 1, "checking " + opts.schedule, [&] {
@@ -180,7 +189,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   }
   const bool text_out = to_stdout == 0;
   std::vector<std::string> inputs = opts.scenarios;
-  inputs.push_back(opts.schedule);
+  inputs.insert(inputs.end(), {opts.schedule, opts.user.ds_config, opts.user.hf_config});
   check_outputs({{opts.json, "--json"}, {opts.junit, "--junit"}, {opts.sarif, "--sarif"}}, inputs);
   const std::vector<Checked> checked =
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
@@ -297,6 +306,7 @@ void setup_check(CLI::App& app, int& exit_code) {
   sub->add_option("--sarif", opts->sarif,
                   "Also write SARIF 2.1.0 to FILE ('-' = stdout, instead of the text) for code "
                   "scanning: a result per group of findings, a rule per kind (docs/ci.md)");
+  add_user_flags(*sub, opts->user, false);
   sub->add_option("--schedule", opts->schedule,
                   "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
                   "or `hpzlab schedule --json`) instead of building one");
