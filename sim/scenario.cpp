@@ -455,6 +455,7 @@ ModelConfig read_hf_config(const Setting& s) {
   const bool falcon = type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel";
   ModelConfig model;
   model.name = file;
+  model.hf_config = file;
   // Falcon's older configs spell the dimensions n_layer / n_head / n_head_kv.
   model.layers = hf_required(config, file, {"num_hidden_layers", "n_layer"});
   model.hidden = hf_required(config, file, {"hidden_size"});
@@ -705,6 +706,7 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
     if (read_here.count(name) == 0) ignored.push_back(name);
   }
   batch.file = file;
+  scenario.zero.ds_config = file;
   batch.train_batch = ds_batch_key(batch, config, "train_batch_size", file);
   batch.micro = ds_batch_key(batch, config, "train_micro_batch_size_per_gpu", file);
   batch.accum = ds_batch_key(batch, config, "gradient_accumulation_steps", file);

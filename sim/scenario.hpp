@@ -56,6 +56,7 @@ struct ModelConfig {
   int kv_heads = 0;       ///< key/value heads (grouped-query attention when < heads)
   int vocab = 0;          ///< vocabulary size
   bool gated_mlp = true;  ///< Llama-style gate/up/down MLP (3 matrices) or 2 matrices (Falcon)
+  std::string hf_config;  ///< the Hugging Face config.json it was read from ("" = none)
 };
 
 /** [training]: the batch and the numeric format. */
@@ -90,6 +91,7 @@ struct ZeroConfig {
   bool offload_param = false;                                 ///< parameters live in host memory
   /// The DeepSpeed version whose hpZ behaviour the `deepspeed` builder issues (run.builder).
   std::string deepspeed_version = "0.13.4";
+  std::string ds_config;  ///< the DeepSpeed config JSON the keys were read from ("" = none)
 };
 
 /** [run]: which variant to build and how to run it. */

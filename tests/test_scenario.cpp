@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sim/error.hpp"
+#include "sim/record_inputs.hpp"
 #include "sim/scenario.hpp"
 #include "tests/paths.hpp"
 
@@ -845,6 +846,50 @@ TEST_F(ScenarioFile, PrecedenceFilesThenScenarioKeysThenSet) {
       path, {},
       {{"--hf-config", "model.hf_config", (kData / "hf_llama" / "config.json").string()}});
   EXPECT_EQ(s.model.hidden, 8192);
+}
+
+// What `check --record` gives real DeepSpeed (sim/record_inputs.hpp): the user's files with
+// every key hpzlab resolved.
+TEST_F(ScenarioFile, RecorderInputsSayWhatTheScenarioSays) {
+  write("ds.json", R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "eps": 1e-8}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}},
+      "gradient_clipping": "auto", "train_batch_size": "auto", "bfloat16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "prefetch_bucket_size": 7, "reduce_bucket_size": "auto",
+                            "stage3_param_persistence_threshold": "auto", "sub_group_size": 1e9}})");
+  write("config.json", R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128,
+      "tie_word_embeddings": true})");
+  const Scenario sc = load_scenario(
+      write("s.toml",
+            "[model]\nhf_config = \"config.json\"\nlayers = 3\n[zero]\nds_config = \"ds.json\"\n"
+            "zero_hpz_partition_size = 8\n[training]\nmicro_batch = 2\ndtype = \"fp16\"\n"),
+      {{"training.hf_trainer", "true"}});
+  const nlohmann::json ds = recorder_ds_config(sc);
+  const nlohmann::json& zero = ds["zero_optimization"];
+  EXPECT_EQ(zero["stage3_prefetch_bucket_size"], 7);  // from its alias, under the stage3_ name
+  EXPECT_FALSE(zero.contains("prefetch_bucket_size"));
+  EXPECT_EQ(zero["zero_hpz_partition_size"], 8);
+  EXPECT_EQ(zero["stage3_param_persistence_threshold"], 640);  // the Trainer's 10 h
+  EXPECT_EQ(zero["reduce_bucket_size"], 64 * 64);              // and its h^2
+  EXPECT_EQ(zero["sub_group_size"], 1e9);                      // not modelled: passed on
+  EXPECT_EQ(ds["train_micro_batch_size_per_gpu"], 2);
+  EXPECT_FALSE(ds.contains("train_batch_size"));  // DeepSpeed derives it
+  EXPECT_EQ(ds["fp16"]["enabled"], true);
+  EXPECT_EQ(ds["bf16"]["enabled"], false);
+  EXPECT_FALSE(ds.contains("bfloat16"));
+  EXPECT_EQ(ds["gradient_clipping"], 1.0);
+  EXPECT_FALSE(ds["optimizer"]["params"].contains("lr"));  // "auto": the Trainer's only
+  EXPECT_EQ(ds["optimizer"]["params"]["eps"], 1e-8);
+  const nlohmann::json hf = recorder_hf_config(sc);
+  EXPECT_EQ(hf["num_hidden_layers"], 3);  // the scenario's key over the file's
+  EXPECT_EQ(hf["tie_word_embeddings"], true);
+  EXPECT_FALSE(hf.contains("num_key_value_heads"));  // the file's own default stands
+  // A preset Llama is written as one; a preset that is not a Llama needs its config file.
+  const Scenario tiny = load_scenario(write("t.toml", "[model]\npreset = \"tiny\"\n"));
+  EXPECT_EQ(recorder_hf_config(tiny)["model_type"], "llama");
+  EXPECT_EQ(recorder_hf_config(tiny)["hidden_size"], tiny.model.hidden);
+  const Scenario falcon = load_scenario(write("f.toml", "[model]\npreset = \"falcon-40b\"\n"));
+  EXPECT_HAS(error_of([&] { recorder_hf_config(falcon); }), "not a Llama");
 }
 
 }  // namespace

@@ -183,6 +183,10 @@ std::string version_line();
  *  first argument is neither an option nor one of app's subcommands. */
 void check_subcommand_name(const CLI::App& app, int argc, char** argv);
 
+/** The recorder (tools/record in source_dir()); throws InputError naming `flag` when it is not
+ *  there or cannot be run. */
+std::string recorder_script(const std::string& flag);
+
 /** hpzlab's source tree: $HPZLAB_SOURCE_DIR, else where it was built from. */
 std::string source_dir();
 
