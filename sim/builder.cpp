@@ -12,6 +12,7 @@
 
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
+#include "sim/model_shape.hpp"
 #include "sim/shard.hpp"
 
 namespace hpz {
@@ -94,23 +95,33 @@ void BuildContext::add_unit(const std::string& name, int layer, std::uint64_t nu
 void BuildContext::add_units() {
   const auto& m = sc.model;
   const double tokens = static_cast<double>(sc.training.seq_len) * sc.training.micro_batch;
-  const std::uint64_t h = m.hidden;
-  const std::uint64_t kv_dim = h / m.heads * m.kv_heads;
-  const std::uint64_t attn = h * (h + 2 * kv_dim) + h * h;
-  const std::uint64_t mlp = (m.gated_mlp ? 3 : 2) * h * m.ffn;
-  // Attention scores and values: 2 matmuls of seq x seq x hidden per sequence.
-  const double attn_core = 4.0 * sc.training.seq_len * tokens * static_cast<double>(h);
-  add_unit("embed", -1, static_cast<std::uint64_t>(m.vocab) * h, 0.0);
+  const auto count = [](double n) { return static_cast<std::uint64_t>(n); };
+  // Attention scores and values: 2 matmuls of seq x seq x (heads x head dim) per sequence.
+  const double attn_core = 4.0 * sc.training.seq_len * tokens * attention_width(m);
+  const double norm_flops = 4.0 * tokens * m.hidden;
+  add_unit("embed", -1, count(embedding_params(m)), 0.0);
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "layers." + std::to_string(l);
-    add_unit(p + ".input_norm", l, h, 4.0 * tokens * static_cast<double>(h));
-    add_unit(p + ".attn", l, attn, 2.0 * tokens * static_cast<double>(attn) + attn_core);
-    add_unit(p + ".post_norm", l, h, 4.0 * tokens * static_cast<double>(h));
-    add_unit(p + ".mlp", l, mlp, 2.0 * tokens * static_cast<double>(mlp));
+    const LayerShape shape = layer_shape(m, l);
+    add_unit(p + ".input_norm", l, count(shape.input_norm), norm_flops);
+    add_unit(p + ".attn", l, count(shape.attn), 2.0 * tokens * shape.attn + attn_core);
+    if (shape.post_norm > 0) {
+      add_unit(p + ".post_norm", l, count(shape.post_norm), norm_flops);
+    }
+    add_unit(p + ".mlp", l, count(shape.mlp), 2.0 * tokens * shape.mlp);
+    // Each routed expert is a module of its own, fetched at its own hook (each runs on the
+    // tokens routed to it: experts_per_token / experts of them, on average).
+    const double routed = shape.experts > 0 ? tokens * m.experts_per_token / shape.experts : 0;
+    for (int e = 0; e < shape.experts; ++e) {
+      add_unit(p + ".mlp.experts." + std::to_string(e), l, count(shape.expert),
+               2.0 * routed * shape.expert);
+    }
   }
-  add_unit("final_norm", -1, h, 4.0 * tokens * static_cast<double>(h));
-  add_unit("lm_head", -1, static_cast<std::uint64_t>(m.vocab) * h,
-           2.0 * tokens * static_cast<double>(m.vocab) * static_cast<double>(h));
+  add_unit("final_norm", -1, count(final_norm_params(m)), norm_flops);
+  // A tied output layer is the embedding's weight, gathered again at lm_head's hook as DeepSpeed
+  // gathers it; the builder gives it a unit of its own (parameter_count counts it once).
+  const double head = static_cast<double>(m.vocab) * m.hidden;
+  add_unit("lm_head", -1, count(head), 2.0 * tokens * head);
 }
 
 void BuildContext::add_groups() {
@@ -715,7 +726,7 @@ namespace {
  *  memory. */
 void check_schedule_size(const Scenario& sc) {
   const bool deepspeed = sc.run.builder == "deepspeed";
-  const double units = 4.0 * sc.model.layers + 3;
+  const double units = (4.0 + std::max(sc.model.experts, 0)) * sc.model.layers + 3;
   const double ops_per = deepspeed ? 150 : 32;
   const double ops = static_cast<double>(sc.cluster.world_size()) * units * (sc.run.steps + 1.0) *
                      sc.training.grad_accum * ops_per;

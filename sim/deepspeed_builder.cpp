@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sim/error.hpp"
+#include "sim/model_shape.hpp"
 #include "sim/shard.hpp"
 
 // Citations: "DS:file:line" is a line of microsoft/DeepSpeed at tag v0.13.4 unless a version is
@@ -1517,7 +1518,15 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                      "the DeepSpeed builder does not model " + what + " yet (" + instead +
                          ", or run.builder = \"coarse\")");
   };
-  if (!sc.model.gated_mlp) refuse("non-Llama models (model.gated_mlp = false)", "a Llama model");
+  // transformers' Llama module tree, as the recorder saw it (MistralForCausalLM has the same
+  // modules): other families, and Llama's variants with biases, a head dimension of their own or
+  // a tied output layer, are not walked yet.
+  if (!llama_shaped(sc.model)) {
+    refuse("model_type " + sc.model.family +
+               " with this shape (it walks transformers' Llama module tree: no biases, experts, "
+               "tied output layer or head dimension of its own)",
+           "a Llama-2-shaped Llama or Mistral model");
+  }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes
   // from zero.deepspeed_version, so a [bugs] key would be silently ignored: refused instead.

@@ -8,15 +8,41 @@
 namespace hpz {
 namespace {
 
+/** A decoder of Llama's architecture (ModelConfig's defaults for the rest). */
+ModelConfig decoder(const char* name, int layers, int hidden, int ffn, int heads, int kv_heads,
+                    int vocab) {
+  ModelConfig m;
+  m.name = name;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.ffn = ffn;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.vocab = vocab;
+  return m;
+}
+
+/** Falcon-40B (tiiuae/falcon-40b's config.json: new_decoder_architecture, parallel attention,
+ *  no Linear biases): a 2-matrix MLP, two LayerNorms (with biases) per layer, the output layer
+ *  tied to the word embeddings (FalconConfig's default). */
+ModelConfig falcon_40b() {
+  ModelConfig m = decoder("falcon-40b", 60, 8192, 32768, 128, 8, 65024);
+  m.family = "falcon";
+  m.gated_mlp = false;
+  m.norm_bias = true;
+  m.tied_embeddings = true;
+  return m;
+}
+
 /** A model preset: the decoder shape as published in the model's Hugging Face config. */
 const std::vector<ModelConfig>& model_presets() {
-  // name, layers, hidden, ffn, heads, kv_heads, vocab, gated_mlp
+  // name, layers, hidden, ffn, heads, kv_heads, vocab
   static const std::vector<ModelConfig> presets = {
-      {"llama2-7b", 32, 4096, 11008, 32, 32, 32000, true},
-      {"llama2-13b", 40, 5120, 13824, 40, 40, 32000, true},
-      {"llama2-70b", 80, 8192, 28672, 64, 8, 32000, true},
-      {"falcon-40b", 60, 8192, 32768, 128, 8, 65024, false},
-      {"tiny", 2, 64, 128, 4, 4, 256, true},
+      decoder("llama2-7b", 32, 4096, 11008, 32, 32, 32000),
+      decoder("llama2-13b", 40, 5120, 13824, 40, 40, 32000),
+      decoder("llama2-70b", 80, 8192, 28672, 64, 8, 32000),
+      falcon_40b(),
+      decoder("tiny", 2, 64, 128, 4, 4, 256),
   };
   return presets;
 }

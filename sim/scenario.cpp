@@ -24,6 +24,7 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
+#include "sim/model_shape.hpp"
 
 namespace hpz {
 namespace {
@@ -447,38 +448,148 @@ int hf_required(const json& config, const std::string& file,
                    "missing (needed to build the model from model.hf_config)");
 }
 
+/** A true/false key of the HF config; `fallback` (the config class's default) when absent. */
+bool hf_bool(const json& config, const std::string& file, const char* name, bool fallback) {
+  const auto it = config.find(name);
+  if (it == config.end() || it->is_null()) return fallback;
+  return bool_of(json_setting(*it, file, name, "a boolean"), name);
+}
+
+/** The Hugging Face model types read_hf_config understands, as transformers names them. */
+const std::vector<std::string>& hf_model_types() {
+  static const std::vector<std::string> types = {
+      "llama",     "mistral",     "qwen2",      "qwen3",          "gemma",
+      "phi3",      "falcon",      "gpt_neox",   "gpt2",           "mixtral",
+      "qwen2_moe", "deepseek_v2", "RefinedWeb", "RefinedWebModel"};
+  return types;
+}
+
+/** A model from a Hugging Face config.json, as transformers builds it for its model_type (the
+ *  modeling_*.py of each family; parameter counts checked against transformers for 20 public
+ *  configs in tests/data/hf). A model_type not understood is refused, never read as a Llama. */
 ModelConfig read_hf_config(const Setting& s) {
   const fs::path path = resolve(s, "model.hf_config");
   const json config = read_json(s, "model.hf_config", path);
   const std::string file = path.string();
-  const json type = config.value("model_type", json());
+  const json type_value = config.value("model_type", json());
+  if (!type_value.is_string()) {
+    throw InputError(
+        file, "model_type",
+        (type_value.is_null() ? std::string("missing")
+                              : "expected a string, got " + shown_json(type_value)) +
+            " (transformers picks the model by it; allowed: " + joined(hf_model_types()) + ")");
+  }
+  const std::string type = type_value.get<std::string>();
+  const std::vector<std::string>& types = hf_model_types();
+  if (std::find(types.begin(), types.end(), type) == types.end()) {
+    throw InputError(file, "model_type",
+                     fmt::format("'{}' is an architecture hpzlab does not model (allowed: {})",
+                                 shown(type), joined(types)));
+  }
   const bool falcon = type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel";
   ModelConfig model;
   model.name = file;
   model.hf_config = file;
-  // Falcon's older configs spell the dimensions n_layer / n_head / n_head_kv.
+  model.family = falcon ? "falcon" : type;
+  // GPT-2 spells the dimensions n_embd / n_layer / n_head; Falcon's older configs n_layer /
+  // n_head / n_head_kv.
   model.layers = hf_required(config, file, {"num_hidden_layers", "n_layer"});
-  model.hidden = hf_required(config, file, {"hidden_size"});
+  model.hidden = hf_required(config, file, {"hidden_size", "n_embd"});
   model.heads = hf_required(config, file, {"num_attention_heads", "n_head"});
   model.vocab = hf_required(config, file, {"vocab_size"});
-  const std::optional<int> ffn = hf_int(config, file, {"intermediate_size", "ffn_hidden_size"});
-  // Without intermediate_size, transformers' default is 4 x hidden_size.
-  const std::int64_t default_ffn = std::int64_t{4} * model.hidden;
-  if (!ffn && default_ffn > std::numeric_limits<int>::max()) {
-    throw InputError(file, "hidden_size",
-                     fmt::format("{} is too large: without intermediate_size the MLP is 4 x "
-                                 "hidden_size = {} wide (allowed: at most {})",
-                                 model.hidden, default_ffn, std::numeric_limits<int>::max() / 4));
+  const bool four_h = falcon || type == "gpt2";  // ffn_hidden_size / n_inner: None = 4 x hidden
+  std::optional<int> ffn =
+      hf_int(config, file, {"intermediate_size", "ffn_hidden_size", "n_inner"});
+  if (!ffn && four_h) {
+    const std::int64_t width = std::int64_t{4} * model.hidden;
+    if (width > std::numeric_limits<int>::max()) {
+      throw InputError(file, "hidden_size",
+                       fmt::format("{} is too large: the MLP is 4 x hidden_size = {} wide "
+                                   "(allowed: at most {})",
+                                   model.hidden, width, std::numeric_limits<int>::max() / 4));
+    }
+    ffn = static_cast<int>(width);
   }
-  model.ffn = ffn.value_or(static_cast<int>(default_ffn));
+  if (!ffn) {
+    throw InputError(file, "intermediate_size",
+                     "missing (needed to build the model from model.hf_config)");
+  }
+  model.ffn = *ffn;
   std::optional<int> kv =
       hf_int(config, file, {"num_key_value_heads", "num_kv_heads", "n_head_kv"});
-  if (!kv && falcon && config.value("multi_query", json()) == true &&
-      config.value("new_decoder_architecture", json()) != true) {
-    kv = 1;  // Falcon-7B: multi-query attention, one key/value head
+  const bool new_arch = falcon && hf_bool(config, file, "new_decoder_architecture", false);
+  if (!kv && falcon && !new_arch && hf_bool(config, file, "multi_query", true)) {
+    kv = 1;  // Falcon-7B: multi-query attention, one key/value head (FalconConfig's default)
   }
+  if (type == "gpt2" || type == "gpt_neox") kv.reset();  // always full multi-head attention
   model.kv_heads = kv.value_or(model.heads);
-  model.gated_mlp = !falcon;
+  if (const std::optional<int> hd = hf_int(config, file, {"head_dim"});
+      hd && (type == "llama" || type == "mistral" || type == "gemma" || type == "qwen3")) {
+    model.head_dim = *hd;
+  }
+  // tie_word_embeddings: PretrainedConfig's default is true; these families' configs default it
+  // to false (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Phi3Config, GPTNeoXConfig,
+  // MixtralConfig, Qwen2MoeConfig, DeepseekV2Config).
+  const bool tied_default = falcon || type == "gpt2" || type == "gemma";
+  model.tied_embeddings = hf_bool(config, file, "tie_word_embeddings", tied_default);
+  if (falcon) {
+    // FalconDecoderLayer: LayerNorms (with biases); new_decoder_architecture has ln_attn and
+    // ln_mlp, parallel attention otherwise one input_layernorm, sequential two.
+    model.gated_mlp = false;
+    model.norm_bias = true;
+    model.linear_bias = hf_bool(config, file, "bias", false);
+    model.norms_per_layer = new_arch || !hf_bool(config, file, "parallel_attn", true) ? 2 : 1;
+  } else if (type == "gpt2" || type == "gpt_neox") {
+    // GPT2Block / GPTNeoXLayer: LayerNorms and Linears (Conv1D) all with biases, a 2-matrix MLP;
+    // GPT-2 learns its position embeddings (wpe, n_positions rows).
+    model.gated_mlp = false;
+    model.norm_bias = true;
+    model.linear_bias = type == "gpt2" || hf_bool(config, file, "attention_bias", true);
+    if (type == "gpt2") model.learned_positions = hf_required(config, file, {"n_positions"});
+  } else if (type == "qwen2" || type == "qwen2_moe") {
+    model.qkv_bias = true;  // Qwen2Attention: q/k/v_proj with bias=True
+  } else if (type == "qwen3") {
+    model.qkv_bias = hf_bool(config, file, "attention_bias", false);
+    model.qk_norm = true;  // Qwen3Attention: q_norm and k_norm over head_dim
+  } else if (type == "llama" || type == "mistral") {
+    model.qkv_bias = model.linear_bias = false;
+    if (hf_bool(config, file, "attention_bias", false)) model.qkv_bias = true;
+  }
+  if (type == "mixtral") {
+    model.experts = hf_required(config, file, {"num_local_experts"});
+    model.experts_per_token = hf_required(config, file, {"num_experts_per_tok"});
+    model.expert_ffn = model.ffn;  // each expert's w1/w2/w3 are intermediate_size wide
+  } else if (type == "qwen2_moe") {
+    model.experts = hf_required(config, file, {"num_experts"});
+    model.experts_per_token = hf_required(config, file, {"num_experts_per_tok"});
+    model.expert_ffn = hf_required(config, file, {"moe_intermediate_size"});
+    model.shared_expert_ffn = hf_required(config, file, {"shared_expert_intermediate_size"});
+    model.shared_expert_gate = true;
+    const std::optional<int> step = hf_int(config, file, {"decoder_sparse_step"});
+    const json only = config.value("mlp_only_layers", json::array());
+    if (step.value_or(1) != 1 || !only.is_array() || !only.empty()) {
+      throw InputError(file, "decoder_sparse_step",
+                       "only every layer sparse is modelled (allowed: decoder_sparse_step 1 and "
+                       "mlp_only_layers [])");
+    }
+  } else if (type == "deepseek_v2") {
+    model.experts = hf_int(config, file, {"n_routed_experts"}).value_or(0);
+    model.experts_per_token = hf_int(config, file, {"num_experts_per_tok"}).value_or(0);
+    model.expert_ffn = hf_required(config, file, {"moe_intermediate_size"});
+    model.shared_expert_ffn =
+        hf_int(config, file, {"n_shared_experts"}).value_or(0) * model.expert_ffn;
+    model.dense_layers = hf_int(config, file, {"first_k_dense_replace"}).value_or(0);
+    if (hf_int(config, file, {"moe_layer_freq"}).value_or(1) != 1) {
+      throw InputError(file, "moe_layer_freq",
+                       "only every layer after first_k_dense_replace sparse is modelled "
+                       "(allowed: 1)");
+    }
+    model.kv_lora_rank = hf_required(config, file, {"kv_lora_rank"});
+    model.q_lora_rank = hf_int(config, file, {"q_lora_rank"}).value_or(0);
+    model.qk_nope_head_dim = hf_required(config, file, {"qk_nope_head_dim"});
+    model.qk_rope_head_dim = hf_required(config, file, {"qk_rope_head_dim"});
+    model.v_head_dim = hf_required(config, file, {"v_head_dim"});
+  }
   return model;
 }
 
@@ -814,6 +925,16 @@ void apply_model_source(Scenario& scenario, Settings& settings, Origins& origins
     scenario.model = model_preset(choice_of(*preset, "model.preset", model_preset_names()));
   } else if (hf) {
     scenario.model = read_hf_config(*hf);
+    const ModelConfig& m = scenario.model;
+    std::string details = m.tied_embeddings ? ", output layer tied to the embedding" : "";
+    if (m.experts > 0) {
+      details += fmt::format(
+          ", {} experts of width {} ({} a token){}", m.experts, m.expert_ffn, m.experts_per_token,
+          m.dense_layers > 0 ? fmt::format(" after {} dense layer(s)", m.dense_layers) : "");
+    }
+    scenario.notes.push_back(fmt::format(
+        "model.hf_config {}: model_type {}, {} layers, hidden {}, {} parameters{}", m.hf_config,
+        m.family, m.layers, m.hidden, static_cast<std::uint64_t>(parameter_count(m)), details));
   } else {
     std::vector<std::string> missing;
     for (const char* name : {"layers", "hidden", "ffn", "heads", "vocab"}) {
@@ -1135,7 +1256,8 @@ void check_model(const ModelConfig& m, const WhereOf& where_of) {
   at_least(m.heads, 1, where_of, "model.heads");
   at_least(m.kv_heads, 1, where_of, "model.kv_heads");
   at_least(m.vocab, 1, where_of, "model.vocab");
-  require(m.hidden % m.heads == 0, where_of, "model.heads",
+  // A head dimension of its own (head_dim, MLA's) need not divide the hidden size.
+  require(m.head_dim > 0 || m.kv_lora_rank > 0 || m.hidden % m.heads == 0, where_of, "model.heads",
           fmt::format("{} heads do not divide hidden = {} (allowed: a divisor of the hidden size)",
                       m.heads, m.hidden));
   require(m.heads % m.kv_heads == 0, where_of, "model.kv_heads",
@@ -1229,9 +1351,7 @@ constexpr double kMaxActivationBytes = 0x1p50;  ///< one activation checkpoint (
 void check_sizes(const Scenario& s, const WhereOf& where_of) {
   const auto& m = s.model;
   const double h = m.hidden;
-  const double attn = h * (h + 2 * (h / m.heads * m.kv_heads)) + h * h;
-  const double mlp = (m.gated_mlp ? 3 : 2) * h * m.ffn;
-  const double params = 2.0 * m.vocab * h + m.layers * (attn + mlp + 2 * h) + h;
+  const double params = parameter_count(m);
   require(params <= kMaxParams, where_of, "model",
           fmt::format("the model would have {:.3g} parameters ({} layers, hidden {}, ffn {}, "
                       "vocab {}), more than hpzlab counts (allowed: at most {:.0e})",

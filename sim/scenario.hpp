@@ -57,6 +57,29 @@ struct ModelConfig {
   int vocab = 0;          ///< vocabulary size
   bool gated_mlp = true;  ///< Llama-style gate/up/down MLP (3 matrices) or 2 matrices (Falcon)
   std::string hf_config;  ///< the Hugging Face config.json it was read from ("" = none)
+
+  // The architecture's details, as its Hugging Face config gives them (read_hf_config; the
+  // presets set them too). The defaults are Llama's. sim/model_shape.hpp counts from them.
+  std::string family = "llama";     ///< HF model_type: llama, mistral, qwen2, falcon, gpt2, ...
+  int head_dim = 0;                 ///< per attention head; 0 = hidden / heads
+  bool tied_embeddings = false;     ///< lm_head shares the token embedding's weight
+  bool qkv_bias = false;            ///< q, k and v projections have biases (Qwen2)
+  bool linear_bias = false;         ///< every Linear has a bias (GPT-2, GPT-NeoX)
+  bool norm_bias = false;           ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
+  bool qk_norm = false;             ///< per-head RMSNorms of q and k (Qwen3)
+  int norms_per_layer = 2;          ///< 1: Falcon-7B's one input_layernorm before parallel blocks
+  int learned_positions = 0;        ///< rows of a learned position embedding (GPT-2's wpe)
+  int experts = 0;                  ///< routed experts of a mixture-of-experts layer (0 = dense)
+  int experts_per_token = 0;        ///< experts each token is routed to
+  int expert_ffn = 0;               ///< one expert's MLP width
+  int shared_expert_ffn = 0;        ///< the always-used shared experts' MLP width (0 = none)
+  bool shared_expert_gate = false;  ///< a Linear(hidden, 1) gating the shared expert (Qwen2-MoE)
+  int dense_layers = 0;             ///< first layers with a dense MLP of width ffn (DeepSeek-V2)
+  int kv_lora_rank = 0;             ///< multi-head latent attention (DeepSeek-V2) when > 0
+  int q_lora_rank = 0;              ///< MLA's low-rank query (0 = a full q_proj)
+  int qk_nope_head_dim = 0;         ///< MLA: per-head query/key part without rotary embedding
+  int qk_rope_head_dim = 0;         ///< MLA: per-head rotary part
+  int v_head_dim = 0;               ///< MLA: per-head value width
 };
 
 /** [training]: the batch and the numeric format. */

@@ -153,7 +153,14 @@ Scenario unrecorded_llama() {
   sc.path = "unrecorded";
   sc.cluster.nodes = 2;
   sc.cluster.gpus_per_node = 4;
-  sc.model = {"llama-4x96", 4, 96, 256, 4, 2, 160, true};
+  sc.model = ModelConfig{};
+  sc.model.name = "llama-4x96";
+  sc.model.layers = 4;
+  sc.model.hidden = 96;
+  sc.model.ffn = 256;
+  sc.model.heads = 4;
+  sc.model.kv_heads = 2;
+  sc.model.vocab = 160;
   sc.training.seq_len = 512;
   sc.run.steps = 3;
   sc.zero.overlap_comm = true;

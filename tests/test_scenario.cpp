@@ -1,4 +1,5 @@
 // Scenario loading: shipped files, presets, hf_config / ds_config, --set, and every error path.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "sim/error.hpp"
+#include "sim/model_shape.hpp"
 #include "sim/record_inputs.hpp"
 #include "sim/scenario.hpp"
 #include "tests/paths.hpp"
@@ -318,11 +320,14 @@ TEST_F(ScenarioFile, MalformedAndMissingJsonNameTheFile) {
   EXPECT_HAS(missing, "s.toml: model.hf_config: cannot read");
   EXPECT_HAS(missing, "nowhere/config.json");
 
-  write("hf.json", "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"vocab_size\": 10}");
+  write("hf.json",
+        "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"vocab_size\": 10}");
   const std::string incomplete = load_error("[model]\nhf_config = \"hf.json\"\n");
   EXPECT_HAS(incomplete, "hf.json: num_hidden_layers: missing");
 
-  write("hf2.json", "{\"num_hidden_layers\": \"two\", \"hidden_size\": 64}");
+  write("hf2.json",
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": \"two\", \"hidden_size\": 64}");
   EXPECT_HAS(load_error("[model]\nhf_config = \"hf2.json\"\n"),
              "hf2.json: num_hidden_layers: expected an integer, got 'two'");
 
@@ -352,7 +357,8 @@ TEST_F(ScenarioFile, DeeplyNestedJsonIsRefusedNotDumped) {
   EXPECT_HAS(error, "ds.json: malformed JSON read for zero.ds_config: nested more than 64 levels");
   EXPECT_EQ(error.find('\n'), std::string::npos);
   // Shallow enough to read, a structured value is shown cut short.
-  write("hf.json", "{\"num_hidden_layers\": " + std::string(50, '[') + std::string(50, ']') +
+  write("hf.json", "{\"model_type\": \"llama\", \"num_hidden_layers\": " + std::string(50, '[') +
+                       std::string(50, ']') +
                        ", \"hidden_size\": 64, \"num_attention_heads\": 4, \"vocab_size\": 10}");
   EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
              "hf.json: num_hidden_layers: expected an integer, got [[[[...]]]]");
@@ -404,18 +410,24 @@ TEST_F(ScenarioFile, HuggingFaceDimensionsAreCheckedWhereTheyAreWritten) {
   // 4 x hidden_size overflowed int (the model was accepted as "ffn 4"), and a 0 was reported as
   // the scenario's model.layers, a key the user never wrote.
   write("hf.json",
-        "{\"num_hidden_layers\": 2, \"hidden_size\": 1073741824, "
+        "{\"model_type\": \"falcon\", \"num_hidden_layers\": 2, \"hidden_size\": 1073741824, "
         "\"num_attention_heads\": 4, \"vocab_size\": 10}");
   EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
-             "hf.json: hidden_size: 1073741824 is too large: without intermediate_size the MLP "
-             "is 4 x hidden_size = 4294967296 wide");
+             "hf.json: hidden_size: 1073741824 is too large: the MLP is 4 x hidden_size = "
+             "4294967296 wide");
+  // A Llama needs intermediate_size (LlamaConfig's default, 11008, is no rule of the model's).
+  write("hf4.json",
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+        "\"num_attention_heads\": 4, \"vocab_size\": 10}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf4.json\"\n"),
+             "hf4.json: intermediate_size: missing");
   write("hf3.json",
-        "{\"num_hidden_layers\": 2, \"hidden_size\": 64, "
-        "\"num_attention_heads\": 3, \"vocab_size\": 10}");
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+        "\"intermediate_size\": 128, \"num_attention_heads\": 3, \"vocab_size\": 10}");
   EXPECT_HAS(load_error("[model]\nhf_config = \"hf3.json\"\n"),
              "hf3.json: model.heads: 3 heads do not divide hidden = 64");
   write("hf0.json",
-        "{\"num_hidden_layers\": 0, \"hidden_size\": 64, "
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": 0, \"hidden_size\": 64, "
         "\"num_attention_heads\": 4, \"vocab_size\": 10}");
   EXPECT_HAS(load_error("[model]\nhf_config = \"hf0.json\"\n"),
              "hf0.json: num_hidden_layers: must be at least 1, got 0");
@@ -890,6 +902,83 @@ TEST_F(ScenarioFile, RecorderInputsSayWhatTheScenarioSays) {
   EXPECT_EQ(recorder_hf_config(tiny)["hidden_size"], tiny.model.hidden);
   const Scenario falcon = load_scenario(write("f.toml", "[model]\npreset = \"falcon-40b\"\n"));
   EXPECT_HAS(error_of([&] { recorder_hf_config(falcon); }), "not a Llama");
+}
+
+// Issue 17: every Hugging Face family hpzlab reads is counted as transformers builds it
+// (tests/data/hf/counts.txt, from tools/count-hf-params), and the coarse builder's parameter
+// units hold exactly those parameters (a tied output layer once more: gathered again at lm_head).
+TEST(HuggingFaceFamilies, ParameterCountsAreTransformers) {
+  std::ifstream counts(kData / "hf" / "counts.txt");
+  std::string name, version;
+  std::uint64_t expected = 0;
+  int n = 0;
+  while (counts >> name >> expected >> version) {
+    ++n;
+    const Scenario s = load_scenario(
+        "", {},
+        {{"--hf-config", "model.hf_config", (kData / "hf" / (name + ".json")).string()},
+         {"--ds-config", "zero.ds_config", (kData / "ds_config.json").string()}});
+    const ModelConfig& m = s.model;
+    EXPECT_EQ(static_cast<std::uint64_t>(parameter_count(m)), expected) << name;
+    double units =
+        embedding_params(m) + final_norm_params(m) + static_cast<double>(m.vocab) * m.hidden;
+    for (int l = 0; l < m.layers; ++l) {
+      const LayerShape ls = layer_shape(m, l);
+      units += ls.input_norm + ls.attn + ls.post_norm + ls.mlp + ls.expert * ls.experts;
+    }
+    EXPECT_EQ(units - (m.tied_embeddings ? static_cast<double>(m.vocab) * m.hidden : 0),
+              parameter_count(m))
+        << name;
+    EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [&](const std::string& note) {
+      return note.find(fmt::format("{} parameters", expected)) != std::string::npos;
+    })) << name;
+  }
+  EXPECT_EQ(n, 20);
+}
+
+TEST(HuggingFaceFamilies, ExpertsAreUnitsOfTheirOwn) {
+  const auto hf = [](const std::string& name) {
+    return load_scenario(
+               "", {},
+               {{"--hf-config", "model.hf_config", (kData / "hf" / (name + ".json")).string()},
+                {"--ds-config", "zero.ds_config", (kData / "ds_config.json").string()}})
+        .model;
+  };
+  const ModelConfig mixtral = hf("mixtral-8x7b");
+  EXPECT_EQ(mixtral.experts, 8);
+  EXPECT_EQ(layer_shape(mixtral, 0).experts, 8);
+  EXPECT_EQ(layer_shape(mixtral, 0).expert, 3.0 * 4096 * 14336);
+  EXPECT_EQ(layer_shape(mixtral, 0).mlp, 4096.0 * 8);  // the router
+  const ModelConfig deepseek = hf("deepseek-v2-lite");
+  EXPECT_EQ(layer_shape(deepseek, 0).experts, 0);  // first_k_dense_replace = 1
+  EXPECT_EQ(layer_shape(deepseek, 1).experts, 64);
+  const ModelConfig gpt2 = hf("gpt2");
+  EXPECT_TRUE(gpt2.tied_embeddings);
+  EXPECT_EQ(gpt2.learned_positions, 1024);
+  EXPECT_FALSE(gpt2.gated_mlp);
+  const ModelConfig pythia = hf("pythia-1.4b");
+  EXPECT_FALSE(pythia.gated_mlp);  // GPT-NeoX's MLP: dense_h_to_4h, dense_4h_to_h
+  EXPECT_EQ(hf("gemma-7b").head_dim, 256);
+  EXPECT_TRUE(hf("llama-3.2-1b").tied_embeddings);
+  EXPECT_FALSE(hf("llama-2-7b").tied_embeddings);
+  EXPECT_EQ(hf("falcon-7b").norms_per_layer, 1);
+  EXPECT_EQ(hf("falcon-40b").norms_per_layer, 2);
+  // Only a Llama-2-shaped model is what the DeepSpeed builder and the numeric replay walk.
+  EXPECT_TRUE(llama_shaped(hf("llama-2-7b")));
+  EXPECT_TRUE(llama_shaped(hf("mistral-7b")));
+  for (const char* other : {"llama-3.2-1b", "qwen2-7b", "gemma-7b", "mixtral-8x7b", "gpt2"}) {
+    EXPECT_FALSE(llama_shaped(hf(other))) << other;
+  }
+}
+
+TEST_F(ScenarioFile, AnArchitectureNotUnderstoodIsRefusedNotReadAsALlama) {
+  write("hf.json", R"({"model_type": "t5", "num_hidden_layers": 2, "hidden_size": 64,
+                       "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 10})");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
+             "hf.json: model_type: 't5' is an architecture hpzlab does not model (allowed: llama");
+  write("hf.json", R"({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+                       "num_attention_heads": 4, "vocab_size": 10})");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"), "hf.json: model_type: missing");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 
+#include "sim/model_shape.hpp"
 #include "sim/replay/data_engine.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/taint_domain.hpp"
@@ -23,7 +24,7 @@ bool numeric_fits(const Scenario& sc) {
   // In 64 bits: both are ints of up to 2^31 - 1, whose product wraps an int (to 1 for both at
   // the maximum, which passed this check).
   const std::int64_t tokens = std::int64_t{sc.training.seq_len} * sc.training.micro_batch;
-  return m.kv_heads == m.heads && m.gated_mlp && params * sc.cluster.world_size() < 4e7 &&
+  return m.kv_heads == m.heads && llama_shaped(m) && params * sc.cluster.world_size() < 4e7 &&
          tokens <= 4096;
 }
 

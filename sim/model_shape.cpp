@@ -1,0 +1,95 @@
+#include "sim/model_shape.hpp"
+
+#include <cstdint>
+
+namespace hpz {
+namespace {
+
+/** A norm's parameters: a weight, and a bias for a LayerNorm with one. */
+double norm(const ModelConfig& m, double width) {
+  return m.norm_bias ? 2 * width : width;
+}
+
+/** A gated (gate, up, down) or plain (up, down) MLP of width `ffn`, with biases if any. */
+double mlp(const ModelConfig& m, double ffn) {
+  const double h = m.hidden;
+  if (m.gated_mlp) return 3 * h * ffn + (m.linear_bias ? 2 * ffn + h : 0);
+  return 2 * h * ffn + (m.linear_bias ? ffn + h : 0);
+}
+
+bool is_moe_layer(const ModelConfig& m, int layer) {
+  return m.experts > 0 && layer >= m.dense_layers;
+}
+
+}  // namespace
+
+bool llama_shaped(const ModelConfig& m) {
+  return (m.family == "llama" || m.family == "mistral") && m.gated_mlp && !m.tied_embeddings &&
+         !m.qkv_bias && !m.linear_bias && !m.norm_bias && !m.qk_norm && m.experts == 0 &&
+         m.kv_lora_rank == 0 && m.learned_positions == 0 && m.norms_per_layer == 2 &&
+         (m.head_dim == 0 || static_cast<std::int64_t>(m.head_dim) * m.heads == m.hidden);
+}
+
+double attention_width(const ModelConfig& m) {
+  const double head = m.head_dim > 0 ? m.head_dim : static_cast<double>(m.hidden) / m.heads;
+  return m.heads * head;
+}
+
+LayerShape layer_shape(const ModelConfig& m, int layer) {
+  const double h = m.hidden;
+  LayerShape s;
+  s.input_norm = norm(m, h);
+  s.post_norm = m.norms_per_layer >= 2 ? norm(m, h) : 0;
+  if (m.kv_lora_rank > 0) {
+    // DeepSeek-V2's multi-head latent attention (modeling_deepseek_v2.py, DeepseekV2Attention):
+    // q_proj (or q_a_proj, q_a_layernorm, q_b_proj), kv_a_proj_with_mqa, kv_a_layernorm,
+    // kv_b_proj, o_proj; no biases.
+    const double q_head = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const double q = m.q_lora_rank > 0
+                         ? h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * m.heads * q_head
+                         : h * m.heads * q_head;
+    s.attn = q + h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +
+             static_cast<double>(m.kv_lora_rank) * m.heads * (m.qk_nope_head_dim + m.v_head_dim) +
+             static_cast<double>(m.heads) * m.v_head_dim * h;
+  } else {
+    const double q = attention_width(m);
+    const double kv = q / m.heads * m.kv_heads;
+    s.attn = h * (q + 2 * kv) + q * h;
+    if (m.qkv_bias || m.linear_bias) s.attn += q + 2 * kv;
+    if (m.linear_bias) s.attn += h;
+    if (m.qk_norm) s.attn += 2 * (q / m.heads);
+  }
+  if (!is_moe_layer(m, layer)) {
+    s.mlp = mlp(m, m.ffn);
+    return s;
+  }
+  s.experts = m.experts;
+  s.expert = mlp(m, m.expert_ffn);
+  s.mlp = h * m.experts;  // the router
+  if (m.shared_expert_ffn > 0) s.mlp += mlp(m, m.shared_expert_ffn);
+  if (m.shared_expert_gate) s.mlp += h;
+  return s;
+}
+
+double embedding_params(const ModelConfig& m) {
+  return (static_cast<double>(m.vocab) + m.learned_positions) * m.hidden;
+}
+
+double final_norm_params(const ModelConfig& m) {
+  return norm(m, m.hidden);
+}
+
+double head_params(const ModelConfig& m) {
+  return m.tied_embeddings ? 0 : static_cast<double>(m.vocab) * m.hidden;
+}
+
+double parameter_count(const ModelConfig& m) {
+  double total = embedding_params(m) + final_norm_params(m) + head_params(m);
+  for (int l = 0; l < m.layers; ++l) {
+    const LayerShape s = layer_shape(m, l);
+    total += s.input_norm + s.attn + s.post_norm + s.mlp + s.expert * s.experts;
+  }
+  return total;
+}
+
+}  // namespace hpz
