@@ -3,6 +3,7 @@
 // a secondary is read before the copy that fills it in the timeline, clean for the fixes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -234,6 +235,57 @@ TEST(DeepSpeedTaintReplay, LaterMicroStepsDoNotBite) {
   const Outcome o = run(ds_tiny({{"training.grad_accum", "2"}}));
   EXPECT_FALSE(o.timing.after_first_micro_step);
   EXPECT_EQ(o.replay, o.timing.first_step);
+}
+
+TEST(DeepSpeedTaintReplay, ScheduleReadFromAFileReplaysAsBuilt) {
+  // repro --schedule: a DeepSpeed-builder schedule written out (hpzlab schedule --json) and read
+  // back carries source.builder = "deepspeed", which is what selects the byte-range replay.
+  const Scenario sc = ds_tiny();
+  const Schedule s = build_schedule(sc);
+  EXPECT_EQ(replay_unsupported(s), "");
+  ReproOptions o;
+  o.timeline = [](const Scenario& scn, const Schedule& sch, std::uint64_t seed) {
+    return time::run_isolated(scn, sch, seed).timeline;
+  };
+  const ReproResult r = replay_schedule(sc, s, "built.json", o);
+  ASSERT_EQ(r.variants.size(), 1u);
+  const Outcome direct = run(sc);
+  EXPECT_EQ(r.variants[0].first_bad.at(0), direct.replay);
+  EXPECT_EQ(r.variants[0].first_bad.at(0), direct.timing.first_step);
+}
+
+TEST(DeepSpeedTaintReplay, Llama2_7bBitesInStep1WhereTheTimelineSays) {
+  // scenarios/llama2-7b.toml as it is (no spin), DeepSpeed 0.13.4: the timing engine's run has
+  // prefetches of step 1's forward read layer 27's fresh secondaries before their copies end
+  // (docs/deepspeed-builder.md's study table). Those gathers serve the backward's recompute,
+  // so the loss stays good and the weights go bad from layer 27 down.
+  const Scenario sc =
+      load_scenario(test::scenario_path("llama2-7b"), {{"run.builder", "deepspeed"}});
+  const Outcome o = run(sc);
+  EXPECT_EQ(o.timing.first_step, 1);
+  EXPECT_EQ(o.replay, 1);
+  ASSERT_EQ(o.result.steps.size(), 2u);
+  EXPECT_EQ(o.result.steps[1].loss_health, Health::kGood);
+  EXPECT_EQ(o.result.steps[1].bad_ranks.size(), 16u);
+  const std::vector<std::string>& units = o.result.steps[1].bad_units;
+  EXPECT_NE(std::find(units.begin(), units.end(), "model.layers.27.self_attn.q_proj.weight"),
+            units.end());
+  EXPECT_EQ(std::find(units.begin(), units.end(), "model.layers.28.self_attn.q_proj.weight"),
+            units.end());
+  EXPECT_EQ(std::find(units.begin(), units.end(), "lm_head.weight"), units.end());
+}
+
+TEST(DeepSpeedTaintReplay, Llama2_7bSmallMaxLiveAnd0135StayClean) {
+  // A small stage3_max_live_parameters (3e7, the study's smallest) releases and re-gathers
+  // sooner, and no read overtakes its copy; 0.13.5 syncs the host after every copy.
+  for (const Override& o : {Override{"zero.stage3_max_live_parameters", "3e7"},
+                            Override{"zero.deepspeed_version", "0.13.5"}}) {
+    const Scenario sc =
+        load_scenario(test::scenario_path("llama2-7b"), {{"run.builder", "deepspeed"}, o});
+    const Outcome out = run(sc);
+    EXPECT_FALSE(out.timing.first_step.has_value()) << o.first;
+    EXPECT_FALSE(out.replay.has_value()) << o.first;
+  }
 }
 
 TEST(DeepSpeedTaintReplay, NumericModeRefusedInOneLine) {
