@@ -95,9 +95,15 @@ using Raw = std::variant<bool, std::int64_t, double, std::string>;
 /** One assignment of a key. */
 struct Setting {
   Raw raw;
-  std::string where;  ///< the file it was read from, or "--set"
+  std::string where;  ///< the file it was read from, "--set", or the flag that set it
   fs::path base_dir;  ///< relative paths in the value are resolved against it
 };
+
+/** Whether a setting came from the command line (--set or a flag of its own, all "--..."),
+ *  which wins over the scenario file. */
+bool from_command_line(const Setting& s) {
+  return s.where.rfind("--", 0) == 0;
+}
 
 std::string describe(const Raw& raw) {
   if (const bool* b = std::get_if<bool>(&raw)) return *b ? "true" : "false";
@@ -226,6 +232,7 @@ const std::vector<KeySpec>& key_specs() {
       {"training", "grad_accum", Kind::kInteger, HPZ_SET(training.grad_accum, int_of)},
       {"training", "grad_checkpointing", Kind::kBool,
        HPZ_SET(training.grad_checkpointing, bool_of)},
+      {"training", "hf_trainer", Kind::kBool, HPZ_SET(training.hf_trainer, bool_of)},
       {"training", "dtype", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
          sc.training.dtype = choice_of(v, k, kDtypeNames);
@@ -448,6 +455,7 @@ ModelConfig read_hf_config(const Setting& s) {
   const bool falcon = type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel";
   ModelConfig model;
   model.name = file;
+  model.hf_config = file;
   // Falcon's older configs spell the dimensions n_layer / n_head / n_head_kv.
   model.layers = hf_required(config, file, {"num_hidden_layers", "n_layer"});
   model.hidden = hf_required(config, file, {"hidden_size"});
@@ -575,18 +583,18 @@ struct DsBatch {
   std::optional<std::int64_t> train_batch;  ///< train_batch_size
   std::optional<std::int64_t> micro;        ///< train_micro_batch_size_per_gpu
   std::optional<std::int64_t> accum;        ///< gradient_accumulation_steps
+  std::vector<std::string> auto_keys;       ///< those of the three given as "auto"
 };
 
 /** A top-level batch key of the ds_config: none when absent or "auto" (the HF Trainer fills
- *  "auto" values itself; DeepSpeed never sees them), else a positive integer. */
-std::optional<std::int64_t> ds_batch_key(Scenario& sc, const json& config, const std::string& name,
-                                         const std::string& file) {
+ *  "auto" values itself, from its own arguments; DeepSpeed never sees them: the key is listed in
+ *  batch.auto_keys), else a positive integer. */
+std::optional<std::int64_t> ds_batch_key(DsBatch& batch, const json& config,
+                                         const std::string& name, const std::string& file) {
   if (!config.contains(name)) return std::nullopt;
   const json& value = config[name];
   if (value.is_string() && value.get<std::string>() == "auto") {
-    sc.notes.push_back(fmt::format(
-        "ds_config {}: {} is \"auto\" (the HF Trainer fills it in): hpzlab keeps its own value",
-        file, name));
+    batch.auto_keys.push_back(name);
     return std::nullopt;
   }
   const std::int64_t v = int64_of(json_setting(value, file, name, "an integer"), name);
@@ -599,9 +607,10 @@ std::optional<std::int64_t> ds_batch_key(Scenario& sc, const json& config, const
 }
 
 /** bf16 / fp16 as DeepSpeed reads them: {"enabled": bool}, false when absent (runtime/config.py,
- *  v0.13.4 lines 158-169: bf16 also under its old name "bfloat16"); "auto" is a note. */
-bool ds_precision_enabled(Scenario& sc, const json& config, const std::vector<std::string>& names,
-                          const std::string& file) {
+ *  v0.13.4 lines 158-169: bf16 also under its old name "bfloat16"); none when "auto", which the
+ *  HF Trainer fills from its own --bf16 / --fp16 arguments. */
+std::optional<bool> ds_precision_enabled(const json& config, const std::vector<std::string>& names,
+                                         const std::string& file) {
   for (const std::string& name : names) {
     if (!config.contains(name)) continue;
     const json& section = config[name];
@@ -609,38 +618,79 @@ bool ds_precision_enabled(Scenario& sc, const json& config, const std::vector<st
       throw InputError(file, name, "expected an object such as {\"enabled\": true}");
     if (!section.contains("enabled")) return false;
     const json& enabled = section["enabled"];
-    if (enabled.is_string() && enabled.get<std::string>() == "auto") {
-      sc.notes.push_back(fmt::format(
-          "ds_config {}: {}.enabled is \"auto\" (the HF Trainer fills it in): not enabled here",
-          file, name));
-      return false;
-    }
+    if (enabled.is_string() && enabled.get<std::string>() == "auto") return std::nullopt;
     return bool_of(json_setting(enabled, file, name + ".enabled", "a boolean"), name + ".enabled");
   }
   return false;
 }
 
-/** The dtype the ds_config trains in: bf16, fp16, else fp32 (DeepSpeed refuses both). */
+/** The dtype the ds_config trains in: bf16, fp16, else fp32 (DeepSpeed refuses both); when one
+ *  is "auto" and neither is enabled, the scenario's training.dtype stays (a note). */
 void apply_ds_precision(Scenario& sc, const json& config, const std::string& file,
                         Origins& origins) {
-  const bool bf16 = ds_precision_enabled(sc, config, {"bf16", "bfloat16"}, file);
-  const bool fp16 = ds_precision_enabled(sc, config, {"fp16"}, file);
-  if (bf16 && fp16) {
+  const std::optional<bool> bf16 = ds_precision_enabled(config, {"bf16", "bfloat16"}, file);
+  const std::optional<bool> fp16 = ds_precision_enabled(config, {"fp16"}, file);
+  if (bf16.value_or(false) && fp16.value_or(false)) {
     // runtime/config.py, v0.13.4 line 831: 'bfloat16 and fp16 modes cannot be simultaneously
     // enabled'.
     throw InputError(file, "bf16",
                      "and fp16 are both enabled (allowed: at most one, as DeepSpeed)");
   }
-  sc.training.dtype = bf16 ? "bf16" : fp16 ? "fp16" : "fp32";
+  if (!bf16.value_or(false) && !fp16.value_or(false) && (!bf16 || !fp16)) {
+    sc.notes.push_back(fmt::format(
+        "ds_config {}: {}.enabled is \"auto\" (the HF Trainer fills it from its --bf16 / --fp16 "
+        "arguments): training.dtype is the scenario's, or its default bf16 (set it with --set)",
+        file, !bf16 ? "bf16" : "fp16"));
+    return;
+  }
+  sc.training.dtype = bf16.value_or(false) ? "bf16" : fp16.value_or(false) ? "fp16" : "fp32";
   origins["training.dtype"] = file;
-  if (!bf16 && !fp16) {
+  if (sc.training.dtype == "fp32") {
     sc.notes.push_back(
         fmt::format("ds_config {}: neither bf16 nor fp16 enabled: training.dtype = fp32", file));
   }
 }
 
+/** A zero_optimization key given as "auto": filled as the HF Trainer fills it when the run uses
+ *  it (training.hf_trainer), else DeepSpeed's default kept; a note either way. The Trainer fills
+ *  three keys from the model's hidden size h at ZeRO-3 (transformers 4.35.2
+ *  integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_finalize; accelerate,
+ *  axolotl and LLaMA-Factory fill the same values): reduce_bucket_size h^2 (not modelled here),
+ *  stage3_prefetch_bucket_size 0.9 h^2 (as an integer, as later transformers write it) and
+ *  stage3_param_persistence_threshold 10 h. */
+void apply_auto(Scenario& sc, const std::string& dotted, const std::string& key,
+                const std::string& file, bool hf_trainer, Origins& origins) {
+  const std::int64_t h = sc.model.hidden;
+  std::optional<std::int64_t> filled;
+  std::int64_t* field = nullptr;
+  if (dotted == "zero.stage3_prefetch_bucket_size") {
+    filled = static_cast<std::int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h));
+    field = &sc.zero.stage3_prefetch_bucket_size;
+  } else if (dotted == "zero.stage3_param_persistence_threshold") {
+    filled = 10 * h;
+    field = &sc.zero.stage3_param_persistence_threshold;
+  }
+  if (!filled) {
+    sc.notes.push_back(fmt::format(
+        "ds_config {}: {} is \"auto\", which the HF Trainer does not fill: the default is kept",
+        file, key));
+  } else if (hf_trainer) {
+    *field = *filled;
+    origins[dotted] = file;
+    sc.notes.push_back(
+        fmt::format("ds_config {}: {} is \"auto\": {} as the HF Trainer fills it "
+                    "(hidden size {})",
+                    file, key, *filled, h));
+  } else {
+    sc.notes.push_back(fmt::format(
+        "ds_config {}: {} is \"auto\": DeepSpeed's default {} is kept (the HF Trainer would "
+        "fill {}: --hf-trainer or training.hf_trainer = true if the run uses it)",
+        file, key, *field, *filled));
+  }
+}
+
 void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsBatch& batch,
-                     const std::string& version) {
+                     const std::string& version, bool hf_trainer) {
   const fs::path path = resolve(s, "zero.ds_config");
   const json config = read_json(s, "zero.ds_config", path);
   const std::string file = path.string();
@@ -656,9 +706,22 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
     if (read_here.count(name) == 0) ignored.push_back(name);
   }
   batch.file = file;
-  batch.train_batch = ds_batch_key(scenario, config, "train_batch_size", file);
-  batch.micro = ds_batch_key(scenario, config, "train_micro_batch_size_per_gpu", file);
-  batch.accum = ds_batch_key(scenario, config, "gradient_accumulation_steps", file);
+  scenario.zero.ds_config = file;
+  batch.train_batch = ds_batch_key(batch, config, "train_batch_size", file);
+  batch.micro = ds_batch_key(batch, config, "train_micro_batch_size_per_gpu", file);
+  batch.accum = ds_batch_key(batch, config, "gradient_accumulation_steps", file);
+  if (!batch.auto_keys.empty()) {
+    // The HF Trainer fills these from its own arguments (per_device_train_batch_size,
+    // gradient_accumulation_steps: transformers 4.35.2 integrations/deepspeed.py,
+    // HfTrainerDeepSpeedConfig.trainer_config_process), which hpzlab does not see.
+    scenario.notes.push_back(
+        fmt::format("ds_config {}: {} \"auto\" (the HF Trainer fills {} from its arguments): "
+                    "training.micro_batch and training.grad_accum are the scenario's, or their "
+                    "defaults 1 and 1 "
+                    "(set them with --set)",
+                    file, joined(batch.auto_keys) + (batch.auto_keys.size() == 1 ? " is" : " are"),
+                    batch.auto_keys.size() == 1 ? "it" : "them"));
+  }
   apply_ds_precision(scenario, config, file, origins);
   const json zero = config.value("zero_optimization", json::object());
   if (!zero.is_object()) {
@@ -687,11 +750,18 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
                                      it->second));
       }
     }
+    if (name == "mics_shard_size" && value.is_number() && value.get<double>() > 0) {
+      // DeepSpeed runs MiCS (its own partitioning, MiCS_Init and MiCS_Optimizer) when the shard
+      // size is positive (runtime/engine.py, v0.13.4 line 1574); hpzlab models neither.
+      throw InputError(file, key,
+                       fmt::format("{}: MiCS is not modelled by hpzlab (allowed: -1, "
+                                   "DeepSpeed's default, or leave it out)",
+                                   shown_json(value)));
+    }
     if (!dotted) {
       ignored.push_back(key);
     } else if (value.is_string() && value.get<std::string>() == "auto") {
-      scenario.notes.push_back(
-          fmt::format("ds_config {}: {} is \"auto\": the default is kept", file, key));
+      apply_auto(scenario, *dotted, key, file, hf_trainer, origins);
     } else {
       const KeySpec& spec = *find_spec(*dotted);
       const Setting setting = spec.name == "offload_param"
@@ -729,10 +799,10 @@ void apply_model_source(Scenario& scenario, Settings& settings, Origins& origins
   const Setting* hf = find_setting(settings, "model.hf_config");
   if (preset && hf) {
     // A --set of one source replaces the other source given in the file.
-    if (preset->where == kSetWhere && hf->where != kSetWhere) {
+    if (from_command_line(*preset) && !from_command_line(*hf)) {
       settings.erase("model.hf_config");
       hf = nullptr;
-    } else if (hf->where == kSetWhere && preset->where != kSetWhere) {
+    } else if (from_command_line(*hf) && !from_command_line(*preset)) {
       settings.erase("model.preset");
       preset = nullptr;
     } else {
@@ -779,15 +849,20 @@ void apply_model_source(Scenario& scenario, Settings& settings, Origins& origins
  *  the scenario or --set gave them (a note when those differ from the ds_config's). */
 void reconcile_batch(Scenario& sc, const DsBatch& b, const Origins& origins) {
   if (!b.train_batch && !b.micro) {
-    sc.notes.push_back(fmt::format(
-        "ds_config {}: neither train_batch_size nor train_micro_batch_size_per_gpu is given "
-        "(DeepSpeed asserts one is): training.micro_batch stays {}",
-        b.file, sc.training.micro_batch));
+    if (b.auto_keys.empty()) {
+      sc.notes.push_back(fmt::format(
+          "ds_config {}: neither train_batch_size nor train_micro_batch_size_per_gpu is given "
+          "(DeepSpeed asserts one is): training.micro_batch stays {}",
+          b.file, sc.training.micro_batch));
+    }
     if (!b.accum) return;
   }
   const std::int64_t world = sc.cluster.world_size();
   std::int64_t micro = b.micro.value_or(sc.training.micro_batch);
-  std::int64_t accum = b.accum.value_or(1);
+  // "auto" accumulation is the Trainer's argument, which the scenario stands for.
+  const bool accum_auto = std::find(b.auto_keys.begin(), b.auto_keys.end(),
+                                    "gradient_accumulation_steps") != b.auto_keys.end();
+  std::int64_t accum = b.accum.value_or(accum_auto ? sc.training.grad_accum : 1);
   if (b.train_batch) {
     // The missing ones by DeepSpeed's integer divisions, then its assertion
     // train == micro x accum x world (checked by division: the product could overflow).
@@ -835,7 +910,12 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
         version = *text;
       }
     }
-    apply_ds_config(scenario, *ds, origins, batch, version);
+    // Whether "auto" is filled as the HF Trainer does: the scenario's or the flag's setting.
+    bool hf_trainer = false;
+    if (const Setting* t = find_setting(settings, "training.hf_trainer")) {
+      hf_trainer = bool_of(*t, "training.hf_trainer");
+    }
+    apply_ds_config(scenario, *ds, origins, batch, version, hf_trainer);
   }
   // The user's ds_config and HF config set some keys above; a key given in the scenario or with
   // --set overrides them, and says so (issue 17: nothing overridden silently).
@@ -974,15 +1054,16 @@ Raw raw_of_text(const std::string& text, Kind kind) {
   return Raw{text};
 }
 
-void collect_override(const Override& override, Settings& settings) {
+void collect_override(const Override& override, Settings& settings,
+                      const std::string& where = kSetWhere) {
   const auto& [key, value] = override;
   const KeySpec* spec = find_spec(key);
   if (!spec) {
     const auto dot = key.find('.');
-    if (dot == std::string::npos) unknown_key(kSetWhere, "", key);
-    unknown_key(kSetWhere, key.substr(0, dot), key.substr(dot + 1));
+    if (dot == std::string::npos) unknown_key(where, "", key);
+    unknown_key(where, key.substr(0, dot), key.substr(dot + 1));
   }
-  settings[key] = Setting{raw_of_text(value, spec->kind), kSetWhere, {}};
+  settings[key] = Setting{raw_of_text(value, spec->kind), where, {}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1186,14 +1267,36 @@ std::optional<std::string> closest_name(const std::string& name,
 }
 
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides) {
+  return load_scenario(path, overrides, {});
+}
+
+Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides,
+                       const std::vector<FlagSetting>& flags) {
   Settings settings;
-  collect_file(path, settings);
+  if (!path.empty()) collect_file(path, settings);
+  for (const FlagSetting& f : flags) collect_override({f.key, f.value}, settings, f.flag);
+  std::string name = path;
+  if (path.empty()) {
+    // The one-command form: the user's own files on the documented defaults.
+    const Setting* hf = find_setting(settings, "model.hf_config");
+    const Setting* ds = find_setting(settings, "zero.ds_config");
+    if (hf == nullptr || ds == nullptr) {
+      throw InputError("", hf == nullptr ? "--hf-config" : "--ds-config",
+                       "is required without a scenario file (give a scenario, or both "
+                       "--hf-config FILE and --ds-config FILE)");
+    }
+    const auto text = [](const Setting& s) {
+      const auto* t = std::get_if<std::string>(&s.raw);
+      return t != nullptr ? *t : describe(s.raw);
+    };
+    name = text(*ds) + " + " + text(*hf);
+  }
   for (const Override& override : overrides) collect_override(override, settings);
   Origins origins;
-  Scenario scenario = build(path, settings, origins);
+  Scenario scenario = build(name, settings, origins);
   check_scenario(scenario, [&](const std::string& key) {
     const auto it = origins.find(key);
-    return it == origins.end() ? path : it->second;
+    return it == origins.end() ? name : it->second;
   });
   return scenario;
 }

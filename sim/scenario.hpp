@@ -56,6 +56,7 @@ struct ModelConfig {
   int kv_heads = 0;       ///< key/value heads (grouped-query attention when < heads)
   int vocab = 0;          ///< vocabulary size
   bool gated_mlp = true;  ///< Llama-style gate/up/down MLP (3 matrices) or 2 matrices (Falcon)
+  std::string hf_config;  ///< the Hugging Face config.json it was read from ("" = none)
 };
 
 /** [training]: the batch and the numeric format. */
@@ -65,6 +66,10 @@ struct TrainingConfig {
   int grad_accum = 1;              ///< micro-steps per optimizer step
   bool grad_checkpointing = true;  ///< recompute each layer's forward in backward
   std::string dtype = "bf16";      ///< bf16 | fp16 | fp32
+  /// The run uses the Hugging Face Trainer (or accelerate, axolotl, LLaMA-Factory, which fill
+  /// alike): a ds_config's "auto" values are filled as it fills them, from the model's hidden
+  /// size; otherwise "auto" keeps DeepSpeed's default. A note says which, either way.
+  bool hf_trainer = false;
 
   int dtype_bytes() const { return dtype == "fp32" ? 4 : 2; }
 };
@@ -86,6 +91,7 @@ struct ZeroConfig {
   bool offload_param = false;                                 ///< parameters live in host memory
   /// The DeepSpeed version whose hpZ behaviour the `deepspeed` builder issues (run.builder).
   std::string deepspeed_version = "0.13.4";
+  std::string ds_config;  ///< the DeepSpeed config JSON the keys were read from ("" = none)
 };
 
 /** [run]: which variant to build and how to run it. */
@@ -151,6 +157,21 @@ using Override = std::pair<std::string, std::string>;
 
 /** Reads a scenario file and applies overrides; throws InputError on any mistake. */
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides = {});
+
+/** A key set by a command-line flag of its own, such as `--ds-config FILE` for zero.ds_config
+ *  (issue 17's one-command form); `flag` names it in errors and notes. */
+struct FlagSetting {
+  std::string flag;   ///< e.g. "--ds-config"
+  std::string key;    ///< e.g. "zero.ds_config"
+  std::string value;  ///< read as --set reads it
+};
+
+/** As above, with keys set by flags: the file's keys, then the flags', then `overrides` (--set),
+ *  each later one winning. `path` may be "" (no scenario file: every key at its documented
+ *  default), in which case the flags must name the model (model.hf_config) and the ds_config,
+ *  and the scenario is named after those two files. */
+Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides,
+                       const std::vector<FlagSetting>& flags);
 
 /** Parses "key=value" from the command line; throws InputError when there is no '='. */
 Override parse_override(const std::string& text);

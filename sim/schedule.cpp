@@ -87,6 +87,17 @@ int step_count(const Schedule& schedule) {
   return last + 1;
 }
 
+std::string schedule_label(const std::string& variant,
+                           const std::map<std::string, std::string>& source) {
+  const auto deepspeed = source.find("deepspeed");
+  const auto builder = source.find("builder");
+  const bool built = builder != source.end() && builder->second == "deepspeed";
+  const std::string version = deepspeed == source.end() ? ""
+                                                        : ", DeepSpeed " + deepspeed->second +
+                                                              (built ? " built" : " recorded");
+  return (variant.empty() ? "?" : variant) + version;
+}
+
 std::string_view to_string(OpKind k) {
   return name_of(kOpKindNames, k);
 }

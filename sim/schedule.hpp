@@ -244,6 +244,12 @@ bool is_host_sync(OpKind kind);
 /** The optimizer steps a schedule covers: its largest op step + 1 (at least 1). */
 int step_count(const Schedule& schedule);
 
+/** How reports name a schedule: its variant and, for DeepSpeed's own schedules (Schedule::source),
+ *  the version, "built" by the DeepSpeed builder or "recorded" by `hpzlab record`: e.g. "stock,
+ *  DeepSpeed 0.13.4 built". "?" for an empty variant. */
+std::string schedule_label(const std::string& variant,
+                           const std::map<std::string, std::string>& source);
+
 /** Names for printing and JSON; the parse_* functions throw InputError on unknown names. */
 std::string_view to_string(OpKind k);
 std::string_view to_string(Phase p);

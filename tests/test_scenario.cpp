@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sim/error.hpp"
+#include "sim/record_inputs.hpp"
 #include "sim/scenario.hpp"
 #include "tests/paths.hpp"
 
@@ -718,6 +719,177 @@ TEST_F(ScenarioFile, DeepSpeedPrecision) {
   write("ds.json", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})");
   EXPECT_HAS(error_of([&] { load_scenario(write("s.toml", toml)); }),
              "ds.json: bf16: and fp16 are both enabled");
+}
+
+TEST_F(ScenarioFile, DeepSpeedPrecisionAutoKeepsTheScenarios) {
+  // "auto" is the HF Trainer's (its --bf16 / --fp16): the scenario's dtype stays, not fp32.
+  const std::string toml = "[model]\npreset = \"tiny\"\n[zero]\nds_config = \"ds.json\"\n";
+  write("ds.json", R"({"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}})");
+  Scenario s = load_scenario(write("s.toml", toml));
+  EXPECT_EQ(s.training.dtype, "bf16");
+  EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [](const std::string& n) {
+    return n.find("bf16.enabled is \"auto\"") != std::string::npos;
+  }));
+  s = load_scenario(write("s.toml", toml + "[training]\ndtype = \"fp16\"\n"));
+  EXPECT_EQ(s.training.dtype, "fp16");
+  write("ds.json", R"({"bf16": {"enabled": "auto"}, "fp16": {"enabled": true}})");
+  EXPECT_EQ(load_scenario(write("s.toml", toml)).training.dtype, "fp16");
+}
+
+TEST_F(ScenarioFile, BatchAutoKeepsTheScenarios) {
+  // Accumulation "auto" is the Trainer's argument: the scenario's value stands, and no note
+  // claims the batch keys are missing.
+  write("ds.json", R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                       "gradient_accumulation_steps": "auto"})");
+  const Scenario s = load_scenario(write(
+      "s.toml",
+      "[model]\npreset = \"tiny\"\n[zero]\nds_config = \"ds.json\"\n[training]\ngrad_accum = 4\n"
+      "micro_batch = 2\n"));
+  EXPECT_EQ(s.training.grad_accum, 4);
+  EXPECT_EQ(s.training.micro_batch, 2);
+  for (const std::string& n : s.notes)
+    EXPECT_EQ(n.find("DeepSpeed asserts"), std::string::npos) << n;
+  EXPECT_EQ(std::count_if(s.notes.begin(), s.notes.end(),
+                          [](const std::string& n) {
+                            return n.find("gradient_accumulation_steps are \"auto\"") !=
+                                   std::string::npos;
+                          }),
+            1);
+}
+
+// The HF Trainer's fill (transformers 4.35.2 integrations/deepspeed.py, trainer_config_finalize;
+// the same values in accelerate, axolotl and LLaMA-Factory): from the hidden size h,
+// stage3_prefetch_bucket_size 0.9 h^2 and stage3_param_persistence_threshold 10 h.
+TEST_F(ScenarioFile, AutoFilledAsTheHfTrainerDoesOnlyWhenAsked) {
+  write("ds.json", R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto",
+                       "stage3_param_persistence_threshold": "auto", "reduce_bucket_size": "auto"}})");
+  const std::string toml = "[model]\npreset = \"llama2-7b\"\n[zero]\nds_config = \"ds.json\"\n";
+  const Scenario plain = load_scenario(write("s.toml", toml));
+  EXPECT_EQ(plain.zero.stage3_prefetch_bucket_size, 50'000'000);  // DeepSpeed's defaults
+  EXPECT_EQ(plain.zero.stage3_param_persistence_threshold, 100'000);
+  EXPECT_TRUE(std::any_of(plain.notes.begin(), plain.notes.end(), [](const std::string& n) {
+    return n.find("the HF Trainer would fill 15099494") != std::string::npos;
+  }));
+  const std::string path = write("s.toml", toml);
+  for (const Scenario& s :
+       {load_scenario(path, {{"training.hf_trainer", "true"}}),
+        load_scenario(path, {}, {{"--hf-trainer", "training.hf_trainer", "true"}})}) {
+    EXPECT_EQ(s.zero.stage3_prefetch_bucket_size, 15'099'494);  // int(0.9 x 4096^2)
+    EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 40'960);
+    EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [](const std::string& n) {
+      return n.find("40960 as the HF Trainer fills it") != std::string::npos;
+    }));
+  }
+}
+
+TEST_F(ScenarioFile, MicsIsRefused) {
+  write("ds.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})");
+  const std::string toml = "[model]\npreset = \"tiny\"\n[zero]\nds_config = \"ds.json\"\n";
+  EXPECT_HAS(error_of([&] { load_scenario(write("s.toml", toml)); }),
+             "ds.json: zero_optimization.mics_shard_size: 8: MiCS is not modelled");
+  write("ds.json", R"({"zero_optimization": {"stage": 3, "mics_shard_size": -1}})");
+  EXPECT_NO_THROW(load_scenario(write("s.toml", toml)));  // DeepSpeed's default: MiCS off
+}
+
+// Issue 17's one-command form: the user's files on the defaults, no scenario file.
+TEST_F(ScenarioFile, OneCommandFormReadsTheUsersFilesOnTheDefaults) {
+  const std::string ds = write("ds.json", R"({"train_micro_batch_size_per_gpu": 2,
+      "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4, "overlap_comm": false}})");
+  const std::string hf = (kData / "hf_llama" / "config.json").string();
+  const Scenario s = load_scenario("", {},
+                                   {{"--hf-config", "model.hf_config", hf},
+                                    {"--ds-config", "zero.ds_config", ds},
+                                    {"--nodes", "cluster.nodes", "4"}});
+  EXPECT_EQ(s.path, ds + " + " + hf);
+  EXPECT_EQ(s.model.hidden, 8192);
+  EXPECT_EQ(s.cluster.nodes, 4);
+  EXPECT_EQ(s.cluster.gpus_per_node, 8);  // the documented default
+  EXPECT_EQ(s.cluster.nic_gbps, 12.5);
+  EXPECT_EQ(s.zero.zero_hpz_partition_size, 4);
+  EXPECT_FALSE(s.zero.overlap_comm);
+  EXPECT_EQ(s.training.micro_batch, 2);
+  // Both files are needed without a scenario; a flag's bad value names the flag.
+  EXPECT_HAS(error_of([&] {
+               load_scenario("", {}, {{"--hf-config", "model.hf_config", hf}});
+             }),
+             "--ds-config: is required without a scenario file");
+  EXPECT_HAS(error_of([&] {
+               load_scenario("", {},
+                             {{"--hf-config", "model.hf_config", hf},
+                              {"--ds-config", "zero.ds_config", ds},
+                              {"--nodes", "cluster.nodes", "0"}});
+             }),
+             "--nodes: cluster.nodes: must be at least 1");
+}
+
+TEST_F(ScenarioFile, PrecedenceFilesThenScenarioKeysThenSet) {
+  // The flags' files sit under the scenario's own keys (with a note); --set wins over both.
+  const std::string ds = write("ds.json", R"({"zero_optimization": {"stage": 3,
+      "overlap_comm": false, "zero_hpz_partition_size": 2}})");
+  const std::string path = write(
+      "s.toml", "[model]\npreset = \"tiny\"\n[zero]\noverlap_comm = true\n[cluster]\nnodes = 3\n");
+  const std::vector<FlagSetting> flags = {{"--ds-config", "zero.ds_config", ds},
+                                          {"--nodes", "cluster.nodes", "2"}};
+  Scenario s = load_scenario(path, {}, flags);
+  EXPECT_TRUE(s.zero.overlap_comm);              // the scenario's key over the user's file
+  EXPECT_EQ(s.zero.zero_hpz_partition_size, 2);  // the file's, the scenario is silent
+  EXPECT_EQ(s.cluster.nodes, 2);                 // the flag, given on the command line
+  EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [&](const std::string& n) {
+    return n.find("zero.overlap_comm from " + path + " overrides the value " + ds) !=
+           std::string::npos;
+  }));
+  s = load_scenario(path, {{"zero.overlap_comm", "false"}, {"cluster.nodes", "1"}}, flags);
+  EXPECT_FALSE(s.zero.overlap_comm);
+  EXPECT_EQ(s.cluster.nodes, 1);
+  // A model file given as a flag replaces the scenario's preset, as --set does.
+  s = load_scenario(
+      path, {},
+      {{"--hf-config", "model.hf_config", (kData / "hf_llama" / "config.json").string()}});
+  EXPECT_EQ(s.model.hidden, 8192);
+}
+
+// What `check --record` gives real DeepSpeed (sim/record_inputs.hpp): the user's files with
+// every key hpzlab resolved.
+TEST_F(ScenarioFile, RecorderInputsSayWhatTheScenarioSays) {
+  write("ds.json", R"({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "eps": 1e-8}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}},
+      "gradient_clipping": "auto", "train_batch_size": "auto", "bfloat16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "prefetch_bucket_size": 7, "reduce_bucket_size": "auto",
+                            "stage3_param_persistence_threshold": "auto", "sub_group_size": 1e9}})");
+  write("config.json", R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128,
+      "tie_word_embeddings": true})");
+  const Scenario sc = load_scenario(
+      write("s.toml",
+            "[model]\nhf_config = \"config.json\"\nlayers = 3\n[zero]\nds_config = \"ds.json\"\n"
+            "zero_hpz_partition_size = 8\n[training]\nmicro_batch = 2\ndtype = \"fp16\"\n"),
+      {{"training.hf_trainer", "true"}});
+  const nlohmann::json ds = recorder_ds_config(sc);
+  const nlohmann::json& zero = ds["zero_optimization"];
+  EXPECT_EQ(zero["stage3_prefetch_bucket_size"], 7);  // from its alias, under the stage3_ name
+  EXPECT_FALSE(zero.contains("prefetch_bucket_size"));
+  EXPECT_EQ(zero["zero_hpz_partition_size"], 8);
+  EXPECT_EQ(zero["stage3_param_persistence_threshold"], 640);  // the Trainer's 10 h
+  EXPECT_EQ(zero["reduce_bucket_size"], 64 * 64);              // and its h^2
+  EXPECT_EQ(zero["sub_group_size"], 1e9);                      // not modelled: passed on
+  EXPECT_EQ(ds["train_micro_batch_size_per_gpu"], 2);
+  EXPECT_FALSE(ds.contains("train_batch_size"));  // DeepSpeed derives it
+  EXPECT_EQ(ds["fp16"]["enabled"], true);
+  EXPECT_EQ(ds["bf16"]["enabled"], false);
+  EXPECT_FALSE(ds.contains("bfloat16"));
+  EXPECT_EQ(ds["gradient_clipping"], 1.0);
+  EXPECT_FALSE(ds["optimizer"]["params"].contains("lr"));  // "auto": the Trainer's only
+  EXPECT_EQ(ds["optimizer"]["params"]["eps"], 1e-8);
+  const nlohmann::json hf = recorder_hf_config(sc);
+  EXPECT_EQ(hf["num_hidden_layers"], 3);  // the scenario's key over the file's
+  EXPECT_EQ(hf["tie_word_embeddings"], true);
+  EXPECT_FALSE(hf.contains("num_key_value_heads"));  // the file's own default stands
+  // A preset Llama is written as one; a preset that is not a Llama needs its config file.
+  const Scenario tiny = load_scenario(write("t.toml", "[model]\npreset = \"tiny\"\n"));
+  EXPECT_EQ(recorder_hf_config(tiny)["model_type"], "llama");
+  EXPECT_EQ(recorder_hf_config(tiny)["hidden_size"], tiny.model.hidden);
+  const Scenario falcon = load_scenario(write("f.toml", "[model]\npreset = \"falcon-40b\"\n"));
+  EXPECT_HAS(error_of([&] { recorder_hf_config(falcon); }), "not a Llama");
 }
 
 }  // namespace

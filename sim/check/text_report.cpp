@@ -117,15 +117,7 @@ std::string describe_group(const FindingGroup& g) {
 }  // namespace
 
 std::string label_of(const CheckResult& r) {
-  // A recording names its DeepSpeed ("recorded"); the DeepSpeed builder names the version whose
-  // behaviour it issued ("built").
-  const auto deepspeed = r.source.find("deepspeed");
-  const auto builder = r.source.find("builder");
-  const bool built = builder != r.source.end() && builder->second == "deepspeed";
-  const std::string version = deepspeed == r.source.end() ? ""
-                                                          : ", DeepSpeed " + deepspeed->second +
-                                                                (built ? " built" : " recorded");
-  return (r.variant.empty() ? "?" : r.variant) + version;
+  return schedule_label(r.variant, r.source);
 }
 
 std::string format_ranges(const std::set<int>& values) {

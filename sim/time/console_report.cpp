@@ -63,11 +63,11 @@ void links(const SimResult& r, std::string& out) {
 
 }  // namespace
 
-std::string ConsoleReporter::render(const Schedule&, const SimResult& r) const {
+std::string ConsoleReporter::render(const Schedule& s, const SimResult& r) const {
   const StepMetrics& m = r.mean;
   std::string out =
-      fmt::format("{} [{}]: {} ranks on {} nodes, step {} of {}{}\n", r.scenario, r.variant,
-                  r.world_size, r.nodes, r.steps - 1, r.steps,
+      fmt::format("{} [{}]: {} ranks on {} nodes, step {} of {}{}\n", r.scenario,
+                  schedule_label(r.variant, s.source), r.world_size, r.nodes, r.steps - 1, r.steps,
                   r.runs.size() > 1 ? fmt::format(", mean of {} runs", r.runs.size()) : "");
   if (r.spin_before_copy_us > 0) {
     out += fmt::format(

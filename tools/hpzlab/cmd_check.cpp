@@ -4,9 +4,15 @@
 // stale and uninitialized reads and mismatched collectives. Exit 0 when all are clean, 1 when
 // anything was found, 2 on bad input.
 #include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,6 +23,7 @@
 #include "sim/check/report.hpp"
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
+#include "sim/record_inputs.hpp"
 #include "sim/xml.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -29,14 +36,21 @@ struct CheckOptions {
   std::vector<std::string> sets;       ///< --set key=value, applied to every scenario
   std::string json;                    ///< --json FILE ("-" = standard output)
   std::string schedule;                ///< --schedule FILE: check it instead of building one
-  std::string deepspeed;  ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
-  std::string junit;      ///< --junit FILE: JUnit XML, a test case per checked schedule
-  std::string sarif;      ///< --sarif FILE: SARIF 2.1.0, a result per finding group
+  std::string deepspeed;   ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
+  std::string junit;       ///< --junit FILE: JUnit XML, a test case per checked schedule
+  std::string sarif;       ///< --sarif FILE: SARIF 2.1.0, a result per finding group
+  UserFlags user;          ///< --ds-config, --hf-config, --nodes, --gpus-per-node
+  bool record = false;     ///< --record: the matrix over recordings of real DeepSpeed
+  std::string record_dir;  ///< --record-dir DIR: keep the recordings and their inputs there
 };
 
 /** --deepspeed V1,V2,...: the versions, each one the DeepSpeed builder models. */
 std::vector<std::string> versions_of(const CheckOptions& opts) {
   std::vector<std::string> out;
+  if (opts.record && opts.deepspeed.empty()) {
+    throw InputError("", "--record",
+                     "needs --deepspeed VERSION[,VERSION...]: the versions to record");
+  }
   if (opts.deepspeed.empty()) return out;
   const std::vector<std::string>& known = deepspeed_builder_versions();
   std::string list;
@@ -79,8 +93,69 @@ std::string progress_what(std::size_t i, std::size_t n, const char* doing, const
                 : fmt::format("scenario {}/{}: {} {}", i + 1, n, doing, of);
 }
 
+/** Runs tools/record (real DeepSpeed on this CPU) with `args`; returns its exit status. Its
+ *  progress and errors go to this process's standard error. */
+int run_recorder(const std::vector<std::string>& args) {
+  const std::string script = recorder_script("--record");
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(script.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  pid_t pid = 0;
+  if (const int err = ::posix_spawn(&pid, script.c_str(), nullptr, nullptr, argv.data(), environ);
+      err != 0) {
+    throw InputError(script, "--record", std::string("cannot run it: ") + std::strerror(err));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw std::runtime_error("waitpid on the recorder failed");
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/** --record: the schedule real DeepSpeed issues for `sc` (its version, cluster, model and
+ *  ds_config: sim/record_inputs.hpp), recorded by tools/record into `dir`. */
+Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
+  if (sc.run.variant != Variant::kStock) {
+    throw InputError(sc.path, "run.variant",
+                     fmt::format("{} cannot be recorded: --record runs DeepSpeed as it ships "
+                                 "(allowed: stock; host-sync and event-wait are the builder's "
+                                 "what-ifs)",
+                                 to_string(sc.run.variant)));
+  }
+  const std::string v = sc.zero.deepspeed_version;
+  const std::string hf = (dir / (v + "-config.json")).string();
+  const std::string ds = (dir / (v + "-ds_config.json")).string();
+  const std::string out = (dir / (v + "-schedule.json")).string();
+  write_output(hf, recorder_hf_config(sc).dump(2) + "\n", "--record-dir");
+  write_output(ds, recorder_ds_config(sc).dump(2) + "\n", "--record-dir");
+  std::vector<std::string> args = {"--hf-config", hf, "--ds-config", ds, "--out", out};
+  for (std::string& a : recorder_args(sc)) args.push_back(std::move(a));
+  end_progress_line();
+  std::fprintf(stderr, "hpzlab check --record: recording DeepSpeed %s (%s)\n", v.c_str(),
+               sc.path.c_str());
+  if (const int rc = run_recorder(args); rc != 0) {
+    if (rc == kExitBadInput) {
+      throw InputError(sc.path, "--record",
+                       fmt::format("DeepSpeed {} refused this configuration (the recorder's "
+                                   "error above; its inputs are in {})",
+                                   v, dir.string()));
+    }
+    throw std::runtime_error(fmt::format(
+        "recording DeepSpeed {} failed with exit code {} (inputs in {})", v, rc, dir.string()));
+  }
+  Schedule s = read_schedule(out);
+  s.scenario = sc.path;
+  return s;
+}
+
 std::vector<Checked> check_scenarios(const CheckOptions& opts) {
-  if (opts.scenarios.empty()) throw InputError("", "scenario", "is required (or --schedule FILE)");
+  if (opts.scenarios.empty() && !has_user_files(opts.user)) {
+    throw InputError("", "scenario",
+                     "is required (a scenario file, your own --hf-config FILE --ds-config FILE, "
+                     "or --schedule FILE)");
+  }
   const std::vector<std::string> versions = versions_of(opts);
   // Without --deepspeed each scenario once; with it, each scenario under each version, built by
   // the DeepSpeed builder (the version matrix).
@@ -89,7 +164,10 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     std::vector<Override> overrides;
   };
   std::vector<Job> jobs;
-  for (const std::string& path : opts.scenarios) {
+  // The one-command form: the user's files on the defaults, as one scenario named after them.
+  const std::vector<std::string> paths =
+      opts.scenarios.empty() ? std::vector<std::string>{""} : opts.scenarios;
+  for (const std::string& path : paths) {
     if (versions.empty()) {
       jobs.push_back({path, overrides_of(opts)});
       continue;
@@ -103,23 +181,53 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
   }
   const std::size_t n = jobs.size();
   const int total = static_cast<int>(n);
+  // --record: recordings land in --record-dir (kept), else in a directory removed at the end.
+  std::filesystem::path record_dir;
+  std::unique_ptr<std::filesystem::path, void (*)(std::filesystem::path*)> temporary(
+      nullptr, [](std::filesystem::path* p) {
+        std::error_code ec;
+        std::filesystem::remove_all(*p, ec);
+        delete p;
+      });
+  if (opts.record) {
+    if (!opts.record_dir.empty()) {
+      record_dir = opts.record_dir;
+      std::error_code ec;
+      std::filesystem::create_directories(record_dir, ec);
+      if (ec || !std::filesystem::is_directory(record_dir)) {
+        throw InputError(opts.record_dir, "--record-dir",
+                         "cannot make this directory (" + ec.message() + ")");
+      }
+    } else {
+      std::string pattern = (std::filesystem::temp_directory_path() / "hpzlab-record-XXXXXX");
+      if (::mkdtemp(pattern.data()) == nullptr) {
+        throw std::runtime_error("cannot make a temporary directory for the recordings");
+      }
+      record_dir = pattern;
+      temporary.reset(new std::filesystem::path(record_dir));
+    }
+  }
   std::vector<Checked> results;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::string& path = jobs[i].path;
-    const Scenario sc = load_scenario(path, jobs[i].overrides);
+    const Scenario sc = load(jobs[i].path, opts.user, jobs[i].overrides);
+    const std::string& path = sc.path;
     Schedule schedule;
-    run_showing_progress(static_cast<double>(i), total,
-                         progress_what(i, n, "building the schedule of", path),
-                         [&] { schedule = build_schedule(sc); });
+    if (opts.record) {
+      schedule = record_schedule(sc, record_dir);
+    } else {
+      run_showing_progress(static_cast<double>(i), total,
+                           progress_what(i, n, "building the schedule of", path),
+                           [&] { schedule = build_schedule(sc); });
+    }
     check::CheckResult result;
     run_showing_progress(static_cast<double>(i) + 0.5, total, progress_what(i, n, "checking", path),
                          [&] { result = check::check_schedule(schedule); });
-    results.push_back(
-        {std::move(result), sc.run.steps, false, sc.run.builder == "coarse", sc.notes});
+    results.push_back({std::move(result), opts.record ? step_count(schedule) : sc.run.steps,
+                       opts.record, !opts.record && sc.run.builder == "coarse", sc.notes});
   }
-  progress_bar(
-      total, total,
-      fmt::format("{} checked", n == 1 ? opts.scenarios[0] : fmt::format("{} scenarios", n)));
+  progress_bar(total, total,
+               fmt::format("{} checked",
+                           n == 1 ? results[0].result.scenario : fmt::format("{} scenarios", n)));
   return results;
 }
 
@@ -128,7 +236,7 @@ Checked check_file(const CheckOptions& opts) {
   if (opts.scenarios.size() > 1) {
     throw InputError("", "--schedule", "checks one schedule: give at most one scenario");
   }
-  if (opts.scenarios.empty() && !opts.sets.empty()) {
+  if (opts.scenarios.empty() && !opts.sets.empty() && !has_user_files(opts.user)) {
     throw InputError("", "--set", "needs a scenario to apply to");
   }
   if (!opts.deepspeed.empty()) {
@@ -139,8 +247,9 @@ Checked check_file(const CheckOptions& opts) {
   Schedule schedule;
   run_showing_progress(0, 1, "reading " + opts.schedule,
                        [&] { schedule = read_schedule(opts.schedule); });
-  if (!opts.scenarios.empty()) {
-    check_world_size(load_scenario(opts.scenarios[0], overrides_of(opts)), schedule, opts.schedule);
+  if (!opts.scenarios.empty() || has_user_files(opts.user)) {
+    const std::string path = opts.scenarios.empty() ? "" : opts.scenarios[0];
+    check_world_size(load(path, opts.user, overrides_of(opts)), schedule, opts.schedule);
   }
   check::CheckResult result;
   run_showing_progress(0.5, 1, "checking " + opts.schedule, [&] {
@@ -180,7 +289,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   }
   const bool text_out = to_stdout == 0;
   std::vector<std::string> inputs = opts.scenarios;
-  inputs.push_back(opts.schedule);
+  inputs.insert(inputs.end(), {opts.schedule, opts.user.ds_config, opts.user.hf_config});
   check_outputs({{opts.json, "--json"}, {opts.junit, "--junit"}, {opts.sarif, "--sarif"}}, inputs);
   const std::vector<Checked> checked =
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
@@ -297,6 +406,14 @@ void setup_check(CLI::App& app, int& exit_code) {
   sub->add_option("--sarif", opts->sarif,
                   "Also write SARIF 2.1.0 to FILE ('-' = stdout, instead of the text) for code "
                   "scanning: a result per group of findings, a rule per kind (docs/ci.md)");
+  add_user_flags(*sub, opts->user, false);
+  sub->add_flag("--record", opts->record,
+                "With --deepspeed: record each version's schedule with real DeepSpeed on this CPU "
+                "(hpzlab record: minutes per version, the first use installs its environment) "
+                "and check the recordings instead of the builder's schedules");
+  sub->add_option("--record-dir", opts->record_dir,
+                  "With --record: keep the recordings and the files given to DeepSpeed in DIR "
+                  "(VERSION-schedule.json, VERSION-config.json, VERSION-ds_config.json)");
   sub->add_option("--schedule", opts->schedule,
                   "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
                   "or `hpzlab schedule --json`) instead of building one");

@@ -57,7 +57,7 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   eo.budget = o.budget;
   eo.seed = o.seed;
   eo.depth = o.depth;
-  eo.mode = replay_mode(o.mode, sc, o.common.scenario);
+  eo.mode = replay_mode(o.mode, sc, sc.path);
   eo.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} orders explored", done, total));
   };

@@ -18,11 +18,7 @@ namespace {
 
 /** Replaces this process with the recorder; returns only by throwing InputError. */
 [[noreturn]] void exec_recorder(const std::vector<std::string>& args) {
-  const std::string script = source_dir() + "/tools/record";
-  if (::access(script.c_str(), X_OK) != 0) {
-    throw InputError(script, "",
-                     "the recorder is not there (set HPZLAB_SOURCE_DIR to hpzlab's source tree)");
-  }
+  const std::string script = recorder_script("");
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(script.c_str()));
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -33,6 +29,15 @@ namespace {
 }
 
 }  // namespace
+
+std::string recorder_script(const std::string& flag) {
+  const std::string script = source_dir() + "/tools/record";
+  if (::access(script.c_str(), X_OK) != 0) {
+    throw InputError(script, flag,
+                     "the recorder is not there (set HPZLAB_SOURCE_DIR to hpzlab's source tree)");
+  }
+  return script;
+}
 
 void setup_record(CLI::App& app, int& /*exit_code: the recorder's own, through exec*/) {
   CLI::App* sub = app.add_subcommand(

@@ -56,7 +56,7 @@ namespace {
 replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay::ReproOptions ro,
                                    int& exit_code) {
   if (o.steps) sc.run.steps = *o.steps;
-  ro.mode = replay_mode(o.mode, sc, o.common.scenario);
+  ro.mode = replay_mode(o.mode, sc, sc.path);
   ro.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} replays (4 variants x --runs)", done, total));
   };
@@ -98,9 +98,11 @@ void repro_order(const ReproCliOptions& o, int& exit_code) {
                      "replays one order of the scenario's own schedule: it takes no --schedule, "
                      "--steps, --runs, --csv or --plot");
   }
-  check_outputs({{o.common.json, "--json"}}, {o.common.scenario, o.order});
+  std::vector<std::string> inputs = inputs_of(o.common);
+  inputs.push_back(o.order);
+  check_outputs({{o.common.json, "--json"}}, inputs);
   const Scenario sc = load(o.common);
-  const replay::Mode mode = replay_mode(o.mode, sc, o.common.scenario);
+  const replay::Mode mode = replay_mode(o.mode, sc, sc.path);
   const Schedule schedule = build_schedule(sc);
   const Timeline order = replay::read_explored_order(
       read_input_file(o.order, o.order, "--order", "cannot read this order file"), o.order,

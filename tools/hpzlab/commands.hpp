@@ -15,29 +15,58 @@
 
 namespace hpz::cli {
 
+/** The one-command form's flags (issue 17): the user's own DeepSpeed and model configs and the
+ *  cluster's size, on a scenario (they win over its keys, --set over them) or, without one, on
+ *  the documented defaults (scenarios/README.md). Values stay text: load_scenario reads them as
+ *  it reads --set, so errors name the flag, the key and the allowed values. */
+struct UserFlags {
+  std::string ds_config;      ///< --ds-config FILE: zero.ds_config
+  std::string hf_config;      ///< --hf-config FILE: model.hf_config
+  std::string nodes;          ///< --nodes N: cluster.nodes
+  std::string gpus_per_node;  ///< --gpus-per-node G: cluster.gpus_per_node
+  std::string deepspeed;      ///< --deepspeed VERSION: the DeepSpeed builder at that version
+  bool hf_trainer = false;    ///< --hf-trainer: training.hf_trainer ("auto" as the Trainer fills)
+};
+
+/** Binds --ds-config, --hf-config, --nodes, --gpus-per-node, --hf-trainer (and --deepspeed VERSION
+ * when `with_version`: `check` binds its own, a list). */
+void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version);
+
+/** The keys the flags set, in the order load_scenario applies them. */
+std::vector<FlagSetting> flag_settings(const UserFlags& flags);
+
+/** Whether any of the user's files was given (the scenario file is then optional). */
+bool has_user_files(const UserFlags& flags);
+
 /** Options every subcommand takes: the scenario first, overrides, machine-readable output. */
 struct ScenarioOptions {
-  std::string scenario;           ///< path of the scenario TOML
+  std::string scenario;           ///< path of the scenario TOML ("" = the one-command form)
   std::vector<std::string> sets;  ///< --set key=value, in order
   std::string json;               ///< --json FILE ("-" = standard output, "" = none)
   std::string schedule;           ///< --schedule FILE: use it instead of building ("" = build)
+  UserFlags user;                 ///< --ds-config, --hf-config, --nodes, --gpus-per-node, ...
 };
 
-/** Binds SCENARIO, --set and --json on a subcommand. */
+/** Binds SCENARIO, --set, --json and the user flags (UserFlags) on a subcommand. */
 void add_scenario_options(CLI::App& sub, ScenarioOptions& opts);
 
 /** Binds --schedule FILE on a subcommand. */
 void add_schedule_option(CLI::App& sub, std::string& file);
 
-/** The files a run reads: the scenario and the --schedule file, if any. */
+/** The files a run reads: the scenario, the user's files and the --schedule file, if any. */
 std::vector<std::string> inputs_of(const ScenarioOptions& opts);
 
 /** The scenario's notes (what loading it read, ignored, defaulted or overrode: Scenario::notes),
  *  a "note: ..." line each, for a subcommand's text output (issue 17: notes everywhere). */
 std::string notes_text(const Scenario& scenario);
 
-/** Loads the scenario with its overrides; throws InputError. */
+/** Loads the scenario (or, without one, the user's files on the defaults) with the flags and
+ *  overrides; throws InputError, also when neither a scenario nor the user's files are given. */
 Scenario load(const ScenarioOptions& opts);
+
+/** As load(), for one scenario path of several (`check`), with the flags and overrides given. */
+Scenario load(const std::string& scenario, const UserFlags& flags,
+              const std::vector<Override>& overrides);
 
 /** A schedule from a file (read_schedule_file), named after the file in reports. */
 Schedule read_schedule(const std::string& file);
@@ -154,6 +183,10 @@ std::string version_line();
 /** Throws InputError ("unknown subcommand 'X'; did you mean 'Y'? (allowed: ...)") when the
  *  first argument is neither an option nor one of app's subcommands. */
 void check_subcommand_name(const CLI::App& app, int argc, char** argv);
+
+/** The recorder (tools/record in source_dir()); throws InputError naming `flag` when it is not
+ *  there or cannot be run. */
+std::string recorder_script(const std::string& flag);
 
 /** hpzlab's source tree: $HPZLAB_SOURCE_DIR, else where it was built from. */
 std::string source_dir();

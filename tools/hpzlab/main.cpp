@@ -13,14 +13,55 @@
 
 namespace hpz::cli {
 
+void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
+  sub.add_option("--ds-config", flags.ds_config,
+                 "Your DeepSpeed config (JSON): zero.ds_config, over the scenario's keys' "
+                 "defaults (without a scenario, with --hf-config: the one-command form)");
+  sub.add_option("--hf-config", flags.hf_config,
+                 "Your model's Hugging Face config.json: model.hf_config");
+  sub.add_option("--nodes", flags.nodes, "Nodes of the cluster: cluster.nodes (default 2)");
+  sub.add_option("--gpus-per-node", flags.gpus_per_node,
+                 "GPUs (ranks) per node: cluster.gpus_per_node (default 8)");
+  sub.add_flag("--hf-trainer", flags.hf_trainer,
+               "The run uses the Hugging Face Trainer (or accelerate, axolotl, LLaMA-Factory): "
+               "fill the ds_config's \"auto\" values as it does (training.hf_trainer)");
+  if (with_version) {
+    sub.add_option("--deepspeed", flags.deepspeed,
+                   "Your DeepSpeed version: the schedule it issues, built by the DeepSpeed "
+                   "builder (run.builder = deepspeed, zero.deepspeed_version = VERSION)");
+  }
+}
+
+std::vector<FlagSetting> flag_settings(const UserFlags& flags) {
+  std::vector<FlagSetting> out;
+  if (!flags.hf_config.empty()) out.push_back({"--hf-config", "model.hf_config", flags.hf_config});
+  if (!flags.ds_config.empty()) out.push_back({"--ds-config", "zero.ds_config", flags.ds_config});
+  if (!flags.nodes.empty()) out.push_back({"--nodes", "cluster.nodes", flags.nodes});
+  if (!flags.gpus_per_node.empty()) {
+    out.push_back({"--gpus-per-node", "cluster.gpus_per_node", flags.gpus_per_node});
+  }
+  if (flags.hf_trainer) out.push_back({"--hf-trainer", "training.hf_trainer", "true"});
+  if (!flags.deepspeed.empty()) {
+    out.push_back({"--deepspeed", "run.builder", "deepspeed"});
+    out.push_back({"--deepspeed", "zero.deepspeed_version", flags.deepspeed});
+  }
+  return out;
+}
+
+bool has_user_files(const UserFlags& flags) {
+  return !flags.ds_config.empty() || !flags.hf_config.empty();
+}
+
 void add_scenario_options(CLI::App& sub, ScenarioOptions& opts) {
-  sub.add_option("scenario", opts.scenario, "Scenario file (TOML), e.g. scenarios/llama2-7b.toml")
-      ->required();
+  sub.add_option("scenario", opts.scenario,
+                 "Scenario file (TOML), e.g. scenarios/llama2-7b.toml; optional with "
+                 "--hf-config FILE --ds-config FILE");
   sub.add_option("--set", opts.sets,
                  "Override a scenario key, e.g. --set zero.overlap_comm=false (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
   sub.add_option("--json", opts.json, "Write machine-readable results to FILE ('-' = stdout)");
+  add_user_flags(sub, opts.user, true);
 }
 
 void add_schedule_option(CLI::App& sub, std::string& file) {
@@ -32,7 +73,7 @@ void add_schedule_option(CLI::App& sub, std::string& file) {
 }
 
 std::vector<std::string> inputs_of(const ScenarioOptions& opts) {
-  return {opts.scenario, opts.schedule};
+  return {opts.scenario, opts.schedule, opts.user.ds_config, opts.user.hf_config};
 }
 
 std::string notes_text(const Scenario& scenario) {
@@ -41,10 +82,20 @@ std::string notes_text(const Scenario& scenario) {
   return out;
 }
 
+Scenario load(const std::string& scenario, const UserFlags& flags,
+              const std::vector<Override>& overrides) {
+  if (scenario.empty() && !has_user_files(flags)) {
+    throw InputError(
+        "", "scenario",
+        "is required (a scenario file, or your own --hf-config FILE --ds-config FILE)");
+  }
+  return load_scenario(scenario, overrides, flag_settings(flags));
+}
+
 Scenario load(const ScenarioOptions& opts) {
   std::vector<Override> overrides;
   for (const auto& s : opts.sets) overrides.push_back(parse_override(s));
-  return load_scenario(opts.scenario, overrides);
+  return load(opts.scenario, opts.user, overrides);
 }
 
 std::string source_dir() {

@@ -186,3 +186,46 @@ def test_0134_qgz_reduces_2d_gradients_by_two_all_to_alls(tmp_path):
     code, report = check(recorded["path"])
     assert code == 1
     assert kinds(report) == {"race"}
+
+
+def test_check_version_matrix_over_recordings_agrees_with_the_builder(tmp_path):
+    """`hpzlab check --deepspeed V1,V2 --record` (issue 19): each version recorded from the
+    user's own files, then checked; its verdicts are the DeepSpeed builder's for the same files,
+    and the files given to DeepSpeed are kept with --record-dir."""
+    files = ["--hf-config", str(DATA / "llama-tiny.json"), "--ds-config",
+             str(DATA / "ds-hpz8.json"), "--deepspeed", "0.13.4,0.13.5", "--json", "-"]
+    rec_dir = tmp_path / "recordings"
+    recorded = subprocess.run([HPZLAB, "check", *files, "--record", "--record-dir", str(rec_dir)],
+                              capture_output=True, text=True)
+    built = subprocess.run([HPZLAB, "check", *files], capture_output=True, text=True)
+    assert recorded.returncode == 1, recorded.stderr[-3000:]
+    assert built.returncode == 1, built.stderr[-3000:]
+
+    def verdicts(run):
+        doc = json.loads(run.stdout)
+        # By what races with what, where; not by the group's representative instance (its
+        # hook label, or which of a coalesced gather's secondaries it names), which depends on
+        # details the builder's differential test does not compare (sim/projection.hpp).
+        groups = sorted((f["kind"], f["count"], f["first"]["purpose"], f["second"]["purpose"],
+                         f["first"]["stream"], f["second"]["stream"], tuple(f["ranks"]),
+                         tuple(f["layers"]), tuple(f["steps"]))
+                        for f in doc["findings"])
+        return [(s["clean"], sorted((k, n) for k, n in s["counts"].items() if n))
+                for s in doc["scenarios"]] + [groups]
+
+    assert verdicts(recorded) == verdicts(built)
+    assert [v[0] for v in verdicts(recorded)[:2]] == [False, True]  # 0.13.4 races, 0.13.5 clean
+    for v in ("0.13.4", "0.13.5"):
+        doc = json.loads((rec_dir / f"{v}-schedule.json").read_text())
+        assert doc["source"]["deepspeed"] == v
+        ds = json.loads((rec_dir / f"{v}-ds_config.json").read_text())
+        assert ds["zero_optimization"]["zero_hpz_partition_size"] == 8
+
+
+def test_check_record_refuses_a_fix_variant():
+    run = subprocess.run([HPZLAB, "check", "--hf-config", str(DATA / "llama-tiny.json"),
+                          "--ds-config", str(DATA / "ds-hpz8.json"), "--deepspeed", "0.13.4",
+                          "--record", "--set", "run.variant=event-wait"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "run.variant: event-wait cannot be recorded" in run.stderr
