@@ -491,7 +491,7 @@ class DataEngine {
   // they pair up; else every read into the one write, one after another. When the reads cover
   // less than the write (a shard's padding is never read), each read keeps the place its
   // buffer has in the concatenation (torch.cat of whole shards, offsets from the buffer's
-  // start). Element sizes that differ (the quantize's fp32 scales) move nothing.
+  // start). A copy between buffers of different element sizes moves nothing (there is none).
   std::vector<Write<Chunk>> gather_into(Rank r, const Op& o, double t) {
     const std::vector<const Access*> reads = accesses(r, o, AccessMode::kRead);
     const std::vector<const Access*> writes = accesses(r, o, AccessMode::kWrite);
