@@ -27,6 +27,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,18 @@ namespace hpz::replay {
 
 /** Read "to the end of the buffer". */
 inline constexpr std::uint64_t kWhole = std::numeric_limits<std::uint64_t>::max();
+
+/** A buffer id a kernel's ReadFn answers for an optimizer step that reads no gradient of its
+ *  own (the DeepSpeed builder's): the unit's reduced gradient for this rank's primary slice,
+ *  elements from the slice's start (empty when the engine has none to give). */
+inline constexpr BufferId kReducedGrad = kNoBuffer - 1;
+
+/** True when the engine follows `s` by its accesses' byte ranges (DataEngine's second mode):
+ *  the DeepSpeed builder's schedules. */
+inline bool replays_by_ranges(const Schedule& s) {
+  const auto it = s.source.find("builder");
+  return it != s.source.end() && it->second == "deepspeed";
+}
 
 /** Values an op writes into an element range of one of its rank's buffers. */
 template <class Chunk>
@@ -57,7 +70,8 @@ class DataEngine {
  public:
   using Chunk = typename Domain::Chunk;
 
-  DataEngine(const Schedule& s, const Timeline& t, Domain& d) : s_(s), t_(t), d_(d) {
+  DataEngine(const Schedule& s, const Timeline& t, Domain& d)
+      : s_(s), t_(t), d_(d), by_ranges_(replays_by_ranges(s)) {
     for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
     assign_slots();
   }
@@ -258,6 +272,7 @@ class DataEngine {
 
   // Non-collective ops: what they write, computed from what they read at time t.
   std::vector<Write<Chunk>> effects(Rank r, const Op& o, double t) {
+    if (by_ranges_) return effects_by_ranges(r, o, t);
     switch (o.kind) {
       case OpKind::kCopy:
         return copy(r, o, t);
@@ -279,7 +294,8 @@ class DataEngine {
 
   void alloc(Rank r, std::uint32_t i, const Op& o) {
     const Buffer& b = s_.ranks[r].buffers[o.buffer];
-    const std::uint64_t n = b.role == BufferRole::kQuantized && b.unit != kNoUnit
+    const std::uint64_t n = by_ranges_ ? b.bytes / esize(r, o.buffer)
+                            : b.role == BufferRole::kQuantized && b.unit != kNoUnit
                                 ? s_.units[b.unit].padded_numel
                                 : elems(b.bytes);
     const std::uint32_t k = alloc_count_[r][i];
@@ -336,8 +352,8 @@ class DataEngine {
     const double t = time(e.r, e.i).start_s;
     for (int nth = 0;; ++nth) {
       const Access* a = find(e.r, o, AccessMode::kRead, nth);
-      if (a == nullptr) break;
-      inst.sends[m].push_back(read_access(e.r, *a, t));
+      if (a == nullptr || (by_ranges_ && moves_no_data(o))) break;
+      inst.sends[m].push_back(by_ranges_ ? read_range(e.r, *a, t) : read_access(e.r, *a, t));
     }
     Pending& p = pending_[key(e.r, e.i)];
     p.start = t;
@@ -364,6 +380,7 @@ class DataEngine {
     const Op& o = op(r, i);
     const Access* dst = find(r, o, AccessMode::kWrite);
     if (dst == nullptr) return {};
+    if (by_ranges_) return receive_by_ranges(inst, m, o, *dst);
     switch (o.kind) {
       case OpKind::kAllGather:
         return gather(inst, o, *dst);
@@ -411,6 +428,207 @@ class DataEngine {
     return {{dst.buffer, db, std::move(sum)}};
   }
 
+  // ---- By ranges: the DeepSpeed builder's schedules -------------------------------------
+  //
+  // Every access is followed by its byte range, whatever unit the op is labelled with: a buffer
+  // holds elements of dtype_bytes, an int8 (kQuantized) buffer one-byte elements. A copy moves
+  // its i-th read into its i-th write, or, with one write, its reads one after another into it
+  // (torch.cat). A collective carries what its members' reads hold into their writes (an
+  // all-gather places member k's at k * comm_bytes). Quantization is a pass-through, as above.
+  // Gradients are the exception: the builder's gradient reduction writes each bucket's
+  // reduce-scatter output at the start of one flat buffer and its optimizer step reads none of
+  // it (the IR does not say which bytes are which parameter's), so its ops move no data here;
+  // each rank's gradient of a unit is taken where the bucket copy reads it, summed over the
+  // ranks, and handed to the unit's optimizer step sliced to the rank's primary slice, as
+  // DeepSpeed partitions each gradient: reduce_scatter_coalesced cuts every gradient into
+  // ceil(numel / world) chunks, rank r's being [r * chunk, (r + 1) * chunk)
+  // (runtime/comm/coalesced_collectives.py:93-99 at v0.13.4), and partition_grads copies it into
+  // the parameter's gradient partition at micro-step 0 and adds it after
+  // (runtime/zero/stage3.py:1418-1439 at v0.13.4).
+
+  /** Element size of buffer b of rank r in bytes. */
+  std::uint64_t esize(Rank r, BufferId b) const {
+    return role(r, b) == BufferRole::kQuantized ? 1 : static_cast<std::uint64_t>(s_.dtype_bytes);
+  }
+  /** Reads what an access covers, in its buffer's elements. */
+  Chunk read_range(Rank r, const Access& a, double t) {
+    const std::uint64_t es = esize(r, a.buffer);
+    return read_at(r, slot(r, a), a.offset / es, a.bytes / es, t);
+  }
+  /** Gradient reduction ops other than the bucket copy: see above. */
+  static bool moves_no_data(const Op& o) { return o.phase == Phase::kGradReduce; }
+  std::vector<const Access*> accesses(Rank r, const Op& o, AccessMode m) const {
+    std::vector<const Access*> out;
+    for (const Access& a : s_.accesses_of(r, o)) {
+      if (a.mode == m) out.push_back(&a);
+    }
+    return out;
+  }
+
+  std::vector<Write<Chunk>> effects_by_ranges(Rank r, const Op& o, double t) {
+    switch (o.kind) {
+      case OpKind::kCopy:
+        if (is_gradient_copy(r, o)) take_gradient(r, o, t);
+        return moves_no_data(o) ? std::vector<Write<Chunk>>{} : gather_into(r, o, t);
+      case OpKind::kQuantize:
+        return moves_no_data(o) ? std::vector<Write<Chunk>>{} : gather_into(r, o, t);
+      case OpKind::kDequantize:
+        return moves_no_data(o) ? std::vector<Write<Chunk>>{} : dequantize_by_ranges(r, o, t);
+      case OpKind::kKernel: {
+        const ReadFn<Chunk> rd = [this, r, t, &o](BufferId b, std::uint64_t begin,
+                                                  std::uint64_t n) {
+          if (b == kReducedGrad) return reduced_gradient(r, o, begin, n);
+          return read_at(r, slot(r, o, b), begin, n, t);
+        };
+        return d_.kernel(r, o, rd);
+      }
+      default:
+        return {};
+    }
+  }
+
+  // A copy (or qwZ's quantize: int8 values one for one): the i-th read into the i-th write when
+  // they pair up; else every read into the one write, one after another. When the reads cover
+  // less than the write (a shard's padding is never read), each read keeps the place its
+  // buffer has in the concatenation (torch.cat of whole shards, offsets from the buffer's
+  // start). A copy between buffers of different element sizes moves nothing (there is none).
+  std::vector<Write<Chunk>> gather_into(Rank r, const Op& o, double t) {
+    const std::vector<const Access*> reads = accesses(r, o, AccessMode::kRead);
+    const std::vector<const Access*> writes = accesses(r, o, AccessMode::kWrite);
+    if (writes.empty()) return {};
+    std::vector<Write<Chunk>> out;
+    if (reads.empty()) {  // a checkpoint load writes the primary shard from storage
+      const Access& w = *writes.front();
+      const std::uint64_t es = esize(r, w.buffer);
+      if (o.unit == kNoUnit) return {};
+      const std::uint64_t first = layouts_[o.unit].primary_slice(r).begin + w.offset / es;
+      return {{w.buffer, w.offset / es, d_.checkpoint(r, o.unit, first, w.bytes / es)}};
+    }
+    if (reads.size() == writes.size() && o.kind == OpKind::kCopy) {
+      for (std::size_t i = 0; i < reads.size(); ++i) {
+        const std::uint64_t es = esize(r, writes[i]->buffer);
+        if (es != esize(r, reads[i]->buffer)) continue;
+        Chunk c = read_range(r, *reads[i], t);
+        out.push_back({writes[i]->buffer, writes[i]->offset / es,
+                       Domain::slice(c, 0, std::min(Domain::size(c), writes[i]->bytes / es))});
+      }
+      return out;
+    }
+    const Access& w = *writes.front();
+    const std::uint64_t wes = esize(r, w.buffer);
+    const std::uint64_t capacity = w.bytes / wes;
+    // Counted in elements of the reads (a quantize's int8 values are one for one with them).
+    std::uint64_t read_elems = 0, buffer_elems = 0;
+    for (const Access* a : reads) {
+      const std::uint64_t es = esize(r, a->buffer);
+      read_elems += a->bytes / es;
+      buffer_elems += s_.ranks[r].buffers[a->buffer].bytes / es;
+    }
+    const bool by_buffer = read_elems != capacity && buffer_elems == capacity;
+    std::uint64_t at = 0;
+    for (const Access* a : reads) {
+      const std::uint64_t es = esize(r, a->buffer);
+      const std::uint64_t pos = by_buffer ? at + a->offset / es : at;
+      at += by_buffer ? s_.ranks[r].buffers[a->buffer].bytes / es : a->bytes / es;
+      if (pos >= capacity || (o.kind == OpKind::kCopy && es != wes)) continue;
+      Chunk c = read_range(r, *a, t);
+      out.push_back({w.buffer, w.offset / wes + pos,
+                     Domain::slice(c, 0, std::min(Domain::size(c), capacity - pos))});
+    }
+    return out;
+  }
+
+  // qwZ's dequantize: the gathered int8 values, one for one, into the parameter or flat tensor
+  // it writes (the scales are not followed: quantization is a pass-through).
+  std::vector<Write<Chunk>> dequantize_by_ranges(Rank r, const Op& o, double t) {
+    const Access* src = find(r, o, AccessMode::kRead);
+    const Access* dst = find(r, o, AccessMode::kWrite);
+    if (src == nullptr || dst == nullptr) return {};
+    const std::uint64_t es = esize(r, dst->buffer);
+    Chunk c = read_range(r, *src, t);
+    return {{dst->buffer, dst->offset / es,
+             Domain::slice(c, 0, std::min(Domain::size(c), dst->bytes / es))}};
+  }
+
+  std::vector<Write<Chunk>> receive_by_ranges(const Instance& inst, std::size_t m, const Op& o,
+                                              const Access& dst) {
+    const Rank r = inst.members[m].first;
+    if (moves_no_data(o)) return {};
+    const std::uint64_t es = esize(r, dst.buffer);
+    const Access* own = find(r, o, AccessMode::kRead);
+    if (own == nullptr || esize(r, own->buffer) != es) return {};  // qwZ's scales
+    const std::uint64_t begin = dst.offset / es, end = begin + dst.bytes / es;
+    std::vector<Write<Chunk>> out;
+    switch (o.kind) {
+      case OpKind::kAllGather:
+        for (std::size_t k = 0; k < inst.members.size(); ++k) {
+          if (inst.sends[k].empty()) continue;
+          const std::uint64_t pos = begin + k * (o.comm_bytes / es);
+          if (pos >= end) continue;
+          const Chunk& c = inst.sends[k][0];
+          out.push_back(
+              {dst.buffer, pos, Domain::slice(c, 0, std::min(Domain::size(c), end - pos))});
+        }
+        return out;
+      case OpKind::kReduceScatter: {
+        const std::uint64_t n = o.comm_bytes / es, from = m * n;
+        Chunk sum = Domain::slice(inst.sends[0].at(0), from, n);
+        for (std::size_t k = 1; k < inst.members.size(); ++k)
+          Domain::accumulate(sum, Domain::slice(inst.sends[k].at(0), from, n));
+        return {
+            {dst.buffer, begin, Domain::slice(sum, 0, std::min(Domain::size(sum), end - begin))}};
+      }
+      case OpKind::kAllReduce: {
+        Chunk sum = inst.sends[0].at(0);
+        for (std::size_t k = 1; k < inst.members.size(); ++k)
+          Domain::accumulate(sum, inst.sends[k].at(0));
+        return {
+            {dst.buffer, begin, Domain::slice(sum, 0, std::min(Domain::size(sum), end - begin))}};
+      }
+      default:  // all-to-all: only qgZ's, in the gradient reduction
+        return {};
+    }
+  }
+
+  /** A bucket copy: this rank's gradient of a unit (a kGradFull buffer) into the bucket. */
+  bool is_gradient_copy(Rank r, const Op& o) const {
+    const Access* src = find(r, o, AccessMode::kRead);
+    return o.phase == Phase::kGradReduce && src != nullptr &&
+           role(r, src->buffer) == BufferRole::kGradFull &&
+           s_.ranks[r].buffers[src->buffer].unit != kNoUnit;
+  }
+  void take_gradient(Rank r, const Op& o, double t) {
+    const Access& src = *find(r, o, AccessMode::kRead);
+    const UnitId u = s_.ranks[r].buffers[src.buffer].unit;
+    auto& per_rank = gradients_[{o.step, u}];
+    per_rank.resize(s_.ranks.size());
+    Chunk c = read_range(r, src, t);
+    if (!per_rank[r]) {
+      per_rank[r] = std::move(c);
+    } else {
+      Domain::accumulate(*per_rank[r], c);  // micro-steps accumulate
+    }
+  }
+  // The sum over ranks of the unit's gradient in this step, elements [begin, begin + n) of
+  // rank r's primary slice.
+  Chunk reduced_gradient(Rank r, const Op& o, std::uint64_t begin, std::uint64_t n) {
+    if (o.unit == kNoUnit) return {};
+    const auto it = gradients_.find({o.step, o.unit});
+    if (it == gradients_.end()) return {};
+    const std::uint64_t first = layouts_[o.unit].primary_slice(r).begin + begin;
+    std::optional<Chunk> sum;
+    for (const auto& g : it->second) {
+      if (!g) continue;
+      Chunk c = Domain::slice(*g, first, n);
+      if (!sum) {
+        sum = std::move(c);
+      } else {
+        Domain::accumulate(*sum, c);
+      }
+    }
+    return sum ? std::move(*sum) : Chunk{};
+  }
+
   const Schedule& s_;
   const Timeline& t_;
   Domain& d_;
@@ -423,6 +641,9 @@ class DataEngine {
   std::vector<std::vector<BufferId>> alloc_prev_;        // [rank][k-th alloc]: previous slot
   std::vector<std::vector<std::uint32_t>> alloc_count_;  // [rank][op]: allocs before it
   std::uint64_t mixed_reads_ = 0;
+  const bool by_ranges_;
+  /** By ranges: (step, unit) -> each rank's gradient of the unit, micro-steps summed. */
+  std::map<std::pair<std::int32_t, UnitId>, std::vector<std::optional<Chunk>>> gradients_;
 };
 
 }  // namespace hpz::replay

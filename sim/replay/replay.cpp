@@ -94,11 +94,15 @@ bool has_access(const Schedule& s, Rank r, const Op& op, AccessMode mode) {
 std::string unsupported_op(const Schedule& s, Rank r, const Op& op) {
   const bool writes = has_access(s, r, op, AccessMode::kWrite);
   const bool reads = has_access(s, r, op, AccessMode::kRead);
-  const bool needs_unit = (op.kind == OpKind::kAllGather && writes) ||
-                          (op.kind == OpKind::kReduceScatter && writes) ||
-                          (op.kind == OpKind::kDequantize && writes) ||
+  // Followed by byte ranges (replays_by_ranges), gathers and dequantizes need no unit's layout,
+  // and an optimizer step that writes nothing (the DeepSpeed builder's AdamW .item()) no unit.
+  const bool by_layout = !replays_by_ranges(s);
+  const bool needs_unit = (op.kind == OpKind::kAllGather && writes && by_layout) ||
+                          (op.kind == OpKind::kReduceScatter && writes && by_layout) ||
+                          (op.kind == OpKind::kDequantize && writes && by_layout) ||
                           (op.kind == OpKind::kCopy && writes && !reads) ||
-                          (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep);
+                          (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep &&
+                           (writes || by_layout));
   if (needs_unit && op.unit == kNoUnit) return "needs a parameter unit (its shard layout)";
   const bool reduces = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce ||
                        op.kind == OpKind::kAllToAll;

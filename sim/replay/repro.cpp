@@ -99,29 +99,36 @@ double VariantRepro::share_nan() const {
 
 namespace {
 
-// The data replay moves one parameter unit's data through each gather and copy. The DeepSpeed
-// builder's coalesced gathers, qwZ's int8 staging and qgZ's all-to-alls move several units'
-// bytes through shared scratch buffers, which the taint and numeric domains do not follow yet:
-// replaying them gave "good" where the timing engine shows the race biting, or stopped with a
-// division by zero. Refused until the replay follows them.
-constexpr const char* kDeepSpeedBuilderRefusal =
-    "the data replay cannot follow the DeepSpeed builder's schedules yet (its coalesced and "
-    "quantized gathers carry several parameters through shared buffers); use run.builder = "
-    "\"coarse\" to replay, or check and sim for this builder";
+// The numeric replay computes the tiny model per attn/mlp unit (tiny_model.hpp); the DeepSpeed
+// builder's units are single parameters (one per nn.Linear, norm and embedding), whose math the
+// tiny model does not have. The taint replay follows that builder's schedules by their byte
+// ranges (data_engine.hpp).
+constexpr const char* kDeepSpeedNumericRefusal =
+    "the numeric replay computes the coarse builder's attn/mlp units and cannot run the "
+    "DeepSpeed builder's per-parameter schedules; use --mode taint (the default for this "
+    "builder) or run.builder = \"coarse\"";
+
+bool deepspeed_builder(const Scenario& scenario) {
+  return scenario.run.builder == "deepspeed";
+}
 
 }  // namespace
 
-void require_replayable(const Scenario& scenario) {
-  if (scenario.run.builder == "deepspeed") {
-    throw InputError(scenario.path, "run.builder", kDeepSpeedBuilderRefusal);
+Mode default_mode(const Scenario& scenario) {
+  return numeric_fits(scenario) && !deepspeed_builder(scenario) ? Mode::kNumeric : Mode::kTaint;
+}
+
+void require_replayable(const Scenario& scenario, Mode mode) {
+  if (mode == Mode::kNumeric && deepspeed_builder(scenario)) {
+    throw InputError(scenario.path, "run.builder", kDeepSpeedNumericRefusal);
   }
 }
 
 ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
-  require_replayable(scenario);
   ReproResult out;
+  out.mode = o.mode.value_or(default_mode(scenario));
+  require_replayable(scenario, out.mode);
   out.scenario = scenario.path;
-  out.mode = o.mode.value_or(numeric_fits(scenario) ? Mode::kNumeric : Mode::kTaint);
   out.timing = o.timing_name;
   out.first_seed = scenario.run.seed;
   out.steps = scenario.run.steps;
@@ -150,10 +157,6 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
 
 ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
                             const std::string& name, const ReproOptions& o) {
-  if (auto it = schedule.source.find("builder");
-      it != schedule.source.end() && it->second == "deepspeed") {
-    throw InputError(name, "run.builder", kDeepSpeedBuilderRefusal);
-  }
   if (const std::string why = replay_unsupported(schedule); !why.empty()) {
     throw InputError(name, "", "the data replay cannot follow this schedule: " + why);
   }

@@ -22,7 +22,7 @@ Timeline sim_timeline(const Scenario& scenario, const Schedule& schedule, std::u
 /** How to reproduce. */
 struct ReproOptions {
   int runs = 1;                            ///< seeds run.seed, run.seed + 1, ...
-  std::optional<Mode> mode;                ///< default: numeric when numeric_fits(), else taint
+  std::optional<Mode> mode;                ///< default: default_mode()
   TimelineSource timeline = sim_timeline;  ///< tests give hand-made timelines
   std::string timing_name = "the SimGrid timing engine (hpzlab sim), one seeded run each";
   /** Called after each replay with the replays done and the total (for a progress bar). */
@@ -57,9 +57,14 @@ struct ReproResult {
 /** Runs every variant of `scenario` (whose run.variant is ignored) per `options`. */
 ReproResult run_repro(const Scenario& scenario, const ReproOptions& options);
 
+/** The replay's mode when none is asked for: numeric when numeric_fits() and the scenario uses
+ *  the coarse builder, else taint. */
+Mode default_mode(const Scenario& scenario);
+
 /** Throws InputError (run.builder) when the data replay cannot follow the schedules `scenario`
- *  builds: the DeepSpeed builder's (repro, repro --order and explore all call it). */
-void require_replayable(const Scenario& scenario);
+ *  builds in `mode`: the numeric replay of the DeepSpeed builder's (repro, repro --order and
+ *  explore all call it). The taint replay follows that builder's by byte ranges. */
+void require_replayable(const Scenario& scenario, Mode mode);
 
 /** Replays one given schedule (say, read from a file: there are no variants to build) per
  *  `options`, always in the taint domain (the numeric one runs the builder's tiny model); its

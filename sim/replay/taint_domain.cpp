@@ -37,7 +37,10 @@ void push_run(TaintDomain::Chunk& c, std::uint64_t len, Tag t) {
 
 }  // namespace
 
-TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s) : sc_(sc), s_(s) {
+TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s)
+    : sc_(sc), s_(s), implicit_activations_(replays_by_ranges(s)) {
+  act_.assign(s.ranks.size(), Health::kGood);
+  micro_.assign(s.ranks.size(), {-2, 0});
   bufs_.resize(s.ranks.size());
   version_.resize(s.ranks.size());
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
@@ -158,6 +161,7 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::kernel(Rank r, const Op& op,
   const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
   if (op.purpose == Purpose::kOptimizerStep) return optimizer(r, op, read);
   Health h = worst_input(r, op, read);
+  if (implicit_activations_) h = flow(r, op, h);
   if (op.purpose == Purpose::kParamInit) h = Health::kGood;
   // A finite but wrong gradient norm only rescales updates through clipping: not followed.
   if (op.purpose == Purpose::kGradNorm && h == Health::kWrong) h = Health::kGood;
@@ -172,6 +176,25 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::kernel(Rank r, const Op& op,
     out.push_back({a.buffer, whole ? 0 : a.offset / dt, uniform(n, tag)});
   }
   return out;
+}
+
+Health TaintDomain::flow(Rank r, const Op& op, Health own) {
+  switch (op.purpose) {
+    case Purpose::kForwardCompute:
+    case Purpose::kRecomputeForward:
+    case Purpose::kLossGradient:
+    case Purpose::kBackwardCompute:
+      break;
+    default:
+      return own;
+  }
+  const std::pair<std::int32_t, std::int32_t> now{op.step, op.micro_step};
+  if (micro_[r] != now) {  // a new micro-step starts from the batch's token ids
+    micro_[r] = now;
+    act_[r] = Health::kGood;
+  }
+  act_[r] = worse(act_[r], own);
+  return act_[r];
 }
 
 // Each primary element is as bad as its old value, its gradient and (for NaN) the global norm;
@@ -197,6 +220,10 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::optimizer(Rank r, const Op& 
   const std::uint32_t v = ++version_[r][op.unit];
   Chunk p = read(primary->buffer, primary->offset / dt, primary->bytes / dt);
   if (grad != nullptr) accumulate(p, read(grad->buffer, grad->offset / dt, grad->bytes / dt));
+  // The DeepSpeed builder's step reads no gradient bytes: the engine hands it the unit's.
+  if (grad == nullptr && implicit_activations_) {
+    accumulate(p, read(kReducedGrad, primary->offset / dt, primary->bytes / dt));
+  }
   Chunk next;
   std::uint64_t bad = 0;
   for (const TagRun& run : p) {

@@ -50,8 +50,19 @@ class TaintDomain {
   /** The storage of slot b of rank r, created on first use. */
   Chunk& slot(Rank r, BufferId b);
 
+  /** The DeepSpeed builder's kernels read their module's parameter and write its gradient,
+   *  and touch no activations: with `implicit_activations_` (its schedules) every forward
+   *  kernel of a micro-step also reads what the kernels before it in that micro-step computed,
+   *  the loss reads the whole forward, and every backward kernel what the backward computed so
+   *  far, as the activations and gradients they stand for do. act_[rank]: that health so far;
+   *  micro_[rank]: the (step, micro-step) it is for. */
+  Health flow(Rank r, const Op& op, Health own);
+
   const Scenario& sc_;
   const Schedule& s_;
+  const bool implicit_activations_;
+  std::vector<Health> act_;
+  std::vector<std::pair<std::int32_t, std::int32_t>> micro_;
   std::vector<std::vector<Chunk>> bufs_;             // [rank][buffer]
   std::vector<std::vector<std::uint32_t>> version_;  // [rank][unit]
   std::map<int, Health> loss_;                       // step -> worst loss tag of any rank

@@ -53,7 +53,6 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   require_at_least("--depth", o.depth, 1);
   check_outputs({{o.common.json, "--json"}, {o.order_out, "--order-out"}}, inputs_of(o.common));
   Scenario sc = load(o.common);
-  replay::require_replayable(sc);
   replay::ExploreOptions eo;
   eo.budget = o.budget;
   eo.seed = o.seed;

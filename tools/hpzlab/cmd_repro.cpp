@@ -38,13 +38,16 @@ struct ReproCliOptions {
 }  // namespace
 
 replay::Mode replay_mode(const std::string& mode, const Scenario& sc, const std::string& file) {
-  if (mode == "numeric" && !replay::numeric_fits(sc)) {
+  const replay::Mode m = mode == "auto"    ? replay::default_mode(sc)
+                         : mode == "taint" ? replay::Mode::kTaint
+                                           : replay::Mode::kNumeric;
+  replay::require_replayable(sc, m);
+  if (m == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
     throw InputError(file, "--mode",
                      "numeric replay needs a small model with kv_heads = heads and a gated MLP "
                      "(use taint or auto)");
   }
-  return mode == "taint" || (mode == "auto" && !replay::numeric_fits(sc)) ? replay::Mode::kTaint
-                                                                          : replay::Mode::kNumeric;
+  return m;
 }
 
 namespace {
@@ -99,7 +102,6 @@ void repro_order(const ReproCliOptions& o, int& exit_code) {
   inputs.push_back(o.order);
   check_outputs({{o.common.json, "--json"}}, inputs);
   const Scenario sc = load(o.common);
-  replay::require_replayable(sc);
   const replay::Mode mode = replay_mode(o.mode, sc, sc.path);
   const Schedule schedule = build_schedule(sc);
   const Timeline order = replay::read_explored_order(

@@ -143,9 +143,10 @@ void require_between(const std::string& flag, double value, double min, double m
  *  timeout: `inf` or 1e300 s would overflow the clock's deadline). */
 void require_within(const std::string& flag, double value, double bound, double max);
 
-/** --mode (auto | numeric | taint) for `scenario`: auto is numeric when the numeric replay can
- *  hold the model (replay::numeric_fits), else taint; numeric on a model it cannot hold throws
- *  InputError naming `file` and --mode. Shared by repro and explore. */
+/** --mode (auto | numeric | taint) for `scenario`: auto is replay::default_mode (numeric when
+ *  the numeric replay can hold the model and the coarse builder builds it, else taint); numeric
+ *  on the DeepSpeed builder throws replay::require_replayable's InputError, numeric on a model
+ *  it cannot hold InputError naming `file` and --mode. Shared by repro and explore. */
 replay::Mode replay_mode(const std::string& mode, const Scenario& scenario,
                          const std::string& file);
 
