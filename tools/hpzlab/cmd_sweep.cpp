@@ -34,6 +34,7 @@ struct SweepCliOptions {
   std::string out;
   bool resume = false;
   bool plot = false;    ///< --plot: SVG plots in DIR/plots and DIR/report.html
+  bool repro = false;   ///< --repro: `hpzlab repro` once per point, its columns in each row
   std::string emit;     ///< --emit DIR: write the commands instead of running them
   std::string collect;  ///< --collect DIR: the table from what emitted commands wrote
 };
@@ -64,6 +65,7 @@ sweep::Plan plan_of(const SweepCliOptions& opts) {
   for (const std::string& v : opts.vary) plan.axes.push_back(sweep::parse_axis(v));
   plan.variants = variants_of(opts);
   plan.runs = opts.runs;
+  plan.repro = opts.repro;
   return plan;
 }
 
@@ -78,8 +80,8 @@ void show_progress(const sweep::Progress& p) {
                                   : p.elapsed_s / static_cast<double>(p.done) *
                                         static_cast<double>(p.total - p.done);
   const std::string what =
-      fmt::format("{}/{} simulations, {} failed, {:.0f} s elapsed, about {:.0f} s left", p.done,
-                  p.total, p.failed, p.elapsed_s, left);
+      fmt::format("{}/{} simulations{}, {} failed, {:.0f} s elapsed, about {:.0f} s left", p.done,
+                  p.total, p.repro ? " and replays" : "", p.failed, p.elapsed_s, left);
   if (progress_on()) {
     progress_bar(static_cast<double>(p.done), static_cast<int>(p.total), what);
   } else {
@@ -89,9 +91,11 @@ void show_progress(const sweep::Progress& p) {
 
 void write_plots(const sweep::Plan& plan, const std::vector<sweep::Row>& table,
                  const std::string& dir) {
-  const std::vector<std::string> files = sweep::write_report(plan, table, dir);
-  std::printf("plots: %zu SVG files in %s/plots, report: %s/report.html\n", files.size() - 1,
-              dir.c_str(), dir.c_str());
+  const sweep::ReportFiles files =
+      sweep::write_report(plan, table, dir, sweep::find_on_path("rsvg-convert"));
+  std::printf("plots: %zu SVG and %zu PNG files in %s/plots, report: %s\n", files.svg.size(),
+              files.png.size(), dir.c_str(), files.html.c_str());
+  if (!files.png_note.empty()) std::printf("note: %s\n", files.png_note.c_str());
 }
 
 std::string count(std::size_t n, const char* what) {
@@ -152,8 +156,15 @@ void run_sweep(const SweepCliOptions& opts, int& exit_code) {
       count(static_cast<std::size_t>(plan.runs), "run").c_str(), count(s.rows, "row").c_str(), s.ok,
       s.hung, s.failed, opts.out.c_str(), opts.out.c_str(), count(s.ran, "simulation").c_str(),
       s.elapsed_s, s.skipped);
+  if (plan.repro) {
+    std::printf(
+        "repro: %s of hpzlab repro, %zu failed, %s not replayable (DeepSpeed builder); "
+        "columns first_bad_step, final_loss, repro_error\n",
+        count(s.replays, "run").c_str(), s.replays_failed,
+        count(s.not_replayable, "point").c_str());
+  }
   if (opts.plot) write_plots(plan, s.table, opts.out);
-  exit_code = s.failed > 0 ? kExitFindings : kExitOk;
+  exit_code = s.failed > 0 || s.replays_failed > 0 ? kExitFindings : kExitOk;
 }
 
 }  // namespace
@@ -197,6 +208,11 @@ void setup_sweep(CLI::App& app, int& exit_code) {
       "--resume", opts->resume,
       "Finish the sweep in --out: run only the (point, variant) simulations whose rows "
       "are not there yet");
+  CLI::Option* repro = sub->add_flag(
+      "--repro", opts->repro,
+      "Also run `hpzlab repro` once per point (every variant, the same seeds) and add each row's "
+      "first_bad_step and final_loss (repro_error says why they are empty: a point with "
+      "run.builder = deepspeed is not replayed)");
   CLI::Option* plot =
       sub->add_flag("--plot", opts->plot,
                     "Also write DIR/plots/RESULT-vs-KEY.svg (every numeric result against each "
@@ -210,7 +226,8 @@ void setup_sweep(CLI::App& app, int& exit_code) {
           ->excludes(out)
           ->excludes(resume)
           ->excludes(jobs)
-          ->excludes(plot);
+          ->excludes(plot)
+          ->excludes(repro);
   sub->add_option("--collect", opts->collect,
                   "Write DIR/results.csv and results.jsonl from what the commands --emit wrote "
                   "to DIR/out (takes no scenario; --plot allowed)")
@@ -222,6 +239,7 @@ void setup_sweep(CLI::App& app, int& exit_code) {
       ->excludes(jobs)
       ->excludes(out)
       ->excludes(resume)
+      ->excludes(repro)
       ->excludes(emit);
   sub->callback([opts, &exit_code] { run_sweep(*opts, exit_code); });
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -19,6 +20,10 @@ constexpr std::size_t kMaxAxisValues = 10'000;
 constexpr std::size_t kMaxCombinations = 1000;
 /// A sweep's points x variants; beyond this the table alone is gigabytes.
 constexpr double kMaxSimulations = 1e7;
+/// A --repro row's repro_error at a point whose scenario uses the DeepSpeed builder.
+constexpr const char* kNotReplayable =
+    "not replayed: run.builder = deepspeed (hpzlab repro cannot replay the DeepSpeed builder's "
+    "schedules yet)";
 
 std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> parts;
@@ -236,8 +241,34 @@ std::vector<std::string> Plan::sim_args(std::size_t point, std::size_t variant,
   return args;
 }
 
+std::vector<std::string> Plan::repro_args(std::size_t point, const std::string& json_path) const {
+  std::vector<std::string> args = {"repro", scenario};
+  std::vector<Override> all = base_overrides(*this);
+  const std::vector<std::string> values = values_at(point);
+  for (std::size_t i = 0; i < axes.size(); ++i) all.emplace_back(axes[i].key, values[i]);
+  for (const auto& [key, value] : all) {
+    args.push_back("--set");
+    args.push_back(key + "=" + value);
+  }
+  args.insert(args.end(), {"--runs", std::to_string(runs), "--json", json_path});
+  return args;
+}
+
+std::string Plan::not_replayable(std::size_t point) const {
+  std::vector<Override> all = base_overrides(*this);
+  const std::vector<std::string> values = values_at(point);
+  for (std::size_t i = 0; i < axes.size(); ++i) all.emplace_back(axes[i].key, values[i]);
+  try {
+    if (load_scenario(scenario, all).run.builder == "deepspeed") return kNotReplayable;
+  } catch (const InputError&) {
+    // repro says why, in the rows' repro_error
+  }
+  return "";
+}
+
 nlohmann::json Plan::to_json() const {
   nlohmann::json j = {{"scenario", scenario}, {"sets", sets}, {"runs", runs}};
+  if (repro) j["repro"] = true;  // absent without --repro: sweep.json as before
   j["vary"] = nlohmann::json::array();
   for (const Axis& a : axes) j["vary"].push_back({{"key", a.key}, {"values", a.values}});
   j["variants"] = nlohmann::json::array();
@@ -251,6 +282,7 @@ Plan plan_from_json(const nlohmann::json& j) {
     plan.scenario = j.at("scenario").get<std::string>();
     plan.sets = j.at("sets").get<std::vector<std::string>>();
     plan.runs = j.at("runs").get<int>();
+    plan.repro = j.value("repro", false);
     for (const nlohmann::json& a : j.at("vary")) {
       plan.axes.push_back(
           {a.at("key").get<std::string>(), a.at("values").get<std::vector<std::string>>()});
@@ -300,6 +332,17 @@ void validate(const Plan& plan) {
   }
   for (const VariantSpec& v : plan.variants) {
     for (const Override& o : v.overrides) load_with(plan, o, "--variants");
+  }
+  if (plan.repro) {
+    const bool builder_varied = std::any_of(plan.axes.begin(), plan.axes.end(),
+                                            [](const Axis& a) { return a.key == "run.builder"; });
+    if (!builder_varied &&
+        load_scenario(plan.scenario, base_overrides(plan)).run.builder == "deepspeed") {
+      throw InputError(plan.scenario, "--repro",
+                       "run.builder = \"deepspeed\": hpzlab repro cannot replay the DeepSpeed "
+                       "builder's schedules yet (allowed: run.builder = \"coarse\", or a sweep "
+                       "without --repro)");
+    }
   }
 }
 
