@@ -117,8 +117,15 @@ void collect_sweep(const SweepCliOptions& opts, int& exit_code) {
       count(c.table.size(), "row").c_str(), c.simulations - c.missing,
       count(c.simulations, "simulation").c_str(), failed, c.missing, opts.collect.c_str(),
       opts.collect.c_str());
+  if (sweep::read_plan(opts.collect).repro) {
+    std::printf("repro: %zu of %s collected (%zu failed, %zu not run yet)\n",
+                c.replays - c.replays_missing, count(c.replays, "repro command").c_str(),
+                c.replays_failed, c.replays_missing);
+  }
   if (opts.plot) write_plots(sweep::read_plan(opts.collect), c.table, opts.collect);
-  exit_code = failed > 0 || c.missing > 0 ? kExitFindings : kExitOk;
+  exit_code = failed > 0 || c.missing > 0 || c.replays_failed > 0 || c.replays_missing > 0
+                  ? kExitFindings
+                  : kExitOk;
 }
 
 void run_sweep(const SweepCliOptions& opts, int& exit_code) {
@@ -226,8 +233,7 @@ void setup_sweep(CLI::App& app, int& exit_code) {
           ->excludes(out)
           ->excludes(resume)
           ->excludes(jobs)
-          ->excludes(plot)
-          ->excludes(repro);
+          ->excludes(plot);
   sub->add_option("--collect", opts->collect,
                   "Write DIR/results.csv and results.jsonl from what the commands --emit wrote "
                   "to DIR/out (takes no scenario; --plot allowed)")
