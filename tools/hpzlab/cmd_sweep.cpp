@@ -228,8 +228,9 @@ void setup_sweep(CLI::App& app, int& exit_code) {
   CLI::Option* emit =
       sub->add_option("--emit", opts->emit,
                       "Do not run: write DIR/commands.txt, one self-contained `hpzlab sim` "
-                      "command per (point, variant), for GNU parallel or a Slurm job array "
-                      "(docs/sweep.md), then collect with --collect DIR")
+                      "command per (point, variant) (with --repro also an `hpzlab repro` per "
+                      "point), for GNU parallel or a Slurm job array (docs/sweep.md), then "
+                      "collect with --collect DIR")
           ->excludes(out)
           ->excludes(resume)
           ->excludes(jobs)
