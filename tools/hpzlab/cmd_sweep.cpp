@@ -224,7 +224,8 @@ void setup_sweep(CLI::App& app, int& exit_code) {
       sub->add_flag("--plot", opts->plot,
                     "Also write DIR/plots/RESULT-vs-KEY.svg (every numeric result against each "
                     "varied key, a line per variant, log axes where values span 2 decades, points "
-                    "where a race bites ringed) and DIR/report.html (the plots and the table)");
+                    "where a race bites ringed), a PNG of each when rsvg-convert is installed, and "
+                    "DIR/report.html (the plots and the table)");
   CLI::Option* emit =
       sub->add_option("--emit", opts->emit,
                       "Do not run: write DIR/commands.txt, one self-contained `hpzlab sim` "
