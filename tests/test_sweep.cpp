@@ -167,6 +167,59 @@ TEST(SweepTable, RowsFromSimAndFailedRows) {
   EXPECT_EQ(failed[0]["c.d"], "y");
 }
 
+TEST(SweepTable, ReproColumnsFromReproJson) {
+  Plan plan = two_by_three();
+  plan.repro = true;
+  plan.runs = 2;
+  const std::vector<std::string> cols = columns(plan);
+  EXPECT_EQ(std::vector<std::string>(cols.end() - 5, cols.end()),
+            (std::vector<std::string>{"first_race", "first_bad_step", "final_loss", "repro_error",
+                                      "error"}));
+  nlohmann::json sim = sim_json(0.5);
+  sim["runs"].push_back(sim["runs"][0]);
+  sim["races"][0]["manifested_per_run"] = {3, 0};
+  std::vector<Row> rows = rows_from_sim(plan, {4, 0}, sim);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(rows[0]["first_bad_step"].is_null());  // until fill_repro
+  // `hpzlab repro --json`'s shape: per variant, per run, first_bad_step and the loss per step.
+  const nlohmann::json repro = {
+      {"variants",
+       {{"stock",
+         {{"runs",
+           {{{"seed", 1}, {"loss", {6.0, "nan"}}, {"first_bad_step", 1}},
+            {{"seed", 2}, {"loss", {6.0, 5.5}}, {"first_bad_step", nullptr}}}}}},
+        {"no-hpz", {{"runs", {{{"seed", 1}, {"loss", {6.0, 5.5}}}}}}}}}};
+  fill_repro(rows, repro, "");
+  EXPECT_EQ(rows[0]["first_bad_step"], 1);
+  EXPECT_EQ(rows[0]["final_loss"], "nan");
+  EXPECT_TRUE(rows[1]["first_bad_step"].is_null());
+  EXPECT_EQ(rows[1]["final_loss"], 5.5);
+  const std::string line = csv_line(cols, rows[0]);
+  EXPECT_TRUE(line.ends_with("\",1,nan,,\n")) << line;
+  // The columns stay before `error` in the JSON row too.
+  EXPECT_EQ(std::prev(rows[0].end()).key(), "error");
+  // A run repro does not have: said in repro_error.
+  std::vector<Row> no_hpz = rows_from_sim(plan, {4, 1}, sim);
+  fill_repro(no_hpz, repro, "");
+  EXPECT_EQ(no_hpz[1]["repro_error"], "hpzlab repro's JSON has no run 1 of no-hpz");
+  // repro failed or was not run: empty columns, the reason.
+  fill_repro(no_hpz, nlohmann::json(), "hpzlab repro failed: exit code 2");
+  EXPECT_TRUE(no_hpz[0]["final_loss"].is_null());
+  EXPECT_EQ(no_hpz[0]["repro_error"], "hpzlab repro failed: exit code 2");
+}
+
+TEST(SweepPlan, ReproRunsOncePerPointAndIsPartOfThePlan) {
+  Plan plan = two_by_three();
+  plan.repro = true;
+  EXPECT_EQ(plan.repro_args(5, "o.json"),
+            (Values{"repro", "scenarios/tiny.toml", "--set", "run.steps=2", "--set", "a.b=2",
+                    "--set", "c.d=z", "--runs", "1", "--json", "o.json"}));
+  EXPECT_EQ(plan_from_json(plan.to_json()).repro, true);
+  plan.repro = false;
+  EXPECT_FALSE(plan.to_json().contains("repro"));  // sweep.json as before --repro existed
+  EXPECT_EQ(plan_from_json(plan.to_json()).repro, false);
+}
+
 TEST(SweepTable, AppendResumeAndSortedFinish) {
   const Plan plan = two_by_three();
   const std::string dir = temp_dir("table");
@@ -281,6 +334,56 @@ TEST(SweepReport, ChartPerResultAndKeyRunsAveraged) {
   EXPECT_DOUBLE_EQ(by_gpu.series[1].points[0].y, 1.5);  // runs averaged
   EXPECT_TRUE(by_gpu.series[1].points[1].marked);
   EXPECT_FALSE(by_gpu.series[0].points[1].marked);
+}
+
+/** A one-axis, one-variant plan with one ok row: two points, 6 charts. */
+std::pair<Plan, std::vector<Row>> small_table() {
+  Plan plan;
+  plan.scenario = "s.toml";
+  plan.axes = {{"cluster.nic_gbps", {"1", "100"}}};
+  plan.variants = {variant_spec("stock")};
+  std::vector<Row> rows;
+  for (std::size_t point = 0; point < 2; ++point) {
+    for (Row& row : rows_from_sim(plan, {point, 0}, sim_json(point == 0 ? 1.0 : 2.0))) {
+      rows.push_back(std::move(row));
+    }
+  }
+  return {plan, rows};
+}
+
+TEST(SweepReport, PngNextToEachSvgOrOneNote) {
+  const auto [plan, rows] = small_table();
+  const std::string dir = temp_dir("report");
+  // No converter: SVG only, a note, and no PNG left from an earlier drawing.
+  std::filesystem::create_directories(dir + "/plots");
+  std::ofstream(dir + "/plots/step_time_s-vs-cluster.nic_gbps.png") << "stale";
+  ReportFiles files = write_report(plan, rows, dir, "");
+  EXPECT_EQ(files.svg.size(), plotted_results().size());
+  EXPECT_TRUE(files.png.empty());
+  EXPECT_NE(files.png_note.find("rsvg-convert is not on the PATH"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/plots/step_time_s-vs-cluster.nic_gbps.png"));
+  EXPECT_EQ(files.html, dir + "/report.html");
+  // A converter that fails: a note naming the first failure, not an exception.
+  const std::string failing = dir + "/failing-convert";
+  std::ofstream(failing) << "#!/bin/sh\necho 'cannot render' >&2\nexit 3\n";
+  std::filesystem::permissions(failing, std::filesystem::perms::owner_all);
+  files = write_report(plan, rows, dir, failing);
+  EXPECT_TRUE(files.png.empty());
+  EXPECT_NE(files.png_note.find("6 of 6 SVG files not converted"), std::string::npos);
+  EXPECT_NE(files.png_note.find("cannot render"), std::string::npos);
+  // rsvg-convert itself, where installed (tools/install-deps installs it).
+  const std::string rsvg = find_on_path("rsvg-convert");
+  if (rsvg.empty()) GTEST_SKIP() << "rsvg-convert is not installed";
+  files = write_report(plan, rows, dir, rsvg);
+  EXPECT_EQ(files.png_note, "");
+  ASSERT_EQ(files.png.size(), files.svg.size());
+  EXPECT_EQ(files.png[0], dir + "/plots/step_time_s-vs-cluster.nic_gbps.png");
+  EXPECT_EQ(read(files.png[0]).substr(0, 8), "\x89PNG\r\n\x1a\n");
+}
+
+TEST(SweepReport, FindsProgramsOnThePath) {
+  EXPECT_EQ(find_on_path("sh").empty(), false);
+  EXPECT_EQ(find_on_path("no-such-program-hpzlab"), "");
 }
 
 }  // namespace

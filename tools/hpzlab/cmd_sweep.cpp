@@ -34,6 +34,7 @@ struct SweepCliOptions {
   std::string out;
   bool resume = false;
   bool plot = false;    ///< --plot: SVG plots in DIR/plots and DIR/report.html
+  bool repro = false;   ///< --repro: `hpzlab repro` once per point, its columns in each row
   std::string emit;     ///< --emit DIR: write the commands instead of running them
   std::string collect;  ///< --collect DIR: the table from what emitted commands wrote
 };
@@ -64,6 +65,7 @@ sweep::Plan plan_of(const SweepCliOptions& opts) {
   for (const std::string& v : opts.vary) plan.axes.push_back(sweep::parse_axis(v));
   plan.variants = variants_of(opts);
   plan.runs = opts.runs;
+  plan.repro = opts.repro;
   return plan;
 }
 
@@ -78,8 +80,8 @@ void show_progress(const sweep::Progress& p) {
                                   : p.elapsed_s / static_cast<double>(p.done) *
                                         static_cast<double>(p.total - p.done);
   const std::string what =
-      fmt::format("{}/{} simulations, {} failed, {:.0f} s elapsed, about {:.0f} s left", p.done,
-                  p.total, p.failed, p.elapsed_s, left);
+      fmt::format("{}/{} simulations{}, {} failed, {:.0f} s elapsed, about {:.0f} s left", p.done,
+                  p.total, p.repro ? " and replays" : "", p.failed, p.elapsed_s, left);
   if (progress_on()) {
     progress_bar(static_cast<double>(p.done), static_cast<int>(p.total), what);
   } else {
@@ -89,9 +91,11 @@ void show_progress(const sweep::Progress& p) {
 
 void write_plots(const sweep::Plan& plan, const std::vector<sweep::Row>& table,
                  const std::string& dir) {
-  const std::vector<std::string> files = sweep::write_report(plan, table, dir);
-  std::printf("plots: %zu SVG files in %s/plots, report: %s/report.html\n", files.size() - 1,
-              dir.c_str(), dir.c_str());
+  const sweep::ReportFiles files =
+      sweep::write_report(plan, table, dir, sweep::find_on_path("rsvg-convert"));
+  std::printf("plots: %zu SVG and %zu PNG files in %s/plots, report: %s\n", files.svg.size(),
+              files.png.size(), dir.c_str(), files.html.c_str());
+  if (!files.png_note.empty()) std::printf("note: %s\n", files.png_note.c_str());
 }
 
 std::string count(std::size_t n, const char* what) {
@@ -113,8 +117,15 @@ void collect_sweep(const SweepCliOptions& opts, int& exit_code) {
       count(c.table.size(), "row").c_str(), c.simulations - c.missing,
       count(c.simulations, "simulation").c_str(), failed, c.missing, opts.collect.c_str(),
       opts.collect.c_str());
+  if (sweep::read_plan(opts.collect).repro) {
+    std::printf("repro: %zu of %s collected (%zu failed, %zu not run yet)\n",
+                c.replays - c.replays_missing, count(c.replays, "repro command").c_str(),
+                c.replays_failed, c.replays_missing);
+  }
   if (opts.plot) write_plots(sweep::read_plan(opts.collect), c.table, opts.collect);
-  exit_code = failed > 0 || c.missing > 0 ? kExitFindings : kExitOk;
+  exit_code = failed > 0 || c.missing > 0 || c.replays_failed > 0 || c.replays_missing > 0
+                  ? kExitFindings
+                  : kExitOk;
 }
 
 void run_sweep(const SweepCliOptions& opts, int& exit_code) {
@@ -152,8 +163,14 @@ void run_sweep(const SweepCliOptions& opts, int& exit_code) {
       count(static_cast<std::size_t>(plan.runs), "run").c_str(), count(s.rows, "row").c_str(), s.ok,
       s.hung, s.failed, opts.out.c_str(), opts.out.c_str(), count(s.ran, "simulation").c_str(),
       s.elapsed_s, s.skipped);
+  if (plan.repro) {
+    std::printf(
+        "repro: %s of hpzlab repro, %zu failed; columns first_bad_step, final_loss, "
+        "repro_error\n",
+        count(s.replays, "run").c_str(), s.replays_failed);
+  }
   if (opts.plot) write_plots(plan, s.table, opts.out);
-  exit_code = s.failed > 0 ? kExitFindings : kExitOk;
+  exit_code = s.failed > 0 || s.replays_failed > 0 ? kExitFindings : kExitOk;
 }
 
 }  // namespace
@@ -197,16 +214,23 @@ void setup_sweep(CLI::App& app, int& exit_code) {
       "--resume", opts->resume,
       "Finish the sweep in --out: run only the (point, variant) simulations whose rows "
       "are not there yet");
+  CLI::Option* repro = sub->add_flag(
+      "--repro", opts->repro,
+      "Also run `hpzlab repro` once per point (every variant, the same seeds) and add each row's "
+      "first_bad_step and final_loss (repro_error says why they are empty: the repro "
+      "failed)");
   CLI::Option* plot =
       sub->add_flag("--plot", opts->plot,
                     "Also write DIR/plots/RESULT-vs-KEY.svg (every numeric result against each "
                     "varied key, a line per variant, log axes where values span 2 decades, points "
-                    "where a race bites ringed) and DIR/report.html (the plots and the table)");
+                    "where a race bites ringed), a PNG of each when rsvg-convert is installed, and "
+                    "DIR/report.html (the plots and the table)");
   CLI::Option* emit =
       sub->add_option("--emit", opts->emit,
                       "Do not run: write DIR/commands.txt, one self-contained `hpzlab sim` "
-                      "command per (point, variant), for GNU parallel or a Slurm job array "
-                      "(docs/sweep.md), then collect with --collect DIR")
+                      "command per (point, variant) (with --repro also an `hpzlab repro` per "
+                      "point), for GNU parallel or a Slurm job array (docs/sweep.md), then "
+                      "collect with --collect DIR")
           ->excludes(out)
           ->excludes(resume)
           ->excludes(jobs)
@@ -222,6 +246,7 @@ void setup_sweep(CLI::App& app, int& exit_code) {
       ->excludes(jobs)
       ->excludes(out)
       ->excludes(resume)
+      ->excludes(repro)
       ->excludes(emit);
   sub->callback([opts, &exit_code] { run_sweep(*opts, exit_code); });
 }

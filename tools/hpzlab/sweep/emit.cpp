@@ -28,6 +28,27 @@ std::string stem(std::size_t point, std::size_t variant) {
   return fmt::format("p{}-v{}", point, variant);
 }
 
+std::string repro_stem(std::size_t point) {
+  return fmt::format("p{}-repro", point);
+}
+
+/** What the repro command of a point left in DIR/out: its JSON, or why there is none. */
+std::pair<nlohmann::json, std::string> collected_repro(const Plan& plan, const std::string& dir,
+                                                       std::size_t point, Collected& c) {
+  ++c.replays;
+  const std::string base = dir + "/out/" + repro_stem(point);
+  std::ifstream in(base + ".json");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("variants")) return {std::move(j), ""};
+  if (fs::exists(base + ".err")) {
+    ++c.replays_failed;
+    const std::string error = last_error_line(base + ".err");
+    return {nullptr, "hpzlab repro failed: " + (error.empty() ? "no JSON written" : error)};
+  }
+  ++c.replays_missing;
+  return {nullptr, "hpzlab repro has not run yet"};
+}
+
 /** DIR/scenario.toml when the scenario loads from there, else the original's absolute path. */
 std::string scenario_for_commands(const Plan& plan, const fs::path& dir) {
   const fs::path copy = dir / "scenario.toml";
@@ -66,19 +87,35 @@ std::size_t emit(const Plan& plan, const std::string& dir, const std::string& pr
   Plan emitted = plan;
   emitted.scenario = scenario_for_commands(plan, root);
   std::string commands;
+  std::size_t n = 0;
+  const auto add = [&](const std::vector<std::string>& args, const std::string& out) {
+    // Appended piece by piece: GCC 12 at -O3 warns (-Wrestrict, a false positive) on
+    // "literal" + std::string.
+    commands += "\"${HPZLAB:-";
+    commands += program;
+    commands += "}\"";
+    for (const std::string& arg : args) {
+      commands += ' ';
+      commands += shell_word(arg);
+    }
+    commands += " >/dev/null 2>";
+    commands += shell_word(out + ".err");
+    commands += '\n';
+    ++n;
+  };
   for (std::size_t point = 0; point < emitted.points(); ++point) {
     for (std::size_t v = 0; v < emitted.variants.size(); ++v) {
       const std::string out = (root / "out" / stem(point, v)).string();
-      std::string line = "\"${HPZLAB:-" + program + "}\"";
-      for (const std::string& arg : emitted.sim_args(point, v, out + ".json")) {
-        line += " " + shell_word(arg);
-      }
-      commands += line + " >/dev/null 2>" + shell_word(out + ".err") + "\n";
+      add(emitted.sim_args(point, v, out + ".json"), out);
+    }
+    if (emitted.repro) {
+      const std::string out = (root / "out" / repro_stem(point)).string();
+      add(emitted.repro_args(point, out + ".json"), out);
     }
   }
   write_text(root / "commands.txt", commands);
   write_text(root / "sweep.json", emitted.to_json().dump(2) + "\n");
-  return emitted.points() * emitted.variants.size();
+  return n;
 }
 
 Plan read_plan(const std::string& dir) {
@@ -99,19 +136,25 @@ Collected collect(const std::string& dir) {
   table.start();
   Collected c;
   for (std::size_t point = 0; point < plan.points(); ++point) {
+    std::pair<nlohmann::json, std::string> repro;
+    if (plan.repro) repro = collected_repro(plan, dir, point, c);
     for (std::size_t v = 0; v < plan.variants.size(); ++v) {
       ++c.simulations;
       const std::string base = dir + "/out/" + stem(point, v);
       std::ifstream in(base + ".json");
       const nlohmann::json sim = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      std::vector<Row> rows;
       if (sim.is_object() && sim.contains("runs")) {
-        table.append(rows_from_sim(plan, {point, v}, sim));
+        rows = rows_from_sim(plan, {point, v}, sim);
       } else if (fs::exists(base + ".err")) {
         const std::string error = last_error_line(base + ".err");
-        table.append(failed_rows(plan, {point, v}, error.empty() ? "no JSON written" : error));
+        rows = failed_rows(plan, {point, v}, error.empty() ? "no JSON written" : error);
       } else {
         ++c.missing;
+        continue;
       }
+      if (plan.repro) fill_repro(rows, repro.first, repro.second);
+      table.append(rows);
     }
   }
   c.table = table.finish();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -236,8 +237,22 @@ std::vector<std::string> Plan::sim_args(std::size_t point, std::size_t variant,
   return args;
 }
 
+std::vector<std::string> Plan::repro_args(std::size_t point, const std::string& json_path) const {
+  std::vector<std::string> args = {"repro", scenario};
+  std::vector<Override> all = base_overrides(*this);
+  const std::vector<std::string> values = values_at(point);
+  for (std::size_t i = 0; i < axes.size(); ++i) all.emplace_back(axes[i].key, values[i]);
+  for (const auto& [key, value] : all) {
+    args.push_back("--set");
+    args.push_back(key + "=" + value);
+  }
+  args.insert(args.end(), {"--runs", std::to_string(runs), "--json", json_path});
+  return args;
+}
+
 nlohmann::json Plan::to_json() const {
   nlohmann::json j = {{"scenario", scenario}, {"sets", sets}, {"runs", runs}};
+  if (repro) j["repro"] = true;  // absent without --repro: sweep.json as before
   j["vary"] = nlohmann::json::array();
   for (const Axis& a : axes) j["vary"].push_back({{"key", a.key}, {"values", a.values}});
   j["variants"] = nlohmann::json::array();
@@ -251,6 +266,7 @@ Plan plan_from_json(const nlohmann::json& j) {
     plan.scenario = j.at("scenario").get<std::string>();
     plan.sets = j.at("sets").get<std::vector<std::string>>();
     plan.runs = j.at("runs").get<int>();
+    plan.repro = j.value("repro", false);
     for (const nlohmann::json& a : j.at("vary")) {
       plan.axes.push_back(
           {a.at("key").get<std::string>(), a.at("values").get<std::vector<std::string>>()});

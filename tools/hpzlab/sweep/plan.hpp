@@ -44,6 +44,9 @@ struct Plan {
   std::vector<Axis> axes;         ///< --vary, in the order given
   std::vector<VariantSpec> variants;
   int runs = 1;  ///< jitter seeds per simulation (`hpzlab sim --runs`)
+  /// --repro: also `hpzlab repro` once per point (all four variants, the same seeds), for the
+  /// first bad step and the final loss of each row
+  bool repro = false;
 
   /** Number of points: the product of the axes' sizes (1 without axes). */
   std::size_t points() const;
@@ -55,6 +58,9 @@ struct Plan {
    *  to json_path. */
   std::vector<std::string> sim_args(std::size_t point, std::size_t variant,
                                     const std::string& json_path) const;
+  /** The `hpzlab repro` arguments of one point (its --set and axis values; repro runs every
+   *  variant itself), writing its JSON to json_path. */
+  std::vector<std::string> repro_args(std::size_t point, const std::string& json_path) const;
   /** What sweep.json records: enough to tell on --resume whether DIR holds this sweep. */
   nlohmann::json to_json() const;
 };

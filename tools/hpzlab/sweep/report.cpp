@@ -1,15 +1,19 @@
 #include "tools/hpzlab/sweep/report.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 
 #include "sim/error.hpp"
 #include "sim/xml.hpp"
+#include "tools/hpzlab/sweep/runner.hpp"
 
 namespace hpz::sweep {
 namespace {
@@ -156,7 +160,76 @@ void write_file(const std::string& path, const std::string& text) {
   if (!out.flush()) throw InputError(path, "--plot", "cannot write this file");
 }
 
+/** rsvg-convert FILE.svg -> FILE.png, two at a time; fills files.png and files.png_note. */
+void convert_to_png(const std::string& converter, ReportFiles& files) {
+  for (const std::string& svg : files.svg) {  // a PNG of an earlier drawing would be stale
+    std::error_code ec;
+    std::filesystem::remove(svg.substr(0, svg.size() - 4) + ".png", ec);
+  }
+  if (converter.empty()) {
+    files.png_note =
+        "no PNG: rsvg-convert is not on the PATH (Debian: apt-get install librsvg2-bin); the "
+        "SVG files are complete";
+    return;
+  }
+  std::vector<Job> jobs;
+  for (std::size_t i = 0; i < files.svg.size(); ++i) {
+    const std::string& svg = files.svg[i];
+    const std::string png = svg.substr(0, svg.size() - 4) + ".png";
+    jobs.push_back({i, {"--format", "png", "--output", png, svg}, png + ".err"});
+  }
+  std::vector<bool> converted(files.svg.size(), false);
+  std::string first_error;
+  std::size_t failed = 0;
+  const auto finished = [&](const Job& job, const Outcome& outcome) {
+    const std::string png = job.args[3];
+    std::error_code ec;
+    if (outcome.exit_code == 0 && std::filesystem::file_size(png, ec) > 0 && !ec) {
+      converted[job.id] = true;
+    } else {
+      ++failed;
+      if (first_error.empty()) {
+        const std::string line = last_error_line(job.stderr_path);
+        first_error =
+            fmt::format("{}: {}", files.svg[job.id],
+                        line.empty() ? fmt::format("exit code {}", outcome.exit_code) : line);
+      }
+      std::filesystem::remove(png, ec);
+    }
+    std::filesystem::remove(job.stderr_path, ec);
+  };
+  try {
+    run_jobs(converter, jobs, 2, finished);
+  } catch (const std::runtime_error& e) {
+    files.png_note = fmt::format("no PNG: {}", e.what());
+    return;
+  }
+  for (std::size_t i = 0; i < converted.size(); ++i) {
+    if (converted[i]) files.png.push_back(jobs[i].args[3]);
+  }
+  if (failed > 0) {
+    files.png_note = fmt::format("{} of {} SVG files not converted to PNG by {} (first: {})",
+                                 failed, files.svg.size(), converter, first_error);
+  }
+}
+
 }  // namespace
+
+std::string find_on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string rest = path == nullptr ? "" : std::string(path) + ":";
+  for (std::size_t colon; (colon = rest.find(':')) != std::string::npos;
+       rest = rest.substr(colon + 1)) {
+    const std::string dir = rest.substr(0, colon);
+    if (dir.empty()) continue;
+    const std::filesystem::path candidate = std::filesystem::path(dir) / program;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate.string();
+    }
+  }
+  return "";
+}
 
 const std::vector<std::pair<std::string, std::string>>& plotted_results() {
   static const std::vector<std::pair<std::string, std::string>> results = {
@@ -180,19 +253,21 @@ std::vector<std::pair<std::string, Chart>> charts(const Plan& plan, const std::v
   return out;
 }
 
-std::vector<std::string> write_report(const Plan& plan, const std::vector<Row>& rows,
-                                      const std::string& dir) {
-  std::vector<std::string> written, svg_files;
+ReportFiles write_report(const Plan& plan, const std::vector<Row>& rows, const std::string& dir,
+                         const std::string& converter) {
+  ReportFiles files;
+  std::vector<std::string> svg_files;
   std::error_code ec;
   std::filesystem::create_directories(dir + "/plots", ec);
   for (const auto& [file, chart] : charts(plan, rows)) {
     write_file(dir + "/plots/" + file, render_svg(chart));
-    written.push_back(dir + "/plots/" + file);
+    files.svg.push_back(dir + "/plots/" + file);
     svg_files.push_back(file);
   }
-  write_file(dir + "/report.html", html_report(plan, rows, svg_files));
-  written.push_back(dir + "/report.html");
-  return written;
+  files.html = dir + "/report.html";
+  write_file(files.html, html_report(plan, rows, svg_files));
+  convert_to_png(converter, files);
+  return files;
 }
 
 }  // namespace hpz::sweep

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "sim/error.hpp"
@@ -68,17 +69,60 @@ SimKey key_of(const Plan& plan, std::size_t id) {
   return {id / plan.variants.size(), id % plan.variants.size()};
 }
 
-/** The simulations not done yet, in table order. */
+std::size_t simulations(const Plan& plan) {
+  return plan.points() * plan.variants.size();
+}
+
+/** A --repro job's id: after every simulation's, one per point. */
+bool is_repro_job(const Plan& plan, std::size_t id) {
+  return id >= simulations(plan);
+}
+
+std::string repro_stem(std::size_t point) {
+  return fmt::format("p{}-repro", point);
+}
+
+/** The simulations not done yet, in table order; with --repro, after each point's simulations
+ *  the point's `hpzlab repro`. */
 std::vector<Job> pending_jobs(const Plan& plan, const RunSettings& settings,
                               const std::set<SimKey>& done) {
   std::vector<Job> jobs;
-  for (std::size_t id = 0; id < plan.points() * plan.variants.size(); ++id) {
-    const SimKey key = key_of(plan, id);
-    if (done.count(key)) continue;
-    const std::string base = work_dir(settings) + "/" + stem(key);
-    jobs.push_back({id, plan.sim_args(key.first, key.second, base + ".json"), base + ".err"});
+  for (std::size_t point = 0; point < plan.points(); ++point) {
+    bool pending = false;
+    for (std::size_t v = 0; v < plan.variants.size(); ++v) {
+      const SimKey key{point, v};
+      if (done.count(key)) continue;
+      pending = true;
+      const std::string base = work_dir(settings) + "/" + stem(key);
+      jobs.push_back({point * plan.variants.size() + v, plan.sim_args(point, v, base + ".json"),
+                      base + ".err"});
+    }
+    if (!plan.repro || !pending) continue;
+    const std::string base = work_dir(settings) + "/" + repro_stem(point);
+    jobs.push_back(
+        {simulations(plan) + point, plan.repro_args(point, base + ".json"), base + ".err"});
   }
   return jobs;
+}
+
+/** What `hpzlab repro` gave for a point: its JSON, or why there is none. */
+struct ReproOutcome {
+  nlohmann::json json;
+  std::string error;
+};
+
+ReproOutcome repro_outcome(const std::string& json_path, const std::string& err_path,
+                           const Outcome& outcome) {
+  // `hpzlab repro` exits 1 when a fix does not match hpZ off or a variant hangs: results.
+  if (outcome.exit_code == kExitOk || outcome.exit_code == kExitFindings) {
+    std::ifstream in(json_path);
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("variants")) return {std::move(j), ""};
+  }
+  const std::string error = last_error_line(err_path);
+  const std::string how = outcome.signal != 0 ? fmt::format("killed by signal {}", outcome.signal)
+                                              : fmt::format("exit code {}", outcome.exit_code);
+  return {nlohmann::json(), "hpzlab repro failed: " + (error.empty() ? how : how + ": " + error)};
 }
 
 /** The final table and its rows by status. */
@@ -122,30 +166,63 @@ Summary run(const Plan& plan, const RunSettings& settings,
     table.start();
   }
   const std::vector<Job> jobs = pending_jobs(plan, settings, done);
+  // With --repro a simulation's rows wait for its point's repro (held), then are appended.
+  std::map<std::size_t, ReproOutcome> repro_of;
+  std::map<std::size_t, std::vector<std::vector<Row>>> held;
   Progress now;
   now.total = jobs.size();
+  now.repro = plan.repro;
   const auto start = std::chrono::steady_clock::now();
   const auto seconds_since_start = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  run_jobs(settings.program, jobs, settings.jobs, [&](const Job& job, const Outcome& outcome) {
-    const SimKey key = key_of(plan, job.id);
-    const std::string json_path = work_dir(settings) + "/" + stem(key) + ".json";
-    const std::vector<Row> rows = rows_of(plan, key, json_path, job.stderr_path, outcome);
+  std::size_t sims_ran = 0, replays_failed = 0;
+  const auto append = [&](std::vector<Row> rows, std::size_t point) {
+    const auto it = repro_of.find(point);
+    if (it == repro_of.end()) {
+      held[point].push_back(std::move(rows));
+      return;
+    }
+    fill_repro(rows, it->second.json, it->second.error);
     table.append(rows);
+  };
+  run_jobs(settings.program, jobs, settings.jobs, [&](const Job& job, const Outcome& outcome) {
     std::error_code ec;
-    fs::remove(json_path, ec);
+    if (is_repro_job(plan, job.id)) {
+      const std::size_t point = job.id - simulations(plan);
+      const std::string json_path = work_dir(settings) + "/" + repro_stem(point) + ".json";
+      ReproOutcome r = repro_outcome(json_path, job.stderr_path, outcome);
+      now.failed += !r.error.empty();
+      replays_failed += !r.error.empty();
+      repro_of[point] = std::move(r);
+      for (std::vector<Row>& rows : held[point]) append(std::move(rows), point);
+      held.erase(point);
+      fs::remove(json_path, ec);
+    } else {
+      const SimKey key = key_of(plan, job.id);
+      const std::string json_path = work_dir(settings) + "/" + stem(key) + ".json";
+      std::vector<Row> rows = rows_of(plan, key, json_path, job.stderr_path, outcome);
+      now.failed += rows.front()["status"] == "failed";
+      ++sims_ran;
+      if (plan.repro) {
+        append(std::move(rows), key.first);
+      } else {
+        table.append(rows);
+      }
+      fs::remove(json_path, ec);
+    }
     fs::remove(job.stderr_path, ec);
     ++now.done;
-    now.failed += rows.front()["status"] == "failed";
     now.elapsed_s = seconds_since_start();
     progress(now);
   });
   std::error_code ec;
   fs::remove(work_dir(settings), ec);  // only when empty
   Summary summary = tally(table.finish());
-  summary.ran = jobs.size();
+  summary.ran = sims_ran;
   summary.skipped = done.size();
+  summary.replays = jobs.size() - sims_ran;
+  summary.replays_failed = replays_failed;
   summary.elapsed_s = seconds_since_start();
   return summary;
 }

@@ -25,12 +25,15 @@ struct Progress {
   std::size_t failed = 0;  ///< of which failed
   std::size_t total = 0;   ///< simulations this invocation runs
   double elapsed_s = 0;    ///< wall time since the first started
+  bool repro = false;      ///< done, failed and total count --repro's replays (one a point) too
 };
 
 /** What a finished sweep holds. */
 struct Summary {
   std::size_t ran = 0;                       ///< simulations run by this invocation
   std::size_t skipped = 0;                   ///< simulations found done in DIR (--resume)
+  std::size_t replays = 0;                   ///< --repro: `hpzlab repro` runs (one a point)
+  std::size_t replays_failed = 0;            ///< of which failed (their rows' repro_error)
   std::size_t rows = 0;                      ///< rows in the final table
   std::size_t ok = 0, hung = 0, failed = 0;  ///< rows by status
   double elapsed_s = 0;                      ///< wall time of this invocation's simulations

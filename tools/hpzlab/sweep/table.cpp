@@ -59,6 +59,13 @@ std::pair<std::string, int> races_in_run(const nlohmann::json& sim, std::size_t 
   return {first, groups};
 }
 
+/** The --repro columns in their place (before `error`), empty until fill_repro(). */
+void fill_repro_placeholders(Row& row) {
+  row["first_bad_step"] = nullptr;
+  row["final_loss"] = nullptr;
+  row["repro_error"] = "";
+}
+
 std::string one_line(std::string text) {
   std::replace(text.begin(), text.end(), '\n', ' ');
   std::replace(text.begin(), text.end(), '\r', ' ');
@@ -156,10 +163,40 @@ std::vector<std::string> columns(const Plan& plan) {
   for (const Axis& a : plan.axes) c.push_back(a.key);
   for (const char* name :
        {"status", "step_time_s", "tokens_per_s_per_node", "exposed_comm_s", "host_stall_s",
-        "host_sync_s", "races_manifested", "race_groups", "first_race", "error"}) {
+        "host_sync_s", "races_manifested", "race_groups", "first_race"}) {
     c.emplace_back(name);
   }
+  if (plan.repro) {
+    for (const char* name : {"first_bad_step", "final_loss", "repro_error"}) c.emplace_back(name);
+  }
+  c.emplace_back("error");
   return c;
+}
+
+void fill_repro(std::vector<Row>& rows, const nlohmann::json& repro, const std::string& error) {
+  for (Row& row : rows) {
+    row["first_bad_step"] = nullptr;
+    row["final_loss"] = nullptr;
+    row["repro_error"] = one_line(error);
+    if (!error.empty()) continue;
+    const std::string variant = row.value("variant", "");
+    const nlohmann::json* runs = nullptr;
+    if (repro.contains("variants") && repro["variants"].contains(variant)) {
+      runs = &repro["variants"][variant]["runs"];
+    }
+    const auto run = row.value("run", 0);
+    if (runs == nullptr || !runs->is_array() || run < 0 ||
+        static_cast<std::size_t>(run) >= runs->size()) {
+      row["repro_error"] = fmt::format("hpzlab repro's JSON has no run {} of {}", run, variant);
+      continue;
+    }
+    const nlohmann::json& r = (*runs)[static_cast<std::size_t>(run)];
+    row["first_bad_step"] = r.value("first_bad_step", nlohmann::json(nullptr));
+    const nlohmann::json loss = r.value("loss", nlohmann::json::array());
+    if (loss.is_array() && !loss.empty()) row["final_loss"] = loss.back();
+    if (r.contains("hang"))
+      row["repro_error"] = one_line("the replay hangs: " + r.value("hang", ""));
+  }
 }
 
 std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::json& sim) {
@@ -176,6 +213,7 @@ std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::jso
     const auto [first, groups] = races_in_run(sim, i);
     row["race_groups"] = groups;
     row["first_race"] = first;
+    if (plan.repro) fill_repro_placeholders(row);
     row["error"] = "";
     rows.push_back(std::move(row));
   }
@@ -192,6 +230,7 @@ std::vector<Row> failed_rows(const Plan& plan, SimKey key, const std::string& er
       row[name] = nullptr;
     }
     row["first_race"] = "";
+    if (plan.repro) fill_repro_placeholders(row);
     row["error"] = one_line(error);
     rows.push_back(std::move(row));
   }

@@ -32,6 +32,11 @@ std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::jso
 /** The rows of a simulation that failed (no JSON): one per run, status "failed", `error` set. */
 std::vector<Row> failed_rows(const Plan& plan, SimKey key, const std::string& error);
 
+/** Fills the --repro columns of one point's rows from the JSON `hpzlab repro --json` wrote for
+ *  it: first_bad_step and final_loss of the row's variant and run (repro_error "" ), or, with
+ *  `error` not empty (repro failed or was not run), empty columns and repro_error = error. */
+void fill_repro(std::vector<Row>& rows, const nlohmann::json& repro, const std::string& error);
+
 /** A row as one CSV line (with its newline), fields in columns(plan) order, quoted when needed. */
 std::string csv_line(const std::vector<std::string>& columns, const Row& row);
 
