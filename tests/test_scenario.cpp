@@ -425,7 +425,14 @@ TEST_F(ScenarioFile, HuggingFaceDimensionsAreCheckedWhereTheyAreWritten) {
         "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
         "\"intermediate_size\": 128, \"num_attention_heads\": 3, \"vocab_size\": 10}");
   EXPECT_HAS(load_error("[model]\nhf_config = \"hf3.json\"\n"),
-             "hf3.json: model.heads: 3 heads do not divide hidden = 64");
+             "hf3.json: num_attention_heads: 3 heads do not divide hidden_size = 64");
+  write("hf5.json",
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+        "\"intermediate_size\": 128, \"num_attention_heads\": 4, \"num_key_value_heads\": 3, "
+        "\"vocab_size\": 10}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf5.json\"\n"),
+             "hf5.json: num_key_value_heads: 3 key/value heads do not divide "
+             "num_attention_heads = 4");
   write("hf0.json",
         "{\"model_type\": \"llama\", \"num_hidden_layers\": 0, \"hidden_size\": 64, "
         "\"num_attention_heads\": 4, \"vocab_size\": 10}");
