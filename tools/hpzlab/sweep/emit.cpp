@@ -33,8 +33,8 @@ std::string repro_stem(std::size_t point) {
 }
 
 /** What the repro command of a point left in DIR/out: its JSON, or why there is none. */
-std::pair<nlohmann::json, std::string> collected_repro(const Plan& plan, const std::string& dir,
-                                                       std::size_t point, Collected& c) {
+std::pair<nlohmann::json, std::string> collected_repro(const std::string& dir, std::size_t point,
+                                                       Collected& c) {
   ++c.replays;
   const std::string base = dir + "/out/" + repro_stem(point);
   std::ifstream in(base + ".json");
@@ -137,7 +137,7 @@ Collected collect(const std::string& dir) {
   Collected c;
   for (std::size_t point = 0; point < plan.points(); ++point) {
     std::pair<nlohmann::json, std::string> repro;
-    if (plan.repro) repro = collected_repro(plan, dir, point, c);
+    if (plan.repro) repro = collected_repro(dir, point, c);
     for (std::size_t v = 0; v < plan.variants.size(); ++v) {
       ++c.simulations;
       const std::string base = dir + "/out/" + stem(point, v);
