@@ -72,6 +72,11 @@ struct DsParam {
   std::uint64_t rows = 0;  // first dimension, for GEMM shapes (0: a vector)
   int layer = -1;
   bool persist = false;  // ds_persist
+  // lm_head's own weight in a tie_word_embeddings model: zero.Init converts it when
+  // LlamaForCausalLM builds lm_head, then from_pretrained's tie_weights() replaces it by the
+  // embedding's (transformers 4.35.2 modeling_utils.py:3502, _tie_or_clone_weights). Only zero.Init
+  // ever sees it: model.parameters() no longer yields it.
+  bool orphan = false;
 };
 
 enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHead };
@@ -86,6 +91,7 @@ struct Model {
   std::vector<DsParam> params;  // by ds_id: the order zero.Init converts them
   std::vector<DsModule> modules;
   int causal_lm = -1, llama = -1, embed = -1, norm = -1, head = -1;
+  bool tied = false;  // lm_head's parameter is the embedding's
   struct Layer {
     int layer, in_ln, attn, q, k, v, rot, o, post_ln, mlp, gate, act, up, down;
   };
@@ -150,6 +156,14 @@ Model llama_model(const ModelConfig& m) {
   }
   param(md.norm, h, 1, -1);
   param(md.head, vocab, h, -1);
+  if (m.tied_embeddings) {
+    DsParam& own = md.params[static_cast<std::size_t>(md.modules[md.head].param)];
+    own.name = "param" + std::to_string(md.params.size() - 1);  // as the recorder names it
+    own.module = -1;
+    own.orphan = true;
+    md.modules[md.head].param = md.modules[md.embed].param;
+    md.tied = true;
+  }
   return md;
 }
 
@@ -556,14 +570,16 @@ void RankBuilder::init() {
   // (defragment, S3:526-560: each shard copied out, empty_cache(), the flat buffer back on the
   // device and each shard a view of it).
   barrier();
-  std::vector<BufferId> moved;
+  std::vector<BufferId> moved(md_.params.size(), kNoBuffer);
   for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
-    moved.push_back(buffer(md_.params[p].name + ".primary", BufferRole::kPrimary,
-                           static_cast<UnitId>(p), layouts_[p].shard_numel() * dt_));
+    if (md_.params[p].orphan) continue;  // not among the optimizer's parameters
+    moved[p] = buffer(md_.params[p].name + ".primary", BufferRole::kPrimary, static_cast<UnitId>(p),
+                      layouts_[p].shard_numel() * dt_);
     unit_ = static_cast<UnitId>(p);
-    alloc(moved.back(), current_, Purpose::kParamInit);
+    alloc(moved[p], current_, Purpose::kParamInit);
   }
   for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    if (md_.params[p].orphan) continue;
     const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
     unit_ = static_cast<UnitId>(p);
     push(OpKind::kCopy, current_, Purpose::kParamInit,
@@ -582,7 +598,9 @@ void RankBuilder::init() {
     // sub_group_size pieces (DeepSpeed's default 1e9 elements). The recorder's AdamW logs a host
     // sync per step, as in optimizer_step().
     std::uint64_t partition = 0;
-    for (const ShardLayout& l : layouts_) partition += l.shard_numel();
+    for (std::size_t p = 0; p < layouts_.size(); ++p) {
+      if (!md_.params[p].orphan) partition += layouts_[p].shard_numel();
+    }
     const std::uint64_t sub_groups =
         std::max<std::uint64_t>(1, (partition + 999'999'999) / 1'000'000'000);
     for (std::uint64_t g = 0; g < sub_groups; ++g) {
@@ -595,6 +613,7 @@ void RankBuilder::init() {
   // model.parameters() order, is gathered whole so that its AccumulateGrad hook can be
   // registered, then partitioned again.
   for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    if (md_.params[p].orphan) continue;
     gather_blocking(p);
     partition(p);
   }
@@ -1312,6 +1331,7 @@ void RankBuilder::optimizer_step() {
   phase_ = Phase::kOptimizer;
   purpose_ = Purpose::kParamRelease;
   for (std::size_t p = 0; p < md_.params.size(); ++p) {
+    if (md_.params[p].orphan) continue;
     ps_[p].active.clear();
     const LabelId saved = label_;
     label_ = kNoLabel;
@@ -1328,6 +1348,7 @@ void RankBuilder::optimizer_step() {
   push(OpKind::kKernel, s0_, Purpose::kOptimizerStep, {{grad_shard_, AccessMode::kRead, 0, 0}});
   push(OpKind::kHostStreamSync, s0_, Purpose::kOptimizerStep);
   for (std::size_t p = 0; p < md_.params.size(); ++p) {
+    if (md_.params[p].orphan) continue;
     unit_ = static_cast<UnitId>(p);
     const ElemRange pri = layouts_[p].primary_slice(rank_);
     push(OpKind::kKernel, s0_, Purpose::kOptimizerStep,
@@ -1340,7 +1361,7 @@ void RankBuilder::optimizer_step() {
   gather_persistent();
   if (v_.invalidate_after_step) {
     for (std::size_t p = 0; p < md_.params.size(); ++p) {
-      if (!ps_[p].has_secondary) continue;
+      if (!ps_[p].has_secondary || md_.params[p].orphan) continue;
       unit_ = static_cast<UnitId>(p);
       free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
       ps_[p].has_secondary = false;
@@ -1359,7 +1380,8 @@ void RankBuilder::optimizer_step() {
 void RankBuilder::gather_persistent() {
   std::vector<int> list;
   for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
-    if (md_.params[p].persist && ps_[p].status == Status::kNotAvailable) list.push_back(p);
+    const DsParam& dp = md_.params[p];
+    if (dp.persist && !dp.orphan && ps_[p].status == Status::kNotAvailable) list.push_back(p);
   }
   if (list.empty()) return;
   const Purpose saved_purpose = purpose_;
@@ -1423,7 +1445,9 @@ void RankBuilder::run_hook(const Hook& h) {
       unit_ = p;
       kernel(h.module, true);
       unit_ = kNoUnit;
-      if (p >= 0) grad_ready(p);
+      // A tied weight's AccumulateGrad runs once, after its last use in the backward (the
+      // embedding): autograd sums both gradients before it (torch/csrc/autograd/input_buffer).
+      if (p >= 0 && !(md_.tied && h.module == md_.head)) grad_ready(p);
       break;
     }
     case Ev::kLoss:
@@ -1519,13 +1543,15 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                          ", or run.builder = \"coarse\")");
   };
   // transformers' Llama module tree, as the recorder saw it (MistralForCausalLM has the same
-  // modules): other families, and Llama's variants with biases, a head dimension of their own or
-  // a tied output layer, are not walked yet.
-  if (!llama_shaped(sc.model)) {
+  // modules), with or without an output layer tied to the embedding: other families, and Llama's
+  // variants with biases or a head dimension of their own, are not walked yet.
+  ModelConfig untied = sc.model;
+  untied.tied_embeddings = false;
+  if (!llama_shaped(untied)) {
     refuse("model_type " + sc.model.family +
-               " with this shape (it walks transformers' Llama module tree: no biases, experts, "
-               "tied output layer or head dimension of its own)",
-           "a Llama-2-shaped Llama or Mistral model");
+               " with this shape (it walks transformers' Llama module tree: no biases, experts "
+               "or head dimension of its own)",
+           "a Llama-shaped Llama or Mistral model");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes

@@ -111,6 +111,11 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
                 model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
             except ValueError as e:  # not a causal LM, or sizes that do not fit together
                 raise ConfigError("model_type", " ".join(str(e).split())[:300]) from e
+            # from_pretrained ties the output layer to the input embedding after building the
+            # model (transformers 4.35.2 modeling_utils.py:3502, `model.tie_weights()`), which
+            # post_init skips under no_init_weights (modeling_utils.py:1825-1831): without this
+            # a tie_word_embeddings model would train an untied lm_head of its own.
+            model.tie_weights()
         probes.name_modules(model)
         if training.grad_checkpointing:
             model.gradient_checkpointing_enable()

@@ -20,15 +20,17 @@ DATA = HERE / "data"
 HPZLAB = os.environ.get("HPZLAB_BIN", str(ROOT / "build" / "hpzlab"))
 
 
-def record(tmp: pathlib.Path, version: str, zero: dict | None = None, *extra: str) -> dict:
-    """Records the tiny model with `version`, the test ds_config changed by `zero`."""
+def record(tmp: pathlib.Path, version: str, zero: dict | None = None, *extra: str,
+           hf: str = "llama-tiny.json") -> dict:
+    """Records the tiny model (or tests/data/`hf`) with `version`, the test ds_config changed
+    by `zero`."""
     ds = json.loads((DATA / "ds-hpz8.json").read_text())
     ds["zero_optimization"].update(zero or {})
     ds_path = tmp / "ds.json"
     ds_path.write_text(json.dumps(ds))
     out = tmp / f"schedule-{version}.json"
     run = subprocess.run([str(ROOT / "tools" / "record"), "--hf-config",
-                          str(DATA / "llama-tiny.json"), "--ds-config", str(ds_path), "--nodes",
+                          str(DATA / hf), "--ds-config", str(ds_path), "--nodes",
                           "2", "--gpus-per-node", "8", "--deepspeed", version, "--out", str(out),
                           *extra], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -116,6 +118,22 @@ def test_each_linear_is_fetched_on_its_own(stock_0134):
                       ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
                        "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+
+
+def test_a_tied_output_layer_gathers_the_embedding(tmp_path):
+    """tie_word_embeddings: from_pretrained ties lm_head to the embedding after building the
+    model, so lm_head's hooks gather the embedding's weight, and the weight zero.Init made for
+    lm_head is left behind unnamed (only its initialization refers to it)."""
+    doc = record(tmp_path, "0.13.4", hf="llama-tiny-tied.json")["doc"]
+    units = [u["name"] for u in doc["units"]]
+    assert "lm_head.weight" not in units and units[-1] == f"param{len(units) - 1}"
+    labels = doc["labels"]
+    head = [units[op["unit"]] for op in doc["ranks"][0]["ops"]
+            if op["kind"] == "all_gather" and op["purpose"] == "param_fetch"
+            and op["step"] == 0 and labels[op["label"]] == "lm_head"]
+    assert head and set(head) == {"model.embed_tokens.weight"}
+    orphan = len(units) - 1
+    assert all(op["phase"] == "init" for op in doc["ranks"][0]["ops"] if op.get("unit") == orphan)
 
 
 def test_one_nccl_stream_per_process_group(stock_0134):
