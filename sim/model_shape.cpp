@@ -13,8 +13,9 @@ double norm(const ModelConfig& m, double width) {
 /** A gated (gate, up, down) or plain (up, down) MLP of width `ffn`, with biases if any. */
 double mlp(const ModelConfig& m, double ffn) {
   const double h = m.hidden;
-  if (m.gated_mlp) return 3 * h * ffn + (m.linear_bias ? 2 * ffn + h : 0);
-  return 2 * h * ffn + (m.linear_bias ? ffn + h : 0);
+  const bool bias = m.linear_bias || m.mlp_bias;
+  if (m.gated_mlp) return 3 * h * ffn + (bias ? 2 * ffn + h : 0);
+  return 2 * h * ffn + (bias ? ffn + h : 0);
 }
 
 bool is_moe_layer(const ModelConfig& m, int layer) {
@@ -25,8 +26,9 @@ bool is_moe_layer(const ModelConfig& m, int layer) {
 
 bool llama_shaped(const ModelConfig& m) {
   return (m.family == "llama" || m.family == "mistral") && m.gated_mlp && !m.tied_embeddings &&
-         !m.qkv_bias && !m.linear_bias && !m.norm_bias && !m.qk_norm && m.experts == 0 &&
-         m.kv_lora_rank == 0 && m.learned_positions == 0 && m.norms_per_layer == 2 &&
+         !m.qkv_bias && !m.linear_bias && !m.o_bias && !m.mlp_bias && !m.norm_bias && !m.qk_norm &&
+         m.experts == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
+         m.norms_per_layer == 2 &&
          (m.head_dim == 0 || static_cast<std::int64_t>(m.head_dim) * m.heads == m.hidden);
 }
 
@@ -56,7 +58,7 @@ LayerShape layer_shape(const ModelConfig& m, int layer) {
     const double kv = q / m.heads * m.kv_heads;
     s.attn = h * (q + 2 * kv) + q * h;
     if (m.qkv_bias || m.linear_bias) s.attn += q + 2 * kv;
-    if (m.linear_bias) s.attn += h;
+    if (m.linear_bias || m.o_bias) s.attn += h;
     if (m.qk_norm) s.attn += 2 * (q / m.heads);
   }
   if (!is_moe_layer(m, layer)) {

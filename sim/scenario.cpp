@@ -551,9 +551,12 @@ ModelConfig read_hf_config(const Setting& s) {
   } else if (type == "qwen3") {
     model.qkv_bias = hf_bool(config, file, "attention_bias", false);
     model.qk_norm = true;  // Qwen3Attention: q_norm and k_norm over head_dim
-  } else if (type == "llama" || type == "mistral") {
-    model.qkv_bias = model.linear_bias = false;
-    if (hf_bool(config, file, "attention_bias", false)) model.qkv_bias = true;
+  } else if (type == "llama") {
+    // LlamaAttention: q, k, v and o_proj all take bias=config.attention_bias; LlamaMLP's three
+    // take config.mlp_bias (transformers 4.55.4 modeling_llama.py:146-148, 207-218; 4.35.2 has
+    // attention_bias alone). MistralAttention and MistralMLP have no biases whatever the config.
+    model.qkv_bias = model.o_bias = hf_bool(config, file, "attention_bias", false);
+    model.mlp_bias = hf_bool(config, file, "mlp_bias", false);
   }
   // The divisibility rules check_model applies, reported here under the config's own key names
   // (issue 20 item 13: not as the scenario's model.heads, a key the user never wrote).

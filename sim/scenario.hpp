@@ -60,14 +60,16 @@ struct ModelConfig {
 
   // The architecture's details, as its Hugging Face config gives them (read_hf_config; the
   // presets set them too). The defaults are Llama's. sim/model_shape.hpp counts from them.
-  std::string family = "llama";     ///< HF model_type: llama, mistral, qwen2, falcon, gpt2, ...
-  int head_dim = 0;                 ///< per attention head; 0 = hidden / heads
-  bool tied_embeddings = false;     ///< lm_head shares the token embedding's weight
-  bool qkv_bias = false;            ///< q, k and v projections have biases (Qwen2)
-  bool linear_bias = false;         ///< every Linear has a bias (GPT-2, GPT-NeoX)
-  bool norm_bias = false;           ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
-  bool qk_norm = false;             ///< per-head RMSNorms of q and k (Qwen3)
-  int norms_per_layer = 2;          ///< 1: Falcon-7B's one input_layernorm before parallel blocks
+  std::string family = "llama";  ///< HF model_type: llama, mistral, qwen2, falcon, gpt2, ...
+  int head_dim = 0;              ///< per attention head; 0 = hidden / heads
+  bool tied_embeddings = false;  ///< lm_head shares the token embedding's weight
+  bool qkv_bias = false;         ///< q, k and v projections have biases (Qwen2)
+  bool linear_bias = false;      ///< every Linear has a bias (GPT-2, GPT-NeoX)
+  bool o_bias = false;      ///< the attention output projection has a bias (Llama's attention_bias)
+  bool mlp_bias = false;    ///< the MLP's projections have biases (Llama's mlp_bias)
+  bool norm_bias = false;   ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
+  bool qk_norm = false;     ///< per-head RMSNorms of q and k (Qwen3)
+  int norms_per_layer = 2;  ///< 1: Falcon-7B's one input_layernorm before parallel blocks
   int learned_positions = 0;        ///< rows of a learned position embedding (GPT-2's wpe)
   int experts = 0;                  ///< routed experts of a mixture-of-experts layer (0 = dense)
   int experts_per_token = 0;        ///< experts each token is routed to

@@ -978,6 +978,23 @@ TEST(HuggingFaceFamilies, ExpertsAreUnitsOfTheirOwn) {
   }
 }
 
+// Llama's attention_bias puts a bias on all four attention projections (o_proj too) and mlp_bias
+// on the three MLP ones; Mistral has none whatever its config says. The counts are
+// transformers 4.55.4's (tools/count-hf-params on these three configs).
+TEST_F(ScenarioFile, LlamaBiasesAreCountedAsTransformersBuildsThem) {
+  const std::string base = R"("hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+      "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000)";
+  const auto count = [&](const std::string& extra) {
+    write("hf.json", "{" + base + ", " + extra + "}");
+    return static_cast<std::uint64_t>(parameter_count(
+        load_scenario(write("s.toml", "[model]\nhf_config = \"hf.json\"\n")).model));
+  };
+  EXPECT_EQ(count(R"("model_type": "llama", "attention_bias": true)"), 2186880u);
+  EXPECT_EQ(count(R"("model_type": "llama", "mlp_bias": true)"), 2188800u);
+  EXPECT_EQ(count(R"("model_type": "mistral", "attention_bias": true)"), 2184960u);
+  EXPECT_EQ(count(R"("model_type": "llama")"), 2184960u);
+}
+
 TEST_F(ScenarioFile, AnArchitectureNotUnderstoodIsRefusedNotReadAsALlama) {
   write("hf.json", R"({"model_type": "t5", "num_hidden_layers": 2, "hidden_size": 64,
                        "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 10})");
