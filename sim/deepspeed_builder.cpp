@@ -72,10 +72,10 @@ struct DsParam {
   std::uint64_t rows = 0;  // first dimension, for GEMM shapes (0: a vector)
   int layer = -1;
   bool persist = false;  // ds_persist
-  // lm_head's own weight in a tie_word_embeddings model: zero.Init converts it when
-  // LlamaForCausalLM builds lm_head, then from_pretrained's tie_weights() replaces it by the
-  // embedding's (transformers 4.35.2 modeling_utils.py:3502, _tie_or_clone_weights). Only zero.Init
-  // ever sees it: model.parameters() no longer yields it.
+  // lm_head's own weight in a tie_word_embeddings model: zero.Init converts it when the model
+  // builds lm_head, then from_pretrained's tie_weights() replaces it by the embedding's
+  // (transformers 4.35.2 modeling_utils.py:3502, _tie_or_clone_weights). Only zero.Init ever
+  // sees it: model.parameters() no longer yields it.
   bool orphan = false;
 };
 
@@ -84,84 +84,130 @@ enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHea
 struct DsModule {
   std::string path;
   ModKind kind = ModKind::kContainer;
-  int param = -1;  // ds_id of its own parameter (Llama modules own at most one)
+  // Its own parameters (named_parameters(recurse=False): weight, then bias), by ds_id.
+  std::vector<int> params;
 };
 
+enum class Family { kLlama, kFalcon };
+
 struct Model {
+  Family family = Family::kLlama;
   std::vector<DsParam> params;  // by ds_id: the order zero.Init converts them
   std::vector<DsModule> modules;
-  int causal_lm = -1, llama = -1, embed = -1, norm = -1, head = -1;
+  int causal_lm = -1, base = -1, embed = -1, norm = -1, head = -1;
   bool tied = false;  // lm_head's parameter is the embedding's
+  /** One decoder layer's modules; -1 where the family has none. Llama: input_layernorm,
+   *  self_attn {q, k, v, rotary_emb, o}, post_attention_layernorm, mlp {gate, act, up, down}.
+   *  Falcon: ln_attn (or input_layernorm) in in_ln, ln_mlp in post_ln, self_attention
+   *  {query_key_value in q, maybe_rotary, dense in o}, mlp {dense_h_to_4h in up, act,
+   *  dense_4h_to_h in down}. */
   struct Layer {
-    int layer, in_ln, attn, q, k, v, rot, o, post_ln, mlp, gate, act, up, down;
+    int layer = -1, in_ln = -1, attn = -1, q = -1, k = -1, v = -1, rot = -1, o = -1, post_ln = -1,
+        mlp = -1, gate = -1, act = -1, up = -1, down = -1;
   };
   std::vector<Layer> layers;
 };
 
-Model llama_model(const ModelConfig& m) {
+/** The modules and parameters of transformers' LlamaForCausalLM or FalconForCausalLM, with
+ *  parameters in the order their modules' __init__ create them, which is zero.Init's ds_id
+ *  (TF:LlamaAttention, LlamaMLP, LlamaDecoderLayer, LlamaModel, LlamaForCausalLM;
+ *  FalconAttention, FalconMLP, FalconDecoderLayer, FalconModel, FalconForCausalLM). */
+Model build_model(const ModelConfig& m) {
   Model md;
+  md.family = m.family == "falcon" ? Family::kFalcon : Family::kLlama;
+  const bool falcon = md.family == Family::kFalcon;
   const auto h = static_cast<std::uint64_t>(m.hidden);
   const std::uint64_t head_dim = h / static_cast<std::uint64_t>(m.heads);
+  const std::uint64_t q_width = head_dim * static_cast<std::uint64_t>(m.heads);
   const std::uint64_t kv = head_dim * static_cast<std::uint64_t>(m.kv_heads);
   const auto ffn = static_cast<std::uint64_t>(m.ffn);
+  const auto vocab = static_cast<std::uint64_t>(m.vocab);
   auto module = [&](std::string path, ModKind kind) {
-    md.modules.push_back({std::move(path), kind, -1});
+    if (kind == ModKind::kRotary && falcon && m.alibi) return -1;  // no maybe_rotary module
+    md.modules.push_back({std::move(path), kind, {}});
     return static_cast<int>(md.modules.size() - 1);
   };
-  auto param = [&](int mod, std::uint64_t rows, std::uint64_t cols, int layer) {
-    md.modules[mod].param = static_cast<int>(md.params.size());
+  auto param = [&](int mod, const char* what, std::uint64_t rows, std::uint64_t cols, int layer) {
+    md.modules[mod].params.push_back(static_cast<int>(md.params.size()));
     md.params.push_back(
-        {md.modules[mod].path + ".weight", mod, rows * cols, cols > 1 ? rows : 0, layer});
+        {md.modules[mod].path + "." + what, mod, rows * cols, cols > 1 ? rows : 0, layer});
   };
-  // Module paths as the recorder labels them (named_modules; the root is "model" too).
+  // nn.Linear(in, out, bias): weight [out, in], then bias [out].
+  auto linear = [&](int mod, std::uint64_t out, std::uint64_t in, bool bias, int layer) {
+    param(mod, "weight", out, in, layer);
+    if (bias) param(mod, "bias", out, 1, layer);
+  };
+  // RMSNorm: weight; LayerNorm: weight, then bias.
+  auto norm = [&](int mod, int layer) {
+    param(mod, "weight", h, 1, layer);
+    if (m.norm_bias) param(mod, "bias", h, 1, layer);
+  };
+  // Module paths as the recorder labels them (named_modules; the root is "model").
+  const std::string base = falcon ? "transformer" : "model";
   md.causal_lm = module("model", ModKind::kContainer);
-  md.llama = module("model", ModKind::kContainer);
-  md.embed = module("model.embed_tokens", ModKind::kEmbedding);
+  md.base = module(base, ModKind::kContainer);
+  md.embed = module(base + (falcon ? ".word_embeddings" : ".embed_tokens"), ModKind::kEmbedding);
+  param(md.embed, "weight", vocab, h, -1);  // the base model's __init__ makes it first
   for (int i = 0; i < m.layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i);
-    Model::Layer L{};
+    const std::string p = base + (falcon ? ".h." : ".layers.") + std::to_string(i);
+    Model::Layer L;
     L.layer = module(p, ModKind::kContainer);
-    L.attn = module(p + ".self_attn", ModKind::kContainer);
-    L.q = module(p + ".self_attn.q_proj", ModKind::kLinear);
-    L.k = module(p + ".self_attn.k_proj", ModKind::kLinear);
-    L.v = module(p + ".self_attn.v_proj", ModKind::kLinear);
-    L.o = module(p + ".self_attn.o_proj", ModKind::kLinear);
-    L.rot = module(p + ".self_attn.rotary_emb", ModKind::kRotary);
-    L.mlp = module(p + ".mlp", ModKind::kContainer);
-    L.gate = module(p + ".mlp.gate_proj", ModKind::kLinear);
-    L.up = module(p + ".mlp.up_proj", ModKind::kLinear);
-    L.down = module(p + ".mlp.down_proj", ModKind::kLinear);
-    L.act = module(p + ".mlp.act_fn", ModKind::kAct);
-    L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
-    L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
+    if (falcon) {
+      // FalconDecoderLayer.__init__: self_attention, mlp, then its LayerNorms.
+      L.attn = module(p + ".self_attention", ModKind::kContainer);
+      L.q = module(p + ".self_attention.query_key_value", ModKind::kLinear);
+      L.rot = module(p + ".self_attention.maybe_rotary", ModKind::kRotary);
+      L.o = module(p + ".self_attention.dense", ModKind::kLinear);
+      L.mlp = module(p + ".mlp", ModKind::kContainer);
+      L.up = module(p + ".mlp.dense_h_to_4h", ModKind::kLinear);
+      L.act = module(p + ".mlp.act", ModKind::kAct);
+      L.down = module(p + ".mlp.dense_4h_to_h", ModKind::kLinear);
+      const bool two = m.norms_per_layer == 2;
+      L.in_ln = module(p + (two ? ".ln_attn" : ".input_layernorm"), ModKind::kNorm);
+      if (two) L.post_ln = module(p + ".ln_mlp", ModKind::kNorm);
+      linear(L.q, q_width + 2 * kv, h, m.linear_bias, i);
+      linear(L.o, h, q_width, m.linear_bias, i);
+      linear(L.up, ffn, h, m.linear_bias, i);
+      linear(L.down, h, ffn, m.linear_bias, i);
+      norm(L.in_ln, i);
+      if (two) norm(L.post_ln, i);
+    } else {
+      L.attn = module(p + ".self_attn", ModKind::kContainer);
+      L.q = module(p + ".self_attn.q_proj", ModKind::kLinear);
+      L.k = module(p + ".self_attn.k_proj", ModKind::kLinear);
+      L.v = module(p + ".self_attn.v_proj", ModKind::kLinear);
+      L.o = module(p + ".self_attn.o_proj", ModKind::kLinear);
+      L.rot = module(p + ".self_attn.rotary_emb", ModKind::kRotary);
+      L.mlp = module(p + ".mlp", ModKind::kContainer);
+      L.gate = module(p + ".mlp.gate_proj", ModKind::kLinear);
+      L.up = module(p + ".mlp.up_proj", ModKind::kLinear);
+      L.down = module(p + ".mlp.down_proj", ModKind::kLinear);
+      L.act = module(p + ".mlp.act_fn", ModKind::kAct);
+      L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
+      L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
+      linear(L.q, q_width, h, false, i);
+      linear(L.k, kv, h, false, i);
+      linear(L.v, kv, h, false, i);
+      linear(L.o, h, q_width, false, i);
+      linear(L.gate, ffn, h, false, i);
+      linear(L.up, ffn, h, false, i);
+      linear(L.down, h, ffn, false, i);
+      norm(L.in_ln, i);
+      norm(L.post_ln, i);
+    }
     md.layers.push_back(L);
   }
-  md.norm = module("model.norm", ModKind::kNorm);
+  md.norm = module(base + (falcon ? ".ln_f" : ".norm"), ModKind::kNorm);
   md.head = module("lm_head", ModKind::kHead);
-  // Parameters in the order their modules' __init__ create them (TF:LlamaAttention,
-  // LlamaMLP, LlamaDecoderLayer, LlamaModel, LlamaForCausalLM), which is zero.Init's ds_id.
-  const auto vocab = static_cast<std::uint64_t>(m.vocab);
-  param(md.embed, vocab, h, -1);
-  for (const Model::Layer& L : md.layers) {
-    const int i = static_cast<int>(&L - md.layers.data());
-    param(L.q, h, h, i);
-    param(L.k, kv, h, i);
-    param(L.v, kv, h, i);
-    param(L.o, h, h, i);
-    param(L.gate, ffn, h, i);
-    param(L.up, ffn, h, i);
-    param(L.down, h, ffn, i);
-    param(L.in_ln, h, 1, i);
-    param(L.post_ln, h, 1, i);
-  }
-  param(md.norm, h, 1, -1);
-  param(md.head, vocab, h, -1);
+  norm(md.norm, -1);
+  linear(md.head, vocab, h, false, -1);
   if (m.tied_embeddings) {
-    DsParam& own = md.params[static_cast<std::size_t>(md.modules[md.head].param)];
-    own.name = "param" + std::to_string(md.params.size() - 1);  // as the recorder names it
-    own.module = -1;
-    own.orphan = true;
-    md.modules[md.head].param = md.modules[md.embed].param;
+    const int own = md.modules[md.head].params.front();
+    DsParam& p = md.params[static_cast<std::size_t>(own)];
+    p.name = "param" + std::to_string(own);  // as the recorder names it
+    p.module = -1;
+    p.orphan = true;
+    md.modules[md.head].params = md.modules[md.embed].params;
     md.tied = true;
   }
   return md;
@@ -187,56 +233,102 @@ struct Hook {
   bool grad_enabled = true;
 };
 
-/** The forward of one decoder layer (TF:LlamaDecoderLayer.forward, LlamaAttention.forward:
- *  q, k, v, rotary_emb, o; LlamaMLP.forward: down(act(gate(x)) * up(x))). */
-void layer_forward(const Model::Layer& L, bool recompute, bool grad, std::vector<Hook>& out) {
+/** The forward of one decoder layer. Llama (TF:LlamaDecoderLayer.forward, LlamaAttention.forward:
+ *  q, k, v, rotary_emb, o; LlamaMLP.forward: down(act(gate(x)) * up(x))). Falcon
+ *  (FalconDecoderLayer.forward at 4.35.2: ln_attn and ln_mlp on the layer's input, or one
+ *  input_layernorm for both, then self_attention {query_key_value, maybe_rotary, dense}, then
+ *  mlp {dense_h_to_4h, act, dense_4h_to_h}). */
+void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool grad,
+                   std::vector<Hook>& out) {
   auto leaf = [&](int m) {
+    if (m < 0) return;
     out.push_back({Ev::kPreFwd, m, recompute, grad});
     out.push_back({Ev::kFwdKernel, m, recompute, grad});
     out.push_back({Ev::kPostFwd, m, recompute, grad});
   };
-  out.push_back({Ev::kPreFwd, L.layer, recompute, grad});
-  leaf(L.in_ln);
-  out.push_back({Ev::kPreFwd, L.attn, recompute, grad});
-  leaf(L.q);
-  leaf(L.k);
-  leaf(L.v);
-  leaf(L.rot);
-  leaf(L.o);
-  out.push_back({Ev::kPostFwd, L.attn, recompute, grad});
-  leaf(L.post_ln);
-  out.push_back({Ev::kPreFwd, L.mlp, recompute, grad});
-  leaf(L.gate);
-  leaf(L.act);
-  leaf(L.up);
-  leaf(L.down);
-  out.push_back({Ev::kPostFwd, L.mlp, recompute, grad});
-  out.push_back({Ev::kPostFwd, L.layer, recompute, grad});
+  auto open = [&](int m) { out.push_back({Ev::kPreFwd, m, recompute, grad}); };
+  auto close = [&](int m) { out.push_back({Ev::kPostFwd, m, recompute, grad}); };
+  open(L.layer);
+  if (md.family == Family::kFalcon) {
+    leaf(L.in_ln);
+    leaf(L.post_ln);
+    open(L.attn);
+    leaf(L.q);
+    leaf(L.rot);
+    leaf(L.o);
+    close(L.attn);
+    open(L.mlp);
+    leaf(L.up);
+    leaf(L.act);
+    leaf(L.down);
+    close(L.mlp);
+  } else {
+    leaf(L.in_ln);
+    open(L.attn);
+    leaf(L.q);
+    leaf(L.k);
+    leaf(L.v);
+    leaf(L.rot);
+    leaf(L.o);
+    close(L.attn);
+    leaf(L.post_ln);
+    open(L.mlp);
+    leaf(L.gate);
+    leaf(L.act);
+    leaf(L.up);
+    leaf(L.down);
+    close(L.mlp);
+  }
+  close(L.layer);
 }
 
 /** Backward of one decoder layer: autograd runs the modules in reverse order of their forward;
- *  a module's PreBackwardFunction fires before its children's (it sits on its outputs), and
- *  rotary_emb, whose outputs need no gradient, gets none. Parameter-less modules' post-backward
- *  hooks release nothing and are left out. */
-void layer_backward(const Model::Layer& L, std::vector<Hook>& out) {
-  auto leaf = [&](int m, bool has_param) {
+ *  a module's PreBackwardFunction fires before its children's (it sits on its outputs).
+ *  Parameter-less modules' post-backward hooks release nothing and are left out. Llama's
+ *  rotary_emb, whose outputs (cos, sin) need no gradient, gets none; Falcon's maybe_rotary
+ *  returns the rotated query and key, and does. Falcon's parallel blocks: of the nodes ready
+ *  after the sum, autograd's ready queue runs the one made last first (the higher sequence
+ *  number), so the whole MLP before the attention, then ln_mlp, then ln_attn (the recording
+ *  tiny-falcon-0.13.4 shows that order). */
+void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& out) {
+  auto leaf = [&](int m) {
+    if (m < 0) return;
     out.push_back({Ev::kPreBwd, m});
     out.push_back({Ev::kBwdKernel, m});
-    if (has_param) out.push_back({Ev::kPostBwd, m});
+    if (!md.modules[m].params.empty()) out.push_back({Ev::kPostBwd, m});
   };
   out.push_back({Ev::kPreBwd, L.layer});
   out.push_back({Ev::kPreBwd, L.mlp});
-  leaf(L.down, true);
-  leaf(L.up, true);
-  leaf(L.act, false);
-  leaf(L.gate, true);
-  leaf(L.post_ln, true);
+  if (md.family == Family::kFalcon) {
+    leaf(L.down);
+    leaf(L.act);
+    leaf(L.up);
+    out.push_back({Ev::kPreBwd, L.attn});
+    leaf(L.o);
+    if (L.rot >= 0) {
+      // maybe_rotary returns two tensors (query, key): DeepSpeed puts a PreBackwardFunction on
+      // each and counts them (applied_pre_backward_ref_cnt, PO:328-360), so its pre-backward
+      // hook runs twice, once per gradient.
+      out.push_back({Ev::kPreBwd, L.rot});
+      out.push_back({Ev::kPreBwd, L.rot});
+      out.push_back({Ev::kBwdKernel, L.rot});
+    }
+    leaf(L.q);
+    leaf(L.post_ln);
+    leaf(L.in_ln);
+    return;
+  }
+  leaf(L.down);
+  leaf(L.up);
+  leaf(L.act);
+  leaf(L.gate);
+  leaf(L.post_ln);
   out.push_back({Ev::kPreBwd, L.attn});
-  leaf(L.o, true);
-  leaf(L.v, true);
-  leaf(L.k, true);
-  leaf(L.q, true);
-  leaf(L.in_ln, true);
+  leaf(L.o);
+  leaf(L.v);
+  leaf(L.k);
+  leaf(L.q);
+  leaf(L.in_ln);
 }
 
 std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
@@ -247,13 +339,13 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
     h.push_back({Ev::kPostFwd, m, false, grad});
   };
   h.push_back({Ev::kPreFwd, md.causal_lm});
-  h.push_back({Ev::kPreFwd, md.llama});
+  h.push_back({Ev::kPreFwd, md.base});
   leaf(md.embed, true);
-  // Reentrant checkpointing (TF:LlamaModel.forward, torch.utils.checkpoint) runs each layer's
-  // first forward without grad.
-  for (const auto& L : md.layers) layer_forward(L, false, !checkpointing, h);
+  // Reentrant checkpointing (TF:LlamaModel.forward, FalconModel.forward, torch.utils.checkpoint)
+  // runs each layer's first forward without grad.
+  for (const auto& L : md.layers) layer_forward(md, L, false, !checkpointing, h);
   leaf(md.norm, true);
-  h.push_back({Ev::kPostFwd, md.llama});
+  h.push_back({Ev::kPostFwd, md.base});
   leaf(md.head, true);
   h.push_back({Ev::kPostFwd, md.causal_lm});
   h.push_back({Ev::kLoss, -1});
@@ -262,13 +354,13 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   h.push_back({Ev::kPreBwd, md.head});
   h.push_back({Ev::kBwdKernel, md.head});
   h.push_back({Ev::kPostBwd, md.head});
-  h.push_back({Ev::kPreBwd, md.llama});
+  h.push_back({Ev::kPreBwd, md.base});
   h.push_back({Ev::kPreBwd, md.norm});
   h.push_back({Ev::kBwdKernel, md.norm});
   h.push_back({Ev::kPostBwd, md.norm});
   for (auto it = md.layers.rbegin(); it != md.layers.rend(); ++it) {
-    if (checkpointing) layer_forward(*it, true, true, h);
-    layer_backward(*it, h);
+    if (checkpointing) layer_forward(md, *it, true, true, h);
+    layer_backward(md, *it, h);
   }
   // The embedding's input (token ids) needs no gradient: no post-backward hook fires, and the
   // embedding stays gathered until the optimizer step releases everything.
@@ -400,6 +492,7 @@ class RankBuilder {
   // Stage 3 gradients (S3:1213-1280).
   std::vector<int> ipg_params_;
   std::uint64_t ipg_elems_ = 0;
+  std::map<int, Access> ipg_grad_;  // where each bucketed gradient is read from
   BufferId ipg_buffer_ = kNoBuffer;
   std::deque<EventId> param_reduce_events_;
   BufferId grad_shard_ = kNoBuffer;
@@ -540,29 +633,48 @@ Access RankBuilder::part(int p, BufferId b, ElemRange slice, AccessMode mode, bo
 void RankBuilder::init() {
   phase_ = Phase::kInit;
   step_ = -1;
-  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
-    const DsParam& dp = md_.params[p];
-    ParamState& st = ps_[p];
-    unit_ = static_cast<UnitId>(p);
-    purpose_ = Purpose::kParamInit;
-    st.full = buffer(dp.name + ".full", BufferRole::kFull, unit_, dp.numel * dt_);
-    const ElemRange all{0, dp.numel};
-    alloc(st.full, s0_, Purpose::kParamInit);
-    push(OpKind::kKernel, s0_, Purpose::kParamInit,
-         {part(p, st.full, all, AccessMode::kWrite, true)})
-        .mem_bytes = static_cast<double>(dp.numel * dt_);
-    const EventId done = collective(OpKind::kAllReduce, world_group_, dp.numel * dt_,
-                                    {part(p, st.full, all, AccessMode::kRead, true),
-                                     part(p, st.full, all, AccessMode::kWrite, true)});
-    wait(current_, done, Purpose::kParamInit);
-    st.status = Status::kAvailable;
-    if (hpz_ > 1) {
-      st.secondary = buffer(dp.name + ".secondary", BufferRole::kSecondary, unit_,
-                            layouts_[p].secondary_numel() * dt_);
+  // A module's parameters are made by its __init__ (all allocated and initialized there), then
+  // converted one by one by zero.Init's _post_init_method (PP:1064-1110, named_parameters order).
+  const int n = static_cast<int>(md_.params.size());
+  for (int first = 0; first < n;) {
+    int end = first + 1;
+    while (end < n && md_.params[end].module >= 0 &&
+           md_.params[end].module == md_.params[first].module) {
+      ++end;
     }
-    st.primary =
-        buffer(dp.name + ".primary", BufferRole::kPrimary, unit_, layouts_[p].shard_numel() * dt_);
-    partition(p);
+    purpose_ = Purpose::kParamInit;
+    std::vector<Access> made;
+    double bytes = 0;
+    for (int p = first; p < end; ++p) {
+      const DsParam& dp = md_.params[p];
+      unit_ = static_cast<UnitId>(p);
+      ps_[p].full = buffer(dp.name + ".full", BufferRole::kFull, unit_, dp.numel * dt_);
+      alloc(ps_[p].full, s0_, Purpose::kParamInit);
+      made.push_back(part(p, ps_[p].full, {0, dp.numel}, AccessMode::kWrite, true));
+      bytes += static_cast<double>(dp.numel * dt_);
+    }
+    unit_ = static_cast<UnitId>(first);
+    push(OpKind::kKernel, s0_, Purpose::kParamInit, std::span<const Access>(made)).mem_bytes =
+        bytes;
+    for (int p = first; p < end; ++p) {
+      const DsParam& dp = md_.params[p];
+      ParamState& st = ps_[p];
+      unit_ = static_cast<UnitId>(p);
+      const ElemRange all{0, dp.numel};
+      const EventId done = collective(OpKind::kAllReduce, world_group_, dp.numel * dt_,
+                                      {part(p, st.full, all, AccessMode::kRead, true),
+                                       part(p, st.full, all, AccessMode::kWrite, true)});
+      wait(current_, done, Purpose::kParamInit);
+      st.status = Status::kAvailable;
+      if (hpz_ > 1) {
+        st.secondary = buffer(dp.name + ".secondary", BufferRole::kSecondary, unit_,
+                              layouts_[p].secondary_numel() * dt_);
+      }
+      st.primary = buffer(dp.name + ".primary", BufferRole::kPrimary, unit_,
+                          layouts_[p].shard_numel() * dt_);
+      partition(p);
+    }
+    first = end;
   }
   unit_ = kNoUnit;
   // The stage-3 optimizer's constructor (S3:87-382). _create_fp16_partitions_with_defragmentation
@@ -732,24 +844,28 @@ void RankBuilder::kernel(int module, bool backward) {
   const double h = sc_.model.hidden;
   Op* op = nullptr;
   const Purpose p = backward ? Purpose::kBackwardCompute : Purpose::kForwardCompute;
-  if (m.param >= 0) {
-    const int q = m.param;
-    const ElemRange all{0, md_.params[q].numel};
-    if (backward) {
-      ParamState& st = ps_[q];
-      if (st.grad == kNoBuffer) {
-        st.grad = buffer(md_.params[q].name + ".grad", BufferRole::kGradFull, q,
-                         md_.params[q].numel * dt_);
+  if (!m.params.empty()) {
+    // One kernel for the module: it reads its parameters (weight and bias) and, backward,
+    // writes their gradients.
+    std::vector<Access> acc;
+    double n = 0, matrix = 0;
+    for (const int q : m.params) {
+      const ElemRange all{0, md_.params[q].numel};
+      acc.push_back(part(q, ps_[q].full, all, AccessMode::kRead, true));
+      if (backward) {
+        ParamState& st = ps_[q];
+        if (st.grad == kNoBuffer) {
+          st.grad = buffer(md_.params[q].name + ".grad", BufferRole::kGradFull, q,
+                           md_.params[q].numel * dt_);
+        }
+        acc.push_back(part(q, st.grad, all, AccessMode::kWrite, true));
       }
-      op = &push(OpKind::kKernel, s0_, p,
-                 {part(q, st.full, all, AccessMode::kRead, true),
-                  part(q, st.grad, all, AccessMode::kWrite, true)});
-    } else {
-      op = &push(OpKind::kKernel, s0_, p, {part(q, ps_[q].full, all, AccessMode::kRead, true)});
+      n += static_cast<double>(md_.params[q].numel);
+      if (md_.params[q].rows > 0) matrix += static_cast<double>(md_.params[q].numel);
     }
-    const double n = static_cast<double>(md_.params[q].numel);
+    op = &push(OpKind::kKernel, s0_, p, std::span<const Access>(acc));
     if (m.kind == ModKind::kLinear || m.kind == ModKind::kHead) {
-      op->flops = 2 * tokens * n * (backward ? 2 : 1);
+      op->flops = 2 * tokens * matrix * (backward ? 2 : 1);
     }
     op->mem_bytes = n * dt_ + 2 * tokens * h * dt_;
   } else {
@@ -766,11 +882,10 @@ void RankBuilder::kernel(int module, bool backward) {
 // COORD:261-391.
 void RankBuilder::fetch_sub_module(int module, bool forward) {
   if (trace_ == Trace::kRecord) submodule_order_.push_back(module);  // record_module (PO:447)
-  const int own = md_.modules[module].param;
   const LabelId saved = label_;
   label_ = module_label_[module];
-  std::vector<int> to_fetch;
-  if (own >= 0) to_fetch.push_back(own);
+  // iter_params(module): its own parameters (PO:60-61), weight before bias.
+  const std::vector<int>& to_fetch = md_.modules[module].params;
   // Kick off the module's own gathers.
   std::vector<int> missing;
   for (int p : to_fetch) {
@@ -1119,9 +1234,10 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
   const auto key = std::make_pair(module, step_id);
   if (auto it = release_cache_.find(key); it != release_cache_.end()) return it->second;
   std::set<int> out;
-  const int own = md_.modules[module].param;
-  if (own >= 0) {
+  for (const int own : md_.modules[module].params) {
     if (!md_.params[own].persist) out.insert(own);  // COORD:491-493
+  }
+  for (const int own : md_.modules[module].params) {
     if (auto it = most_recent_.find(own); it != most_recent_.end() && it->second > step_id) {
       out.erase(own);
     }
@@ -1130,8 +1246,7 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
   for (std::size_t i = static_cast<std::size_t>(step_id); i < submodule_order_.size(); ++i) {
     const std::int64_t distance = sc_.zero.stage3_max_reuse_distance;
     if (traversed >= distance) break;
-    const int p = md_.modules[submodule_order_[i]].param;
-    if (p >= 0) {
+    for (const int p : md_.modules[submodule_order_[i]].params) {
       out.erase(p);
       // Saturating at the distance: a distance near 2^63 overflowed the sum.
       traversed += std::min(static_cast<std::int64_t>(md_.params[p].numel), distance - traversed);
@@ -1143,16 +1258,18 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
 
 // COORD:395-404 and __release_param (COORD:477-484).
 void RankBuilder::release_sub_module(int module) {
-  const int own = md_.modules[module].param;
-  if (own < 0) return;
-  const std::set<int> rel =
-      trace_ == Trace::kComplete ? params_to_release(module, step_id_) : std::set<int>{own};
-  ps_[own].active.erase(module);
-  if (rel.count(own)) {
-    const LabelId saved = label_;
-    label_ = module_label_[module];
-    release_param(own);
-    label_ = saved;
+  const std::vector<int>& own = md_.modules[module].params;
+  if (own.empty()) return;
+  const std::set<int> rel = trace_ == Trace::kComplete ? params_to_release(module, step_id_)
+                                                       : std::set<int>(own.begin(), own.end());
+  for (const int p : own) {
+    ps_[p].active.erase(module);
+    if (rel.count(p)) {
+      const LabelId saved = label_;
+      label_ = module_label_[module];
+      release_param(p);
+      label_ = saved;
+    }
   }
 }
 
@@ -1188,8 +1305,9 @@ void RankBuilder::reset_step() {
     if (trace_ == Trace::kRecord) {
       param_order_.clear();
       for (std::size_t i = 0; i < submodule_order_.size(); ++i) {
-        const int q = md_.modules[submodule_order_[i]].param;
-        if (q >= 0) param_order_.push_back({q, static_cast<int>(i)});
+        for (const int q : md_.modules[submodule_order_[i]].params) {  // sorted by ds_id
+          param_order_.push_back({q, static_cast<int>(i)});
+        }
       }
       assert_ints(param_order_.size());
       assert_ints(param_order_.size());
@@ -1213,10 +1331,18 @@ void RankBuilder::grad_ready(int p) {
   const std::uint64_t numel = md_.params[p].numel;
   if (ipg_elems_ + numel > kReduceBucketSize && ipg_elems_ > 0) reduce_ipg();
   wait_stream(srs_, s0_, Purpose::kGradReduce);
-  push(OpKind::kCopy, srs_, Purpose::kGradReduce,
-       {{ps_[p].grad, AccessMode::kRead, 0, numel * dt_},
-        {ipg_buffer_, AccessMode::kWrite, ipg_elems_ * dt_, numel * dt_}})
-      .mem_bytes = 2.0 * static_cast<double>(numel * dt_);
+  // __add_grad_to_ipg_bucket (S3:1230-1245): a gradient that fits is moved into the flat
+  // bucket; one that does not (a vocabulary-sized embedding above reduce_bucket_size) stays
+  // where it is and is reduced from there, alone.
+  if (ipg_elems_ + numel <= kReduceBucketSize) {
+    push(OpKind::kCopy, srs_, Purpose::kGradReduce,
+         {{ps_[p].grad, AccessMode::kRead, 0, numel * dt_},
+          {ipg_buffer_, AccessMode::kWrite, ipg_elems_ * dt_, numel * dt_}})
+        .mem_bytes = 2.0 * static_cast<double>(numel * dt_);
+    ipg_grad_[p] = {ipg_buffer_, AccessMode::kRead, ipg_elems_ * dt_, numel * dt_};
+  } else {
+    ipg_grad_[p] = {ps_[p].grad, AccessMode::kRead, 0, numel * dt_};
+  }
   ipg_params_.push_back(p);
   ipg_elems_ += numel;
   phase_ = saved;
@@ -1241,14 +1367,22 @@ void RankBuilder::reduce_ipg() {
   } else {
     const std::uint64_t bytes = ipg_elems_ * dt_;
     const std::uint64_t shard = (bytes + world_ - 1) / world_;
-    const EventId done = collective(
-        OpKind::kReduceScatter, grad_group_, shard,
-        {{ipg_buffer_, AccessMode::kRead, 0, bytes}, {grad_shard_, AccessMode::kWrite, 0, shard}});
+    std::vector<Access> acc;
+    bool in_bucket = true;
+    for (const int p : ipg_params_) in_bucket = in_bucket && ipg_grad_[p].buffer == ipg_buffer_;
+    if (in_bucket) {
+      acc.push_back({ipg_buffer_, AccessMode::kRead, 0, bytes});
+    } else {
+      for (const int p : ipg_params_) acc.push_back(ipg_grad_[p]);
+    }
+    acc.push_back({grad_shard_, AccessMode::kWrite, 0, shard});
+    const EventId done = collective(OpKind::kReduceScatter, grad_group_, shard, std::move(acc));
     wait(srs_, done, Purpose::kGradReduce);
   }
   param_reduce_events_.push_back(record(srs_, Purpose::kGradReduce));
   current_ = saved_stream;
   ipg_params_.clear();
+  ipg_grad_.clear();
   ipg_elems_ = 0;
   phase_ = saved;
 }
@@ -1268,15 +1402,9 @@ void RankBuilder::reduce_quantized() {
   std::sort(params.begin(), params.end());
   const std::uint64_t local = static_cast<std::uint64_t>(sc_.cluster.gpus_per_node);
   const std::uint64_t dt = static_cast<std::uint64_t>(dt_);
-  std::map<int, std::uint64_t> offset;  // each gradient's place in the bucket
-  std::uint64_t off = 0;
-  for (int p : ipg_params_) {
-    offset[p] = off;
-    off += md_.params[p].numel;
-  }
   for (int p : params) {
     const DsParam& dp = md_.params[p];
-    const Access grad{ipg_buffer_, AccessMode::kRead, offset[p] * dt, dp.numel * dt};
+    const Access grad = ipg_grad_.at(p);
     const std::uint64_t shard = layouts_[p].shard_numel() * dt;
     const Access out{grad_shard_, AccessMode::kWrite, 0, shard};
     if (dp.rows == 0 || dp.numel % (2 * static_cast<std::uint64_t>(world_)) != 0) {
@@ -1432,8 +1560,8 @@ void RankBuilder::run_hook(const Hook& h) {
     case Ev::kFwdKernel: {
       const LabelId saved = label_;
       label_ = kNoLabel;
-      const UnitId u = md_.modules[h.module].param;
-      unit_ = u;
+      const std::vector<int>& own = md_.modules[h.module].params;
+      unit_ = own.empty() ? kNoUnit : own.front();
       kernel(h.module, false);
       if (bwd_phase) out_.ops.back().purpose = Purpose::kRecomputeForward;
       unit_ = kNoUnit;
@@ -1441,13 +1569,17 @@ void RankBuilder::run_hook(const Hook& h) {
       break;
     }
     case Ev::kBwdKernel: {
-      const int p = md_.modules[h.module].param;
-      unit_ = p;
+      const std::vector<int>& own = md_.modules[h.module].params;
+      unit_ = own.empty() ? kNoUnit : own.front();
       kernel(h.module, true);
       unit_ = kNoUnit;
       // A tied weight's AccumulateGrad runs once, after its last use in the backward (the
       // embedding): autograd sums both gradients before it (torch/csrc/autograd/input_buffer).
-      if (p >= 0 && !(md_.tied && h.module == md_.head)) grad_ready(p);
+      // A weight's and a bias's AccumulateGrad nodes are ready together, in the order of the
+      // backward node's edges: the weight first.
+      if (!(md_.tied && h.module == md_.head)) {
+        for (const int p : own) grad_ready(p);
+      }
       break;
     }
     case Ev::kLoss:
@@ -1542,16 +1674,22 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                      "the DeepSpeed builder does not model " + what + " yet (" + instead +
                          ", or run.builder = \"coarse\")");
   };
-  // transformers' Llama module tree, as the recorder saw it (MistralForCausalLM has the same
-  // modules), with or without an output layer tied to the embedding: other families, and Llama's
-  // variants with biases or a head dimension of their own, are not walked yet.
-  ModelConfig untied = sc.model;
+  // transformers' Llama and Falcon module trees, as the recorder saw them (MistralForCausalLM has
+  // Llama's modules), with or without an output layer tied to the embedding.
+  const ModelConfig& m = sc.model;
+  ModelConfig untied = m;
   untied.tied_embeddings = false;
-  if (!llama_shaped(untied)) {
-    refuse("model_type " + sc.model.family +
-               " with this shape (it walks transformers' Llama module tree: no biases, experts "
-               "or head dimension of its own)",
-           "a Llama-shaped Llama or Mistral model");
+  const bool falcon_walkable = m.family == "falcon" && !m.gated_mlp && m.norm_bias &&
+                               m.parallel_blocks && !m.alibi && !m.qkv_bias && !m.qk_norm &&
+                               m.experts == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
+                               m.head_dim == 0 &&
+                               (m.norms_per_layer == 1 || m.norms_per_layer == 2);
+  if (!llama_shaped(untied) && !falcon_walkable) {
+    refuse("model_type " + m.family +
+               " with this shape (it walks transformers' Llama module tree without biases, "
+               "experts or a head dimension of its own, and Falcon's with parallel attention "
+               "and rotary embeddings)",
+           "a Llama, Mistral or Falcon model of those shapes");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes
@@ -1566,7 +1704,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
            "remove them");
   }
 
-  Model md = llama_model(sc.model);
+  Model md = build_model(sc.model);
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
   // model_persistence_threshold at its default (sys.maxsize); zero.Init marks the same ones
   // (PP:1086).
@@ -1625,9 +1763,9 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   }
   w.name = "world1";
   s.groups.push_back(w);
-  for (const DsModule& m : md.modules) {
-    if (std::find(s.labels.begin(), s.labels.end(), m.path) == s.labels.end()) {
-      s.labels.push_back(m.path);
+  for (const DsModule& mod : md.modules) {
+    if (std::find(s.labels.begin(), s.labels.end(), mod.path) == s.labels.end()) {
+      s.labels.push_back(mod.path);
     }
   }
   for (Rank r = 0; r < world; ++r) {

@@ -31,6 +31,7 @@ ModelConfig falcon_40b() {
   m.gated_mlp = false;
   m.norm_bias = true;
   m.tied_embeddings = true;
+  m.parallel_blocks = true;
   return m;
 }
 

@@ -538,7 +538,10 @@ ModelConfig read_hf_config(const Setting& s) {
     model.gated_mlp = false;
     model.norm_bias = true;
     model.linear_bias = hf_bool(config, file, "bias", false);
-    model.norms_per_layer = new_arch || !hf_bool(config, file, "parallel_attn", true) ? 2 : 1;
+    const bool parallel = hf_bool(config, file, "parallel_attn", true);
+    model.norms_per_layer = new_arch || !parallel ? 2 : 1;
+    model.parallel_blocks = new_arch || parallel;
+    model.alibi = hf_bool(config, file, "alibi", false);
   } else if (type == "gpt2" || type == "gpt_neox") {
     // GPT2Block / GPTNeoXLayer: LayerNorms and Linears (Conv1D) all with biases, a 2-matrix MLP;
     // GPT-2 learns its position embeddings (wpe, n_positions rows).

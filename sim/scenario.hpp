@@ -67,6 +67,10 @@ struct ModelConfig {
   bool linear_bias = false;      ///< every Linear has a bias (GPT-2, GPT-NeoX)
   bool o_bias = false;      ///< the attention output projection has a bias (Llama's attention_bias)
   bool mlp_bias = false;    ///< the MLP's projections have biases (Llama's mlp_bias)
+  /// Falcon: attention and MLP read the same layer input (new_decoder_architecture, or
+  /// parallel_attn), their outputs summed; false: one after the other.
+  bool parallel_blocks = false;
+  bool alibi = false;  ///< Falcon's ALiBi in place of rotary embeddings (no maybe_rotary module)
   bool norm_bias = false;   ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
   bool qk_norm = false;     ///< per-head RMSNorms of q and k (Qwen3)
   int norms_per_layer = 2;  ///< 1: Falcon-7B's one input_layernorm before parallel blocks
