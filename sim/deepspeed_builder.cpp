@@ -400,9 +400,6 @@ struct ParamState {
   BufferId primary = kNoBuffer, secondary = kNoBuffer, full = kNoBuffer, grad = kNoBuffer;
 };
 
-/// reduce_bucket_size: DeepSpeed's default (runtime/zero/config.py), not a scenario key yet.
-constexpr std::uint64_t kReduceBucketSize = 500'000'000;
-
 struct TraceEntry {
   int param;
   int step_id;
@@ -1329,12 +1326,15 @@ void RankBuilder::grad_ready(int p) {
   phase_ = Phase::kGradReduce;
   purpose_ = Purpose::kGradReduce;
   const std::uint64_t numel = md_.params[p].numel;
-  if (ipg_elems_ + numel > kReduceBucketSize && ipg_elems_ > 0) reduce_ipg();
+  // reduce_independent_p_g_buckets_and_remove_grads (S3:1213-1228), reduce_bucket_size in
+  // elements (zero.reduce_bucket_size).
+  const auto bucket = static_cast<std::uint64_t>(sc_.zero.reduce_bucket_size);
+  if (ipg_elems_ + numel > bucket && ipg_elems_ > 0) reduce_ipg();
   wait_stream(srs_, s0_, Purpose::kGradReduce);
   // __add_grad_to_ipg_bucket (S3:1230-1245): a gradient that fits is moved into the flat
   // bucket; one that does not (a vocabulary-sized embedding above reduce_bucket_size) stays
   // where it is and is reduced from there, alone.
-  if (ipg_elems_ + numel <= kReduceBucketSize) {
+  if (ipg_elems_ + numel <= bucket) {
     push(OpKind::kCopy, srs_, Purpose::kGradReduce,
          {{ps_[p].grad, AccessMode::kRead, 0, numel * dt_},
           {ipg_buffer_, AccessMode::kWrite, ipg_elems_ * dt_, numel * dt_}})
@@ -1608,8 +1608,10 @@ RankSchedule RankBuilder::build() {
   }
   std::uint64_t total = 0;
   for (const DsParam& p : md_.params) total += p.numel;
-  ipg_buffer_ = buffer("ipg_bucket", BufferRole::kScratch, kNoUnit,
-                       std::min<std::uint64_t>(total, 500'000'000) * dt_);
+  ipg_buffer_ = buffer(
+      "ipg_bucket", BufferRole::kScratch, kNoUnit,
+      std::min<std::uint64_t>(total, static_cast<std::uint64_t>(sc_.zero.reduce_bucket_size)) *
+          dt_);
   grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit,
                        (total + world_ - 1) / world_ * dt_);
   const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);

@@ -94,19 +94,11 @@ json recorder_ds_config(const Scenario& sc) {
   zero["stage3_max_live_parameters"] = z.stage3_max_live_parameters;
   zero["stage3_max_reuse_distance"] = z.stage3_max_reuse_distance;
   zero["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
+  zero["reduce_bucket_size"] = z.reduce_bucket_size;
   if (!z.offload_param) {
     zero.erase("offload_param");
   } else if (!zero.contains("offload_param") || !zero["offload_param"].is_object()) {
     zero["offload_param"] = {{"device", "cpu"}};
-  }
-  if (const auto it = zero.find("reduce_bucket_size"); it != zero.end() && is_auto(*it)) {
-    // Not a scenario key: the HF Trainer fills h^2 (transformers 4.35.2
-    // integrations/deepspeed.py, trainer_config_finalize); else DeepSpeed's default.
-    if (sc.training.hf_trainer) {
-      *it = std::int64_t{sc.model.hidden} * sc.model.hidden;
-    } else {
-      zero.erase(it);
-    }
   }
   ds["zero_optimization"] = zero;
   const TrainingConfig& t = sc.training;

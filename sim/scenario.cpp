@@ -255,6 +255,7 @@ const std::vector<KeySpec>& key_specs() {
        HPZ_SET(zero.stage3_max_reuse_distance, int64_of)},
       {"zero", "stage3_param_persistence_threshold", Kind::kInteger,
        HPZ_SET(zero.stage3_param_persistence_threshold, int64_of)},
+      {"zero", "reduce_bucket_size", Kind::kInteger, HPZ_SET(zero.reduce_bucket_size, int64_of)},
       {"zero", "offload_param", Kind::kBool, HPZ_SET(zero.offload_param, bool_of)},
       {"run", "variant", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
@@ -793,7 +794,7 @@ void apply_ds_precision(Scenario& sc, const json& config, const std::string& fil
  *  it (training.hf_trainer), else DeepSpeed's default kept; a note either way. The Trainer fills
  *  three keys from the model's hidden size h at ZeRO-3 (transformers 4.35.2
  *  integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_finalize; accelerate,
- *  axolotl and LLaMA-Factory fill the same values): reduce_bucket_size h^2 (not modelled here),
+ *  axolotl and LLaMA-Factory fill the same values): reduce_bucket_size h^2,
  *  stage3_prefetch_bucket_size 0.9 h^2 (as an integer, as later transformers write it) and
  *  stage3_param_persistence_threshold 10 h. */
 void apply_auto(Scenario& sc, const std::string& dotted, const std::string& key,
@@ -801,7 +802,10 @@ void apply_auto(Scenario& sc, const std::string& dotted, const std::string& key,
   const std::int64_t h = sc.model.hidden;
   std::optional<std::int64_t> filled;
   std::int64_t* field = nullptr;
-  if (dotted == "zero.stage3_prefetch_bucket_size") {
+  if (dotted == "zero.reduce_bucket_size") {
+    filled = h * h;
+    field = &sc.zero.reduce_bucket_size;
+  } else if (dotted == "zero.stage3_prefetch_bucket_size") {
     filled = static_cast<std::int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h));
     field = &sc.zero.stage3_prefetch_bucket_size;
   } else if (dotted == "zero.stage3_param_persistence_threshold") {
@@ -1324,6 +1328,7 @@ void check_zero(const ZeroConfig& z, int world, const WhereOf& where_of) {
   at_least(z.stage3_prefetch_bucket_size, 0, where_of, "zero.stage3_prefetch_bucket_size");
   at_least(z.stage3_max_live_parameters, 0, where_of, "zero.stage3_max_live_parameters");
   at_least(z.stage3_max_reuse_distance, 0, where_of, "zero.stage3_max_reuse_distance");
+  at_least(z.reduce_bucket_size, 0, where_of, "zero.reduce_bucket_size");
   at_least(z.stage3_param_persistence_threshold, 0, where_of,
            "zero.stage3_param_persistence_threshold");
 }

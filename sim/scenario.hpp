@@ -65,15 +65,15 @@ struct ModelConfig {
   bool tied_embeddings = false;  ///< lm_head shares the token embedding's weight
   bool qkv_bias = false;         ///< q, k and v projections have biases (Qwen2)
   bool linear_bias = false;      ///< every Linear has a bias (GPT-2, GPT-NeoX)
-  bool o_bias = false;      ///< the attention output projection has a bias (Llama's attention_bias)
-  bool mlp_bias = false;    ///< the MLP's projections have biases (Llama's mlp_bias)
+  bool o_bias = false;    ///< the attention output projection has a bias (Llama's attention_bias)
+  bool mlp_bias = false;  ///< the MLP's projections have biases (Llama's mlp_bias)
   /// Falcon: attention and MLP read the same layer input (new_decoder_architecture, or
   /// parallel_attn), their outputs summed; false: one after the other.
   bool parallel_blocks = false;
   bool alibi = false;  ///< Falcon's ALiBi in place of rotary embeddings (no maybe_rotary module)
-  bool norm_bias = false;   ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
-  bool qk_norm = false;     ///< per-head RMSNorms of q and k (Qwen3)
-  int norms_per_layer = 2;  ///< 1: Falcon-7B's one input_layernorm before parallel blocks
+  bool norm_bias = false;           ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
+  bool qk_norm = false;             ///< per-head RMSNorms of q and k (Qwen3)
+  int norms_per_layer = 2;          ///< 1: Falcon-7B's one input_layernorm before parallel blocks
   int learned_positions = 0;        ///< rows of a learned position embedding (GPT-2's wpe)
   int experts = 0;                  ///< routed experts of a mixture-of-experts layer (0 = dense)
   int experts_per_token = 0;        ///< experts each token is routed to
@@ -114,8 +114,11 @@ struct ZeroConfig {
   bool zero_quantized_gradients = false;                  ///< qgZ
   bool overlap_comm = true;                               ///< gathers on their own stream
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;  ///< elements
-  std::int64_t stage3_max_live_parameters = 1'000'000'000;    ///< elements
-  std::int64_t stage3_max_reuse_distance = 1'000'000'000;     ///< elements
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;  ///< elements
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;   ///< elements
+  /// Gradient elements the stage-3 optimizer collects before it reduces them (DeepSpeed's
+  /// default 5e8); used by the DeepSpeed builder.
+  std::int64_t reduce_bucket_size = 500'000'000;
   std::int64_t stage3_param_persistence_threshold = 100'000;  ///< elements
   bool offload_param = false;                                 ///< parameters live in host memory
   /// The DeepSpeed version whose hpZ behaviour the `deepspeed` builder issues (run.builder).

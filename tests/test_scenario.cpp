@@ -285,12 +285,9 @@ TEST(ModelFiles, DeepSpeedConfig) {
   const std::string ignored =
       *std::find_if(s.notes.begin(), s.notes.end(),
                     [](const std::string& n) { return n.find("ignored") != std::string::npos; });
-  for (const char* key :
-       {"zero_optimization.contiguous_gradients", "zero_optimization.reduce_bucket_size"}) {
-    EXPECT_HAS(ignored, key);
-  }
-  // Read, not ignored (issue 17): the stage, the batch keys and the precision.
-  for (const char* key : {"overlap_comm", "train_micro_batch_size_per_gpu",
+  EXPECT_HAS(ignored, "zero_optimization.contiguous_gradients");
+  // Read, not ignored (issue 17): the stage, the batch keys, the precision, the reduce bucket.
+  for (const char* key : {"overlap_comm", "train_micro_batch_size_per_gpu", "reduce_bucket_size",
                           "gradient_accumulation_steps", "bf16", "zero_optimization.stage,"}) {
     EXPECT_EQ(ignored.find(key), std::string::npos) << key << ": " << ignored;
   }
@@ -778,7 +775,8 @@ TEST_F(ScenarioFile, BatchAutoKeepsTheScenarios) {
 
 // The HF Trainer's fill (transformers 4.35.2 integrations/deepspeed.py, trainer_config_finalize;
 // the same values in accelerate, axolotl and LLaMA-Factory): from the hidden size h,
-// stage3_prefetch_bucket_size 0.9 h^2 and stage3_param_persistence_threshold 10 h.
+// reduce_bucket_size h^2, stage3_prefetch_bucket_size 0.9 h^2 and
+// stage3_param_persistence_threshold 10 h.
 TEST_F(ScenarioFile, AutoFilledAsTheHfTrainerDoesOnlyWhenAsked) {
   write("ds.json", R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto",
                        "stage3_param_persistence_threshold": "auto", "reduce_bucket_size": "auto"}})");
@@ -786,6 +784,7 @@ TEST_F(ScenarioFile, AutoFilledAsTheHfTrainerDoesOnlyWhenAsked) {
   const Scenario plain = load_scenario(write("s.toml", toml));
   EXPECT_EQ(plain.zero.stage3_prefetch_bucket_size, 50'000'000);  // DeepSpeed's defaults
   EXPECT_EQ(plain.zero.stage3_param_persistence_threshold, 100'000);
+  EXPECT_EQ(plain.zero.reduce_bucket_size, 500'000'000);
   EXPECT_TRUE(std::any_of(plain.notes.begin(), plain.notes.end(), [](const std::string& n) {
     return n.find("the HF Trainer would fill 15099494") != std::string::npos;
   }));
@@ -795,6 +794,7 @@ TEST_F(ScenarioFile, AutoFilledAsTheHfTrainerDoesOnlyWhenAsked) {
         load_scenario(path, {}, {{"--hf-trainer", "training.hf_trainer", "true"}})}) {
     EXPECT_EQ(s.zero.stage3_prefetch_bucket_size, 15'099'494);  // int(0.9 x 4096^2)
     EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 40'960);
+    EXPECT_EQ(s.zero.reduce_bucket_size, 4096 * 4096);
     EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [](const std::string& n) {
       return n.find("40960 as the HF Trainer fills it") != std::string::npos;
     }));
