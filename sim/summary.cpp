@@ -5,6 +5,8 @@
 #include <array>
 #include <map>
 
+#include "sim/model_shape.hpp"
+
 namespace hpz {
 namespace {
 
@@ -70,10 +72,14 @@ std::string schedule_summary(const Scenario& sc, const Schedule& s) {
       }
     }
   }
+  // The units can hold more than the model: a tied output layer's weight is a unit at each of
+  // its uses (coarse builder), or the weight zero.Init made for lm_head before the tie stays a
+  // unit of its own (DeepSpeed builder).
   out += fmt::format(
-      "params     {} partitioned in {} units, {} persistent; {} secondary slice(s) entirely in "
-      "padding\n",
-      partitioned, n_partitioned, persistent, padding_only);
+      "params     {:.0f} in the model; units: {} partitioned in {}, {} persistent{}; {} secondary "
+      "slice(s) entirely in padding\n",
+      parameter_count(m), partitioned, n_partitioned, persistent,
+      m.tied_embeddings ? " (the tied output layer's weight counted twice)" : "", padding_only);
   std::map<std::string, std::size_t> by_kind;
   std::size_t ops = 0;
   for (const auto& op : s.ranks.at(0).ops) by_kind[std::string(to_string(op.kind))]++;
