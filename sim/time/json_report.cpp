@@ -21,7 +21,7 @@ json metrics_json(const StepMetrics& m) {
           {"hung", m.hung}};
 }
 
-json race_json(const RaceReport& race) {
+json race_json(const Schedule& schedule, const RaceReport& race) {
   json j = {{"first", check::describe(race.group.example.first)},
             {"second", check::describe(race.group.example.second)},
             {"buffer_role", std::string(to_string(race.group.example.role))},
@@ -31,9 +31,18 @@ json race_json(const RaceReport& race) {
             {"max_overlap_s", race.max_overlap_s}};
   if (race.has_example) {
     const Manifestation& m = race.example_timing;
-    j["example"] = {{"rank", race.example.rank},          {"first_op", race.example.first},
-                    {"second_op", race.example.second},   {"first_end_s", m.first_end_s},
-                    {"second_start_s", m.second_start_s}, {"overlap_s", m.overlap_s}};
+    // The pair that overlapped, in words: a group's `first` and `second` describe its first
+    // instance, which need not be the one that bit.
+    const check::FindingLog names(schedule);
+    j["example"] = {
+        {"rank", race.example.rank},
+        {"first_op", race.example.first},
+        {"second_op", race.example.second},
+        {"first", check::describe(names.label(race.example.rank, race.example.first))},
+        {"second", check::describe(names.label(race.example.rank, race.example.second))},
+        {"first_end_s", m.first_end_s},
+        {"second_start_s", m.second_start_s},
+        {"overlap_s", m.overlap_s}};
   }
   return j;
 }
@@ -73,7 +82,8 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
   for (const StepMetrics& m : r.runs) j["runs"].push_back(metrics_json(m));
   j["races"] = json::array();
   for (const RaceReport& race : r.races) {
-    if (race.group.example.kind == check::FindingKind::kRace) j["races"].push_back(race_json(race));
+    if (race.group.example.kind == check::FindingKind::kRace)
+      j["races"].push_back(race_json(schedule, race));
   }
   j["links"] = json::array();
   for (const LinkReport& l : r.links) {
