@@ -88,34 +88,42 @@ struct DsModule {
   std::vector<int> params;
 };
 
-enum class Family { kLlama, kFalcon };
+enum class Family { kLlama, kFalcon, kGptNeox };
 
 struct Model {
   Family family = Family::kLlama;
   std::vector<DsParam> params;  // by ds_id: the order zero.Init converts them
   std::vector<DsModule> modules;
-  int causal_lm = -1, base = -1, embed = -1, norm = -1, head = -1;
+  int causal_lm = -1, base = -1, embed = -1, emb_drop = -1, norm = -1, head = -1;
   bool tied = false;  // lm_head's parameter is the embedding's
   /** One decoder layer's modules; -1 where the family has none. Llama: input_layernorm,
    *  self_attn {q, k, v, rotary_emb, o}, post_attention_layernorm, mlp {gate, act, up, down}.
    *  Falcon: ln_attn (or input_layernorm) in in_ln, ln_mlp in post_ln, self_attention
    *  {query_key_value in q, maybe_rotary, dense in o}, mlp {dense_h_to_4h in up, act,
-   *  dense_4h_to_h in down}. */
+   *  dense_4h_to_h in down}. GPT-NeoX: as Falcon's, with input_layernorm and
+   *  post_attention_layernorm, rotary_emb, and its Dropout modules (attention.attention_dropout,
+   *  post_attention_dropout, post_mlp_dropout), each hooked as any module. */
   struct Layer {
     int layer = -1, in_ln = -1, attn = -1, q = -1, k = -1, v = -1, rot = -1, o = -1, post_ln = -1,
-        mlp = -1, gate = -1, act = -1, up = -1, down = -1;
+        mlp = -1, gate = -1, act = -1, up = -1, down = -1, attn_drop = -1, post_attn_drop = -1,
+        post_mlp_drop = -1;
   };
   std::vector<Layer> layers;
 };
 
-/** The modules and parameters of transformers' LlamaForCausalLM or FalconForCausalLM, with
- *  parameters in the order their modules' __init__ create them, which is zero.Init's ds_id
- *  (TF:LlamaAttention, LlamaMLP, LlamaDecoderLayer, LlamaModel, LlamaForCausalLM;
- *  FalconAttention, FalconMLP, FalconDecoderLayer, FalconModel, FalconForCausalLM). */
+/** The modules and parameters of transformers' LlamaForCausalLM, FalconForCausalLM or
+ *  GPTNeoXForCausalLM, with parameters in the order their modules' __init__ create them, which
+ *  is zero.Init's ds_id (TF:LlamaAttention, LlamaMLP, LlamaDecoderLayer, LlamaModel,
+ *  LlamaForCausalLM; FalconAttention, FalconMLP, FalconDecoderLayer, FalconModel,
+ *  FalconForCausalLM; GPTNeoXLayer, GPTNeoXAttention, GPTNeoXMLP, GPTNeoXModel,
+ *  GPTNeoXForCausalLM at 4.35.2). */
 Model build_model(const ModelConfig& m) {
   Model md;
-  md.family = m.family == "falcon" ? Family::kFalcon : Family::kLlama;
+  md.family = m.family == "falcon"     ? Family::kFalcon
+              : m.family == "gpt_neox" ? Family::kGptNeox
+                                       : Family::kLlama;
   const bool falcon = md.family == Family::kFalcon;
+  const bool neox = md.family == Family::kGptNeox;
   const auto h = static_cast<std::uint64_t>(m.hidden);
   const std::uint64_t head_dim = h / static_cast<std::uint64_t>(m.heads);
   const std::uint64_t q_width = head_dim * static_cast<std::uint64_t>(m.heads);
@@ -143,16 +151,41 @@ Model build_model(const ModelConfig& m) {
     if (m.norm_bias) param(mod, "bias", h, 1, layer);
   };
   // Module paths as the recorder labels them (named_modules; the root is "model").
-  const std::string base = falcon ? "transformer" : "model";
+  const std::string base = falcon ? "transformer" : neox ? "gpt_neox" : "model";
   md.causal_lm = module("model", ModKind::kContainer);
   md.base = module(base, ModKind::kContainer);
-  md.embed = module(base + (falcon ? ".word_embeddings" : ".embed_tokens"), ModKind::kEmbedding);
+  md.embed = module(base + (falcon ? ".word_embeddings"
+                            : neox ? ".embed_in"
+                                   : ".embed_tokens"),
+                    ModKind::kEmbedding);
   param(md.embed, "weight", vocab, h, -1);  // the base model's __init__ makes it first
+  if (neox) md.emb_drop = module(base + ".emb_dropout", ModKind::kAct);
   for (int i = 0; i < m.layers; ++i) {
     const std::string p = base + (falcon ? ".h." : ".layers.") + std::to_string(i);
     Model::Layer L;
     L.layer = module(p, ModKind::kContainer);
-    if (falcon) {
+    if (neox) {
+      // GPTNeoXLayer.__init__: the two LayerNorms, the two dropouts, attention, mlp.
+      L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
+      L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
+      L.post_attn_drop = module(p + ".post_attention_dropout", ModKind::kAct);
+      L.post_mlp_drop = module(p + ".post_mlp_dropout", ModKind::kAct);
+      L.attn = module(p + ".attention", ModKind::kContainer);
+      L.rot = module(p + ".attention.rotary_emb", ModKind::kRotary);
+      L.q = module(p + ".attention.query_key_value", ModKind::kLinear);
+      L.o = module(p + ".attention.dense", ModKind::kLinear);
+      L.attn_drop = module(p + ".attention.attention_dropout", ModKind::kAct);
+      L.mlp = module(p + ".mlp", ModKind::kContainer);
+      L.up = module(p + ".mlp.dense_h_to_4h", ModKind::kLinear);
+      L.down = module(p + ".mlp.dense_4h_to_h", ModKind::kLinear);
+      L.act = module(p + ".mlp.act", ModKind::kAct);
+      norm(L.in_ln, i);
+      norm(L.post_ln, i);
+      linear(L.q, q_width + 2 * kv, h, m.linear_bias, i);
+      linear(L.o, h, q_width, m.linear_bias, i);
+      linear(L.up, ffn, h, true, i);  // GPTNeoXMLP: both Linears with their default bias
+      linear(L.down, h, ffn, true, i);
+    } else if (falcon) {
       // FalconDecoderLayer.__init__: self_attention, mlp, then its LayerNorms.
       L.attn = module(p + ".self_attention", ModKind::kContainer);
       L.q = module(p + ".self_attention.query_key_value", ModKind::kLinear);
@@ -197,8 +230,11 @@ Model build_model(const ModelConfig& m) {
     }
     md.layers.push_back(L);
   }
-  md.norm = module(base + (falcon ? ".ln_f" : ".norm"), ModKind::kNorm);
-  md.head = module("lm_head", ModKind::kHead);
+  md.norm = module(base + (falcon ? ".ln_f"
+                           : neox ? ".final_layer_norm"
+                                  : ".norm"),
+                   ModKind::kNorm);
+  md.head = module(neox ? "embed_out" : "lm_head", ModKind::kHead);
   norm(md.norm, -1);
   linear(md.head, vocab, h, false, -1);
   if (m.tied_embeddings) {
@@ -249,7 +285,25 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
   auto open = [&](int m) { out.push_back({Ev::kPreFwd, m, recompute, grad}); };
   auto close = [&](int m) { out.push_back({Ev::kPostFwd, m, recompute, grad}); };
   open(L.layer);
-  if (md.family == Family::kFalcon) {
+  if (md.family == Family::kGptNeox) {
+    // GPTNeoXLayer.forward (use_parallel_residual): attention(input_layernorm(x)) with its
+    // dropout, then mlp(post_attention_layernorm(x)) with its.
+    leaf(L.in_ln);
+    open(L.attn);
+    leaf(L.q);
+    leaf(L.rot);
+    leaf(L.attn_drop);
+    leaf(L.o);
+    close(L.attn);
+    leaf(L.post_attn_drop);
+    leaf(L.post_ln);
+    open(L.mlp);
+    leaf(L.up);
+    leaf(L.act);
+    leaf(L.down);
+    close(L.mlp);
+    leaf(L.post_mlp_drop);
+  } else if (md.family == Family::kFalcon) {
     leaf(L.in_ln);
     leaf(L.post_ln);
     open(L.attn);
@@ -298,6 +352,23 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
     if (!md.modules[m].params.empty()) out.push_back({Ev::kPostBwd, m});
   };
   out.push_back({Ev::kPreBwd, L.layer});
+  if (md.family == Family::kGptNeox) {
+    // As the recording tiny-gptneox-0.13.4 shows: the MLP branch through its LayerNorm first,
+    // then the attention branch; rotary_emb's cos and sin need no gradient.
+    leaf(L.post_mlp_drop);
+    out.push_back({Ev::kPreBwd, L.mlp});
+    leaf(L.down);
+    leaf(L.act);
+    leaf(L.up);
+    leaf(L.post_ln);
+    leaf(L.post_attn_drop);
+    out.push_back({Ev::kPreBwd, L.attn});
+    leaf(L.o);
+    leaf(L.attn_drop);
+    leaf(L.q);
+    leaf(L.in_ln);
+    return;
+  }
   out.push_back({Ev::kPreBwd, L.mlp});
   if (md.family == Family::kFalcon) {
     leaf(L.down);
@@ -341,6 +412,7 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   h.push_back({Ev::kPreFwd, md.causal_lm});
   h.push_back({Ev::kPreFwd, md.base});
   leaf(md.embed, true);
+  if (md.emb_drop >= 0) leaf(md.emb_drop, true);
   // Reentrant checkpointing (TF:LlamaModel.forward, FalconModel.forward, torch.utils.checkpoint)
   // runs each layer's first forward without grad.
   for (const auto& L : md.layers) layer_forward(md, L, false, !checkpointing, h);
@@ -364,6 +436,10 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   }
   // The embedding's input (token ids) needs no gradient: no post-backward hook fires, and the
   // embedding stays gathered until the optimizer step releases everything.
+  if (md.emb_drop >= 0) {
+    h.push_back({Ev::kPreBwd, md.emb_drop});
+    h.push_back({Ev::kBwdKernel, md.emb_drop});
+  }
   h.push_back({Ev::kPreBwd, md.embed});
   h.push_back({Ev::kBwdKernel, md.embed});
   return h;
@@ -1686,12 +1762,14 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                                m.experts == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
                                m.head_dim == 0 &&
                                (m.norms_per_layer == 1 || m.norms_per_layer == 2);
-  if (!llama_shaped(untied) && !falcon_walkable) {
+  const bool neox_walkable = m.family == "gpt_neox" && !m.gated_mlp && m.norm_bias &&
+                             m.parallel_blocks && m.experts == 0 && m.head_dim == 0;
+  if (!llama_shaped(untied) && !falcon_walkable && !neox_walkable) {
     refuse("model_type " + m.family +
                " with this shape (it walks transformers' Llama module tree without biases, "
-               "experts or a head dimension of its own, and Falcon's with parallel attention "
-               "and rotary embeddings)",
-           "a Llama, Mistral or Falcon model of those shapes");
+               "experts or a head dimension of its own, Falcon's with parallel attention "
+               "and rotary embeddings, and GPT-NeoX's with parallel residuals)",
+           "a Llama, Mistral, Falcon or GPT-NeoX model of those shapes");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes

@@ -548,8 +548,15 @@ ModelConfig read_hf_config(const Setting& s) {
     // GPT-2 learns its position embeddings (wpe, n_positions rows).
     model.gated_mlp = false;
     model.norm_bias = true;
+    // GPT-NeoX's attention_bias covers query_key_value and dense; its MLP's Linears always
+    // have biases (GPTNeoXMLP, transformers 4.55.4).
     model.linear_bias = type == "gpt2" || hf_bool(config, file, "attention_bias", true);
+    model.mlp_bias = type == "gpt_neox";
     if (type == "gpt2") model.learned_positions = hf_required(config, file, {"n_positions"});
+    // GPTNeoXLayer: x + attention(ln1(x)) + mlp(ln2(x)) unless use_parallel_residual is false.
+    if (type == "gpt_neox") {
+      model.parallel_blocks = hf_bool(config, file, "use_parallel_residual", true);
+    }
   } else if (type == "qwen2" || type == "qwen2_moe") {
     model.qkv_bias = true;  // Qwen2Attention: q/k/v_proj with bias=True
   } else if (type == "qwen3") {
