@@ -79,7 +79,9 @@ struct DsParam {
   bool orphan = false;
 };
 
-enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHead };
+// kAttnCore: a parameter-less module the attention core runs next to (GPT-2's attn_dropout),
+// where its FLOPs are counted when there is no rotary module.
+enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kAttnCore, kHead };
 
 struct DsModule {
   std::string path;
@@ -88,13 +90,13 @@ struct DsModule {
   std::vector<int> params;
 };
 
-enum class Family { kLlama, kFalcon, kGptNeox };
+enum class Family { kLlama, kFalcon, kGptNeox, kGpt2 };
 
 struct Model {
   Family family = Family::kLlama;
   std::vector<DsParam> params;  // by ds_id: the order zero.Init converts them
   std::vector<DsModule> modules;
-  int causal_lm = -1, base = -1, embed = -1, emb_drop = -1, norm = -1, head = -1;
+  int causal_lm = -1, base = -1, embed = -1, pos_embed = -1, emb_drop = -1, norm = -1, head = -1;
   bool tied = false;  // lm_head's parameter is the embedding's
   /** One decoder layer's modules; -1 where the family has none. Llama: input_layernorm,
    *  self_attn {q, k, v, rotary_emb, o}, post_attention_layernorm, mlp {gate, act, up, down}.
@@ -102,7 +104,9 @@ struct Model {
    *  {query_key_value in q, maybe_rotary, dense in o}, mlp {dense_h_to_4h in up, act,
    *  dense_4h_to_h in down}. GPT-NeoX: as Falcon's, with input_layernorm and
    *  post_attention_layernorm, rotary_emb, and its Dropout modules (attention.attention_dropout,
-   *  post_attention_dropout, post_mlp_dropout), each hooked as any module. */
+   *  post_attention_dropout, post_mlp_dropout), each hooked as any module. GPT-2: ln_1 in
+   *  in_ln, attn {c_attn in q, attn_dropout, c_proj in o, resid_dropout in post_attn_drop},
+   *  ln_2 in post_ln, mlp {c_fc in up, act, c_proj in down, dropout in post_mlp_drop}. */
   struct Layer {
     int layer = -1, in_ln = -1, attn = -1, q = -1, k = -1, v = -1, rot = -1, o = -1, post_ln = -1,
         mlp = -1, gate = -1, act = -1, up = -1, down = -1, attn_drop = -1, post_attn_drop = -1,
@@ -121,8 +125,10 @@ Model build_model(const ModelConfig& m) {
   Model md;
   md.family = m.family == "falcon"     ? Family::kFalcon
               : m.family == "gpt_neox" ? Family::kGptNeox
+              : m.family == "gpt2"     ? Family::kGpt2
                                        : Family::kLlama;
-  const bool falcon = md.family == Family::kFalcon;
+  const bool gpt2 = md.family == Family::kGpt2;
+  const bool falcon = md.family == Family::kFalcon || gpt2;  // GPT-2's base is "transformer" too
   const bool neox = md.family == Family::kGptNeox;
   const auto h = static_cast<std::uint64_t>(m.hidden);
   const std::uint64_t head_dim = h / static_cast<std::uint64_t>(m.heads);
@@ -154,17 +160,45 @@ Model build_model(const ModelConfig& m) {
   const std::string base = falcon ? "transformer" : neox ? "gpt_neox" : "model";
   md.causal_lm = module("model", ModKind::kContainer);
   md.base = module(base, ModKind::kContainer);
-  md.embed = module(base + (falcon ? ".word_embeddings"
-                            : neox ? ".embed_in"
-                                   : ".embed_tokens"),
+  md.embed = module(base + (gpt2     ? ".wte"
+                            : falcon ? ".word_embeddings"
+                            : neox   ? ".embed_in"
+                                     : ".embed_tokens"),
                     ModKind::kEmbedding);
   param(md.embed, "weight", vocab, h, -1);  // the base model's __init__ makes it first
+  if (gpt2) {
+    // GPT2Model.__init__: wte, wpe (the learned positions), drop.
+    md.pos_embed = module(base + ".wpe", ModKind::kEmbedding);
+    param(md.pos_embed, "weight", static_cast<std::uint64_t>(m.learned_positions), h, -1);
+    md.emb_drop = module(base + ".drop", ModKind::kAct);
+  }
   if (neox) md.emb_drop = module(base + ".emb_dropout", ModKind::kAct);
   for (int i = 0; i < m.layers; ++i) {
     const std::string p = base + (falcon ? ".h." : ".layers.") + std::to_string(i);
     Model::Layer L;
     L.layer = module(p, ModKind::kContainer);
-    if (neox) {
+    if (gpt2) {
+      // GPT2Block.__init__: ln_1, attn (c_attn, c_proj, attn_dropout, resid_dropout), ln_2,
+      // mlp (c_fc, c_proj, act, dropout). Conv1D weights are [in, out]: the same elements.
+      L.in_ln = module(p + ".ln_1", ModKind::kNorm);
+      L.attn = module(p + ".attn", ModKind::kContainer);
+      L.q = module(p + ".attn.c_attn", ModKind::kLinear);
+      L.o = module(p + ".attn.c_proj", ModKind::kLinear);
+      L.attn_drop = module(p + ".attn.attn_dropout", ModKind::kAttnCore);
+      L.post_attn_drop = module(p + ".attn.resid_dropout", ModKind::kAct);
+      L.post_ln = module(p + ".ln_2", ModKind::kNorm);
+      L.mlp = module(p + ".mlp", ModKind::kContainer);
+      L.up = module(p + ".mlp.c_fc", ModKind::kLinear);
+      L.down = module(p + ".mlp.c_proj", ModKind::kLinear);
+      L.act = module(p + ".mlp.act", ModKind::kAct);
+      L.post_mlp_drop = module(p + ".mlp.dropout", ModKind::kAct);
+      norm(L.in_ln, i);
+      linear(L.q, 3 * h, h, true, i);
+      linear(L.o, h, h, true, i);
+      norm(L.post_ln, i);
+      linear(L.up, ffn, h, true, i);
+      linear(L.down, h, ffn, true, i);
+    } else if (neox) {
       // GPTNeoXLayer.__init__: the two LayerNorms, the two dropouts, attention, mlp.
       L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
       L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
@@ -285,7 +319,25 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
   auto open = [&](int m) { out.push_back({Ev::kPreFwd, m, recompute, grad}); };
   auto close = [&](int m) { out.push_back({Ev::kPostFwd, m, recompute, grad}); };
   open(L.layer);
-  if (md.family == Family::kGptNeox) {
+  if (md.family == Family::kGpt2) {
+    // GPT2Block.forward: x + attn(ln_1(x)), then + mlp(ln_2(.)); GPT2Attention: c_attn, the
+    // attention core with attn_dropout, c_proj, resid_dropout; GPT2MLP: c_fc, act, c_proj,
+    // dropout.
+    leaf(L.in_ln);
+    open(L.attn);
+    leaf(L.q);
+    leaf(L.attn_drop);
+    leaf(L.o);
+    leaf(L.post_attn_drop);
+    close(L.attn);
+    leaf(L.post_ln);
+    open(L.mlp);
+    leaf(L.up);
+    leaf(L.act);
+    leaf(L.down);
+    leaf(L.post_mlp_drop);
+    close(L.mlp);
+  } else if (md.family == Family::kGptNeox) {
     // GPTNeoXLayer.forward (use_parallel_residual): attention(input_layernorm(x)) with its
     // dropout, then mlp(post_attention_layernorm(x)) with its.
     leaf(L.in_ln);
@@ -352,6 +404,22 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
     if (!md.modules[m].params.empty()) out.push_back({Ev::kPostBwd, m});
   };
   out.push_back({Ev::kPreBwd, L.layer});
+  if (md.family == Family::kGpt2) {
+    // Sequential, as Llama's (the recording tiny-gpt2-0.13.4).
+    out.push_back({Ev::kPreBwd, L.mlp});
+    leaf(L.post_mlp_drop);
+    leaf(L.down);
+    leaf(L.act);
+    leaf(L.up);
+    leaf(L.post_ln);
+    out.push_back({Ev::kPreBwd, L.attn});
+    leaf(L.post_attn_drop);
+    leaf(L.o);
+    leaf(L.attn_drop);
+    leaf(L.q);
+    leaf(L.in_ln);
+    return;
+  }
   if (md.family == Family::kGptNeox) {
     // As the recording tiny-gptneox-0.13.4 shows: the MLP branch through its LayerNorm first,
     // then the attention branch; rotary_emb's cos and sin need no gradient.
@@ -412,6 +480,7 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   h.push_back({Ev::kPreFwd, md.causal_lm});
   h.push_back({Ev::kPreFwd, md.base});
   leaf(md.embed, true);
+  if (md.pos_embed >= 0) leaf(md.pos_embed, true);
   if (md.emb_drop >= 0) leaf(md.emb_drop, true);
   // Reentrant checkpointing (TF:LlamaModel.forward, FalconModel.forward, torch.utils.checkpoint)
   // runs each layer's first forward without grad.
@@ -439,6 +508,10 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   if (md.emb_drop >= 0) {
     h.push_back({Ev::kPreBwd, md.emb_drop});
     h.push_back({Ev::kBwdKernel, md.emb_drop});
+  }
+  if (md.pos_embed >= 0) {  // made after wte's output: its backward runs first
+    h.push_back({Ev::kPreBwd, md.pos_embed});
+    h.push_back({Ev::kBwdKernel, md.pos_embed});
   }
   h.push_back({Ev::kPreBwd, md.embed});
   h.push_back({Ev::kBwdKernel, md.embed});
@@ -944,7 +1017,7 @@ void RankBuilder::kernel(int module, bool backward) {
   } else {
     op = &push(OpKind::kKernel, s0_, p);
     op->mem_bytes = 2 * tokens * h * dt_;
-    if (m.kind == ModKind::kRotary) {
+    if (m.kind == ModKind::kRotary || m.kind == ModKind::kAttnCore) {
       // Attention scores and their product with V (counted where the attention core runs,
       // between rotary_emb and o_proj).
       op->flops = 4 * tokens * sc_.training.seq_len * h * (backward ? 2 : 1);
@@ -1764,12 +1837,14 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                                (m.norms_per_layer == 1 || m.norms_per_layer == 2);
   const bool neox_walkable = m.family == "gpt_neox" && !m.gated_mlp && m.norm_bias &&
                              m.parallel_blocks && m.experts == 0 && m.head_dim == 0;
-  if (!llama_shaped(untied) && !falcon_walkable && !neox_walkable) {
+  const bool gpt2_walkable = m.family == "gpt2" && !m.gated_mlp && m.norm_bias && m.linear_bias &&
+                             m.learned_positions > 0 && m.experts == 0 && m.head_dim == 0;
+  if (!llama_shaped(untied) && !falcon_walkable && !neox_walkable && !gpt2_walkable) {
     refuse("model_type " + m.family +
                " with this shape (it walks transformers' Llama module tree without biases, "
                "experts or a head dimension of its own, Falcon's with parallel attention "
-               "and rotary embeddings, and GPT-NeoX's with parallel residuals)",
-           "a Llama, Mistral, Falcon or GPT-NeoX model of those shapes");
+               "and rotary embeddings, GPT-NeoX's with parallel residuals, and GPT-2's)",
+           "a Llama, Mistral, Falcon, GPT-NeoX or GPT-2 model of those shapes");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes

@@ -90,24 +90,23 @@ TEST_P(DeepSpeedBuilderMatches, Recording) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recordings, DeepSpeedBuilderMatches,
-                         testing::Values("tiny-0.13.4", "tiny-0.13.4-overlap-off",
-                                         "tiny-0.13.4-hpz-off", "tiny-0.13.4-prefetch-0",
-                                         "tiny-0.13.4-max-live-3000", "tiny-0.13.4-max-live-30000",
-                                         "tiny-0.13.4-max-live-1000000000",
-                                         "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
-                                         "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz",
-                                         "tiny128-0.13.4-qwz", "tiny-0.13.1", "tiny-0.13.5",
-                                         "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
-                                         "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
-                                         "tiny-gptneox-0.13.4", "llama2-7b-0.13.4"),
-                         [](const testing::TestParamInfo<const char*>& p) {
-                           std::string n = p.param;
-                           for (char& c : n) {
-                             if (c == '-' || c == '.') c = '_';
-                           }
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Recordings, DeepSpeedBuilderMatches,
+    testing::Values("tiny-0.13.4", "tiny-0.13.4-overlap-off", "tiny-0.13.4-hpz-off",
+                    "tiny-0.13.4-prefetch-0", "tiny-0.13.4-max-live-3000",
+                    "tiny-0.13.4-max-live-30000", "tiny-0.13.4-max-live-1000000000",
+                    "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
+                    "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz",
+                    "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
+                    "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4", "tiny-gptneox-0.13.4",
+                    "tiny-gpt2-0.13.4", "llama2-7b-0.13.4"),
+    [](const testing::TestParamInfo<const char*>& p) {
+      std::string n = p.param;
+      for (char& c : n) {
+        if (c == '-' || c == '.') c = '_';
+      }
+      return n;
+    });
 
 // Findings per kind: (occurrences, groups).
 std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> verdict(
