@@ -252,10 +252,11 @@ Model build_model(const ModelConfig& m) {
       L.act = module(p + ".mlp.act_fn", ModKind::kAct);
       L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
       L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
-      linear(L.q, q_width, h, false, i);
-      linear(L.k, kv, h, false, i);
-      linear(L.v, kv, h, false, i);
-      linear(L.o, h, q_width, false, i);
+      // LlamaAttention: bias=config.attention_bias on all four projections.
+      linear(L.q, q_width, h, m.qkv_bias, i);
+      linear(L.k, kv, h, m.qkv_bias, i);
+      linear(L.v, kv, h, m.qkv_bias, i);
+      linear(L.o, h, q_width, m.o_bias, i);
       linear(L.gate, ffn, h, false, i);
       linear(L.up, ffn, h, false, i);
       linear(L.down, h, ffn, false, i);
@@ -1830,6 +1831,9 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const ModelConfig& m = sc.model;
   ModelConfig untied = m;
   untied.tied_embeddings = false;
+  if (m.family == "llama" && m.qkv_bias == m.o_bias) {
+    untied.qkv_bias = untied.o_bias = false;  // attention_bias: q, k, v and o with biases
+  }
   const bool falcon_walkable = m.family == "falcon" && !m.gated_mlp && m.norm_bias &&
                                m.parallel_blocks && !m.alibi && !m.qkv_bias && !m.qk_norm &&
                                m.experts == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&

@@ -98,8 +98,8 @@ INSTANTIATE_TEST_SUITE_P(
                     "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
                     "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz",
                     "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
-                    "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4", "tiny-gptneox-0.13.4",
-                    "tiny-gpt2-0.13.4", "llama2-7b-0.13.4"),
+                    "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
+                    "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "llama2-7b-0.13.4"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
