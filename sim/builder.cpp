@@ -291,8 +291,9 @@ Op& RankEmitter::push(OpKind kind, StreamId stream, Purpose purpose, std::span<c
     if (a.bytes > 0) out_.accesses.push_back(a);
   }
   op.access_count = static_cast<std::uint32_t>(out_.accesses.size() - op.access_begin);
-  out_.ops.push_back(op);
-  return out_.ops.back();
+  std::vector<Op>& ops = out_.ops.mut();
+  ops.push_back(op);
+  return ops.back();
 }
 
 Access RankEmitter::whole(BufferId b, AccessMode mode) const {
@@ -350,6 +351,7 @@ RankSchedule RankEmitter::emit() {
     micro_ = 0;
     optimizer();
   }
+  out_.accesses.shrink_to_fit();  // a large world keeps every rank's: no growth slack
   return std::move(out_);
 }
 
@@ -623,7 +625,7 @@ void RankEmitter::secondary_partition(UnitId u) {
     push(OpKind::kHostStreamSync, kS0, Purpose::kFixHostSync).unit = u;
   } else if (phase_ != Phase::kInit && c_.sc.run.variant == Variant::kEventWait) {
     st_[u].secondary_ready = record(kS0, Purpose::kFixEventRecord);
-    out_.ops.back().unit = u;
+    out_.ops.mut().back().unit = u;
   }
 }
 
@@ -760,7 +762,11 @@ Schedule build_schedule(const Scenario& sc) {
   s.units = ctx.units;
   s.groups = ctx.groups;
   s.ranks.reserve(ctx.world);
-  for (Rank r = 0; r < ctx.world; ++r) s.ranks.push_back(RankEmitter(ctx, r).emit());
+  s.ranks.reserve(static_cast<std::size_t>(ctx.world));
+  for (Rank r = 0; r < ctx.world; ++r) {
+    s.ranks.push_back(RankEmitter(ctx, r).emit());
+    if (r > 0) share_alike(s.ranks.back(), s.ranks.front());  // one copy of what ranks issue alike
+  }
   return s;
 }
 

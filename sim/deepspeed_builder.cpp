@@ -530,6 +530,8 @@ struct Handle {
   EventId end = kNoEvent;              // the NCCL end event
   std::vector<int> params;             // sorted by ds_id
   BufferId flat = kNoBuffer;           // coalesced: the flat buffer
+  StreamId flat_stream = kHostStream;  // the stream it was allocated on
+  std::size_t registered = 0;          // params still in __inflight_param_registry
   std::uint64_t per_rank_elems = 0;    // coalesced: partition_sz
   std::vector<std::uint64_t> offsets;  // coalesced: each param's offset in a rank's partition
   std::vector<std::uint64_t> chunk;    // coalesced: each param's elements per rank
@@ -694,8 +696,9 @@ Op& RankBuilder::push(OpKind kind, StreamId s, Purpose p, std::span<const Access
     if (a.bytes > 0) out_.accesses.push_back(a);
   }
   op.access_count = static_cast<std::uint32_t>(out_.accesses.size() - op.access_begin);
-  out_.ops.push_back(op);
-  return out_.ops.back();
+  std::vector<Op>& ops = out_.ops.mut();
+  ops.push_back(op);
+  return ops.back();
 }
 
 EventId RankBuilder::record(StreamId s, Purpose p) {
@@ -1059,6 +1062,13 @@ void RankBuilder::fetch_sub_module(int module, bool forward) {
       const int h = ps_[p].handle;
       ps_[p].handle = -1;
       wait_handle(h);
+      // `__inflight_param_registry.pop(param).wait()`: the last pop drops the handle, and with
+      // it the partitions that keep a coalesced gather's flat tensor alive (PP:640-702), so the
+      // allocator takes the flat buffer back (on the stream it was allocated on).
+      if (Handle& hd = handles_[static_cast<std::size_t>(h)];
+          --hd.registered == 0 && hd.coalesced && hd.flat != kNoBuffer) {
+        free(hd.flat, hd.flat_stream, Purpose::kFetchWait);
+      }
       ongoing_fetch_events_.push_back(record(sag_, Purpose::kFetchWait));
       current_ = saved_stream;
     }
@@ -1189,6 +1199,7 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
     h.flat = buffer("allgather.flat", BufferRole::kScratch, kNoUnit,
                     partition_sz * static_cast<std::uint64_t>(group_size) * dt);
     alloc(h.flat, current_, purpose_);
+    h.flat_stream = current_;
     const std::uint64_t base = partition_sz * static_cast<std::uint64_t>(rank_in_group) * dt;
     Op& cat = push(OpKind::kCopy, current_, purpose_);
     cat.unit = params[0];
@@ -1214,6 +1225,7 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
                          partition_sz * static_cast<std::uint64_t>(group_size) * dt}});
     unit_ = saved_unit;
   }
+  h.registered = params.size();
   handles_.push_back(std::move(h));
   for (int p : params) ps_[p].handle = static_cast<int>(handles_.size() - 1);
 }
@@ -1329,6 +1341,7 @@ void RankBuilder::wait_handle(int hid) {
     std::uint64_t out_bytes = 0;
     if (h.coalesced) {
       out = h.flat = buffer("allgather.dequantized", BufferRole::kScratch, kNoUnit, total * dt);
+      h.flat_stream = current_;
       out_bytes = total * dt;
       alloc(out, current_, Purpose::kFetchWait);
     } else {
@@ -1713,7 +1726,7 @@ void RankBuilder::run_hook(const Hook& h) {
       const std::vector<int>& own = md_.modules[h.module].params;
       unit_ = own.empty() ? kNoUnit : own.front();
       kernel(h.module, false);
-      if (bwd_phase) out_.ops.back().purpose = Purpose::kRecomputeForward;
+      if (bwd_phase) out_.ops.mut().back().purpose = Purpose::kRecomputeForward;
       unit_ = kNoUnit;
       label_ = saved;
       break;
@@ -1794,6 +1807,7 @@ RankSchedule RankBuilder::build() {
     phase_ = Phase::kOptimizer;
     push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);  // the script's loss.item()
   }
+  out_.accesses.shrink_to_fit();  // a large world keeps every rank's: no growth slack
   return std::move(out_);
 }
 
@@ -1927,8 +1941,11 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
       s.labels.push_back(mod.path);
     }
   }
+  s.ranks.reserve(static_cast<std::size_t>(world));
   for (Rank r = 0; r < world; ++r) {
     s.ranks.push_back(RankBuilder(sc, v, md, s, r).build());
+    // Every rank issues rank 0's ops on its own groups: one copy for all (issue 16's 1,024 ranks).
+    if (r > 0) share_alike(s.ranks.back(), s.ranks.front());
   }
   return s;
 }

@@ -79,6 +79,54 @@ bool is_host_sync(OpKind kind) {
          kind == OpKind::kHostEventSync;
 }
 
+std::vector<Op>& OpList::mut() {
+  std::vector<Op>& ops = ops_.mut();
+  if (groups_) {
+    for (Op& op : ops) {
+      if (op.group != kNoGroup) op.group = (*groups_)[static_cast<std::size_t>(op.group)];
+    }
+    groups_.reset();
+  }
+  return ops;
+}
+
+bool OpList::share_if_same(const OpList& other) {
+  if (shares_with(other) && groups_ == other.groups_) return true;
+  if (size() != other.size()) return false;
+  // map[g]: our group for the shared copy's group g, kNoGroup until seen.
+  std::vector<GroupId> map;
+  bool identity = true;
+  for (std::size_t i = 0; i < size(); ++i) {
+    const Op& stored = other.ops_[i];  // the copy's own group
+    const Op ours = (*this)[i];
+    if ((stored.group == kNoGroup) != (ours.group == kNoGroup)) return false;
+    Op same_group = stored;
+    same_group.group = ours.group;
+    if (!(same_group == ours)) return false;
+    if (stored.group == kNoGroup) continue;
+    const auto g = static_cast<std::size_t>(stored.group);
+    if (map.size() <= g) map.resize(g + 1, kNoGroup);
+    if (map[g] == kNoGroup) {
+      map[g] = ours.group;
+    } else if (map[g] != ours.group) {
+      return false;
+    }
+    identity = identity && ours.group == stored.group;
+  }
+  ops_ = other.ops_;
+  if (identity) {
+    groups_.reset();
+  } else {
+    groups_ = std::make_shared<const std::vector<GroupId>>(std::move(map));
+  }
+  return true;
+}
+
+void share_alike(RankSchedule& r, const RankSchedule& base) {
+  r.ops.share_if_same(base.ops);
+  r.buffers.share_if_equal(base.buffers);
+}
+
 int step_count(const Schedule& schedule) {
   std::int32_t last = 0;
   for (const RankSchedule& rs : schedule.ranks) {

@@ -32,8 +32,13 @@
 //    read, so it never appears in an access.
 #pragma once
 
+#include <compare>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -149,6 +154,7 @@ struct Buffer {
   UnitId unit = kNoUnit;    ///< the parameter unit it belongs to, if any
   std::uint64_t bytes = 0;  ///< allocation size, padding included
   bool on_host = false;     ///< lives in host memory (offload_param)
+  bool operator==(const Buffer&) const = default;
 };
 
 /** One operation in a rank's issue order. */
@@ -171,6 +177,148 @@ struct Op {
   std::uint64_t comm_bytes = 0;  ///< collectives, see OpKind
   std::uint8_t fill = 0;         ///< kAlloc: a Fill value
   float spin_us = 0;             ///< kKernel: when > 0, runs this long whatever its flops
+  bool operator==(const Op&) const = default;
+};
+
+/** A vector that ranks holding equal contents share, copied on the first write: 1,024 ranks of
+ *  a DeepSpeed schedule have one buffer table between them. Reading is a const vector's; writing
+ *  goes through mut(), which first gives this holder its own copy if another one shares it. */
+template <class T>
+class SharedVector {
+ public:
+  using value_type = T;
+  using const_iterator = typename std::vector<T>::const_iterator;
+
+  SharedVector() = default;
+  SharedVector(std::initializer_list<T> init) : v_(std::make_shared<std::vector<T>>(init)) {}
+
+  std::size_t size() const { return v_ ? v_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  const T& operator[](std::size_t i) const { return (*v_)[i]; }
+  const T& at(std::size_t i) const { return get().at(i); }
+  const T& front() const { return v_->front(); }
+  const T& back() const { return v_->back(); }
+  const_iterator begin() const { return get().begin(); }
+  const_iterator end() const { return get().end(); }
+  /** The contents as a vector, to read. */
+  const std::vector<T>& get() const { return v_ ? *v_ : empty_vector(); }
+
+  /** The contents to write: this holder's own copy. */
+  std::vector<T>& mut() {
+    if (!v_) {
+      v_ = std::make_shared<std::vector<T>>();
+    } else if (v_.use_count() > 1) {
+      v_ = std::make_shared<std::vector<T>>(*v_);
+    }
+    return *v_;
+  }
+  void push_back(T value) { mut().push_back(std::move(value)); }
+  template <class... Args>
+  T& emplace_back(Args&&... args) {
+    return mut().emplace_back(std::forward<Args>(args)...);
+  }
+  void reserve(std::size_t n) { mut().reserve(n); }
+  void clear() { v_.reset(); }
+
+  /** True when both hold one shared copy. */
+  bool shares_with(const SharedVector& other) const { return v_ && v_ == other.v_; }
+  /** Shares `other`'s copy when the contents are equal; true when they share afterwards. */
+  bool share_if_equal(const SharedVector& other) {
+    if (shares_with(other)) return true;
+    if (!other.v_ || get() != other.get()) return false;
+    v_ = other.v_;
+    return true;
+  }
+
+ private:
+  static const std::vector<T>& empty_vector() {
+    static const std::vector<T> none;
+    return none;
+  }
+  std::shared_ptr<std::vector<T>> v_;
+};
+
+/** A rank's ops, in issue order. Ranks that issue the same ops, each on its own process groups,
+ *  share one copy: a rank's list is that copy plus a map from the copy's group ids to the rank's
+ *  own (ranks of different nodes issue the same gathers on their own hpZ groups). Reading gives
+ *  an Op by value with the rank's group in `group`, so every reader sees absolute group ids;
+ *  writing goes through mut(), which first gives this rank its own copy. */
+class OpList {
+ public:
+  /** Random access over ops by value (Op is small; a reference could not carry the mapped group).
+   */
+  class const_iterator {
+   public:
+    using iterator_concept = std::random_access_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Op;
+    using difference_type = std::ptrdiff_t;
+    using reference = Op;
+    const_iterator() = default;
+    const_iterator(const OpList* list, std::size_t i) : list_(list), i_(i) {}
+    Op operator*() const { return (*list_)[i_]; }
+    Op operator[](difference_type n) const {
+      return (*list_)[static_cast<std::size_t>(static_cast<difference_type>(i_) + n)];
+    }
+    const_iterator& operator++() { return ++i_, *this; }
+    const_iterator operator++(int) { return {list_, i_++}; }
+    const_iterator& operator--() { return --i_, *this; }
+    const_iterator operator--(int) { return {list_, i_--}; }
+    const_iterator& operator+=(difference_type n) {
+      i_ = static_cast<std::size_t>(static_cast<difference_type>(i_) + n);
+      return *this;
+    }
+    const_iterator& operator-=(difference_type n) { return *this += -n; }
+    friend const_iterator operator+(const_iterator it, difference_type n) { return it += n; }
+    friend const_iterator operator+(difference_type n, const_iterator it) { return it += n; }
+    friend const_iterator operator-(const_iterator it, difference_type n) { return it -= n; }
+    friend difference_type operator-(const const_iterator& a, const const_iterator& b) {
+      return static_cast<difference_type>(a.i_) - static_cast<difference_type>(b.i_);
+    }
+    friend bool operator==(const const_iterator& a, const const_iterator& b) {
+      return a.i_ == b.i_;
+    }
+    friend auto operator<=>(const const_iterator& a, const const_iterator& b) {
+      return a.i_ <=> b.i_;
+    }
+
+   private:
+    const OpList* list_ = nullptr;
+    std::size_t i_ = 0;
+  };
+  using value_type = Op;
+
+  std::size_t size() const { return ops_.size(); }
+  bool empty() const { return ops_.empty(); }
+  Op operator[](std::size_t i) const {
+    Op op = ops_[i];
+    if (groups_ && op.group != kNoGroup) op.group = (*groups_)[static_cast<std::size_t>(op.group)];
+    return op;
+  }
+  Op front() const { return (*this)[0]; }
+  Op back() const { return (*this)[size() - 1]; }
+  const_iterator begin() const { return {this, 0}; }
+  const_iterator end() const { return {this, size()}; }
+
+  /** The ops to write: this rank's own copy, its groups in place. */
+  std::vector<Op>& mut();
+  void push_back(const Op& op) { mut().push_back(op); }
+  void reserve(std::size_t n) { mut().reserve(n); }
+  void clear() {
+    ops_.clear();
+    groups_.reset();
+  }
+
+  /** True when both read one shared copy (with their own groups, perhaps). */
+  bool shares_with(const OpList& other) const { return ops_.shares_with(other.ops_); }
+  /** Shares `other`'s copy when the two lists are equal but for their groups, and the groups
+   *  correspond one for one (each of other's groups is always this list's same group); true
+   *  when they share afterwards. */
+  bool share_if_same(const OpList& other);
+
+ private:
+  SharedVector<Op> ops_;
+  std::shared_ptr<const std::vector<GroupId>> groups_;  ///< copy's group -> ours; null: same
 };
 
 /** A stream of one rank. */
@@ -182,10 +330,15 @@ struct Stream {
 struct RankSchedule {
   Rank rank = 0;
   std::vector<Stream> streams;
-  std::vector<Buffer> buffers;
+  SharedVector<Buffer> buffers;  ///< shared between ranks with equal buffer tables
   std::vector<Access> accesses;  ///< ops point into this by access_begin/access_count
-  std::vector<Op> ops;
+  OpList ops;
 };
+
+/** Lets rank r share rank `base`'s op list (OpList::share_if_same) and buffer table where they
+ *  are equal: what builders call after building each rank, so that a large world's schedule
+ *  holds one copy of what its ranks issue alike. */
+void share_alike(RankSchedule& r, const RankSchedule& base);
 
 /** What a process group is for. */
 enum class GroupKind : std::uint8_t {

@@ -374,8 +374,9 @@ RankSchedule read_like(const Reader& rd, const json& j, const std::string& path,
   const auto to = read_group_map(rd, j, path, s);
   RankSchedule rank = s.ranks[static_cast<std::size_t>(like)];
   rank.rank = rd.get<Rank>(j, "rank", path);
-  for (std::size_t i = 0; i < rank.ops.size(); ++i) {
-    Op& op = rank.ops[i];
+  std::vector<Op>& ops = rank.ops.mut();
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    Op& op = ops[i];
     if (const auto it = to.find(op.group); it != to.end()) op.group = it->second;
     if (!is_collective(op.kind)) continue;
     const Group& g = s.groups[static_cast<std::size_t>(op.group)];
@@ -385,6 +386,7 @@ RankSchedule read_like(const Reader& rd, const json& j, const std::string& path,
                           g.name, i, like));
     }
   }
+  share_alike(rank, s.ranks[static_cast<std::size_t>(like)]);  // one copy of the ops again
   return rank;
 }
 

@@ -69,7 +69,7 @@ class Builder {
     for (const Access& a : acc) rs.accesses.push_back(a);
     o.access_count = static_cast<std::uint32_t>(acc.size());
     rs.ops.push_back(o);
-    return rs.ops.back();
+    return rs.ops.mut().back();
   }
   EventId record(Rank r, StreamId s) {
     Op& o = op(r, s, {}, OpKind::kEventRecord);

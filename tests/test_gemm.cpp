@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -133,7 +134,7 @@ TEST(GemmShape, QuantizeKernelsAndReproSpinsStaySpins) {
                                             {"run.spin_before_copy_us", "200"}});
   const Schedule s = build_schedule(sc);
   int quantize = 0, repro = 0;
-  const Op* forward = nullptr;
+  std::optional<Op> forward;  // a copy: the list gives ops by value
   for (const Op& op : s.ranks[0].ops) {
     if (op.kind == OpKind::kQuantize || op.kind == OpKind::kDequantize) {
       ++quantize;
@@ -145,11 +146,11 @@ TEST(GemmShape, QuantizeKernelsAndReproSpinsStaySpins) {
       EXPECT_GT(op.spin_us, 0.0F);
       EXPECT_FALSE(gemm_shape(sc, op).has_value());
     }
-    if (forward == nullptr && op.purpose == Purpose::kForwardCompute && op.flops > 0) forward = &op;
+    if (!forward && op.purpose == Purpose::kForwardCompute && op.flops > 0) forward = op;
   }
   EXPECT_GT(quantize, 0);
   EXPECT_GT(repro, 0);
-  ASSERT_NE(forward, nullptr);
+  ASSERT_TRUE(forward.has_value());
   Op spun = *forward;
   EXPECT_TRUE(gemm_shape(sc, spun).has_value());
   spun.spin_us = 50;

@@ -44,7 +44,7 @@ TEST(CanonicalOrder, AnUnrelatedOpAddedChangesOneLine) {
   sync.stream = 0;
   sync.step = rs.ops[middle].step;
   sync.phase = rs.ops[middle].phase;
-  rs.ops.insert(rs.ops.begin() + static_cast<std::ptrdiff_t>(middle), sync);
+  rs.ops.mut().insert(rs.ops.mut().begin() + static_cast<std::ptrdiff_t>(middle), sync);
   // An extra event record on the same stream, before every other record, for another module:
   // events are named by stream and label, so the later records keep their names.
   Op record = rs.ops[0];
@@ -54,7 +54,7 @@ TEST(CanonicalOrder, AnUnrelatedOpAddedChangesOneLine) {
   record.event = 1'000'000;
   record.access_count = 0;
   record.buffer = kNoBuffer;
-  rs.ops.insert(rs.ops.begin(), record);
+  rs.ops.mut().insert(rs.ops.mut().begin(), record);
 
   const std::vector<std::string> a = canonical_order(before, 0);
   const std::vector<std::string> b = canonical_order(after, 0);

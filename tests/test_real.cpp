@@ -293,7 +293,7 @@ Schedule with_event_syncs(Schedule schedule) {
       ops.push_back(record);
       ops.push_back(sync);
     }
-    rs.ops = std::move(ops);
+    rs.ops.mut() = std::move(ops);
   }
   return schedule;
 }
@@ -319,7 +319,7 @@ TEST(RealLazyHost, AHostEventSyncRunsTheRecordedWorkFirst) {
   EXPECT_EQ(r.corrupted_runs, 0);
   Schedule unsynced = synced;  // the records alone order nothing
   for (RankSchedule& rs : unsynced.ranks) {
-    std::erase_if(rs.ops, [](const Op& op) { return op.kind == OpKind::kHostEventSync; });
+    std::erase_if(rs.ops.mut(), [](const Op& op) { return op.kind == OpKind::kHostEventSync; });
   }
   EXPECT_EQ(run_lazy(sc, unsynced).corrupted_runs, 1);
 }

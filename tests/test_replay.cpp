@@ -284,16 +284,16 @@ TEST(Repro, AScheduleTheReplayCannotFollowIsRefusedByName) {
   const std::size_t gather =
       find_op(s, 1, [](const Op& op) { return op.kind == OpKind::kAllGather; });
   ASSERT_LT(gather, s.ranks[1].ops.size());
-  s.ranks[1].ops[gather].unit = kNoUnit;
+  s.ranks[1].ops.mut()[gather].unit = kNoUnit;
   const std::string why = replay_unsupported(s);
   EXPECT_EQ(why.rfind(fmt::format("rank 1 op {} (all_gather ", gather), 0), 0u) << why;
   EXPECT_NE(why.find("needs a parameter unit"), std::string::npos) << why;
-  s.ranks[1].ops[gather].unit = build_schedule(sc).ranks[1].ops[gather].unit;
+  s.ranks[1].ops.mut()[gather].unit = build_schedule(sc).ranks[1].ops[gather].unit;
   // A reduction that receives must send; one that touches nothing is no trouble.
   const std::size_t reduce =
       find_op(s, 0, [](const Op& op) { return op.kind == OpKind::kAllReduce; });
   ASSERT_LT(reduce, s.ranks[0].ops.size());
-  Op& op = s.ranks[0].ops[reduce];
+  Op& op = s.ranks[0].ops.mut()[reduce];
   const auto accesses = s.accesses_of(0, op);
   const auto write = std::find_if(accesses.begin(), accesses.end(),
                                   [](const Access& a) { return a.mode == AccessMode::kWrite; });
@@ -303,7 +303,7 @@ TEST(Repro, AScheduleTheReplayCannotFollowIsRefusedByName) {
   EXPECT_NE(replay_unsupported(s).find("receives but sends nothing"), std::string::npos);
   op.access_count = 0;
   EXPECT_EQ(replay_unsupported(s), "");
-  s.ranks[1].ops[gather].unit = kNoUnit;
+  s.ranks[1].ops.mut()[gather].unit = kNoUnit;
   try {
     replay_schedule(sc, s, "file.json", ReproOptions{});
     FAIL() << "replayed a gather without a unit";

@@ -39,7 +39,7 @@ Schedule recorded_schedule() {
   Schedule s = tiny_schedule();
   s.labels = {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp"};
   s.source = {{"recorder", "hpzlab record"}, {"deepspeed", "0.13.4"}};
-  auto& ops = s.ranks[0].ops;
+  auto& ops = s.ranks[0].ops.mut();
   const auto rec = std::find_if(ops.begin(), ops.end(),
                                 [](const Op& op) { return op.kind == OpKind::kEventRecord; });
   Op sync;

@@ -104,7 +104,7 @@ class DataEngine {
     std::size_t started = 0;
   };
 
-  const Op& op(Rank r, std::uint32_t i) const { return s_.ranks[r].ops[i]; }
+  Op op(Rank r, std::uint32_t i) const { return s_.ranks[r].ops[i]; }
   const OpTime& time(Rank r, std::uint32_t i) const { return t_.ranks[r][i]; }
   bool is_quantized(Rank r, BufferId b) const {
     return s_.ranks[r].buffers[b].role == BufferRole::kQuantized;

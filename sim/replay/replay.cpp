@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "sim/model_shape.hpp"
 #include "sim/replay/data_engine.hpp"
@@ -44,28 +45,28 @@ Timeline serialized_timeline(const Schedule& s) {
   std::vector<std::size_t> next(ranks, 0);
   std::vector<double> clock(ranks, 0);
   std::vector<std::map<GroupId, int>> issued(ranks);  // collectives passed, per group
-  const auto at_collective = [&](std::size_t r) -> const Op* {
-    if (next[r] >= s.ranks[r].ops.size()) return nullptr;
-    const Op& o = s.ranks[r].ops[next[r]];
-    return is_collective(o.kind) ? &o : nullptr;
+  const auto at_collective = [&](std::size_t r) -> std::optional<Op> {
+    if (next[r] >= s.ranks[r].ops.size()) return std::nullopt;
+    const Op o = s.ranks[r].ops[next[r]];  // by value: OpList gives each rank's group
+    return is_collective(o.kind) ? std::optional<Op>(o) : std::nullopt;
   };
   for (bool moved = true; moved;) {
     moved = false;
     for (std::size_t r = 0; r < ranks; ++r) {  // everything up to the next collective
-      for (; next[r] < s.ranks[r].ops.size() && at_collective(r) == nullptr; ++next[r]) {
+      for (; next[r] < s.ranks[r].ops.size() && !at_collective(r); ++next[r]) {
         t.ranks[r][next[r]] = {clock[r], clock[r], clock[r] + 1};
         clock[r] += 2;
         moved = true;
       }
     }
     for (std::size_t r = 0; r < ranks; ++r) {  // collectives every member has reached
-      const Op* o = at_collective(r);
-      if (o == nullptr) continue;
+      const std::optional<Op> o = at_collective(r);
+      if (!o) continue;
       const int k = issued[r][o->group];
       const auto& members = s.groups[o->group].ranks;
       const bool all = std::all_of(members.begin(), members.end(), [&](Rank m) {
-        const Op* x = at_collective(static_cast<std::size_t>(m));
-        return x != nullptr && x->group == o->group && issued[m][o->group] == k;
+        const std::optional<Op> x = at_collective(static_cast<std::size_t>(m));
+        return x && x->group == o->group && issued[m][o->group] == k;
       });
       if (!all) continue;
       double start = 0;
