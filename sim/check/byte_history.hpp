@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <vector>
 
@@ -30,14 +32,14 @@ class ByteHistory {
  public:
   /** Starts a lifetime of `bytes` bytes that nothing has written. */
   void reset(std::uint64_t bytes) {
-    segments_.assign(1, Segment{0, bytes, {}, false, {}});
+    segments_.clear();
+    segments_.emplace(0, Segment{0, bytes, {}, false, {}});
     size_ = bytes;
   }
 
   /** Ends the lifetime: frees the map. */
   void clear() {
     segments_.clear();
-    segments_.shrink_to_fit();
     size_ = 0;
   }
 
@@ -52,10 +54,10 @@ class ByteHistory {
               Ordered&& ordered, OnConflict&& on_conflict, OnUnwritten&& on_unwritten) {
     if (begin >= end) return;
     if (end > size_) throw std::out_of_range("access past the end of its buffer");
-    const std::size_t first = split_at(begin);
-    const std::size_t last = split_at(end);  // one past the last segment inside
-    for (std::size_t i = first; i < last; ++i) {
-      Segment& seg = segments_[i];
+    const auto first = split_at(begin);
+    const auto last = split_at(end);  // one past the last segment inside
+    for (auto it = first; it != last; ++it) {
+      Segment& seg = it->second;
       if (seg.written && seg.write.thread != stamp.thread && !ordered(seg.write)) {
         on_conflict(seg.write, AccessMode::kWrite, seg.begin, seg.end);
       }
@@ -73,7 +75,8 @@ class ByteHistory {
         seg.reads.clear();
       }
     }
-    coalesce(first == 0 ? 0 : first - 1, std::min(last + 1, segments_.size()));
+    coalesce(first == segments_.begin() ? first : std::prev(first),
+             last == segments_.end() ? last : std::next(last));
   }
 
  private:
@@ -99,39 +102,37 @@ class ByteHistory {
     seg.reads.push_back(stamp);
   }
 
-  // Index of the segment starting at `at`, splitting one if needed; size() when at == size_.
-  std::size_t split_at(std::uint64_t at) {
-    auto it = std::upper_bound(segments_.begin(), segments_.end(), at,
-                               [](std::uint64_t x, const Segment& s) { return x < s.begin; });
-    std::size_t i = static_cast<std::size_t>(it - segments_.begin()) - 1;
-    if (segments_[i].begin == at) return i;
-    if (at >= segments_[i].end) return i + 1;
-    Segment tail = segments_[i];
+  // A map from each segment's first byte: a split is a node insertion, where a vector's insert
+  // moved every later segment (an op that reads one slice per rank of a 1,024-rank gather splits
+  // one buffer 1,024 times).
+  using Segments = std::map<std::uint64_t, Segment>;
+
+  // The segment starting at `at`, splitting one if needed; end() when at == size_.
+  Segments::iterator split_at(std::uint64_t at) {
+    if (at >= size_) return segments_.end();
+    auto it = std::prev(segments_.upper_bound(at));
+    if (it->first == at) return it;
+    Segment tail = it->second;
     tail.begin = at;
-    segments_[i].end = at;
-    segments_.insert(segments_.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::move(tail));
-    return i + 1;
+    it->second.end = at;
+    return segments_.emplace_hint(std::next(it), at, std::move(tail));
   }
 
-  void coalesce(std::size_t from, std::size_t to) {
-    if (to <= from + 1) return;
-    std::size_t out = from;
-    for (std::size_t i = from + 1; i < to; ++i) {
-      if (segments_[out].same_state(segments_[i])) {
-        segments_[out].end = segments_[i].end;
+  // Merges neighbours in [from, to) that hold the same state.
+  void coalesce(Segments::iterator from, Segments::iterator to) {
+    if (from == to) return;
+    auto out = from;
+    for (auto it = std::next(from); it != to;) {
+      if (out->second.same_state(it->second)) {
+        out->second.end = it->second.end;
+        it = segments_.erase(it);
       } else {
-        ++out;
-        if (out != i) segments_[out] = std::move(segments_[i]);
+        out = it++;
       }
     }
-    const std::size_t removed = to - out - 1;
-    if (removed > 0) {
-      segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(out) + 1,
-                      segments_.begin() + static_cast<std::ptrdiff_t>(to));
-    }
   }
 
-  std::vector<Segment> segments_;
+  Segments segments_;
   std::uint64_t size_ = 0;
 };
 
