@@ -30,6 +30,10 @@
 //  - Access ranges are in bytes, half-open [offset, offset + bytes), and cover only meaningful
 //    bytes: padding that DeepSpeed adds to make a parameter divisible by the world size is never
 //    read, so it never appears in an access.
+//  - Storage: ranks that issue the same ops on their own groups share one copy (OpList); a
+//    reader gets each op by value, with the rank's own group in it: a `const Op&` bound to
+//    ops[i] holds a copy for as long as the reference lives, and a pointer to it dangles after
+//    that. Write through ops.mut().
 #pragma once
 
 #include <compare>
