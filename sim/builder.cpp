@@ -762,7 +762,6 @@ Schedule build_schedule(const Scenario& sc) {
   s.units = ctx.units;
   s.groups = ctx.groups;
   s.ranks.reserve(ctx.world);
-  s.ranks.reserve(static_cast<std::size_t>(ctx.world));
   for (Rank r = 0; r < ctx.world; ++r) {
     s.ranks.push_back(RankEmitter(ctx, r).emit());
     if (r > 0) share_alike(s.ranks.back(), s.ranks.front());  // one copy of what ranks issue alike
