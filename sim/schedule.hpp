@@ -39,7 +39,6 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -193,15 +192,10 @@ class SharedVector {
   using value_type = T;
   using const_iterator = typename std::vector<T>::const_iterator;
 
-  SharedVector() = default;
-  SharedVector(std::initializer_list<T> init) : v_(std::make_shared<std::vector<T>>(init)) {}
-
   std::size_t size() const { return v_ ? v_->size() : 0; }
   bool empty() const { return size() == 0; }
   const T& operator[](std::size_t i) const { return (*v_)[i]; }
   const T& at(std::size_t i) const { return get().at(i); }
-  const T& front() const { return v_->front(); }
-  const T& back() const { return v_->back(); }
   const_iterator begin() const { return get().begin(); }
   const_iterator end() const { return get().end(); }
   /** The contents as a vector, to read. */
@@ -217,12 +211,6 @@ class SharedVector {
     return *v_;
   }
   void push_back(T value) { mut().push_back(std::move(value)); }
-  template <class... Args>
-  T& emplace_back(Args&&... args) {
-    return mut().emplace_back(std::forward<Args>(args)...);
-  }
-  void reserve(std::size_t n) { mut().reserve(n); }
-  void clear() { v_.reset(); }
 
   /** True when both hold one shared copy. */
   bool shares_with(const SharedVector& other) const { return v_ && v_ == other.v_; }
@@ -299,19 +287,12 @@ class OpList {
     if (groups_ && op.group != kNoGroup) op.group = (*groups_)[static_cast<std::size_t>(op.group)];
     return op;
   }
-  Op front() const { return (*this)[0]; }
-  Op back() const { return (*this)[size() - 1]; }
   const_iterator begin() const { return {this, 0}; }
   const_iterator end() const { return {this, size()}; }
 
   /** The ops to write: this rank's own copy, its groups in place. */
   std::vector<Op>& mut();
   void push_back(const Op& op) { mut().push_back(op); }
-  void reserve(std::size_t n) { mut().reserve(n); }
-  void clear() {
-    ops_.clear();
-    groups_.reset();
-  }
 
   /** True when both read one shared copy (with their own groups, perhaps). */
   bool shares_with(const OpList& other) const { return ops_.shares_with(other.ops_); }

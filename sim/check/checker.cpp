@@ -106,12 +106,14 @@ class Checker {
   void advance(RankState& rs);
   bool step(RankState& rs, std::uint32_t index);
   void absorb_host(RankState& rs, StreamId s);
-  void wait_for_event(RankState& rs, std::uint32_t index, Clock& waiter);
-  void check_accesses(RankState& rs, std::uint32_t index, const Clock& clock, int thread);
-  void track_versions(RankState& rs, std::uint32_t index);
-  bool rewrites_same_data(const RankState& rs, std::uint32_t index, BufferId buffer) const;
+  // The helpers of step() take the op it read: an OpList gives each op by value.
+  void wait_for_event(RankState& rs, std::uint32_t index, const Op& op, Clock& waiter);
+  void check_accesses(RankState& rs, std::uint32_t index, const Op& op, const Clock& clock,
+                      int thread);
+  void track_versions(RankState& rs, std::uint32_t index, const Op& op);
+  bool rewrites_same_data(const RankState& rs, const Op& op, BufferId buffer) const;
   void lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index);
-  void arrive(RankState& rs, std::uint32_t index);
+  void arrive(RankState& rs, std::uint32_t index, const Op& op);
   void complete(std::uint64_t key, bool forced);
   void check_signatures(GroupId g, std::uint32_t seq, const Instance& inst);
   void report_hang(GroupId g, std::uint32_t seq, const Instance& inst);
@@ -282,11 +284,11 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
     case OpKind::kStreamWaitEvent: {
       if (op.stream == kHostStream) malformed(rs, index, "event waited on the host");
       absorb_host(rs, op.stream);
-      wait_for_event(rs, index, rs.streams[op.stream]);
+      wait_for_event(rs, index, op, rs.streams[op.stream]);
       return true;
     }
     case OpKind::kHostEventSync:
-      wait_for_event(rs, index, rs.host);
+      wait_for_event(rs, index, op, rs.host);
       ++rs.host.own[0];
       ++rs.host_gen;
       return true;
@@ -301,14 +303,14 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
   if (is_collective(op.kind)) {
     if (op.stream == kHostStream) malformed(rs, index, "collective on the host");
     absorb_host(rs, op.stream);
-    check_accesses(rs, index, rs.streams[op.stream], thread_of(op.stream));
-    track_versions(rs, index);
-    arrive(rs, index);
+    check_accesses(rs, index, op, rs.streams[op.stream], thread_of(op.stream));
+    track_versions(rs, index, op);
+    arrive(rs, index, op);
     return true;
   }
   if (op.stream == kHostStream) {
-    check_accesses(rs, index, rs.host, 0);
-    track_versions(rs, index);
+    check_accesses(rs, index, op, rs.host, 0);
+    track_versions(rs, index, op);
     if (op.access_count > 0) {
       ++rs.host.own[0];
       ++rs.host_gen;
@@ -316,13 +318,13 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
     return true;
   }
   absorb_host(rs, op.stream);
-  check_accesses(rs, index, rs.streams[op.stream], thread_of(op.stream));
-  track_versions(rs, index);
+  check_accesses(rs, index, op, rs.streams[op.stream], thread_of(op.stream));
+  track_versions(rs, index, op);
   return true;
 }
 
-void Checker::wait_for_event(RankState& rs, std::uint32_t index, Clock& waiter) {
-  const EventId e = rs.schedule->ops[index].event;
+void Checker::wait_for_event(RankState& rs, std::uint32_t index, const Op& op, Clock& waiter) {
+  const EventId e = op.event;
   auto it = rs.events.find(e);
   if (it == rs.events.end()) {
     malformed(rs, index, fmt::format("waits for event {}, never recorded before", e));
@@ -347,9 +349,9 @@ void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t in
   b.last_writer = kNoOp;
 }
 
-void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& clock, int thread) {
+void Checker::check_accesses(RankState& rs, std::uint32_t index, const Op& op, const Clock& clock,
+                             int thread) {
   const Rank r = rs.schedule->rank;
-  const Op& op = rs.schedule->ops[index];
   const AccessStamp stamp{index, clock.own[thread], static_cast<std::uint8_t>(thread)};
   auto ordered = [&clock](const AccessStamp& prior) {
     return clock.own[prior.thread] >= prior.tick;
@@ -373,7 +375,7 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
     bool uninit_seen = false;
     std::uint64_t uninit_lo = 0;
     std::uint64_t uninit_hi = 0;
-    const bool rewrite = a.mode == AccessMode::kWrite && rewrites_same_data(rs, index, a.buffer);
+    const bool rewrite = a.mode == AccessMode::kWrite && rewrites_same_data(rs, op, a.buffer);
     const auto key = [](std::uint32_t op_index, BufferId buffer) {
       return static_cast<std::uint64_t>(op_index) << 32 | static_cast<std::uint32_t>(buffer);
     };
@@ -418,8 +420,7 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Clock& cl
 // that is unordered with it sees the same data whether it runs before, during or after it: the
 // pair is not a race. A copy into a fresh secondary (after invalidate_secondary_tensor) or of
 // new data (after the optimizer step) is one, and stays reported.
-bool Checker::rewrites_same_data(const RankState& rs, std::uint32_t index, BufferId buffer) const {
-  const Op& op = rs.schedule->ops[index];
+bool Checker::rewrites_same_data(const RankState& rs, const Op& op, BufferId buffer) const {
   const Buffer& target = rs.schedule->buffers[buffer];
   const BufferState& held = rs.buffers[buffer];
   if (op.kind != OpKind::kCopy || target.role != BufferRole::kSecondary || target.unit < 0 ||
@@ -442,9 +443,8 @@ bool Checker::rewrites_same_data(const RankState& rs, std::uint32_t index, Buffe
 // unit. A primary shard write bumps its unit's version, except when it copies the unit's data
 // from another of its buffers (DeepSpeed moving a shard into its flat buffer): same data, same
 // version. An update that reads and writes the same primary (the optimizer) still bumps.
-void Checker::track_versions(RankState& rs, std::uint32_t index) {
+void Checker::track_versions(RankState& rs, std::uint32_t index, const Op& op) {
   const Rank r = rs.schedule->rank;
-  const Op& op = rs.schedule->ops[index];
   const auto units = static_cast<UnitId>(rs.unit_version.size());
   std::vector<UnitRead>& reads = unit_reads_;
   reads.clear();
@@ -491,8 +491,7 @@ void Checker::track_versions(RankState& rs, std::uint32_t index) {
   }
 }
 
-void Checker::arrive(RankState& rs, std::uint32_t index) {
-  const Op& op = rs.schedule->ops[index];
+void Checker::arrive(RankState& rs, std::uint32_t index, const Op& op) {
   const Rank r = rs.schedule->rank;
   if (op.group < 0 || op.group >= static_cast<GroupId>(schedule_.groups.size())) {
     malformed(rs, index, "collective names no group");
