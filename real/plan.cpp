@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
 #include <tuple>
 
 #include "real/pattern.hpp"
@@ -665,6 +666,10 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model) {
   if (model) {
     const std::string why = model_math_unfit(scenario);
     if (!why.empty()) throw InputError(scenario.path, "--compute", why);
+  }
+  // Accesses are indexed one range each here (run_real writes strided ones out first).
+  if (has_strided_accesses(schedule)) {
+    throw std::invalid_argument("make_plan: a strided access; pass unfold_strided(schedule)");
   }
   return PlanBuilder(scenario, schedule, model).build();
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "real/device.hpp"
 #include "real/gemm.hpp"
@@ -259,8 +260,11 @@ std::vector<double> step_losses(const Scenario& scenario, const Plan& plan, cons
 
 }  // namespace
 
-RealResult run_real(const Scenario& scenario, const Schedule& schedule,
-                    const RealOptions& options) {
+RealResult run_real(const Scenario& scenario, const Schedule& given, const RealOptions& options) {
+  // The plan and the backends index accesses one range each: strided ones written out.
+  std::optional<Schedule> unfolded;
+  if (has_strided_accesses(given)) unfolded = unfold_strided(given);
+  const Schedule& schedule = unfolded ? *unfolded : given;
   // The DeepSpeed builder's schedules (coalesced and quantized gathers through shared scratch
   // buffers, one NCCL stream per group) have not run on a GPU yet; the data replay cannot
   // follow them either (sim/replay/repro.cpp), so nothing would compare the tensors.

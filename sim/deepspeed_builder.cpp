@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -1371,13 +1372,31 @@ void RankBuilder::wait_handle(int hid) {
       alloc(ps_[p].full, current_, Purpose::kFetchWait);
       Op& cat = push(OpKind::kCopy, current_, Purpose::kParamFetch);
       const std::uint64_t numel = md_.params[p].numel;
-      for (int r = 0; r < h.group_size; ++r) {
-        const std::uint64_t start = static_cast<std::uint64_t>(r) * h.chunk[i];
-        if (start >= numel) continue;
-        const std::uint64_t n = std::min(numel - start, h.chunk[i]);
-        out_.accesses.push_back(
-            {h.flat, AccessMode::kRead,
-             (static_cast<std::uint64_t>(r) * h.per_rank_elems + h.offsets[i]) * dt, n * dt});
+      // One slice per rank that holds some of p (PP:688-694), each at p's offset in that rank's
+      // partition: one strided read for the ranks whose chunk is whole, one plain read for a
+      // last, shorter one (the rest of the world holds padding).
+      const std::uint64_t chunk = h.chunk[i];
+      const std::uint64_t whole =
+          chunk == 0
+              ? 0
+              : std::min<std::uint64_t>(numel / chunk, static_cast<std::uint64_t>(h.group_size));
+      const std::uint64_t stride = h.per_rank_elems * dt;
+      if (whole > 1 && whole <= std::numeric_limits<std::uint16_t>::max() &&
+          stride <= std::numeric_limits<std::uint32_t>::max()) {
+        Access a{h.flat, AccessMode::kRead, h.offsets[i] * dt, chunk * dt};
+        a.count = static_cast<std::uint16_t>(whole);
+        a.stride = static_cast<std::uint32_t>(stride);
+        out_.accesses.push_back(a);
+      } else {  // one slice, or beyond what Access's count and stride hold: slice by slice
+        for (std::uint64_t r = 0; r < whole; ++r) {
+          out_.accesses.push_back(
+              {h.flat, AccessMode::kRead, r * stride + h.offsets[i] * dt, chunk * dt});
+        }
+      }
+      if (whole < static_cast<std::uint64_t>(h.group_size) && whole * chunk < numel) {
+        out_.accesses.push_back({h.flat, AccessMode::kRead,
+                                 (whole * h.per_rank_elems + h.offsets[i]) * dt,
+                                 (numel - whole * chunk) * dt});
       }
       out_.accesses.push_back({ps_[p].full, AccessMode::kWrite, 0, numel * dt});
       cat.access_count = static_cast<std::uint32_t>(out_.accesses.size() - cat.access_begin);

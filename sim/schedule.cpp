@@ -66,6 +66,7 @@ Enum parse_name(const std::array<std::string_view, N>& names, std::string_view s
 // Op is the bulk of a large schedule (tens of millions at 1,024 ranks): keep new fields in its
 // padding.
 static_assert(sizeof(Op) <= 72, "Op grew");
+static_assert(sizeof(Access) <= 32, "Access grew");
 
 }  // namespace
 
@@ -125,6 +126,44 @@ bool OpList::share_if_same(const OpList& other) {
 void share_alike(RankSchedule& r, const RankSchedule& base) {
   r.ops.share_if_same(base.ops);
   r.buffers.share_if_equal(base.buffers);
+}
+
+bool has_strided_accesses(const Schedule& schedule) {
+  for (const RankSchedule& rs : schedule.ranks) {
+    for (const Access& a : rs.accesses) {
+      if (a.strided()) return true;
+    }
+  }
+  return false;
+}
+
+Schedule unfold_strided(const Schedule& schedule) {
+  Schedule out = schedule;
+  for (RankSchedule& rs : out.ranks) {
+    if (std::none_of(rs.accesses.begin(), rs.accesses.end(),
+                     [](const Access& a) { return a.strided(); })) {
+      continue;
+    }
+    std::vector<Access> plain;
+    std::vector<Op>& ops = rs.ops.mut();
+    for (Op& op : ops) {
+      const auto begin = static_cast<std::uint32_t>(plain.size());
+      for (std::uint32_t k = 0; k < op.access_count; ++k) {
+        Access a = rs.accesses[op.access_begin + k];
+        if (!a.strided()) {
+          plain.push_back(a);
+          continue;
+        }
+        a.for_each_slice([&](std::uint64_t lo, std::uint64_t hi) {
+          plain.push_back({a.buffer, a.mode, lo, hi - lo});
+        });
+      }
+      op.access_begin = begin;
+      op.access_count = static_cast<std::uint32_t>(plain.size() - begin);
+    }
+    rs.accesses = std::move(plain);
+  }
+  return out;
 }
 
 int step_count(const Schedule& schedule) {

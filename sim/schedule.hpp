@@ -29,7 +29,9 @@
 //    when `fill` is stale.
 //  - Access ranges are in bytes, half-open [offset, offset + bytes), and cover only meaningful
 //    bytes: padding that DeepSpeed adds to make a parameter divisible by the world size is never
-//    read, so it never appears in an access.
+//    read, so it never appears in an access. A strided access (count > 1) is its slices, each
+//    such a range, and means exactly what as many plain accesses would; unfold_strided() writes
+//    them out for readers that index accesses one range each (the data replay, the executor).
 //  - Storage: ranks that issue the same ops on their own groups share one copy (OpList); a
 //    reader gets each op by value, with the rank's own group in it: a `const Op&` bound to
 //    ops[i] holds a copy for as long as the reference lives, and a pointer to it dangles after
@@ -142,12 +144,31 @@ enum class BufferRole : std::uint8_t {
 /** Read or write. */
 enum class AccessMode : std::uint8_t { kRead, kWrite };
 
-/** One byte range an op reads or writes. */
+/** The bytes an op reads or writes of one buffer: one range, or `count` ranges of `bytes` each
+ *  `stride` bytes apart (a strided access: a coalesced gather's torch.cat reads one slice per
+ *  rank out of its flat buffer, and at 1,024 ranks 1,024 plain ranges per copy would make each
+ *  rank's accesses grow with the world). Slices are disjoint and ascending: stride >= bytes. */
 struct Access {
   BufferId buffer = 0;
   AccessMode mode = AccessMode::kRead;
-  std::uint64_t offset = 0;  ///< bytes from the buffer's start
-  std::uint64_t bytes = 0;
+  std::uint64_t offset = 0;  ///< bytes from the buffer's start to the first slice
+  std::uint64_t bytes = 0;   ///< bytes of each slice
+  // Narrow, so that an Access stays 32 bytes (at 1,024 ranks each rank holds ~40 K of them);
+  // a builder writes slices out as plain accesses where these do not reach.
+  std::uint32_t stride = 0;  ///< from one slice's start to the next one's; count > 1 only
+  std::uint16_t count = 1;   ///< slices: [offset + i * stride, + bytes) for i < count
+
+  bool strided() const { return count > 1; }
+  /** One past the last byte of the last slice. */
+  std::uint64_t end() const { return offset + std::uint64_t{count - 1u} * stride + bytes; }
+  /** Bytes of all slices. */
+  std::uint64_t total_bytes() const { return count * bytes; }
+  /** Calls f(begin, end) for every slice, ascending. */
+  template <class F>
+  void for_each_slice(F&& f) const {
+    for (std::uint64_t i = 0; i < count; ++i) f(offset + i * stride, offset + i * stride + bytes);
+  }
+  bool operator==(const Access&) const = default;
 };
 
 /** A named allocation of one rank. */
@@ -372,6 +393,14 @@ struct Schedule {
     return std::span<const Access>(ranks[r].accesses).subspan(op.access_begin, op.access_count);
   }
 };
+
+/** True when some access of the schedule is strided (Access::count > 1). */
+bool has_strided_accesses(const Schedule& schedule);
+
+/** The schedule with every strided access written out as its slices, one plain access each, in
+ *  the same place among the op's accesses. Ops keep their indices; a rank whose accesses move
+ *  gets its own op list. */
+Schedule unfold_strided(const Schedule& schedule);
 
 /** True for the four collective kinds. */
 bool is_collective(OpKind kind);

@@ -22,7 +22,12 @@ using nlohmann::json;
 constexpr int kFormatVersion = 1;
 
 json access_to_json(const Access& a) {
-  return json::array({a.buffer, a.mode == AccessMode::kWrite ? "w" : "r", a.offset, a.bytes});
+  json j = json::array({a.buffer, a.mode == AccessMode::kWrite ? "w" : "r", a.offset, a.bytes});
+  if (a.strided()) {
+    j.push_back(a.count);
+    j.push_back(a.stride);
+  }
+  return j;
 }
 
 json op_to_json(const RankSchedule& rank, const Op& op) {
@@ -243,8 +248,10 @@ void check_refs(const Reader& rd, const Op& op, const std::string& path, const O
 
 Access read_access(const Reader& rd, const json& ja, const std::string& apath,
                    const RankSchedule& rank) {
-  if (!ja.is_array() || ja.size() != 4)
-    rd.fail(apath, "expected [buffer, \"r\"|\"w\", offset, bytes]");
+  if (!ja.is_array() || (ja.size() != 4 && ja.size() != 6))
+    rd.fail(apath,
+            "expected [buffer, \"r\"|\"w\", offset, bytes] or, strided, [buffer, "
+            "\"r\"|\"w\", offset, bytes, count, stride]");
   Access a;
   a.buffer = rd.as<BufferId>(ja[0], apath);
   if (a.buffer >= rank.buffers.size()) rd.fail(apath, "no such buffer");
@@ -254,6 +261,20 @@ Access read_access(const Reader& rd, const json& ja, const std::string& apath,
   a.offset = rd.as<std::uint64_t>(ja[2], apath);
   a.bytes = rd.as<std::uint64_t>(ja[3], apath);
   const Buffer& b = rank.buffers[a.buffer];
+  if (ja.size() == 6) {
+    a.count = rd.as<std::uint16_t>(ja[4], apath);
+    a.stride = rd.as<std::uint32_t>(ja[5], apath);
+    if (a.count < 2) rd.fail(apath, "a strided access has a count of 2 or more");
+    if (a.stride < a.bytes || a.bytes == 0) {
+      rd.fail(apath, "a strided access's slices are disjoint and not empty: 0 < bytes <= stride");
+    }
+    // Hull check without overflow: (count - 1) * stride + bytes <= buffer bytes - offset.
+    if (a.bytes > b.bytes || a.offset > b.bytes - a.bytes ||
+        a.stride > (b.bytes - a.offset - a.bytes) / (std::uint64_t{a.count} - 1)) {
+      rd.fail(apath, fmt::format("past the end of buffer {} ({} bytes)", b.name, b.bytes));
+    }
+    return a;
+  }
   if (a.bytes > b.bytes || a.offset > b.bytes - a.bytes) {
     rd.fail(apath, fmt::format("past the end of buffer {} ({} bytes)", b.name, b.bytes));
   }

@@ -9,7 +9,9 @@
 
 namespace hpz {
 
-/** The JSON form of a schedule: {"format": "hpzlab-schedule", "version": 1, ...}. */
+/** The JSON form of a schedule: {"format": "hpzlab-schedule", "version": 1, ...}. An op's
+ *  accesses are [buffer, "r"|"w", offset, bytes], or, strided, [buffer, "r"|"w", offset, bytes,
+ *  count, stride] (Access: count 2 to 65535, 0 < bytes <= stride < 2^32). */
 nlohmann::json schedule_to_json(const Schedule& schedule);
 
 /** Reads the JSON form back; throws InputError naming `where` and the offending key. Besides

@@ -125,6 +125,7 @@ std::string format_rank(const Schedule& s, Rank r) {
     for (const Access& a : s.accesses_of(r, op)) {
       line += fmt::format(" | {} {}[{}, {})", a.mode == AccessMode::kWrite ? "W" : "R",
                           rank.buffers[a.buffer].name, a.offset, a.offset + a.bytes);
+      if (a.strided()) line += fmt::format(" x{} every {}", a.count, a.stride);
     }
     out += line + "\n";
   }

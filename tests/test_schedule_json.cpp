@@ -381,6 +381,49 @@ TEST(ScheduleJson, NamesTheOffendingKey) {
   }
 }
 
+// A strided access is [buffer, mode, offset, bytes, count, stride]; a plain one keeps its four
+// fields. Bad strides are refused with the access's path.
+TEST(ScheduleJson, AStridedAccessRoundTripsAndBadOnesAreRefused) {
+  nlohmann::json j = schedule_to_json(tiny_schedule());
+  nlohmann::json* acc = nullptr;
+  for (auto& op : j["ranks"][0]["ops"]) {
+    if (op.contains("accesses") && op["accesses"][0][1] == "r") {
+      acc = &op["accesses"][0];
+      break;
+    }
+  }
+  ASSERT_NE(acc, nullptr);
+  const std::uint64_t bytes = (*acc)[3].get<std::uint64_t>();
+  ASSERT_GE(bytes, 4u);
+  const nlohmann::json plain = *acc;
+  *acc = {plain[0], "r", 0, 1, 2, bytes - 1};  // bytes [0, 1) and [bytes - 1, bytes)
+  const Schedule s = schedule_from_json(j);
+  EXPECT_TRUE(has_strided_accesses(s));
+  EXPECT_EQ(schedule_to_json(s), j);
+  const Schedule flat = unfold_strided(s);
+  EXPECT_FALSE(has_strided_accesses(flat));
+  EXPECT_EQ(flat.ranks[0].accesses.size(), s.ranks[0].accesses.size() + 1);
+  for (std::size_t i = 0; i < s.ranks[0].ops.size(); ++i) {
+    EXPECT_EQ(flat.ranks[0].ops[i].kind, s.ranks[0].ops[i].kind);  // ops keep their indices
+  }
+  const auto refused = [&](const nlohmann::json& bad) {
+    *acc = bad;
+    const std::string e = error_of(j);
+    *acc = plain;
+    return e;
+  };
+  EXPECT_NE(refused({plain[0], "r", 0, 1, 1, 4}).find("count of 2 or more"), std::string::npos);
+  EXPECT_NE(refused({plain[0], "r", 0, 2, 2, 1}).find("0 < bytes <= stride"), std::string::npos);
+  EXPECT_NE(refused({plain[0], "r", 0, 1, 2, 1ull << 31}).find("past the end of buffer"),
+            std::string::npos);
+  EXPECT_NE(refused({plain[0], "r", 0, 1, 65535, 4000000000u}).find("past the end"),
+            std::string::npos);
+  EXPECT_NE(refused({plain[0], "r", 0, 1, 70000, 4}).find("out of range"), std::string::npos);
+  EXPECT_NE(refused({plain[0], "r", 0, 1, 2, 1ull << 33}).find("out of range"), std::string::npos);
+  const std::string five = refused({plain[0], "r", 0, 1, 2});
+  EXPECT_NE(five.find("accesses[0]: expected"), std::string::npos) << five;
+}
+
 TEST(ScheduleJson, RejectsAccessToAMissingBuffer) {
   nlohmann::json j = schedule_to_json(tiny_schedule());
   for (auto& op : j["ranks"][0]["ops"]) {

@@ -149,8 +149,12 @@ std::string hang_of(const Schedule& s, const Timeline& t) {
       never_ran, first);
 }
 
-ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,
+ReplayResult replay(const Scenario& scenario, const Schedule& given, const Timeline& timeline,
                     Mode mode) {
+  // The data engine and the domains index accesses one range each: strided ones written out.
+  std::optional<Schedule> unfolded;
+  if (has_strided_accesses(given)) unfolded = unfold_strided(given);
+  const Schedule& schedule = unfolded ? *unfolded : given;
   ReplayResult out;
   out.mode = mode;
   if (mode == Mode::kNumeric) {
