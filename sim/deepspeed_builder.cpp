@@ -540,6 +540,7 @@ struct Handle {
   // qwZ: the int8 gather's buffer, the scales' buffer and the scales' collective's end event.
   bool quantized = false;
   BufferId qbuf = kNoBuffer, sbuf = kNoBuffer;
+  StreamId q_stream = kHostStream;  // the stream both were allocated on
   EventId scale_end = kNoEvent;
 };
 
@@ -1065,10 +1066,16 @@ void RankBuilder::fetch_sub_module(int module, bool forward) {
       wait_handle(h);
       // `__inflight_param_registry.pop(param).wait()`: the last pop drops the handle, and with
       // it the partitions that keep a coalesced gather's flat tensor alive (PP:640-702), so the
-      // allocator takes the flat buffer back (on the stream it was allocated on).
-      if (Handle& hd = handles_[static_cast<std::size_t>(h)];
-          --hd.registered == 0 && hd.coalesced && hd.flat != kNoBuffer) {
-        free(hd.flat, hd.flat_stream, Purpose::kFetchWait);
+      // allocator takes the flat buffer back (on the stream it was allocated on). A qwZ
+      // handle's QuantizationInfo goes with it, after the partitions (attributes go in the
+      // order they were set): the int8 gather buffer, then the scales' (PP:1241-1245, 1303-1307).
+      if (Handle& hd = handles_[static_cast<std::size_t>(h)]; --hd.registered == 0) {
+        if (hd.coalesced && hd.flat != kNoBuffer)
+          free(hd.flat, hd.flat_stream, Purpose::kFetchWait);
+        if (hd.quantized) {
+          free(hd.qbuf, hd.q_stream, Purpose::kFetchWait);
+          free(hd.sbuf, hd.q_stream, Purpose::kFetchWait);
+        }
       }
       ongoing_fetch_events_.push_back(record(sag_, Purpose::kFetchWait));
       current_ = saved_stream;
@@ -1287,6 +1294,7 @@ void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
   const UnitId saved_unit = unit_;
   unit_ = h.params[0];
   h.qbuf = buffer("allgather.int8", BufferRole::kQuantized, kNoUnit, partition_sz * group_size);
+  h.q_stream = current_;
   alloc(h.qbuf, current_, purpose_);
   std::vector<Access> src;
   for (int p : h.params) src.push_back(shard_read(p, use_secondary, rank_in_group));
@@ -1309,6 +1317,8 @@ void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
   src.push_back({q, AccessMode::kWrite, 0, partition_sz + groups * 4});
   push(OpKind::kQuantize, current_, purpose_, src).mem_bytes =
       static_cast<double>(partition_sz * dt + partition_sz + groups * 4);
+  // The torch.cat was quantize()'s argument only: dropped when it returns (PP:1283-1290).
+  if (h.coalesced) free(src.front().buffer, current_, purpose_);
   h.sbuf = buffer("allgather.scales", BufferRole::kScratch, kNoUnit, groups * 4 * group_size);
   // The scales' buffer is made before the values' gather when several are gathered (PP:1292),
   // after it for one (PP:1234-1239).
@@ -1320,6 +1330,9 @@ void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
   h.scale_end = collective(OpKind::kAllGather, g, groups * 4,
                            {{q, AccessMode::kRead, partition_sz, groups * 4},
                             {h.sbuf, AccessMode::kWrite, 0, groups * 4 * group_size}});
+  // quantized_param and scales are the function's locals: dropped when it returns with the
+  // handle (PP:1247, 1318); the collectives' own use is the allocator's business (record_stream).
+  free(q, current_, purpose_);
   unit_ = saved_unit;
 }
 

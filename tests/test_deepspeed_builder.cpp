@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/check/report.hpp"
 #include "sim/deepspeed_builder.hpp"
@@ -227,6 +228,39 @@ TEST(DeepSpeedBuilder, StridedReadsGiveTheVerdictTheirSlicesGive) {
     }
   }
   EXPECT_GE(checked, 2);  // stock 0.13.4 races and 0.13.1 reads stale: findings were compared
+}
+
+// Every gather's staging buffer goes back to the allocator: the flat buffer and qwZ's int8,
+// scales, torch.cat and quantize outputs, each freed once after its last use, on the stream it
+// was allocated on (PP:1224-1318 and the handles' lifetimes, PP:640-702).
+TEST(DeepSpeedBuilder, EveryGathersStagingBufferIsFreedOnItsStream) {
+  const Scenario sc =
+      load_scenario(test::scenario_path("llama2-7b"), {{"run.builder", "deepspeed"}});
+  ASSERT_TRUE(sc.zero.zero_quantized_weights);
+  const Schedule s = build_schedule(sc);
+  const RankSchedule& rs = s.ranks[0];
+  std::map<BufferId, StreamId> live;
+  std::map<std::string, int> freed;
+  for (const Op& op : rs.ops) {
+    if (op.kind != OpKind::kAlloc && op.kind != OpKind::kFree) continue;
+    const std::string& name = rs.buffers[op.buffer].name;
+    if (name.rfind("allgather.", 0) != 0 && name != "quantize.out") continue;
+    if (op.kind == OpKind::kAlloc) {
+      ASSERT_TRUE(live.emplace(op.buffer, op.stream).second) << name << " allocated twice";
+    } else {
+      const auto it = live.find(op.buffer);
+      ASSERT_NE(it, live.end()) << name << " freed while not allocated";
+      EXPECT_EQ(it->second, op.stream) << name;
+      live.erase(it);
+      ++freed[name];
+    }
+  }
+  EXPECT_TRUE(live.empty()) << live.size() << " staging buffers never freed, the first "
+                            << rs.buffers[live.begin()->first].name;
+  for (const char* name : {"allgather.int8", "allgather.scales", "quantize.out", "allgather.cat",
+                           "allgather.dequantized"}) {
+    EXPECT_GT(freed[name], 0) << name;
+  }
 }
 
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
