@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
@@ -55,6 +56,30 @@ json op_to_json(const RankSchedule& rank, const Op& op) {
     }
     j["accesses"] = std::move(accesses);
   }
+  return j;
+}
+
+/** A rank written like `base` (written in full before it), when the two share one op list and
+ *  buffer table (OpList::shares_with): {"rank", "like", "groups": [[g, g2], ...], "accesses":
+ *  [[op, [access, ...]], ...]}, the accesses only of the ops whose accesses differ. */
+json like_to_json(const Schedule& s, const RankSchedule& rank, const RankSchedule& base) {
+  std::map<GroupId, GroupId> to;
+  json accesses = json::array();
+  for (std::size_t i = 0; i < rank.ops.size(); ++i) {
+    const Op ours = rank.ops[i];
+    const Op theirs = base.ops[i];
+    if (ours.group != kNoGroup && ours.group != theirs.group) to[theirs.group] = ours.group;
+    const auto a = s.accesses_of(rank.rank, ours);
+    const auto b = s.accesses_of(base.rank, theirs);
+    if (std::equal(a.begin(), a.end(), b.begin(), b.end())) continue;
+    json list = json::array();
+    for (const Access& x : a) list.push_back(access_to_json(x));
+    accesses.push_back(json::array({i, std::move(list)}));
+  }
+  json groups = json::array();
+  for (const auto& [g, g2] : to) groups.push_back(json::array({g, g2}));
+  json j = {{"rank", rank.rank}, {"like", base.rank}, {"groups", std::move(groups)}};
+  if (!accesses.empty()) j["accesses"] = std::move(accesses);
   return j;
 }
 
@@ -383,6 +408,37 @@ std::unordered_map<GroupId, GroupId> read_group_map(const Reader& rd, const json
   return to;
 }
 
+/** The optional "accesses" of a rank written like another: [[op, [access, ...]], ...], ops in
+ *  ascending order, each with as many accesses as the op has; they replace that op's. */
+void read_like_accesses(const Reader& rd, const json& j, const std::string& path,
+                        RankSchedule& rank) {
+  if (!j.contains("accesses")) return;
+  const auto& list = rd.list(j, "accesses", path);
+  std::size_t next = 0;  // the lowest op index the next entry may name
+  for (std::size_t k = 0; k < list.size(); ++k) {
+    const std::string at = path + ".accesses[" + std::to_string(k) + "]";
+    const json& entry = list[k];
+    if (!entry.is_array() || entry.size() != 2 || !entry[1].is_array()) {
+      rd.fail(at, "expected [op, [access, ...]]");
+    }
+    const auto op = rd.as<std::uint32_t>(entry[0], at + "[0]");
+    if (op < next || op >= rank.ops.size()) {
+      rd.fail(at + "[0]", fmt::format("expected an op index in ascending order, {} to {}", next,
+                                      rank.ops.size() - 1));
+    }
+    next = static_cast<std::size_t>(op) + 1;
+    const Op o = rank.ops[op];
+    if (entry[1].size() != o.access_count) {
+      rd.fail(at + "[1]",
+              fmt::format("op {} has {} accesses, not {}", op, o.access_count, entry[1].size()));
+    }
+    for (std::uint32_t i = 0; i < o.access_count; ++i) {
+      rank.accesses[o.access_begin + i] =
+          read_access(rd, entry[1][i], at + "[1][" + std::to_string(i) + "]", rank);
+    }
+  }
+}
+
 /** A rank written as {"rank": r, "like": R, "groups": [[g, g2], ...]} (how a recorder writes
  *  the ranks it did not record): rank R's schedule, which is written in full, with every op on
  *  group g moved to group g2. */
@@ -407,6 +463,7 @@ RankSchedule read_like(const Reader& rd, const json& j, const std::string& path,
                           g.name, i, like));
     }
   }
+  read_like_accesses(rd, j, path, rank);
   share_alike(rank, s.ranks[static_cast<std::size_t>(like)]);  // one copy of the ops again
   return rank;
 }
@@ -492,7 +549,7 @@ void read_sizes(const Reader& rd, const json& j, Schedule& s) {
 
 }  // namespace
 
-json schedule_to_json(const Schedule& s) {
+json schedule_to_json(const Schedule& s, bool compact) {
   json units = json::array();
   for (const auto& u : s.units) {
     units.push_back({{"name", u.name},
@@ -509,7 +566,22 @@ json schedule_to_json(const Schedule& s) {
     groups.push_back({{"name", g.name}, {"kind", to_string(g.kind)}, {"ranks", g.ranks}});
   }
   json ranks = json::array();
-  for (const auto& r : s.ranks) ranks.push_back(rank_to_json(r));
+  std::vector<std::size_t> full;  // ranks written in full so far
+  for (const auto& r : s.ranks) {
+    const auto base = std::find_if(full.begin(), full.end(), [&](std::size_t f) {
+      const RankSchedule& b = s.ranks[f];
+      return r.ops.shares_with(b.ops) && r.buffers.shares_with(b.buffers) &&
+             r.streams.size() == b.streams.size() &&
+             std::equal(r.streams.begin(), r.streams.end(), b.streams.begin(),
+                        [](const Stream& x, const Stream& y) { return x.name == y.name; });
+    });
+    if (compact && base != full.end()) {
+      ranks.push_back(like_to_json(s, r, s.ranks[*base]));
+    } else {
+      ranks.push_back(rank_to_json(r));
+      full.push_back(static_cast<std::size_t>(r.rank));
+    }
+  }
   json j = {{"format", "hpzlab-schedule"},
             {"version", kFormatVersion},
             {"scenario", s.scenario},

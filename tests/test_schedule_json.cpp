@@ -8,6 +8,7 @@
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/scenario.hpp"
 #include "sim/schedule_json.hpp"
 #include "tests/paths.hpp"
 
@@ -422,6 +423,55 @@ TEST(ScheduleJson, AStridedAccessRoundTripsAndBadOnesAreRefused) {
   EXPECT_NE(refused({plain[0], "r", 0, 1, 2, 1ull << 33}).find("out of range"), std::string::npos);
   const std::string five = refused({plain[0], "r", 0, 1, 2});
   EXPECT_NE(five.find("accesses[0]: expected"), std::string::npos) << five;
+}
+
+// schedule_to_json(s, true) writes a rank that shares another's ops and buffers as {"like",
+// "groups", "accesses"}: only the accesses that differ. It reads back as the full form.
+TEST(ScheduleJson, CompactFormReadsBackAsTheFullOne) {
+  for (const char* builder : {"coarse", "deepspeed"}) {
+    const Scenario sc = load_scenario(test::scenario_path("tiny"), {{"run.builder", builder}});
+    const Schedule s = build_schedule(sc);
+    const nlohmann::json full = schedule_to_json(s);
+    const nlohmann::json compact = schedule_to_json(s, true);
+    int like = 0, overridden = 0;
+    for (const auto& r : compact["ranks"]) {
+      like += r.contains("like") ? 1 : 0;
+      overridden += r.contains("accesses") ? 1 : 0;
+    }
+    EXPECT_EQ(like, s.world_size - 1) << builder;
+    if (std::string(builder) == "deepspeed") EXPECT_GT(overridden, 0);  // a flat buffer's offsets
+    EXPECT_LT(2 * compact.dump().size(), full.dump().size()) << builder;
+    const Schedule back = schedule_from_json(compact);
+    EXPECT_EQ(schedule_to_json(back), full) << builder;
+    EXPECT_EQ(schedule_to_json(back, true), compact) << builder;
+    for (std::size_t r = 1; r < back.ranks.size(); ++r) {
+      EXPECT_TRUE(back.ranks[r].ops.shares_with(back.ranks[0].ops)) << builder << " rank " << r;
+    }
+  }
+}
+
+TEST(ScheduleJson, ACompactRanksAccessesAreChecked) {
+  const Scenario sc = load_scenario(test::scenario_path("tiny"), {{"run.builder", "deepspeed"}});
+  const nlohmann::json good = schedule_to_json(build_schedule(sc), true);
+  const auto broken = [&](auto change) {
+    nlohmann::json j = good;
+    change(j["ranks"][1]);
+    return error_of(j);
+  };
+  ASSERT_TRUE(good["ranks"][1].contains("accesses"));
+  const std::string order = broken([](auto& r) {
+    r["accesses"].push_back(r["accesses"][0]);  // the first op again, after later ones
+  });
+  EXPECT_NE(order.find("ranks[1].accesses["), std::string::npos) << order;
+  EXPECT_NE(order.find("ascending order"), std::string::npos) << order;
+  const std::string count =
+      broken([](auto& r) { r["accesses"][0][1].push_back(r["accesses"][0][1][0]); });
+  EXPECT_NE(count.find("accesses, not"), std::string::npos) << count;
+  const std::string past = broken([](auto& r) { r["accesses"][0][1][0][3] = 1ull << 40; });
+  EXPECT_NE(past.find("ranks[1].accesses[0][1][0]: past the end of buffer"), std::string::npos)
+      << past;
+  const std::string shape = broken([](auto& r) { r["accesses"][0] = 7; });
+  EXPECT_NE(shape.find("expected [op, [access, ...]]"), std::string::npos) << shape;
 }
 
 TEST(ScheduleJson, RejectsAccessToAMissingBuffer) {

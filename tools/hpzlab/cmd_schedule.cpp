@@ -1,5 +1,5 @@
-// `hpzlab schedule SCENARIO [--rank N] [--json FILE] [--schedule FILE]`: the schedule the builder
-// emits (or the one in FILE), summarized, one rank's ops, or all as JSON.
+// `hpzlab schedule SCENARIO [--rank N] [--json FILE [--compact]] [--schedule FILE]`: the schedule
+// the builder emits (or the one in FILE), summarized, one rank's ops, or all as JSON.
 #include <fmt/format.h>
 
 #include <optional>
@@ -15,6 +15,7 @@ namespace {
 struct ScheduleOptions {
   ScenarioOptions common;
   std::optional<int> rank;
+  bool compact = false;
 };
 
 void run_schedule(const ScheduleOptions& opts, int& exit_code) {
@@ -26,8 +27,11 @@ void run_schedule(const ScheduleOptions& opts, int& exit_code) {
                      fmt::format("rank {} does not exist (allowed: 0 to {})", *opts.rank,
                                  schedule.world_size - 1));
   }
+  if (opts.compact && opts.common.json.empty()) {
+    throw InputError("--compact", "", "shortens the JSON of --json FILE: give --json too");
+  }
   if (!opts.common.json.empty())
-    write_output(opts.common.json, schedule_to_json(schedule).dump(), "--json");
+    write_output(opts.common.json, schedule_to_json(schedule, opts.compact).dump(), "--json");
   if (opts.common.json != "-") {
     std::string text = schedule_summary(sc, schedule);
     if (opts.rank)
@@ -51,6 +55,11 @@ void setup_schedule(CLI::App& app, int& exit_code) {
   add_schedule_option(*sub, opts->common.schedule);
   const CLI::Option* rank =
       sub->add_option("--rank", opts->rank, "Print the operations of this rank, one line each");
+  sub->add_flag(
+      "--compact", opts->compact,
+      "With --json: write each rank that issues another's ops on its own groups as "
+      "{\"like\": R, \"groups\", \"accesses\"}, only the accesses that differ (a "
+      "DeepSpeed builder's schedule shrinks several times); read back like the full form");
   sub->callback([opts, rank, &exit_code] {
     require_value(*rank, opts->rank.has_value());
     run_schedule(*opts, exit_code);
