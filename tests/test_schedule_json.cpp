@@ -439,7 +439,9 @@ TEST(ScheduleJson, CompactFormReadsBackAsTheFullOne) {
       overridden += r.contains("accesses") ? 1 : 0;
     }
     EXPECT_EQ(like, s.world_size - 1) << builder;
-    if (std::string(builder) == "deepspeed") EXPECT_GT(overridden, 0);  // a flat buffer's offsets
+    if (std::string(builder) == "deepspeed") {
+      EXPECT_GT(overridden, 0);  // a flat buffer's offsets differ by rank
+    }
     EXPECT_LT(2 * compact.dump().size(), full.dump().size()) << builder;
     const Schedule back = schedule_from_json(compact);
     EXPECT_EQ(schedule_to_json(back), full) << builder;

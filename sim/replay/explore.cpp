@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -266,9 +267,13 @@ bool same_result(const ReplayResult& a, const ReplayResult& b) {
   return first_difference(a, b) < 0;
 }
 
-ExploreResult explore(const Scenario& scenario, const Schedule& schedule,
+ExploreResult explore(const Scenario& scenario, const Schedule& given,
                       const std::vector<RacePair>& pairs, const Timeline& timing,
                       const ExploreOptions& o) {
+  // Every order is replayed: strided accesses written out once, not at each replay().
+  std::optional<Schedule> unfolded;
+  if (has_strided_accesses(given)) unfolded = unfold_strided(given);
+  const Schedule& schedule = unfolded ? *unfolded : given;
   ExploreResult out;
   const Timeline serialized = serialized_timeline(schedule);
   out.reference = replay(scenario, schedule, serialized, o.mode);

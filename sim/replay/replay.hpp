@@ -81,7 +81,9 @@ Timeline serialized_timeline(const Schedule& schedule);
  * always pass; a schedule read from a file may not. */
 std::string replay_unsupported(const Schedule& schedule);
 
-/** Replays `schedule` (built from `scenario`) in the order `timeline` gives. */
+/** Replays `schedule` (built from `scenario`) in the order `timeline` gives. A schedule with
+ *  strided accesses is unfolded first (unfold_strided, a copy): callers that replay one schedule
+ *  many times unfold it once themselves. */
 ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,
                     Mode mode);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <optional>
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
@@ -45,8 +46,12 @@ std::optional<int> first_bad(const ReplayResult& run, const ReplayResult* base) 
 }
 
 /** `o.runs` seeded replays of one schedule. */
-VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Schedule& s, Mode mode,
-                         const ReproOptions& o, int& done, int total) {
+VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Schedule& given,
+                         Mode mode, const ReproOptions& o, int& done, int total) {
+  // Strided accesses written out once for all the runs, not at each replay().
+  std::optional<Schedule> unfolded;
+  if (has_strided_accesses(given)) unfolded = unfold_strided(given);
+  const Schedule& s = unfolded ? *unfolded : given;
   VariantRepro v;
   v.name = name;
   for (int k = 0; k < o.runs; ++k) {
