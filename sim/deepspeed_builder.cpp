@@ -625,6 +625,9 @@ class RankBuilder {
   std::vector<LabelId> module_label_;
   std::vector<ShardLayout> layouts_;
   std::vector<ParamState> ps_;
+  /** The optimizer's parameters, in model.parameters() order: all but the orphan (a tied
+   *  model's own lm_head weight, which only zero.Init ever sees; DsParam::orphan). */
+  std::vector<int> optimized_;
   std::vector<Handle> handles_;
 
   // PartitionedParameterCoordinator (COORD:78-130).
@@ -675,6 +678,9 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
   }
   for (const DsParam& p : md_.params) layouts_.emplace_back(p.numel, world_, hpz_);
   ps_.resize(md_.params.size());
+  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    if (!md_.params[p].orphan) optimized_.push_back(p);
+  }
   out_.rank = r;
   out_.streams.push_back({"S0"});
 }
@@ -835,15 +841,13 @@ void RankBuilder::init() {
   // device and each shard a view of it).
   barrier();
   std::vector<BufferId> moved(md_.params.size(), kNoBuffer);
-  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
-    if (md_.params[p].orphan) continue;  // not among the optimizer's parameters
+  for (const int p : optimized_) {
     moved[p] = buffer(md_.params[p].name + ".primary", BufferRole::kPrimary, static_cast<UnitId>(p),
                       layouts_[p].shard_numel() * dt_);
     unit_ = static_cast<UnitId>(p);
     alloc(moved[p], current_, Purpose::kParamInit);
   }
-  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
-    if (md_.params[p].orphan) continue;
+  for (const int p : optimized_) {
     const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
     unit_ = static_cast<UnitId>(p);
     push(OpKind::kCopy, current_, Purpose::kParamInit,
@@ -862,9 +866,7 @@ void RankBuilder::init() {
     // sub_group_size pieces (DeepSpeed's default 1e9 elements). The recorder's AdamW logs a host
     // sync per step, as in optimizer_step().
     std::uint64_t partition = 0;
-    for (std::size_t p = 0; p < layouts_.size(); ++p) {
-      if (!md_.params[p].orphan) partition += layouts_[p].shard_numel();
-    }
+    for (const int p : optimized_) partition += layouts_[p].shard_numel();
     const std::uint64_t sub_groups =
         std::max<std::uint64_t>(1, (partition + 999'999'999) / 1'000'000'000);
     for (std::uint64_t g = 0; g < sub_groups; ++g) {
@@ -876,8 +878,7 @@ void RankBuilder::init() {
   // create_reduce_and_remove_grad_hooks (S3:1108-1143): each trainable parameter, in
   // model.parameters() order, is gathered whole so that its AccumulateGrad hook can be
   // registered, then partitioned again.
-  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
-    if (md_.params[p].orphan) continue;
+  for (const int p : optimized_) {
     gather_blocking(p);
     partition(p);
   }
@@ -1653,12 +1654,11 @@ void RankBuilder::reduce_quantized() {
 void RankBuilder::optimizer_step() {
   phase_ = Phase::kOptimizer;
   purpose_ = Purpose::kParamRelease;
-  for (std::size_t p = 0; p < md_.params.size(); ++p) {
-    if (md_.params[p].orphan) continue;
+  for (const int p : optimized_) {
     ps_[p].active.clear();
     const LabelId saved = label_;
     label_ = kNoLabel;
-    release_param(static_cast<int>(p));
+    release_param(p);
     label_ = saved;
   }
   purpose_ = Purpose::kGradNorm;
@@ -1670,21 +1670,20 @@ void RankBuilder::optimizer_step() {
   // (docs/record.md: every .item() is logged as a sync on the CPU).
   push(OpKind::kKernel, s0_, Purpose::kOptimizerStep, {{grad_shard_, AccessMode::kRead, 0, 0}});
   push(OpKind::kHostStreamSync, s0_, Purpose::kOptimizerStep);
-  for (std::size_t p = 0; p < md_.params.size(); ++p) {
-    if (md_.params[p].orphan) continue;
+  for (const int p : optimized_) {
     unit_ = static_cast<UnitId>(p);
     const ElemRange pri = layouts_[p].primary_slice(rank_);
     push(OpKind::kKernel, s0_, Purpose::kOptimizerStep,
          {{grad_shard_, AccessMode::kRead, 0, 0},
-          part(static_cast<int>(p), ps_[p].primary, pri, AccessMode::kRead, false),
-          part(static_cast<int>(p), ps_[p].primary, pri, AccessMode::kWrite, false)})
+          part(p, ps_[p].primary, pri, AccessMode::kRead, false),
+          part(p, ps_[p].primary, pri, AccessMode::kWrite, false)})
         .mem_bytes = 16.0 * static_cast<double>(layouts_[p].shard_numel());
   }
   unit_ = kNoUnit;
   gather_persistent();
   if (v_.invalidate_after_step) {
-    for (std::size_t p = 0; p < md_.params.size(); ++p) {
-      if (!ps_[p].has_secondary || md_.params[p].orphan) continue;
+    for (const int p : optimized_) {
+      if (!ps_[p].has_secondary) continue;
       unit_ = static_cast<UnitId>(p);
       free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
       ps_[p].has_secondary = false;
