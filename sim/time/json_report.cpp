@@ -21,7 +21,8 @@ json metrics_json(const StepMetrics& m) {
           {"hung", m.hung}};
 }
 
-json race_json(const Schedule& schedule, const RaceReport& race) {
+// `names` labels ops for the example (one FindingLog for every race of the report).
+json race_json(const check::FindingLog& names, const RaceReport& race) {
   json j = {{"first", check::describe(race.group.example.first)},
             {"second", check::describe(race.group.example.second)},
             {"buffer_role", std::string(to_string(race.group.example.role))},
@@ -33,7 +34,6 @@ json race_json(const Schedule& schedule, const RaceReport& race) {
     const Manifestation& m = race.example_timing;
     // The pair that overlapped, in words: a group's `first` and `second` describe its first
     // instance, which need not be the one that bit.
-    const check::FindingLog names(schedule);
     j["example"] = {
         {"rank", race.example.rank},
         {"first_op", race.example.first},
@@ -81,9 +81,10 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
   j["runs"] = json::array();
   for (const StepMetrics& m : r.runs) j["runs"].push_back(metrics_json(m));
   j["races"] = json::array();
+  const check::FindingLog names(schedule);
   for (const RaceReport& race : r.races) {
     if (race.group.example.kind == check::FindingKind::kRace)
-      j["races"].push_back(race_json(schedule, race));
+      j["races"].push_back(race_json(names, race));
   }
   j["links"] = json::array();
   for (const LinkReport& l : r.links) {
