@@ -397,6 +397,36 @@ TEST(Simulate, CoarseCollectivesStayCloseToFine) {
   EXPECT_LT(coarse.stats.transfers, fine.stats.transfers);
 }
 
+// The coarse model times a hop between two GPUs of one node without SimGrid (engine.cpp, send).
+// tests/data/schedule/two-rank-gather.json is one 64 MiB all-gather of two ranks: inside a node
+// it takes what SimGrid gives it in the fine model, and what CM02 says (the latency, then the
+// bytes at the link's bandwidth shared with the other member's cross-traffic, weight 0.05);
+// between nodes both models run it in SimGrid.
+TEST(Simulate, TheCoarseModelTimesAHopInsideANodeAsSimGridDoes) {
+  const auto run = [](const std::string& nodes, const std::string& gpus, const std::string& model) {
+    const Scenario sc = scenario("tiny.toml", {{"cluster.nodes", nodes},
+                                               {"cluster.gpus_per_node", gpus},
+                                               {"zero.zero_hpz_partition_size", "1"},
+                                               {"run.steps", "1"},
+                                               {"sim.collective_model", model}});
+    const SimResult r = simulate(
+        sc, read_schedule_file(test::source_dir() + "/tests/data/schedule/two-rank-gather.json"),
+        SimOptions{});
+    EXPECT_EQ(r.stats.transfers, 2u);
+    const OpTime& t = r.timeline.ranks.at(0).at(0);
+    return std::pair{sc, t.end_s - t.start_s};
+  };
+  const auto [sc, coarse] = run("1", "2", "coarse");
+  const double fine = run("1", "2", "fine").second;
+  EXPECT_NEAR(coarse, fine, 1e-12 * fine);
+  const double latency = sc.cluster.nvlink_latency_us * 1e-6 * sc.sim.latency_factor;
+  const double rate = sc.cluster.nvlink_gbytes_per_s * 1e9 * sc.sim.bandwidth_factor / 1.05;
+  EXPECT_NEAR(coarse, latency + 67108864.0 / rate, 1e-12 * fine);
+  const double across = run("2", "1", "coarse").second;
+  EXPECT_EQ(across, run("2", "1", "fine").second);
+  EXPECT_GT(across, 100 * coarse);  // a 12.5 Gbit/s NIC against 600 GB/s of NVLink
+}
+
 TEST(Simulate, MismatchedCollectivesHang) {
   const SimResult r = sim(scenario("mismatched-collectives.toml"));
   EXPECT_TRUE(r.mean.hung);

@@ -38,13 +38,16 @@ struct Task {
   s4u::ActivityPtr activity;
 };
 
-/** A delay of op `op` of rank `rank` that ends at `at`; `kind` says what its end means. */
+/** A delay of op `op` of rank `rank` that ends at `at`; `kind` says what its end means. A
+ *  kSend delay is a hop timed without SimGrid (Simulation::send): `op` is the collective
+ *  instance, `rank` and `to` the sending and receiving members. */
 struct Due {
   double at = 0;
   std::uint64_t seq = 0;  ///< ties at the same instant go in the order they were set
   Task::Kind kind = Task::Kind::kRun;
   Rank rank = 0;
   std::uint32_t op = 0;
+  std::int32_t to = 0;
   /** The heap's order: std::push_heap keeps the greatest first, so "greater" is "earlier". */
   static bool later(const Due& x, const Due& y) {
     return x.at != y.at ? x.at > y.at : x.seq > y.seq;
@@ -110,7 +113,9 @@ class Simulation {
         jitter_(seed, sc.sim.jitter),
         topology_(topology),
         hosts_(std::move(hosts)),
-        model_(collective_model_of(sc)) {
+        model_(collective_model_of(sc)),
+        bandwidth_factor_(sc.sim.bandwidth_factor),
+        latency_factor_(sc.sim.latency_factor) {
     run_.timeline.seed = seed;
     run_.link_bytes.assign(static_cast<std::size_t>(sc.run.steps + 1),
                            std::vector<double>(topology.links().size(), 0.0));
@@ -167,7 +172,8 @@ class Simulation {
   void check_member(std::uint32_t inst, int member);
   void handle(const Task& task);
   Task& new_task(Task::Kind kind, Rank r);
-  void after(Task::Kind kind, Rank r, std::uint32_t i, double seconds);
+  void after(Task::Kind kind, Rank r, std::uint32_t i, double seconds, std::int32_t to = 0);
+  double lone_transfer_s(Rank a, Rank b, std::uint64_t bytes) const;
   void arm();
   void on_due();
 
@@ -177,6 +183,7 @@ class Simulation {
   const Topology& topology_;
   std::vector<s4u::Host*> hosts_;
   CollectiveModel model_;
+  double bandwidth_factor_, latency_factor_;  ///< SimGrid's network factors (engine_args)
   EngineRun run_;
   std::vector<RankState> ranks_;
   /** Per rank and stream (RankState::stream_base + stream): ops issued and not finished. One
@@ -445,6 +452,20 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   const Rank b = g.ranks[static_cast<std::size_t>(to)];
   auto& per_link = run_.link_bytes[static_cast<std::size_t>(std::max(in.step + 1, 0))];
   for (LinkId id : topology_.route(a, b)) per_link[id] += static_cast<double>(bytes);
+  ++run_.stats.transfers;
+  if (model_ == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
+    // The coarse model times a hop between two GPUs of one node as SimGrid would time it with
+    // nothing but its own collective on its NVLink links (lone_transfer_s), without SimGrid. NVLink
+    // is hundreds of times faster than a NIC (600 GB/s against 1.6 to 12.5 GB/s in the shipped
+    // scenarios), so the share of it that concurrent flows would take moves such a hop's end by
+    // little, and its own share does not slow the hops between nodes, which set a step's pace: on
+    // the shipped scenarios the step time moved by at most 0.02% (docs/timing.md). As SimGrid comms
+    // these hops were most of the simulation's cost at 1,024 GPUs: SimGrid 3.32 files every
+    // host-to-host comm in maestro's activity list and takes it out with a std::list::remove over
+    // every comm in flight, and 7 in 8 hops of a world collective, and every hop of an hpZ group's,
+    // are inside a node. The fine model keeps SimGrid's sharing for every hop.
+    return after(Task::Kind::kSend, from, inst, lone_transfer_s(a, b, bytes), to);
+  }
   Task& task = new_task(Task::Kind::kSend, a);
   task.instance = inst;
   task.from = from;
@@ -454,8 +475,26 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   comm->set_payload_size(bytes);
   comm->set_data(&task);
   task.activity = comm;
-  ++run_.stats.transfers;
   comm->start();
+}
+
+/** What SimGrid's CM02 model gives a hop of a ring whose members all send at once, on links
+ *  nothing else uses: the route's latency times the latency factor, then the bytes at the
+ *  slowest link's bandwidth times the bandwidth factor (SimGrid 3.32 src/surf/network_cm02.cpp,
+ *  comm_action_set_bounds; TCP-gamma is set out of the way in engine_args), shared with the
+ *  ring neighbour's cross-traffic: each flow also loads its reverse route with weight 0.05
+ *  (network_cm02.cpp:259, network/crosstraffic, on by default), and in a ring that reverse
+ *  route is the outgoing link of the hop's sender and the incoming link of its receiver. */
+double Simulation::lone_transfer_s(Rank a, Rank b, std::uint64_t bytes) const {
+  double latency = 0, bandwidth = -1;
+  for (LinkId id : topology_.route(a, b)) {
+    const LinkSpec& l = topology_.links()[id];
+    latency += l.latency_s;
+    if (bandwidth < 0 || l.bytes_per_s < bandwidth) bandwidth = l.bytes_per_s;
+  }
+  constexpr double kCrossTraffic = 0.05;
+  return latency * latency_factor_ +
+         static_cast<double>(bytes) * (1 + kCrossTraffic) / (bandwidth * bandwidth_factor_);
 }
 
 void Simulation::check_member(std::uint32_t inst, int m) {
@@ -505,15 +544,15 @@ Task& Simulation::new_task(Task::Kind kind, Rank r) {
   return task;
 }
 
-void Simulation::after(Task::Kind kind, Rank r, std::uint32_t i, double seconds) {
+void Simulation::after(Task::Kind kind, Rank r, std::uint32_t i, double seconds, std::int32_t to) {
   // A kernel, copy or host-issue delay occupies nothing SimGrid shares (concurrent kernels do
   // not slow each other down), so it is not an Exec: an Exec would add a variable to the CPU
   // model's max-min system, and SimGrid 3.32 files every Exec started from maestro in maestro's
   // activity list, which it scans linearly (std::list::remove) at each completion. Nor is each
   // one a SimGrid timer: those live in a Fibonacci heap of allocated nodes. They wait in this
   // engine's own binary heap, and one SimGrid timer stands for its earliest entry.
-  ++run_.stats.execs;
-  due_.push_back({now_ + seconds, due_seq_++, kind, r, i});
+  if (kind != Task::Kind::kSend) ++run_.stats.execs;
+  due_.push_back({now_ + seconds, due_seq_++, kind, r, i, to});
   std::push_heap(due_.begin(), due_.end(), Due::later);
   arm();
 }
@@ -540,6 +579,11 @@ void Simulation::on_due() {
     task.kind = due.kind;
     task.rank = due.rank;
     task.op = due.op;
+    if (due.kind == Task::Kind::kSend) {  // a hop timed without SimGrid (send)
+      task.instance = due.op;
+      task.from = due.rank;
+      task.to = due.to;
+    }
     handle(task);
     drain();
   }

@@ -28,7 +28,9 @@ namespace hpz::time {
 
 /** What one run produced, besides the timeline. */
 struct EngineStats {
-  std::uint64_t transfers = 0;   ///< SimGrid comms started
+  /** Collective sends: SimGrid comms, and the coarse model's hops inside a node of a
+   *  collective that spans nodes, which are timed without SimGrid (engine.cpp, send). */
+  std::uint64_t transfers = 0;
   std::uint64_t execs = 0;       ///< timed delays: kernels, copies, waits for the host to issue
   std::uint64_t ops = 0;         ///< schedule ops timed
   std::uint64_t unfinished = 0;  ///< ops that never ran: the job hangs (collective mismatch)

@@ -42,6 +42,8 @@ class Topology {
   std::vector<LinkId> route(Rank a, Rank b) const;
   /** Number of ranks. */
   int world_size() const { return world_; }
+  /** The node rank r is on. */
+  int node_of(Rank r) const { return r / gpus_per_node_; }
 
  private:
   LinkId nvlink(Rank r, bool up) const { return static_cast<LinkId>(2 * r + (up ? 0 : 1)); }
