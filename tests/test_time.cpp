@@ -413,6 +413,8 @@ TEST(Simulate, TheCoarseModelTimesAHopInsideANodeAsSimGridDoes) {
         sc, read_schedule_file(test::source_dir() + "/tests/data/schedule/two-rank-gather.json"),
         SimOptions{});
     EXPECT_EQ(r.stats.transfers, 2u);
+    // Inside a node the coarse model's hops are no SimGrid comms.
+    EXPECT_EQ(r.stats.simgrid_comms, nodes == "1" && model == "coarse" ? 0u : 2u);
     const OpTime& t = r.timeline.ranks.at(0).at(0);
     return std::pair{sc, t.end_s - t.start_s};
   };

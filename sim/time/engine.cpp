@@ -475,6 +475,7 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   comm->set_payload_size(bytes);
   comm->set_data(&task);
   task.activity = comm;
+  ++run_.stats.simgrid_comms;
   comm->start();
 }
 

@@ -31,11 +31,12 @@ struct EngineStats {
   /** Collective sends: SimGrid comms, and the coarse model's hops inside a node of a
    *  collective that spans nodes, which are timed without SimGrid (engine.cpp, send). */
   std::uint64_t transfers = 0;
-  std::uint64_t execs = 0;       ///< timed delays: kernels, copies, waits for the host to issue
-  std::uint64_t ops = 0;         ///< schedule ops timed
-  std::uint64_t unfinished = 0;  ///< ops that never ran: the job hangs (collective mismatch)
-  double wall_s = 0;             ///< host seconds the simulation took
-  double peak_rss_bytes = 0;     ///< peak resident memory of the simulating process
+  std::uint64_t simgrid_comms = 0;  ///< of the transfers, those SimGrid carried
+  std::uint64_t execs = 0;          ///< timed delays: kernels, copies, waits for the host to issue
+  std::uint64_t ops = 0;            ///< schedule ops timed
+  std::uint64_t unfinished = 0;     ///< ops that never ran: the job hangs (collective mismatch)
+  double wall_s = 0;                ///< host seconds the simulation took
+  double peak_rss_bytes = 0;        ///< peak resident memory of the simulating process
 };
 
 /** One simulated run. */

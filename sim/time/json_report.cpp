@@ -95,7 +95,10 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
                           {"bytes_last_step", l.bytes_last_step},
                           {"utilisation", l.utilisation}});
   }
-  j["engine"] = {{"transfers", r.stats.transfers}, {"execs", r.stats.execs}, {"ops", r.stats.ops}};
+  j["engine"] = {{"transfers", r.stats.transfers},
+                 {"simgrid_comms", r.stats.simgrid_comms},
+                 {"execs", r.stats.execs},
+                 {"ops", r.stats.ops}};
   if (op_times) {
     json times = json::array();
     json labels = json::array();

@@ -56,6 +56,7 @@ void report(benchmark::State& state, const hpz::time::SimResult& r) {
   state.counters["ranks"] = r.world_size;
   state.counters["step_time_s"] = r.mean.step_time_s;
   state.counters["transfers"] = static_cast<double>(r.stats.transfers);
+  state.counters["simgrid_comms"] = static_cast<double>(r.stats.simgrid_comms);
   state.counters["events"] = events;
   state.counters["events_per_s"] = events / r.stats.wall_s;
   state.counters["sim_wall_s"] = r.stats.wall_s;
