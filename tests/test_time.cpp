@@ -429,6 +429,15 @@ TEST(Simulate, TheCoarseModelTimesAHopInsideANodeAsSimGridDoes) {
   EXPECT_GT(across, 100 * coarse);  // a 12.5 Gbit/s NIC against 600 GB/s of NVLink
 }
 
+// Init's collectives run in the coarse model in any case (engine.cpp, prepare_collective): on
+// tiny.toml (2 GPUs a node) with the fine model, init's hops inside a node are no SimGrid comms.
+TEST(Simulate, InitsCollectivesRunInTheCoarseModel) {
+  const SimResult fine = sim(scenario("tiny.toml"));
+  EXPECT_EQ(fine.collective_model, "fine");
+  EXPECT_GT(fine.stats.simgrid_comms, 0u);
+  EXPECT_LT(fine.stats.simgrid_comms, fine.stats.transfers);
+}
+
 TEST(Simulate, MismatchedCollectivesHang) {
   const SimResult r = sim(scenario("mismatched-collectives.toml"));
   EXPECT_TRUE(r.mean.hung);

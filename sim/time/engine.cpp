@@ -59,7 +59,8 @@ struct Instance {
   GroupId group = kNoGroup;
   std::vector<std::uint32_t> ops;  ///< per member (Group::ranks order): that rank's op
   CollectivePlan plan;
-  std::int32_t step = 0;  ///< training step, for per-step link bytes
+  CollectiveModel model = CollectiveModel::kFine;  ///< the model `plan` is for
+  std::int32_t step = 0;                           ///< training step, for per-step link bytes
   int arrived = 0;
   std::vector<int> sends_started, sends_done, recvs_done;
   std::vector<bool> finished;
@@ -280,7 +281,14 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
     Instance inst;
     inst.group = op.group;
     inst.ops.assign(static_cast<std::size_t>(n), 0);
-    inst.plan = plan_collective(op.kind, op.comm_bytes, n, model_);
+    // Init's collectives (step -1) run in the coarse model whatever sim.collective_model says:
+    // no metric reports init's time, and the steps after it do not depend on how it was timed
+    // (on every shipped scenario, both builders, the fine model's step times came out the same
+    // to 1e-12 and the races that bite the same; docs/timing.md). With the fine model,
+    // DeepSpeed's init (zero.Init's broadcasts and the re-gather of every parameter over the
+    // world) was 72% of the 2 x 8 llama2-70b schedule's transfers.
+    inst.model = op.step < 0 ? CollectiveModel::kCoarse : model_;
+    inst.plan = plan_collective(op.kind, op.comm_bytes, n, inst.model);
     inst.step = op.step;
     inst.sends_started.assign(static_cast<std::size_t>(n), 0);
     inst.sends_done = inst.recvs_done = inst.sends_started;
@@ -453,7 +461,7 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   auto& per_link = run_.link_bytes[static_cast<std::size_t>(std::max(in.step + 1, 0))];
   for (LinkId id : topology_.route(a, b)) per_link[id] += static_cast<double>(bytes);
   ++run_.stats.transfers;
-  if (model_ == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
+  if (in.model == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
     // The coarse model times a hop between two GPUs of one node as SimGrid would time it with
     // nothing but its own collective on its NVLink links (lone_transfer_s), without SimGrid. NVLink
     // is hundreds of times faster than a NIC (600 GB/s against 1.6 to 12.5 GB/s in the shipped
