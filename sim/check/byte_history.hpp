@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <boost/container/small_vector.hpp>
 #include <cstdint>
 #include <iterator>
 #include <limits>
@@ -220,7 +221,9 @@ class ByteHistory {
     std::uint64_t end = 0;
     AccessStamp write;
     bool written = false;
-    std::vector<Read> reads;  ///< the latest read per thread and byte since the write
+    /** The latest read per thread and byte since the write; most segments have one or two,
+     *  held in place (a heap block per segment was a fifth of a 1,024-rank check in malloc). */
+    boost::container::small_vector<Read, 2> reads;
 
     bool same_state(const Segment& o) const {
       return written == o.written && write == o.write && reads == o.reads;
@@ -281,7 +284,9 @@ class ByteHistory {
   }
 
   void prune(Segment& seg) const {
-    std::erase_if(seg.reads, [&](const Read& r) { return read_piece(r, seg).empty(); });
+    seg.reads.erase(std::remove_if(seg.reads.begin(), seg.reads.end(),
+                                   [&](const Read& r) { return read_piece(r, seg).empty(); }),
+                    seg.reads.end());
   }
 
   // Merges neighbours in [from, to) that hold the same state.
