@@ -462,7 +462,8 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   for (LinkId id : topology_.route(a, b)) per_link[id] += static_cast<double>(bytes);
   ++run_.stats.transfers;
   if (in.model == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
-    // The coarse model times a hop between two GPUs of one node as SimGrid would time it with
+    // The coarse model (every collective's, or only init's: prepare_collective) times a hop
+    // between two GPUs of one node as SimGrid would time it with
     // nothing but its own collective on its NVLink links (lone_transfer_s), without SimGrid. NVLink
     // is hundreds of times faster than a NIC (600 GB/s against 1.6 to 12.5 GB/s in the shipped
     // scenarios), so the share of it that concurrent flows would take moves such a hop's end by

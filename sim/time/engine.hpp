@@ -28,8 +28,9 @@ namespace hpz::time {
 
 /** What one run produced, besides the timeline. */
 struct EngineStats {
-  /** Collective sends: SimGrid comms, and the coarse model's hops inside a node of a
-   *  collective that spans nodes, which are timed without SimGrid (engine.cpp, send). */
+  /** Collective sends: SimGrid comms, and the coarse model's hops inside a node (init's
+   *  collectives are coarse in either model), which are timed without SimGrid (engine.cpp,
+   *  send). */
   std::uint64_t transfers = 0;
   std::uint64_t simgrid_comms = 0;  ///< of the transfers, those SimGrid carried
   std::uint64_t execs = 0;          ///< timed delays: kernels, copies, waits for the host to issue
