@@ -463,16 +463,16 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   ++run_.stats.transfers;
   if (in.model == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
     // The coarse model (every collective's, or only init's: prepare_collective) times a hop
-    // between two GPUs of one node as SimGrid would time it with
-    // nothing but its own collective on its NVLink links (lone_transfer_s), without SimGrid. NVLink
-    // is hundreds of times faster than a NIC (600 GB/s against 1.6 to 12.5 GB/s in the shipped
-    // scenarios), so the share of it that concurrent flows would take moves such a hop's end by
-    // little, and its own share does not slow the hops between nodes, which set a step's pace: on
-    // the shipped scenarios the step time moved by at most 0.02% (docs/timing.md). As SimGrid comms
-    // these hops were most of the simulation's cost at 1,024 GPUs: SimGrid 3.32 files every
-    // host-to-host comm in maestro's activity list and takes it out with a std::list::remove over
-    // every comm in flight, and 7 in 8 hops of a world collective, and every hop of an hpZ group's,
-    // are inside a node. The fine model keeps SimGrid's sharing for every hop.
+    // between two GPUs of one node as SimGrid would time it with nothing but its own collective
+    // on its NVLink links (lone_transfer_s), without SimGrid. NVLink is hundreds of times faster
+    // than a NIC (600 GB/s against 1.6 to 12.5 GB/s in the shipped scenarios), so the share of
+    // it that concurrent flows would take moves such a hop's end by little, and its own share
+    // does not slow the hops between nodes, which set a step's pace: on the shipped scenarios
+    // the step time moved by at most 0.02% (docs/timing.md). As SimGrid comms these hops were
+    // most of the simulation's cost at 1,024 GPUs: SimGrid 3.32 files every host-to-host comm in
+    // maestro's activity list and takes it out with a std::list::remove over every comm in
+    // flight, and 7 in 8 hops of a world collective, and every hop of an hpZ group's, are inside
+    // a node. The fine model keeps SimGrid's sharing for every hop of the steps.
     return after(Task::Kind::kSend, from, inst, lone_transfer_s(a, b, bytes), to);
   }
   Task& task = new_task(Task::Kind::kSend, a);
