@@ -1879,6 +1879,16 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   if (m.family == "llama" && m.qkv_bias == m.o_bias) {
     untied.qkv_bias = untied.o_bias = false;  // attention_bias: q, k, v and o with biases
   }
+  // Qwen2 (and Qwen2.5: model_type qwen2) is Llama's module tree in transformers, in the same
+  // __init__ and forward order (Qwen2ForCausalLM, Qwen2Model, Qwen2DecoderLayer, Qwen2MLP and
+  // Qwen2Attention with q, k, v, o_proj and rotary_emb, in transformers 4.37 to 4.44), with
+  // biases on q_proj, k_proj and v_proj and none on o_proj; the walk below takes each
+  // projection's bias from m. transformers 4.35, the recorder's, has no Qwen2: this walk is
+  // Llama's, held to Llama's recordings (attention biases included), not to a Qwen2 recording.
+  if (m.family == "qwen2" && m.qkv_bias && !m.o_bias) {
+    untied.family = "llama";
+    untied.qkv_bias = false;
+  }
   const bool falcon_walkable = m.family == "falcon" && !m.gated_mlp && m.norm_bias &&
                                m.parallel_blocks && !m.alibi && !m.qkv_bias && !m.qk_norm &&
                                m.experts == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
@@ -1890,10 +1900,11 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                              m.learned_positions > 0 && m.experts == 0 && m.head_dim == 0;
   if (!llama_shaped(untied) && !falcon_walkable && !neox_walkable && !gpt2_walkable) {
     refuse("model_type " + m.family +
-               " with this shape (it walks transformers' Llama module tree without biases, "
+               " with this shape (it walks transformers' Llama module tree without biases but "
+               "on all four attention projections or, as Qwen2's, on q, k and v, without "
                "experts or a head dimension of its own, Falcon's with parallel attention "
                "and rotary embeddings, GPT-NeoX's with parallel residuals, and GPT-2's)",
-           "a Llama, Mistral, Falcon, GPT-NeoX or GPT-2 model of those shapes");
+           "a Llama, Mistral, Qwen2, Falcon, GPT-NeoX or GPT-2 model of those shapes");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes

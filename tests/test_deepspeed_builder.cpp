@@ -3,11 +3,13 @@
 // ds_config, world and version, and the projections (sim/projection.hpp) of both are compared,
 // op by op, for the recorded rank and one rank of the other node. A divergence is reported with
 // context from both sides.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "sim/check/report.hpp"
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
+#include "sim/model_shape.hpp"
 #include "sim/projection.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule_json.hpp"
@@ -200,6 +203,35 @@ TEST(DeepSpeedBuilder, StockRacesWhereTheFixesAndLaterVersionsDoNot) {
   Scenario no_hpz = stock;
   no_hpz.zero.zero_hpz_partition_size = 1;  // no secondary to read
   EXPECT_EQ(races(no_hpz, "0.13.4"), 0u);
+}
+
+// Qwen2 (transformers' Qwen2ForCausalLM) is Llama's module tree with biases on q, k and v_proj
+// and none on o_proj (tests/data/hf_qwen2/config.json: a tiny one). The builder walks it as
+// Llama's: the units are the model's parameters as the Hugging Face reader counts them, and
+// 0.13.4 races where 0.13.5 does not. No recording holds it: transformers 4.35, the
+// recorder's, has no Qwen2.
+TEST(DeepSpeedBuilder, Qwen2IsLlamasTreeWithBiasesOnQKAndV) {
+  const Scenario sc =
+      load_scenario(test::scenario_path("tiny"),
+                    {{"model.hf_config", test::source_dir() + "/tests/data/hf_qwen2/config.json"}});
+  ASSERT_EQ(sc.model.family, "qwen2");
+  const Schedule s = build_deepspeed_schedule(sc, "0.13.4");
+  std::set<std::string> names;
+  double total = 0;
+  for (const ParamUnit& u : s.units) {
+    names.insert(u.name);
+    total += static_cast<double>(u.numel);
+  }
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    EXPECT_TRUE(names.count(fmt::format("model.layers.1.self_attn.{}.weight", p))) << p;
+    EXPECT_EQ(names.count(fmt::format("model.layers.1.self_attn.{}.bias", p)),
+              std::string(p) == "o_proj" ? 0u : 1u)
+        << p;
+  }
+  EXPECT_FALSE(names.count("model.layers.1.mlp.up_proj.bias"));
+  EXPECT_EQ(total, parameter_count(sc.model));
+  EXPECT_GT(races(sc, "0.13.4"), 0u);
+  EXPECT_EQ(races(sc, "0.13.5"), 0u);
 }
 
 // A coalesced gather's torch.cat reads one slice per rank out of the flat buffer: one strided
