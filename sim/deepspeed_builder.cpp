@@ -258,9 +258,10 @@ Model build_model(const ModelConfig& m) {
       linear(L.k, kv, h, m.qkv_bias, i);
       linear(L.v, kv, h, m.qkv_bias, i);
       linear(L.o, h, q_width, m.o_bias, i);
-      linear(L.gate, ffn, h, false, i);
-      linear(L.up, ffn, h, false, i);
-      linear(L.down, h, ffn, false, i);
+      // LlamaMLP: bias=config.mlp_bias on all three (transformers 4.41 and on; 0 for Mistral).
+      linear(L.gate, ffn, h, m.mlp_bias, i);
+      linear(L.up, ffn, h, m.mlp_bias, i);
+      linear(L.down, h, ffn, m.mlp_bias, i);
       norm(L.in_ln, i);
       norm(L.post_ln, i);
     }
@@ -1879,6 +1880,10 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   if (m.family == "llama" && m.qkv_bias == m.o_bias) {
     untied.qkv_bias = untied.o_bias = false;  // attention_bias: q, k, v and o with biases
   }
+  // mlp_bias: gate, up and down_proj with biases. transformers 4.35, the recorder's, has no
+  // mlp_bias; the walk is the one the attention-bias recording holds, a Linear's bias fetched
+  // with its weight in one coalesced gather.
+  if (m.family == "llama") untied.mlp_bias = false;
   // Qwen2 (and Qwen2.5: model_type qwen2) is Llama's module tree in transformers, in the same
   // __init__ and forward order (Qwen2ForCausalLM, Qwen2Model, Qwen2DecoderLayer, Qwen2MLP and
   // Qwen2Attention with q, k, v, o_proj and rotary_emb, in transformers 4.37 to 4.44), with

@@ -234,6 +234,30 @@ TEST(DeepSpeedBuilder, Qwen2IsLlamasTreeWithBiasesOnQKAndV) {
   EXPECT_EQ(races(sc, "0.13.5"), 0u);
 }
 
+// Llama's mlp_bias (transformers 4.41 and on) puts a bias on gate, up and down_proj
+// (tests/data/hf_llama_bias/config.json, attention_bias too): every bias is a unit of its own,
+// the units add up to the Hugging Face reader's count, and 0.13.4 races where 0.13.5 does not.
+TEST(DeepSpeedBuilder, LlamasMlpBiasGivesTheThreeMlpProjectionsABias) {
+  const Scenario sc = load_scenario(
+      test::scenario_path("tiny"),
+      {{"model.hf_config", test::source_dir() + "/tests/data/hf_llama_bias/config.json"}});
+  ASSERT_TRUE(sc.model.mlp_bias);
+  const Schedule s = build_deepspeed_schedule(sc, "0.13.4");
+  std::set<std::string> names;
+  double total = 0;
+  for (const ParamUnit& u : s.units) {
+    names.insert(u.name);
+    total += static_cast<double>(u.numel);
+  }
+  for (const char* p :
+       {"self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+    EXPECT_TRUE(names.count(fmt::format("model.layers.1.{}.bias", p))) << p;
+  }
+  EXPECT_EQ(total, parameter_count(sc.model));
+  EXPECT_GT(races(sc, "0.13.4"), 0u);
+  EXPECT_EQ(races(sc, "0.13.5"), 0u);
+}
+
 // A coalesced gather's torch.cat reads one slice per rank out of the flat buffer: one strided
 // access. The checker reads it as one; its report is the one it gives when each slice is a
 // plain access of its own, races and stale reads included.
