@@ -1905,8 +1905,9 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                              m.learned_positions > 0 && m.experts == 0 && m.head_dim == 0;
   if (!llama_shaped(untied) && !falcon_walkable && !neox_walkable && !gpt2_walkable) {
     refuse("model_type " + m.family +
-               " with this shape (it walks transformers' Llama module tree without biases but "
-               "on all four attention projections or, as Qwen2's, on q, k and v, without "
+               " with this shape (it walks transformers' Llama module tree with biases on all "
+               "four attention projections, the three MLP ones, or, as Qwen2's, q, k and v, or "
+               "none, without "
                "experts or a head dimension of its own, Falcon's with parallel attention "
                "and rotary embeddings, GPT-NeoX's with parallel residuals, and GPT-2's)",
            "a Llama, Mistral, Qwen2, Falcon, GPT-NeoX or GPT-2 model of those shapes");

@@ -205,6 +205,17 @@ TEST(DeepSpeedBuilder, StockRacesWhereTheFixesAndLaterVersionsDoNot) {
   EXPECT_EQ(races(no_hpz, "0.13.4"), 0u);
 }
 
+/** A schedule's parameter names and the elements they hold together. */
+std::pair<std::set<std::string>, double> units_of(const Schedule& s) {
+  std::set<std::string> names;
+  double total = 0;
+  for (const ParamUnit& u : s.units) {
+    names.insert(u.name);
+    total += static_cast<double>(u.numel);
+  }
+  return {names, total};
+}
+
 // Qwen2 (transformers' Qwen2ForCausalLM) is Llama's module tree with biases on q, k and v_proj
 // and none on o_proj (tests/data/hf_qwen2/config.json: a tiny one). The builder walks it as
 // Llama's: the units are the model's parameters as the Hugging Face reader counts them, and
@@ -215,13 +226,7 @@ TEST(DeepSpeedBuilder, Qwen2IsLlamasTreeWithBiasesOnQKAndV) {
       load_scenario(test::scenario_path("tiny"),
                     {{"model.hf_config", test::source_dir() + "/tests/data/hf_qwen2/config.json"}});
   ASSERT_EQ(sc.model.family, "qwen2");
-  const Schedule s = build_deepspeed_schedule(sc, "0.13.4");
-  std::set<std::string> names;
-  double total = 0;
-  for (const ParamUnit& u : s.units) {
-    names.insert(u.name);
-    total += static_cast<double>(u.numel);
-  }
+  const auto [names, total] = units_of(build_deepspeed_schedule(sc, "0.13.4"));
   for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
     EXPECT_TRUE(names.count(fmt::format("model.layers.1.self_attn.{}.weight", p))) << p;
     EXPECT_EQ(names.count(fmt::format("model.layers.1.self_attn.{}.bias", p)),
@@ -242,13 +247,7 @@ TEST(DeepSpeedBuilder, LlamasMlpBiasGivesTheThreeMlpProjectionsABias) {
       test::scenario_path("tiny"),
       {{"model.hf_config", test::source_dir() + "/tests/data/hf_llama_bias/config.json"}});
   ASSERT_TRUE(sc.model.mlp_bias);
-  const Schedule s = build_deepspeed_schedule(sc, "0.13.4");
-  std::set<std::string> names;
-  double total = 0;
-  for (const ParamUnit& u : s.units) {
-    names.insert(u.name);
-    total += static_cast<double>(u.numel);
-  }
+  const auto [names, total] = units_of(build_deepspeed_schedule(sc, "0.13.4"));
   for (const char* p :
        {"self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
     EXPECT_TRUE(names.count(fmt::format("model.layers.1.{}.bias", p))) << p;

@@ -174,7 +174,7 @@ class Simulation {
   void handle(const Task& task);
   Task& new_task(Task::Kind kind, Rank r);
   void after(Task::Kind kind, Rank r, std::uint32_t i, double seconds, std::int32_t to = 0);
-  double lone_transfer_s(Rank a, Rank b, std::uint64_t bytes) const;
+  double lone_transfer_s(const std::vector<LinkId>& route, std::uint64_t bytes) const;
   void arm();
   void on_due();
 
@@ -284,9 +284,9 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
     // Init's collectives (step -1) run in the coarse model whatever sim.collective_model says:
     // no metric reports init's time, and the steps after it do not depend on how it was timed
     // (on every shipped scenario, both builders, the fine model's step times came out the same
-    // to 1e-12 and the races that bite the same; docs/timing.md). With the fine model,
-    // DeepSpeed's init (zero.Init's broadcasts and the re-gather of every parameter over the
-    // world) was 72% of the 2 x 8 llama2-70b schedule's transfers.
+    // to 1e-12 and the races that bite the same; docs/timing.md). DeepSpeed's init (zero.Init's
+    // broadcasts, the re-gather of every parameter over the world) is most of what the fine
+    // model sent: bench_time's 2 x 8 DeepSpeed case sends 345 k transfers instead of 844 k.
     inst.model = op.step < 0 ? CollectiveModel::kCoarse : model_;
     inst.plan = plan_collective(op.kind, op.comm_bytes, n, inst.model);
     inst.step = op.step;
@@ -459,7 +459,8 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   const Rank a = g.ranks[static_cast<std::size_t>(from)];
   const Rank b = g.ranks[static_cast<std::size_t>(to)];
   auto& per_link = run_.link_bytes[static_cast<std::size_t>(std::max(in.step + 1, 0))];
-  for (LinkId id : topology_.route(a, b)) per_link[id] += static_cast<double>(bytes);
+  const std::vector<LinkId> route = topology_.route(a, b);
+  for (LinkId id : route) per_link[id] += static_cast<double>(bytes);
   ++run_.stats.transfers;
   if (in.model == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
     // The coarse model (every collective's, or only init's: prepare_collective) times a hop
@@ -473,7 +474,7 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
     // maestro's activity list and takes it out with a std::list::remove over every comm in
     // flight, and 7 in 8 hops of a world collective, and every hop of an hpZ group's, are inside
     // a node. The fine model keeps SimGrid's sharing for every hop of the steps.
-    return after(Task::Kind::kSend, from, inst, lone_transfer_s(a, b, bytes), to);
+    return after(Task::Kind::kSend, from, inst, lone_transfer_s(route, bytes), to);
   }
   Task& task = new_task(Task::Kind::kSend, a);
   task.instance = inst;
@@ -495,9 +496,9 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
  *  ring neighbour's cross-traffic: each flow also loads its reverse route with weight 0.05
  *  (network_cm02.cpp:259, network/crosstraffic, on by default), and in a ring that reverse
  *  route is the outgoing link of the hop's sender and the incoming link of its receiver. */
-double Simulation::lone_transfer_s(Rank a, Rank b, std::uint64_t bytes) const {
+double Simulation::lone_transfer_s(const std::vector<LinkId>& route, std::uint64_t bytes) const {
   double latency = 0, bandwidth = -1;
-  for (LinkId id : topology_.route(a, b)) {
+  for (LinkId id : route) {
     const LinkSpec& l = topology_.links()[id];
     latency += l.latency_s;
     if (bandwidth < 0 || l.bytes_per_s < bandwidth) bandwidth = l.bytes_per_s;
