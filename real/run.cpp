@@ -266,13 +266,12 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   if (has_strided_accesses(given)) unfolded = unfold_strided(given);
   const Schedule& schedule = unfolded ? *unfolded : given;
   // The DeepSpeed builder's schedules (coalesced and quantized gathers through shared scratch
-  // buffers, one NCCL stream per group) have not run on a GPU yet; the data replay cannot
-  // follow them either (sim/replay/repro.cpp), so nothing would compare the tensors.
+  // buffers, one NCCL stream per group) have not run on a GPU yet. The executor's plan and its
+  // tensor comparison were written for the coarse builder's units; refused rather than tried.
   if (scenario.run.builder == "deepspeed") {
     throw InputError(scenario.path, "run.builder",
                      "hpzlab real does not run the DeepSpeed builder's schedules yet (not tried "
-                     "on a GPU, and the data replay it compares with cannot follow them); use "
-                     "run.builder = \"coarse\"");
+                     "on a GPU); use run.builder = \"coarse\", as scenarios/race-1gpu.toml does");
   }
   // --compute real: the tiny model's real math where the numeric replay can run the model,
   // cuBLAS GEMMs of the layer shapes otherwise.

@@ -132,10 +132,11 @@ struct RunConfig {
   Fill fill = Fill::kNan;
   std::uint64_t seed = 1;
   int steps = 2;  ///< optimizer steps to build
-  /// Which builder writes the schedule: "coarse" (sim/builder.cpp: one fetch unit per attn/mlp)
-  /// or "deepspeed" (sim/deepspeed_builder.cpp: DeepSpeed's hooks and coordinator, held equal
-  /// to recordings of real DeepSpeed).
-  std::string builder = "coarse";
+  /// Which builder writes the schedule: "deepspeed" (the default; sim/deepspeed_builder.cpp:
+  /// DeepSpeed's hooks and coordinator for zero.deepspeed_version, held equal to recordings of
+  /// real DeepSpeed) or "coarse" (sim/builder.cpp: one fetch unit per attn/mlp; the [bugs]
+  /// keys, the numeric replay and the real-GPU executor need it).
+  std::string builder = "deepspeed";
   /// A spin kernel of this many microseconds on the compute stream ahead of every secondary
   /// copy of a training step (0 = none): the way a reproduction keeps the producer stream busy
   /// so that the race shows even where the compute stream would not back up by itself.

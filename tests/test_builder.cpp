@@ -27,6 +27,7 @@ Scenario small(Variant variant = Variant::kStock) {
   // and nothing would be released. These limits make it behave like a large model does.
   sc.zero.stage3_max_reuse_distance = 0;
   sc.zero.stage3_prefetch_bucket_size = 1;
+  sc.run.builder = "coarse";  // the builder these tests are about
   sc.run.variant = variant;
   return sc;
 }

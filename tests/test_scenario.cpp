@@ -113,6 +113,8 @@ TEST(ShippedScenarios, DefaultIsTheStudysCluster) {
   EXPECT_EQ(s.run.fill, Fill::kNan);
   EXPECT_EQ(s.run.steps, 2);
   EXPECT_EQ(s.run.spin_before_copy_us, 0);  // the default scenario is timed as it is
+  EXPECT_EQ(s.run.builder, "deepspeed");    // DeepSpeed's own schedule, by default
+  EXPECT_EQ(s.zero.deepspeed_version, "0.13.4");
   EXPECT_TRUE(s.notes.empty());
 }
 
@@ -126,6 +128,7 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   EXPECT_EQ(tiny.training.seq_len, 32);
   EXPECT_EQ(tiny.run.steps, 4);
   EXPECT_EQ(tiny.run.spin_before_copy_us, 200);
+  EXPECT_EQ(tiny.run.builder, "coarse");  // the numeric replay's
 
   const auto bug = [](const char* name) {
     const Scenario s = load_scenario((kScenarios / name).string());
@@ -135,11 +138,18 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
     EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 0) << name;
     return s;
   };
+  // Issue 4851 is DeepSpeed 0.13.1's own behaviour; the other bug classes are [bugs] keys of
+  // the coarse builder.
   const Scenario step = bug("stale-after-step.toml");
-  EXPECT_TRUE(step.bugs.skip_secondary_invalidation);
+  EXPECT_FALSE(step.bugs.skip_secondary_invalidation);
+  EXPECT_EQ(step.run.builder, "deepspeed");
+  EXPECT_EQ(step.zero.deepspeed_version, "0.13.1");
   EXPECT_EQ(step.run.steps, 3);
-  EXPECT_EQ(bug("stale-after-load.toml").bugs.checkpoint_load_at_step, 0);
+  const Scenario load = bug("stale-after-load.toml");
+  EXPECT_EQ(load.bugs.checkpoint_load_at_step, 0);
+  EXPECT_EQ(load.run.builder, "coarse");
   const Scenario slice = bug("zero-element-slice.toml");
+  EXPECT_EQ(slice.run.builder, "coarse");
   EXPECT_TRUE(slice.bugs.legacy_copy_bounds);
   EXPECT_EQ(slice.model.name, "custom");
   EXPECT_EQ(slice.model.hidden, 12);
@@ -147,7 +157,9 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   EXPECT_EQ(slice.model.kv_heads, 2);
   EXPECT_EQ(slice.model.ffn, 32);
   EXPECT_EQ(slice.model.vocab, 64);
-  EXPECT_EQ(bug("mismatched-collectives.toml").bugs.secondary_mismatch_rank, 3);
+  const Scenario mismatch = bug("mismatched-collectives.toml");
+  EXPECT_EQ(mismatch.bugs.secondary_mismatch_rank, 3);
+  EXPECT_EQ(mismatch.run.builder, "coarse");
 }
 
 // --- presets ----------------------------------------------------------------------------------

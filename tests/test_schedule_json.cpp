@@ -30,6 +30,7 @@ Schedule tiny_schedule() {
   sc.zero.zero_quantized_gradients = true;
   sc.zero.stage3_param_persistence_threshold = 0;
   sc.run.variant = Variant::kEventWait;
+  sc.run.builder = "coarse";          // the builder these tests are about
   sc.run.spin_before_copy_us = 12.5;  // a spin kernel before each secondary copy
   return build_schedule(sc);
 }

@@ -299,9 +299,9 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   const bool any_coarse =
       std::any_of(checked.begin(), checked.end(), [](const Checked& c) { return c.coarse; });
   const std::string coarse_note =
-      "built by the coarse builder (run.builder = \"coarse\", the default: one coordinator call "
-      "per attn/mlp unit, hpZ as DeepSpeed 0.13.2-0.13.4 copies it); for the schedule your "
-      "DeepSpeed version issues, add --deepspeed VERSION (or --set run.builder=deepspeed)";
+      "built by the coarse builder (run.builder = \"coarse\": one coordinator call per attn/mlp "
+      "unit, hpZ as DeepSpeed 0.13.2-0.13.4 copies it); for the schedule your DeepSpeed "
+      "version issues, add --deepspeed VERSION (or --set run.builder=deepspeed, the default)";
   if (!opts.json.empty()) {
     nlohmann::json j = nlohmann::json::parse(check::JsonReporter().render(results));
     nlohmann::json notes = nlohmann::json::array();
