@@ -59,8 +59,9 @@ void check_and_count(benchmark::State& state, const hpz::Schedule& schedule) {
   state.counters["rss_before_check_mib"] = schedule_rss;
 }
 
+// The coarse builder's schedule (run.builder = "coarse"; the default builder is DeepSpeed's).
 void BM_CheckLlama70b(benchmark::State& state) {
-  check_and_count(state, llama70b(static_cast<int>(state.range(0)), {}));
+  check_and_count(state, llama70b(static_cast<int>(state.range(0)), {{"run.builder", "coarse"}}));
 }
 
 // The same model from the DeepSpeed builder (docs/deepspeed-builder.md), qwZ and qgZ off (as
