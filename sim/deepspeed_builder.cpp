@@ -25,6 +25,13 @@ namespace hpz {
 namespace {
 
 /** What differs between DeepSpeed versions on the hpZ path (../shared/DEEPSPEED.md's table). */
+/** How `_partition_param_sec` bounds its copy into the secondary (secondary_copy below). */
+enum class CopyBounds {
+  kLegacy,    ///< up to v0.13.4: tests the primary slice's bounds (PP:1637-1651 at v0.13.4)
+  kSecNumel,  ///< v0.13.5 - v0.14.2 (PR 5216): `sec_numel`, negative past the end (issue 5642)
+  kClamped,   ///< v0.14.4 on (PR 5652): `max(0, min(...))`, the secondary slice's own elements
+};
+
 struct VersionRules {
   const char* name;
   /// The pre-forward hook passes forward=torch.is_grad_enabled() (PO:497-507 at v0.13.1), and
@@ -53,15 +60,50 @@ struct VersionRules {
   /// first checks the list's length (utils.py:70-84, 104-113 at v0.17.6): a broadcast of the
   /// length and its `.item()`, then the list's broadcast and one `.item()` per element.
   bool reset_at_forward_start;
+  CopyBounds copy_bounds;
 };
 
 constexpr VersionRules kVersions[] = {
-    {"0.13.1", true, true, false, false, true, false, true, false},
-    {"0.13.4", false, false, false, true, false, true, false, false},
-    {"0.13.5", false, false, true, true, false, true, false, false},
-    {"0.14.4", false, true, true, true, false, true, false, false},
-    {"0.17.6", false, true, true, true, false, true, false, true},
+    {"0.13.1", true, true, false, false, true, false, true, false, CopyBounds::kLegacy},
+    {"0.13.4", false, false, false, true, false, true, false, false, CopyBounds::kLegacy},
+    {"0.13.5", false, false, true, true, false, true, false, false, CopyBounds::kSecNumel},
+    {"0.14.4", false, true, true, true, false, true, false, false, CopyBounds::kClamped},
+    {"0.17.6", false, true, true, true, false, true, false, true, CopyBounds::kClamped},
 };
+
+/** The elements of a parameter that `_partition_param_sec` copies into the secondary of the
+ *  rank `rank` at position `pos` of its hpZ group, always to the secondary's start, by the
+ *  version's bounds; std::nullopt where torch's narrow() raises instead. `groups` is
+ *  ds_secondary_tensor_num_of_groups, the world over the hpZ size (PP:948, 1104). */
+std::optional<ElemRange> secondary_copy(const ShardLayout& l, CopyBounds bounds, int rank, int pos,
+                                        std::uint64_t groups) {
+  const std::uint64_t numel = l.numel();
+  const ElemRange sec = l.secondary_slice(pos);
+  switch (bounds) {
+    case CopyBounds::kLegacy: {
+      // v0.13.4 PP:1637-1651: a primary slice inside the parameter copies the whole secondary
+      // slice if that is inside too, else nothing; the primary slice holding the parameter's
+      // end copies (numel - start) x groups elements; one past the end copies nothing.
+      const ElemRange pri = l.primary_slice(rank);
+      if (pri.begin < numel && pri.end <= numel) {
+        return sec.end <= numel ? sec : ElemRange{sec.begin, sec.begin};
+      }
+      if (pri.begin >= numel) return ElemRange{sec.begin, sec.begin};
+      const std::uint64_t n = (numel - pri.begin) * groups;
+      if (sec.begin + n > numel) return std::nullopt;  // one_dim_param.narrow() past its end
+      return ElemRange{sec.begin, sec.begin + n};
+    }
+    case CopyBounds::kSecNumel:
+      // v0.13.5 PP:1640: sec_numel = numel - secondary_start past the end, which is negative
+      // for a slice that starts past it: narrow() raises (issue 5642).
+      if (sec.end <= numel) return sec;
+      if (sec.begin > numel) return std::nullopt;
+      return ElemRange{sec.begin, numel};
+    case CopyBounds::kClamped:
+      return l.valid(sec);  // v0.14.4 PP:1692
+  }
+  return std::nullopt;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The module tree (transformers builds it; DeepSpeed hooks every module, PO:262-275).
@@ -851,8 +893,13 @@ void RankBuilder::init() {
   for (const int p : optimized_) {
     const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
     unit_ = static_cast<UnitId>(p);
+    // The whole shard is copied (its bytes timed), but only the parameter's own elements mean
+    // anything: a shard's padding is never written (PP:1633-1645 copy the parameter's elements
+    // only) and every gather drops it, as the step's gathers' reads do (shard_read).
+    const ElemRange mine = layouts_[p].primary_slice(rank_);
     push(OpKind::kCopy, current_, Purpose::kParamInit,
-         {{ps_[p].primary, AccessMode::kRead, 0, shard}, {moved[p], AccessMode::kWrite, 0, shard}})
+         {part(p, ps_[p].primary, mine, AccessMode::kRead, false),
+          part(p, moved[p], mine, AccessMode::kWrite, false)})
         .mem_bytes = static_cast<double>(2 * shard);
     ps_[p].primary = moved[p];
   }
@@ -923,14 +970,17 @@ void RankBuilder::gather_blocking(int p) {
       buffer(dp.name + ".gather_flat", BufferRole::kScratch, kNoUnit, l.padded_numel() * dt_);
   unit_ = kNoUnit;
   alloc(flat, current_, Purpose::kParamInit);
+  // This rank's own elements (the padding means nothing, as in the defragment above).
+  const Access own = part(p, st.primary, l.primary_slice(rank_), AccessMode::kRead, false);
   push(OpKind::kCopy, current_, Purpose::kParamInit,
-       {{st.primary, AccessMode::kRead, 0, shard},
-        {flat, AccessMode::kWrite, static_cast<std::uint64_t>(rank_) * shard, shard}})
+       {own,
+        {flat, AccessMode::kWrite, static_cast<std::uint64_t>(rank_) * shard + own.offset,
+         own.bytes}})
       .mem_bytes = static_cast<double>(2 * shard);
-  const EventId done =
-      collective(OpKind::kAllGather, world_group_, shard,
-                 {{flat, AccessMode::kRead, static_cast<std::uint64_t>(rank_) * shard, shard},
-                  {flat, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
+  const EventId done = collective(
+      OpKind::kAllGather, world_group_, shard,
+      {{flat, AccessMode::kRead, static_cast<std::uint64_t>(rank_) * shard + own.offset, own.bytes},
+       {flat, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
   wait(current_, done, Purpose::kParamInit);  // the work's wait() (PG), async_op false
   st.full = buffer(dp.name + ".full", BufferRole::kFull, static_cast<UnitId>(p), dp.numel * dt_);
   alloc(st.full, current_, Purpose::kParamInit);
@@ -955,10 +1005,20 @@ void RankBuilder::partition(int p) {
         st.has_secondary = true;
       }
       const int pos = rank_ % hpz_;
-      const ElemRange sec = layouts_[p].secondary_slice(pos);
-      // The copy happens when this rank's primary slice lies inside the parameter (PP:1633) or
-      // starts in it (the tail copy, PP:1640-1645); PR 5216 rewrote these bounds.
-      if (!layouts_[p].valid(sec).empty()) {
+      const std::optional<ElemRange> copied = secondary_copy(
+          layouts_[p], v_.copy_bounds, rank_, pos, static_cast<std::uint64_t>(world_ / hpz_));
+      if (!copied) {
+        throw InputError(sc_.path, "zero.deepspeed_version",
+                         std::string("DeepSpeed ") + v_.name + " raises at its secondary copy of " +
+                             md_.params[p].name + " on rank " + std::to_string(rank_) +
+                             " (torch's narrow() past the parameter's " +
+                             std::to_string(layouts_[p].numel()) +
+                             " elements in _partition_param_sec; issue 5642, handled from "
+                             "0.14.4 by PR 5652); allowed: 0.14.4 or later, or another world or "
+                             "hpZ size");
+      }
+      const ElemRange sec = *copied;
+      if (!sec.empty()) {
         // run.spin_before_copy_us (a what-if): a spin kernel holds the copy's stream ahead of
         // each copy of a training step, as a reproduction on a GPU does.
         if (phase_ != Phase::kInit && sc_.run.spin_before_copy_us > 0) {

@@ -318,6 +318,41 @@ TEST(DeepSpeedBuilder, EveryGathersStagingBufferIsFreedOnItsStream) {
   }
 }
 
+// Secondary slices past a parameter's end (scenarios/zero-element-slice.toml: 12-element norms
+// on 16 ranks, hpZ 8), by each version's copy bounds in _partition_param_sec: 0.13.4 tests the
+// primary slice's bounds and leaves ranks 12 and 13's secondary slices (elements 8 to 11)
+// unwritten, which the hpZ gathers read; 0.13.5 raises in narrow() on ranks 7 and 15 (issue
+// 5642); 0.14.4 and later copy each slice's own elements and are clean. Init reads only a
+// shard's own elements (its padding is never written), so no version reads padding.
+TEST(DeepSpeedBuilder, SecondarySlicesPastTheEndFollowEachVersionsCopyBounds) {
+  const Scenario sc = load_scenario(test::scenario_path("zero-element-slice"));
+  const auto check = [&](const char* v) {
+    Scenario s = sc;
+    s.zero.deepspeed_version = v;
+    return check::check_schedule(build_schedule(s));
+  };
+  const check::CheckResult legacy = check("0.13.4");
+  ASSERT_FALSE(legacy.groups.empty());
+  for (const check::FindingGroup& g : legacy.groups) {
+    EXPECT_EQ(g.example.kind, check::FindingKind::kUninitializedRead);
+    EXPECT_EQ(g.example.role, BufferRole::kSecondary);
+    EXPECT_EQ(g.ranks, (std::set<Rank>{12, 13}));
+  }
+  Scenario crash = sc;
+  crash.zero.deepspeed_version = "0.13.5";
+  try {
+    build_schedule(crash);
+    FAIL() << "0.13.5 built a copy that raises in DeepSpeed";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed 0.13.5 raises"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("on rank 7 "), std::string::npos) << what;  // the first to raise
+    EXPECT_NE(what.find("issue 5642"), std::string::npos) << what;
+  }
+  for (const char* v : {"0.14.4", "0.17.6"}) EXPECT_TRUE(check(v).clean()) << v;
+}
+
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
   Scenario sc;
   try {

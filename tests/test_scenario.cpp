@@ -138,8 +138,8 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
     EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 0) << name;
     return s;
   };
-  // Issue 4851 is DeepSpeed 0.13.1's own behaviour; the other bug classes are [bugs] keys of
-  // the coarse builder.
+  // Issue 4851 is DeepSpeed 0.13.1's own behaviour and the copy bounds 0.13.4's; the other bug
+  // classes are [bugs] keys of the coarse builder.
   const Scenario step = bug("stale-after-step.toml");
   EXPECT_FALSE(step.bugs.skip_secondary_invalidation);
   EXPECT_EQ(step.run.builder, "deepspeed");
@@ -148,9 +148,10 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   const Scenario load = bug("stale-after-load.toml");
   EXPECT_EQ(load.bugs.checkpoint_load_at_step, 0);
   EXPECT_EQ(load.run.builder, "coarse");
-  const Scenario slice = bug("zero-element-slice.toml");
-  EXPECT_EQ(slice.run.builder, "coarse");
-  EXPECT_TRUE(slice.bugs.legacy_copy_bounds);
+  const Scenario slice = bug("zero-element-slice.toml");  // DeepSpeed 0.13.4's copy bounds
+  EXPECT_EQ(slice.run.builder, "deepspeed");
+  EXPECT_EQ(slice.zero.deepspeed_version, "0.13.4");
+  EXPECT_FALSE(slice.bugs.legacy_copy_bounds);
   EXPECT_EQ(slice.model.name, "custom");
   EXPECT_EQ(slice.model.hidden, 12);
   EXPECT_EQ(slice.model.heads, 2);
