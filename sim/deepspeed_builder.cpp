@@ -1623,7 +1623,13 @@ void RankBuilder::reduce_ipg() {
     reduce_quantized();
   } else {
     const std::uint64_t bytes = ipg_elems_ * dt_;
-    const std::uint64_t shard = (bytes + world_ - 1) / world_;
+    // __avg_scatter_grads hands the bucket's gradients as a list to reduce_scatter_coalesced
+    // (S3:1330-1343; coalesced_collectives.py 84-150 at v0.13.4), which pads each tensor to
+    // ceil(numel / world) elements a rank: this rank's output is the sum of those.
+    std::uint64_t shard = 0;
+    for (const int p : ipg_params_) {
+      shard += (md_.params[p].numel + world_ - 1) / world_ * static_cast<std::uint64_t>(dt_);
+    }
     std::vector<Access> acc;
     bool in_bucket = true;
     for (const int p : ipg_params_) in_bucket = in_bucket && ipg_grad_[p].buffer == ipg_buffer_;
@@ -1861,14 +1867,16 @@ RankSchedule RankBuilder::build() {
     out_.streams.push_back({"S_rs"});
     srs_ = static_cast<StreamId>(out_.streams.size() - 1);
   }
-  std::uint64_t total = 0;
-  for (const DsParam& p : md_.params) total += p.numel;
+  std::uint64_t total = 0, padded_shards = 0;  // the second: every gradient's padded chunk
+  for (const DsParam& p : md_.params) {
+    total += p.numel;
+    padded_shards += (p.numel + world_ - 1) / world_;
+  }
   ipg_buffer_ = buffer(
       "ipg_bucket", BufferRole::kScratch, kNoUnit,
       std::min<std::uint64_t>(total, static_cast<std::uint64_t>(sc_.zero.reduce_bucket_size)) *
           dt_);
-  grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit,
-                       (total + world_ - 1) / world_ * dt_);
+  grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit, padded_shards * dt_);
   const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {
     // Every micro-batch: forward, backward (its gradients reduced into the partitions every
