@@ -222,7 +222,9 @@ def rank_ops(rec: recording.Recording) -> tuple[list, list]:
 
 def _drop_internal_buffers(ops: list, table: list) -> tuple[list, list]:
     """Removes buffers that only their allocation, their free and writes of one op touch:
-    intermediates of a folded kernel group (nobody else reads them)."""
+    intermediates of a folded kernel group (nobody else reads them). A parameter tensor
+    (primary, secondary, full) is kept even when nothing touches it: DeepSpeed allocated it (a
+    secondary its copy bounds leave unwritten and nothing reads before it is invalidated)."""
     users: dict[int, set] = {}
     read: set = set()
     for i, op in enumerate(ops):
@@ -230,8 +232,8 @@ def _drop_internal_buffers(ops: list, table: list) -> tuple[list, list]:
             users.setdefault(buf, set()).add(i)
             if mode == recording.READ:
                 read.add(buf)
-    keep = {b for b in users if b in read or len(users[b]) > 1
-            or table[b]["role"] != "scratch"}
+    keep = {b for b in users if b in read or len(users[b]) > 1}
+    keep |= {b for b, entry in enumerate(table) if entry["role"] != "scratch"}
     renumber = {old: new for new, old in enumerate(sorted(keep))}
     out = []
     for op in ops:

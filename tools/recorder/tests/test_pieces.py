@@ -123,6 +123,24 @@ def test_folded_kernels_keep_their_outside_reads_and_drop_intermediates(rec):
     assert all(b["name"] != f"tensor{lt}" for b in buffers)
 
 
+def test_a_parameter_tensor_nothing_touches_keeps_its_alloc_and_free(rec):
+    """A secondary that DeepSpeed 0.13.4's copy bounds leave unwritten and nothing reads before
+    the optimizer invalidates it: still allocated and freed in the IR, as DeepSpeed did it; an
+    untouched scratch tensor is dropped."""
+    rec.units.append({"name": "w", "layer": -1})
+    secondary, scratch = torch.empty(2), torch.empty(2)
+    with rec.paused_ops():
+        ls = rec.lifetime_of(secondary, fresh=True)
+        rec.claim(secondary, "secondary", 0)
+        lt = rec.lifetime_of(scratch, fresh=True)
+    for life in (ls, lt):
+        rec.push("alloc", 0, lifetime=life, fill="nan")
+        rec.push("free", 0, lifetime=life, region=(0, 8))
+    ops_, buffers = ir.rank_ops(rec)
+    assert buffers == [{"name": "w.secondary", "role": "secondary", "bytes": 8, "unit": 0}]
+    assert [(op["kind"], op["buffer"]) for op in ops_] == [("alloc", 0), ("free", 0)]
+
+
 def test_other_ranks_use_their_own_groups():
     groups = [{"kind": "world", "creator": "world", "ranks": [0, 1, 2, 3]},
               {"kind": "hpz", "creator": "zero_param", "ranks": [0, 1]},
