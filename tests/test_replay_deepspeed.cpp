@@ -95,7 +95,11 @@ TEST(DeepSpeedTaintReplay, RaceFreeOrderStaysClean) {
            {{"zero.zero_quantized_gradients", "true"}},
            {{"training.grad_accum", "2"}},
            {{"zero.deepspeed_version", "0.17.6"}},
-           {{"cluster.gpus_per_node", "3"}, {"zero.zero_hpz_partition_size", "3"}},
+           // Padded shards (64-element norms on 6 ranks) with 0.14.4's copy bounds; 0.13.4's
+           // leave secondary elements unwritten (below).
+           {{"cluster.gpus_per_node", "3"},
+            {"zero.zero_hpz_partition_size", "3"},
+            {"zero.deepspeed_version", "0.14.4"}},
            {{"zero.stage3_prefetch_bucket_size", "100000"}}}) {
     const Scenario sc = ds_tiny(o);
     const Schedule s = build_schedule(sc);
@@ -106,6 +110,21 @@ TEST(DeepSpeedTaintReplay, RaceFreeOrderStaysClean) {
       EXPECT_EQ(st.loss_health, Health::kGood) << (o.empty() ? "defaults" : o.front().first);
     }
   }
+}
+
+// DeepSpeed 0.13.4's secondary copy tests the primary slice's bounds (_partition_param_sec):
+// with 64-element norms on 6 ranks (hpZ 3) rank 2's secondary slice (elements 44-65) is never
+// copied and rank 5's tail copy stops at element 62, so the hpZ gathers hand out unwritten
+// elements even in the race-free order; 0.14.4 copies each slice's own elements (above).
+TEST(DeepSpeedTaintReplay, LegacyCopyBoundsGoBadInAnyOrder) {
+  const Scenario sc = ds_tiny({{"cluster.gpus_per_node", "3"},
+                               {"zero.zero_hpz_partition_size", "3"},
+                               {"zero.deepspeed_version", "0.13.4"}});
+  const Schedule s = build_schedule(sc);
+  const ReplayResult r = replay(sc, s, serialized_timeline(s), Mode::kTaint);
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_GT(r.steps[0].bad_elements, 0u);
+  EXPECT_NE(r.steps[2].loss_health, Health::kGood);
 }
 
 TEST(DeepSpeedTaintReplay, StaleSecondariesOf0131GoBadInAnyOrder) {
