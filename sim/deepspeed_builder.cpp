@@ -24,7 +24,6 @@
 namespace hpz {
 namespace {
 
-/** What differs between DeepSpeed versions on the hpZ path (../shared/DEEPSPEED.md's table). */
 /** How `_partition_param_sec` bounds its copy into the secondary (secondary_copy below). */
 enum class CopyBounds {
   kLegacy,    ///< up to v0.13.4: tests the primary slice's bounds (PP:1637-1651 at v0.13.4)
@@ -32,6 +31,7 @@ enum class CopyBounds {
   kClamped,   ///< v0.14.4 on (PR 5652): `max(0, min(...))`, the secondary slice's own elements
 };
 
+/** What differs between DeepSpeed versions on the hpZ path (../shared/DEEPSPEED.md's table). */
 struct VersionRules {
   const char* name;
   /// The pre-forward hook passes forward=torch.is_grad_enabled() (PO:497-507 at v0.13.1), and
@@ -60,6 +60,7 @@ struct VersionRules {
   /// first checks the list's length (utils.py:70-84, 104-113 at v0.17.6): a broadcast of the
   /// length and its `.item()`, then the list's broadcast and one `.item()` per element.
   bool reset_at_forward_start;
+  /// `_partition_param_sec`'s copy bounds (PR 5216 in v0.13.5, PR 5652 in v0.14.4).
   CopyBounds copy_bounds;
 };
 
