@@ -85,10 +85,10 @@ std::optional<ElemRange> secondary_copy(const ShardLayout& l, CopyBounds bounds,
       // v0.13.4 PP:1637-1651: a primary slice inside the parameter copies the whole secondary
       // slice if that is inside too, else nothing; the primary slice holding the parameter's
       // end copies (numel - start) x groups elements; one past the end copies nothing.
-      const ElemRange pri = l.primary_slice(rank);
-      if (pri.begin < numel && pri.end <= numel) {
+      if (l.legacy_copy_happens(rank)) {
         return sec.end <= numel ? sec : ElemRange{sec.begin, sec.begin};
       }
+      const ElemRange pri = l.primary_slice(rank);
       if (pri.begin >= numel) return ElemRange{sec.begin, sec.begin};
       const std::uint64_t n = (numel - pri.begin) * groups;
       if (sec.begin + n > numel) return std::nullopt;  // one_dim_param.narrow() past its end
@@ -971,17 +971,16 @@ void RankBuilder::gather_blocking(int p) {
       buffer(dp.name + ".gather_flat", BufferRole::kScratch, kNoUnit, l.padded_numel() * dt_);
   unit_ = kNoUnit;
   alloc(flat, current_, Purpose::kParamInit);
-  // This rank's own elements (the padding means nothing, as in the defragment above).
+  // This rank's own elements (the padding means nothing, as in the defragment above), in its
+  // slot of the flat buffer.
   const Access own = part(p, st.primary, l.primary_slice(rank_), AccessMode::kRead, false);
+  const std::uint64_t slot = static_cast<std::uint64_t>(rank_) * shard + own.offset;
   push(OpKind::kCopy, current_, Purpose::kParamInit,
-       {own,
-        {flat, AccessMode::kWrite, static_cast<std::uint64_t>(rank_) * shard + own.offset,
-         own.bytes}})
+       {own, {flat, AccessMode::kWrite, slot, own.bytes}})
       .mem_bytes = static_cast<double>(2 * shard);
-  const EventId done = collective(
-      OpKind::kAllGather, world_group_, shard,
-      {{flat, AccessMode::kRead, static_cast<std::uint64_t>(rank_) * shard + own.offset, own.bytes},
-       {flat, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
+  const EventId done = collective(OpKind::kAllGather, world_group_, shard,
+                                  {{flat, AccessMode::kRead, slot, own.bytes},
+                                   {flat, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
   wait(current_, done, Purpose::kParamInit);  // the work's wait() (PG), async_op false
   st.full = buffer(dp.name + ".full", BufferRole::kFull, static_cast<UnitId>(p), dp.numel * dt_);
   alloc(st.full, current_, Purpose::kParamInit);
@@ -1626,11 +1625,10 @@ void RankBuilder::reduce_ipg() {
     const std::uint64_t bytes = ipg_elems_ * dt_;
     // __avg_scatter_grads hands the bucket's gradients as a list to reduce_scatter_coalesced
     // (S3:1330-1343; coalesced_collectives.py 84-150 at v0.13.4), which pads each tensor to
-    // ceil(numel / world) elements a rank: this rank's output is the sum of those.
+    // ceil(numel / world) elements a rank, a primary shard's size: this rank's output is the
+    // sum of those.
     std::uint64_t shard = 0;
-    for (const int p : ipg_params_) {
-      shard += (md_.params[p].numel + world_ - 1) / world_ * static_cast<std::uint64_t>(dt_);
-    }
+    for (const int p : ipg_params_) shard += layouts_[p].shard_numel() * dt_;
     std::vector<Access> acc;
     bool in_bucket = true;
     for (const int p : ipg_params_) in_bucket = in_bucket && ipg_grad_[p].buffer == ipg_buffer_;
@@ -1676,8 +1674,7 @@ void RankBuilder::reduce_quantized() {
       // reduce-scatter whose output is this rank's chunk.
       push(OpKind::kKernel, srs_, Purpose::kGradReduce, {grad}).mem_bytes =
           2.0 * static_cast<double>(dp.numel * dt);
-      const EventId done = collective(OpKind::kReduceScatter, world_group_,
-                                      (dp.numel + world_ - 1) / world_ * dt, {grad, out});
+      const EventId done = collective(OpKind::kReduceScatter, world_group_, shard, {grad, out});
       wait(srs_, done, Purpose::kGradReduce);
       continue;
     }
@@ -1868,16 +1865,15 @@ RankSchedule RankBuilder::build() {
     out_.streams.push_back({"S_rs"});
     srs_ = static_cast<StreamId>(out_.streams.size() - 1);
   }
-  std::uint64_t total = 0, padded_shards = 0;  // the second: every gradient's padded chunk
-  for (const DsParam& p : md_.params) {
-    total += p.numel;
-    padded_shards += (p.numel + world_ - 1) / world_;
-  }
+  std::uint64_t total = 0;
+  for (const DsParam& p : md_.params) total += p.numel;
+  std::uint64_t shards = 0;  // every gradient's padded chunk (reduce_ipg)
+  for (const ShardLayout& l : layouts_) shards += l.shard_numel();
   ipg_buffer_ = buffer(
       "ipg_bucket", BufferRole::kScratch, kNoUnit,
       std::min<std::uint64_t>(total, static_cast<std::uint64_t>(sc_.zero.reduce_bucket_size)) *
           dt_);
-  grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit, padded_shards * dt_);
+  grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit, shards * dt_);
   const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {
     // Every micro-batch: forward, backward (its gradients reduced into the partitions every
