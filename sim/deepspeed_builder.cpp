@@ -1,5 +1,7 @@
 #include "sim/deepspeed_builder.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <deque>
 #include <limits>
@@ -123,21 +125,29 @@ struct DsParam {
   bool orphan = false;
 };
 
-// kAttnCore: a parameter-less module the attention core runs next to (GPT-2's attn_dropout),
-// where its FLOPs are counted when there is no rotary module.
-enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kAttnCore, kHead };
+enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHead };
 
 struct DsModule {
   std::string path;
   ModKind kind = ModKind::kContainer;
   // Its own parameters (named_parameters(recurse=False): weight, then bias), by ds_id.
   std::vector<int> params;
+  // The attention core (scores and their product with V), which is no module, runs next to
+  // this one: its FLOPs are counted in this module's kernel. The layer's rotary_emb where
+  // the attention has one (transformers 4.35), GPT-2's attn_dropout, else o_proj, which
+  // follows it.
+  bool attn_core = false;
 };
 
-enum class Family { kLlama, kFalcon, kGptNeox, kGpt2 };
+// Phi-3 (transformers 4.51.3): fused qkv_proj and gate_up_proj, and residual dropouts.
+enum class Family { kLlama, kFalcon, kGptNeox, kGpt2, kPhi3 };
 
 struct Model {
   Family family = Family::kLlama;
+  // transformers 4.51.3's trees: one rotary_emb in the base model, run once per forward before
+  // the layers (LlamaModel.forward), none in the attention; 4.35.2's: one in each attention.
+  bool model_rotary = false;
+  int rotary = -1;  // the base model's rotary_emb
   std::vector<DsParam> params;  // by ds_id: the order zero.Init converts them
   std::vector<DsModule> modules;
   int causal_lm = -1, base = -1, embed = -1, pos_embed = -1, emb_drop = -1, norm = -1, head = -1;
@@ -150,11 +160,15 @@ struct Model {
    *  post_attention_layernorm, rotary_emb, and its Dropout modules (attention.attention_dropout,
    *  post_attention_dropout, post_mlp_dropout), each hooked as any module. GPT-2: ln_1 in
    *  in_ln, attn {c_attn in q, attn_dropout, c_proj in o, resid_dropout in post_attn_drop},
-   *  ln_2 in post_ln, mlp {c_fc in up, act, c_proj in down, dropout in post_mlp_drop}. */
+   *  ln_2 in post_ln, mlp {c_fc in up, act, c_proj in down, dropout in post_mlp_drop}.
+   *  Qwen3 (4.51.3): Llama's, with self_attn {q, k, v, o, q_norm, k_norm} and no rotary_emb.
+   *  Phi-3 (4.51.3): input_layernorm, self_attn {qkv_proj in q, o_proj}, resid_attn_dropout in
+   *  post_attn_drop, post_attention_layernorm, mlp {gate_up_proj in up, activation_fn,
+   *  down_proj}, resid_mlp_dropout in post_mlp_drop. */
   struct Layer {
     int layer = -1, in_ln = -1, attn = -1, q = -1, k = -1, v = -1, rot = -1, o = -1, post_ln = -1,
         mlp = -1, gate = -1, act = -1, up = -1, down = -1, attn_drop = -1, post_attn_drop = -1,
-        post_mlp_drop = -1;
+        post_mlp_drop = -1, q_norm = -1, k_norm = -1;
   };
   std::vector<Layer> layers;
 };
@@ -164,18 +178,28 @@ struct Model {
  *  is zero.Init's ds_id (TF:LlamaAttention, LlamaMLP, LlamaDecoderLayer, LlamaModel,
  *  LlamaForCausalLM; FalconAttention, FalconMLP, FalconDecoderLayer, FalconModel,
  *  FalconForCausalLM; GPTNeoXLayer, GPTNeoXAttention, GPTNeoXMLP, GPTNeoXModel,
- *  GPTNeoXForCausalLM at 4.35.2). */
-Model build_model(const ModelConfig& m) {
+ *  GPTNeoXForCausalLM at 4.35.2). At transformers 4.51.3 (`model_rotary`): Llama's, Mistral's,
+ *  Qwen2's, Qwen3's and Gemma's trees (modeling_llama.py, modeling_qwen3.py:183-196 q, k, v,
+ *  o_proj, q_norm, k_norm; modeling_gemma.py) and Phi-3's (modeling_phi3.py:67-68 gate_up_proj,
+ *  down_proj; 172-173 o_proj before qkv_proj; 256-262 the layer's), each base model with its
+ *  rotary_emb made after norm (modeling_qwen3.py:485). */
+Model build_model(const ModelConfig& m, bool model_rotary) {
   Model md;
   md.family = m.family == "falcon"     ? Family::kFalcon
               : m.family == "gpt_neox" ? Family::kGptNeox
               : m.family == "gpt2"     ? Family::kGpt2
+              : m.family == "phi3"     ? Family::kPhi3
                                        : Family::kLlama;
+  md.model_rotary = model_rotary;
+  const bool phi3 = md.family == Family::kPhi3;
   const bool gpt2 = md.family == Family::kGpt2;
   const bool falcon = md.family == Family::kFalcon || gpt2;  // GPT-2's base is "transformer" too
   const bool neox = md.family == Family::kGptNeox;
   const auto h = static_cast<std::uint64_t>(m.hidden);
-  const std::uint64_t head_dim = h / static_cast<std::uint64_t>(m.heads);
+  // config.head_dim where the family reads it (transformers 4.51.3's Llama, Mistral, Qwen3,
+  // Gemma: `getattr(config, "head_dim", hidden_size // num_attention_heads)`).
+  const std::uint64_t head_dim = m.head_dim > 0 ? static_cast<std::uint64_t>(m.head_dim)
+                                                : h / static_cast<std::uint64_t>(m.heads);
   const std::uint64_t q_width = head_dim * static_cast<std::uint64_t>(m.heads);
   const std::uint64_t kv = head_dim * static_cast<std::uint64_t>(m.kv_heads);
   const auto ffn = static_cast<std::uint64_t>(m.ffn);
@@ -196,9 +220,9 @@ Model build_model(const ModelConfig& m) {
     if (bias) param(mod, "bias", out, 1, layer);
   };
   // RMSNorm: weight; LayerNorm: weight, then bias.
-  auto norm = [&](int mod, int layer) {
-    param(mod, "weight", h, 1, layer);
-    if (m.norm_bias) param(mod, "bias", h, 1, layer);
+  auto norm = [&](int mod, int layer, std::uint64_t width) {
+    param(mod, "weight", width, 1, layer);
+    if (m.norm_bias) param(mod, "bias", width, 1, layer);
   };
   // Module paths as the recorder labels them (named_modules; the root is "model").
   const std::string base = falcon ? "transformer" : neox ? "gpt_neox" : "model";
@@ -228,7 +252,7 @@ Model build_model(const ModelConfig& m) {
       L.attn = module(p + ".attn", ModKind::kContainer);
       L.q = module(p + ".attn.c_attn", ModKind::kLinear);
       L.o = module(p + ".attn.c_proj", ModKind::kLinear);
-      L.attn_drop = module(p + ".attn.attn_dropout", ModKind::kAttnCore);
+      L.attn_drop = module(p + ".attn.attn_dropout", ModKind::kAct);
       L.post_attn_drop = module(p + ".attn.resid_dropout", ModKind::kAct);
       L.post_ln = module(p + ".ln_2", ModKind::kNorm);
       L.mlp = module(p + ".mlp", ModKind::kContainer);
@@ -236,10 +260,10 @@ Model build_model(const ModelConfig& m) {
       L.down = module(p + ".mlp.c_proj", ModKind::kLinear);
       L.act = module(p + ".mlp.act", ModKind::kAct);
       L.post_mlp_drop = module(p + ".mlp.dropout", ModKind::kAct);
-      norm(L.in_ln, i);
+      norm(L.in_ln, i, h);
       linear(L.q, 3 * h, h, true, i);
       linear(L.o, h, h, true, i);
-      norm(L.post_ln, i);
+      norm(L.post_ln, i, h);
       linear(L.up, ffn, h, true, i);
       linear(L.down, h, ffn, true, i);
     } else if (neox) {
@@ -257,12 +281,32 @@ Model build_model(const ModelConfig& m) {
       L.up = module(p + ".mlp.dense_h_to_4h", ModKind::kLinear);
       L.down = module(p + ".mlp.dense_4h_to_h", ModKind::kLinear);
       L.act = module(p + ".mlp.act", ModKind::kAct);
-      norm(L.in_ln, i);
-      norm(L.post_ln, i);
+      norm(L.in_ln, i, h);
+      norm(L.post_ln, i, h);
       linear(L.q, q_width + 2 * kv, h, m.linear_bias, i);
       linear(L.o, h, q_width, m.linear_bias, i);
       linear(L.up, ffn, h, true, i);  // GPTNeoXMLP: both Linears with their default bias
       linear(L.down, h, ffn, true, i);
+    } else if (phi3) {
+      // Phi3DecoderLayer.__init__: self_attn (o_proj, then qkv_proj), mlp (gate_up_proj,
+      // down_proj, activation_fn), the two RMSNorms, then the two residual dropouts.
+      L.attn = module(p + ".self_attn", ModKind::kContainer);
+      L.o = module(p + ".self_attn.o_proj", ModKind::kLinear);
+      L.q = module(p + ".self_attn.qkv_proj", ModKind::kLinear);
+      L.mlp = module(p + ".mlp", ModKind::kContainer);
+      L.up = module(p + ".mlp.gate_up_proj", ModKind::kLinear);
+      L.down = module(p + ".mlp.down_proj", ModKind::kLinear);
+      L.act = module(p + ".mlp.activation_fn", ModKind::kAct);
+      L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
+      L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
+      L.post_attn_drop = module(p + ".resid_attn_dropout", ModKind::kAct);
+      L.post_mlp_drop = module(p + ".resid_mlp_dropout", ModKind::kAct);
+      linear(L.o, h, q_width, false, i);
+      linear(L.q, q_width + 2 * kv, h, false, i);
+      linear(L.up, 2 * ffn, h, false, i);
+      linear(L.down, h, ffn, false, i);
+      norm(L.in_ln, i, h);
+      norm(L.post_ln, i, h);
     } else if (falcon) {
       // FalconDecoderLayer.__init__: self_attention, mlp, then its LayerNorms.
       L.attn = module(p + ".self_attention", ModKind::kContainer);
@@ -280,15 +324,19 @@ Model build_model(const ModelConfig& m) {
       linear(L.o, h, q_width, m.linear_bias, i);
       linear(L.up, ffn, h, m.linear_bias, i);
       linear(L.down, h, ffn, m.linear_bias, i);
-      norm(L.in_ln, i);
-      if (two) norm(L.post_ln, i);
+      norm(L.in_ln, i, h);
+      if (two) norm(L.post_ln, i, h);
     } else {
       L.attn = module(p + ".self_attn", ModKind::kContainer);
       L.q = module(p + ".self_attn.q_proj", ModKind::kLinear);
       L.k = module(p + ".self_attn.k_proj", ModKind::kLinear);
       L.v = module(p + ".self_attn.v_proj", ModKind::kLinear);
       L.o = module(p + ".self_attn.o_proj", ModKind::kLinear);
-      L.rot = module(p + ".self_attn.rotary_emb", ModKind::kRotary);
+      if (!model_rotary) L.rot = module(p + ".self_attn.rotary_emb", ModKind::kRotary);
+      if (m.qk_norm) {
+        L.q_norm = module(p + ".self_attn.q_norm", ModKind::kNorm);
+        L.k_norm = module(p + ".self_attn.k_norm", ModKind::kNorm);
+      }
       L.mlp = module(p + ".mlp", ModKind::kContainer);
       L.gate = module(p + ".mlp.gate_proj", ModKind::kLinear);
       L.up = module(p + ".mlp.up_proj", ModKind::kLinear);
@@ -301,12 +349,16 @@ Model build_model(const ModelConfig& m) {
       linear(L.k, kv, h, m.qkv_bias, i);
       linear(L.v, kv, h, m.qkv_bias, i);
       linear(L.o, h, q_width, m.o_bias, i);
+      if (m.qk_norm) {  // Qwen3RMSNorm(head_dim): one weight shared by the heads
+        norm(L.q_norm, i, head_dim);
+        norm(L.k_norm, i, head_dim);
+      }
       // LlamaMLP: bias=config.mlp_bias on all three (transformers 4.41 and on; 0 for Mistral).
       linear(L.gate, ffn, h, m.mlp_bias, i);
       linear(L.up, ffn, h, m.mlp_bias, i);
       linear(L.down, h, ffn, m.mlp_bias, i);
-      norm(L.in_ln, i);
-      norm(L.post_ln, i);
+      norm(L.in_ln, i, h);
+      norm(L.post_ln, i, h);
     }
     md.layers.push_back(L);
   }
@@ -314,8 +366,13 @@ Model build_model(const ModelConfig& m) {
                            : neox ? ".final_layer_norm"
                                   : ".norm"),
                    ModKind::kNorm);
+  if (model_rotary) md.rotary = module(base + ".rotary_emb", ModKind::kRotary);
+  for (Model::Layer& L : md.layers) {
+    const int core = L.rot >= 0 ? L.rot : L.attn_drop >= 0 && gpt2 ? L.attn_drop : L.o;
+    md.modules[core].attn_core = true;
+  }
   md.head = module(neox ? "embed_out" : "lm_head", ModKind::kHead);
-  norm(md.norm, -1);
+  norm(md.norm, -1, h);
   linear(md.head, vocab, h, false, -1);
   if (m.tied_embeddings) {
     const int own = md.modules[md.head].params.front();
@@ -401,6 +458,23 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     leaf(L.down);
     close(L.mlp);
     leaf(L.post_mlp_drop);
+  } else if (md.family == Family::kPhi3) {
+    // Phi3DecoderLayer.forward (modeling_phi3.py:300-320 at 4.51.3): x + resid_attn_dropout(
+    // self_attn(input_layernorm(x))), then + resid_mlp_dropout(mlp(post_attention_layernorm(.)));
+    // Phi3MLP: down_proj(up * activation_fn(gate)) of one gate_up_proj.
+    leaf(L.in_ln);
+    open(L.attn);
+    leaf(L.q);
+    leaf(L.o);
+    close(L.attn);
+    leaf(L.post_attn_drop);
+    leaf(L.post_ln);
+    open(L.mlp);
+    leaf(L.up);
+    leaf(L.act);
+    leaf(L.down);
+    close(L.mlp);
+    leaf(L.post_mlp_drop);
   } else if (md.family == Family::kFalcon) {
     leaf(L.in_ln);
     leaf(L.post_ln);
@@ -415,10 +489,13 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     leaf(L.down);
     close(L.mlp);
   } else {
+    // Qwen3Attention.forward (modeling_qwen3.py:217-218): q_norm(q_proj(x)), k_norm(k_proj(x)).
     leaf(L.in_ln);
     open(L.attn);
     leaf(L.q);
+    leaf(L.q_norm);
     leaf(L.k);
+    leaf(L.k_norm);
     leaf(L.v);
     leaf(L.rot);
     leaf(L.o);
@@ -462,6 +539,21 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
     leaf(L.post_attn_drop);
     leaf(L.o);
     leaf(L.attn_drop);
+    leaf(L.q);
+    leaf(L.in_ln);
+    return;
+  }
+  if (md.family == Family::kPhi3) {
+    // Sequential, its dropouts outside the containers (the recording tiny-phi3-0.13.4).
+    leaf(L.post_mlp_drop);
+    out.push_back({Ev::kPreBwd, L.mlp});
+    leaf(L.down);
+    leaf(L.act);
+    leaf(L.up);
+    leaf(L.post_ln);
+    leaf(L.post_attn_drop);
+    out.push_back({Ev::kPreBwd, L.attn});
+    leaf(L.o);
     leaf(L.q);
     leaf(L.in_ln);
     return;
@@ -511,7 +603,9 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
   out.push_back({Ev::kPreBwd, L.attn});
   leaf(L.o);
   leaf(L.v);
+  leaf(L.k_norm);
   leaf(L.k);
+  leaf(L.q_norm);
   leaf(L.q);
   leaf(L.in_ln);
 }
@@ -528,6 +622,10 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   leaf(md.embed, true);
   if (md.pos_embed >= 0) leaf(md.pos_embed, true);
   if (md.emb_drop >= 0) leaf(md.emb_drop, true);
+  // transformers 4.51.3: position_embeddings = self.rotary_emb(hidden_states, position_ids), once,
+  // outside the checkpointed layers (modeling_qwen3.py:553); its forward is under no_grad, so
+  // its outputs get no backward hook.
+  if (md.rotary >= 0) leaf(md.rotary, true);
   // Reentrant checkpointing (TF:LlamaModel.forward, FalconModel.forward, torch.utils.checkpoint)
   // runs each layer's first forward without grad.
   for (const auto& L : md.layers) layer_forward(md, L, false, !checkpointing, h);
@@ -1085,11 +1183,13 @@ void RankBuilder::kernel(int module, bool backward) {
   } else {
     op = &push(OpKind::kKernel, s0_, p);
     op->mem_bytes = 2 * tokens * h * dt_;
-    if (m.kind == ModKind::kRotary || m.kind == ModKind::kAttnCore) {
-      // Attention scores and their product with V (counted where the attention core runs,
-      // between rotary_emb and o_proj).
-      op->flops = 4 * tokens * sc_.training.seq_len * h * (backward ? 2 : 1);
-    }
+  }
+  if (m.attn_core) {
+    // Attention scores and their product with V, over the heads' width.
+    const double width = sc_.model.head_dim > 0
+                             ? static_cast<double>(sc_.model.head_dim) * sc_.model.heads
+                             : h;
+    op->flops += 4 * tokens * sc_.training.seq_len * width * (backward ? 2 : 1);
   }
 }
 
@@ -1937,45 +2037,64 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                      "the DeepSpeed builder does not model " + what + " yet (" + instead +
                          ", or run.builder = \"coarse\")");
   };
-  // transformers' Llama and Falcon module trees, as the recorder saw them (MistralForCausalLM has
-  // Llama's modules), with or without an output layer tied to the embedding.
+  // The module tree transformers builds for the family, at the release the scenario names
+  // (model.transformers_version): each is held to recordings of real DeepSpeed made with that
+  // release (traces/deepspeed/README.md).
   const ModelConfig& m = sc.model;
-  ModelConfig untied = m;
-  untied.tied_embeddings = false;
-  if (m.family == "llama" && m.qkv_bias == m.o_bias) {
-    untied.qkv_bias = untied.o_bias = false;  // attention_bias: q, k, v and o with biases
+  const std::string tf = transformers_version_of(m);
+  const bool tf451 = tf == "4.51.3";
+  const bool own_head_dim =
+      m.head_dim > 0 && static_cast<std::int64_t>(m.head_dim) * m.heads != m.hidden;
+  const std::string& f = m.family;
+  if (!tf451) {
+    // transformers 4.35.2 has no Qwen2, Qwen3, Gemma or Phi-3; its Llama and Mistral read
+    // neither head_dim (head_dim = hidden_size // num_attention_heads) nor mlp_bias: they would
+    // build another model than the config says.
+    const char* why = f != "llama" && f != "mistral" && f != "falcon" && f != "gpt_neox" &&
+                              f != "gpt2"
+                          ? "has no model_type"
+                      : own_head_dim ? "ignores the config's head_dim for model_type"
+                      : m.mlp_bias && f == "llama" ? "ignores the config's mlp_bias for model_type"
+                                                   : nullptr;
+    if (why != nullptr) {
+      throw InputError(sc.path, "model.transformers_version",
+                       fmt::format("transformers {} {} {} (allowed here: \"4.51.3\" or \"auto\")",
+                                   tf, why, f));
+    }
   }
-  // mlp_bias: gate, up and down_proj with biases. transformers 4.35, the recorder's, has no
-  // mlp_bias; the walk is the one the attention-bias recording holds, a Linear's bias fetched
-  // with its weight in one coalesced gather.
-  if (m.family == "llama") untied.mlp_bias = false;
-  // Qwen2 (and Qwen2.5: model_type qwen2) is Llama's module tree in transformers, in the same
-  // __init__ and forward order (Qwen2ForCausalLM, Qwen2Model, Qwen2DecoderLayer, Qwen2MLP and
-  // Qwen2Attention with q, k, v, o_proj and rotary_emb, in transformers 4.37 to 4.44), with
-  // biases on q_proj, k_proj and v_proj and none on o_proj; the walk below takes each
-  // projection's bias from m. transformers 4.35, the recorder's, has no Qwen2: this walk is
-  // Llama's, held to Llama's recordings (attention biases included), not to a Qwen2 recording.
-  if (m.family == "qwen2" && m.qkv_bias && !m.o_bias) {
-    untied.family = "llama";
-    untied.qkv_bias = false;
-  }
-  const bool falcon_walkable = m.family == "falcon" && !m.gated_mlp && m.norm_bias &&
+  // Llama's tree (MistralForCausalLM, Qwen2's, Qwen3's and Gemma's have its modules; Qwen3 adds
+  // q_norm and k_norm), with each projection's bias as the family sets it (Llama's
+  // attention_bias and mlp_bias, Qwen2's on q, k and v, Qwen3's attention_bias), tied or not.
+  const bool llama_tree = f == "llama" || f == "mistral" || f == "qwen2" || f == "qwen3" ||
+                          f == "gemma";
+  const bool dense_rms = m.gated_mlp && !m.linear_bias && !m.norm_bias && m.experts == 0 &&
+                         m.kv_lora_rank == 0 && m.learned_positions == 0 &&
+                         m.norms_per_layer == 2 && !m.alibi;
+  const bool llama_walkable = llama_tree && dense_rms && (!m.qk_norm || f == "qwen3");
+  const bool phi3_walkable = f == "phi3" && tf451 && dense_rms && !m.qkv_bias && !m.o_bias &&
+                             !m.mlp_bias && !m.qk_norm && !own_head_dim;
+  const bool falcon_walkable = f == "falcon" && !tf451 && !m.gated_mlp && m.norm_bias &&
                                m.parallel_blocks && !m.alibi && !m.qkv_bias && !m.qk_norm &&
                                m.experts == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
                                m.head_dim == 0 &&
                                (m.norms_per_layer == 1 || m.norms_per_layer == 2);
-  const bool neox_walkable = m.family == "gpt_neox" && !m.gated_mlp && m.norm_bias &&
+  const bool neox_walkable = f == "gpt_neox" && !tf451 && !m.gated_mlp && m.norm_bias &&
                              m.parallel_blocks && m.experts == 0 && m.head_dim == 0;
-  const bool gpt2_walkable = m.family == "gpt2" && !m.gated_mlp && m.norm_bias && m.linear_bias &&
-                             m.learned_positions > 0 && m.experts == 0 && m.head_dim == 0;
-  if (!llama_shaped(untied) && !falcon_walkable && !neox_walkable && !gpt2_walkable) {
-    refuse("model_type " + m.family +
-               " with this shape (it walks transformers' Llama module tree with biases on all "
-               "four attention projections, the three MLP ones, or, as Qwen2's, q, k and v, or "
-               "none, without "
-               "experts or a head dimension of its own, Falcon's with parallel attention "
+  const bool gpt2_walkable = f == "gpt2" && !tf451 && !m.gated_mlp && m.norm_bias &&
+                             m.linear_bias && m.learned_positions > 0 && m.experts == 0 &&
+                             m.head_dim == 0;
+  if (tf451 && (f == "falcon" || f == "gpt_neox" || f == "gpt2")) {
+    throw InputError(sc.path, "model.transformers_version",
+                     "the DeepSpeed builder walks model_type " + f +
+                         " as transformers 4.35.2 builds it, the release its recordings were "
+                         "made with (allowed here: \"4.35.2\" or \"auto\")");
+  }
+  if (!llama_walkable && !phi3_walkable && !falcon_walkable && !neox_walkable && !gpt2_walkable) {
+    refuse("model_type " + f +
+               " with this shape (it walks the dense trees of transformers' Llama, Mistral, "
+               "Qwen2, Qwen3, Gemma and Phi-3 without experts, Falcon's with parallel attention "
                "and rotary embeddings, GPT-NeoX's with parallel residuals, and GPT-2's)",
-           "a Llama, Mistral, Qwen2, Falcon, GPT-NeoX or GPT-2 model of those shapes");
+           "a model of those families and shapes");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes
@@ -1990,7 +2109,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
            "remove them");
   }
 
-  Model md = build_model(sc.model);
+  Model md = build_model(sc.model, tf451);
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
   // model_persistence_threshold at its default (sys.maxsize); zero.Init marks the same ones
   // (PP:1086).
@@ -2005,6 +2124,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   s.dtype_bytes = sc.training.dtype_bytes();
   s.source["builder"] = "deepspeed";
   s.source["deepspeed"] = v.name;
+  s.source["transformers"] = tf;
   for (const DsParam& p : md.params) {
     const ShardLayout l(p.numel, s.world_size, s.hpz_size);
     ParamUnit u;

@@ -23,6 +23,12 @@ struct LayerShape {
  *  numeric replay's model computes. */
 bool llama_shaped(const ModelConfig& m);
 
+/** The transformers release whose module tree the model is walked in: m.transformers_version,
+ *  or for "auto" 4.35.2 (the recorder's default) where that release builds the model as its
+ *  config says (Llama, Mistral, Falcon, GPT-NeoX, GPT-2 without a head dimension of their own,
+ *  and Llama without mlp_bias: 4.35.2 ignores both), else 4.51.3. */
+std::string transformers_version_of(const ModelConfig& m);
+
 /** Width of the attention's query/output projection: heads x head dimension. */
 double attention_width(const ModelConfig& m);
 

@@ -7,6 +7,7 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
+#include "sim/model_shape.hpp"
 
 namespace hpz {
 namespace {
@@ -125,6 +126,8 @@ std::vector<std::string> recorder_args(const Scenario& sc) {
           std::to_string(sc.cluster.gpus_per_node),
           "--deepspeed",
           sc.zero.deepspeed_version,
+          "--transformers",
+          transformers_version_of(sc.model),
           "--steps",
           std::to_string(sc.run.steps),
           "--micro-batch",

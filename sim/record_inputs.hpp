@@ -27,7 +27,8 @@ nlohmann::json recorder_hf_config(const Scenario& scenario);
 nlohmann::json recorder_ds_config(const Scenario& scenario);
 
 /** The arguments for tools/record besides --hf-config, --ds-config and --out: the cluster, the
- *  version, steps, micro-batch, sequence length and gradient checkpointing of the scenario. */
+ *  DeepSpeed and transformers versions (the one the DeepSpeed builder walks), steps,
+ *  micro-batch, sequence length and gradient checkpointing of the scenario. */
 std::vector<std::string> recorder_args(const Scenario& scenario);
 
 }  // namespace hpz

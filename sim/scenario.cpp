@@ -178,6 +178,9 @@ const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 // The versions sim/deepspeed_builder.cpp models (test_deepspeed_builder checks the two agree).
 const std::vector<std::string> kDeepSpeedVersions = {"0.13.1", "0.13.4", "0.13.5", "0.14.4",
                                                      "0.17.6"};
+// The transformers releases whose module trees sim/deepspeed_builder.cpp walks (the recorder's
+// requirements: tools/recorder/requirements/base.txt and transformers-*.txt).
+const std::vector<std::string> kTransformersVersions = {"auto", "4.35.2", "4.51.3"};
 const std::vector<std::string> kDtypeNames = {"bf16", "fp16", "fp32"};
 const std::vector<std::string> kCollectiveModelNames = {"fine", "coarse"};
 const std::vector<std::string> kNetworkModelNames = {"CM02", "LV08"};
@@ -228,6 +231,10 @@ const std::vector<KeySpec>& key_specs() {
       {"model", "kv_heads", Kind::kInteger, HPZ_SET(model.kv_heads, int_of)},
       {"model", "vocab", Kind::kInteger, HPZ_SET(model.vocab, int_of)},
       {"model", "gated_mlp", Kind::kBool, HPZ_SET(model.gated_mlp, bool_of)},
+      {"model", "transformers_version", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.model.transformers_version = choice_of(v, k, kTransformersVersions);
+       }},
       {"training", "seq_len", Kind::kInteger, HPZ_SET(training.seq_len, int_of)},
       {"training", "micro_batch", Kind::kInteger, HPZ_SET(training.micro_batch, int_of)},
       {"training", "grad_accum", Kind::kInteger, HPZ_SET(training.grad_accum, int_of)},
@@ -560,8 +567,10 @@ ModelConfig read_hf_config(const Setting& s) {
   } else if (type == "qwen2" || type == "qwen2_moe") {
     model.qkv_bias = true;  // Qwen2Attention: q/k/v_proj with bias=True
   } else if (type == "qwen3") {
-    model.qkv_bias = hf_bool(config, file, "attention_bias", false);
-    model.qk_norm = true;  // Qwen3Attention: q_norm and k_norm over head_dim
+    // Qwen3Attention: q, k, v and o_proj all take bias=config.attention_bias
+    // (modeling_qwen3.py:183-194 at transformers 4.51.3); q_norm and k_norm over head_dim.
+    model.qkv_bias = model.o_bias = hf_bool(config, file, "attention_bias", false);
+    model.qk_norm = true;
   } else if (type == "llama") {
     // LlamaAttention: q, k, v and o_proj all take bias=config.attention_bias; LlamaMLP's three
     // take config.mlp_bias (transformers 4.55.4 modeling_llama.py:146-148, 207-218; 4.35.2 has

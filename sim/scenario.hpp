@@ -86,6 +86,10 @@ struct ModelConfig {
   int qk_nope_head_dim = 0;         ///< MLA: per-head query/key part without rotary embedding
   int qk_rope_head_dim = 0;         ///< MLA: per-head rotary part
   int v_head_dim = 0;               ///< MLA: per-head value width
+  /// The transformers release whose module tree the DeepSpeed builder walks: "4.35.2",
+  /// "4.51.3", or "auto" (transformers_version_of: 4.35.2 for the families it has, else
+  /// 4.51.3). The coarse builder has no module tree and ignores it.
+  std::string transformers_version = "auto";
 };
 
 /** [training]: the batch and the numeric format. */

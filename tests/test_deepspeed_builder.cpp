@@ -44,9 +44,9 @@ Schedule recording(const std::string& name) {
   return schedule_from_json(nlohmann::json::parse(gunzip(path)), path);
 }
 
-/** The scenario the recording was made with: its model config (read as model.hf_config) and
- *  the ds_config the recorder used (both named in its `source`), DeepSpeed's defaults for the
- *  keys that ds_config leaves out. */
+/** The scenario the recording was made with: its model config (read as model.hf_config), the
+ *  transformers release that built it and the ds_config the recorder used (all named in its
+ *  `source`), DeepSpeed's defaults for the keys that ds_config leaves out. */
 Scenario scenario_of(const Schedule& rec) {
   const nlohmann::json ds = nlohmann::json::parse(rec.source.at("ds_config_used"));
   const nlohmann::json& z = ds.at("zero_optimization");
@@ -56,7 +56,8 @@ Scenario scenario_of(const Schedule& rec) {
   sc.cluster.gpus_per_node = std::stoi(rec.source.at("gpus_per_node"));
   sc.model =
       load_scenario(test::scenario_path("tiny"),
-                    {{"model.hf_config", test::source_dir() + "/" + rec.source.at("hf_config")}})
+                    {{"model.hf_config", test::source_dir() + "/" + rec.source.at("hf_config")},
+                     {"model.transformers_version", rec.source.at("transformers")}})
           .model;
   sc.training.micro_batch = std::stoi(rec.source.at("micro_batch"));
   sc.training.seq_len = std::stoi(rec.source.at("seq_len"));
@@ -105,7 +106,10 @@ INSTANTIATE_TEST_SUITE_P(
                     "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz",
                     "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
                     "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
-                    "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "llama2-7b-0.13.4"),
+                    "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "llama2-7b-0.13.4",
+                    "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4",
+                    "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4",
+                    "tiny-phi3-tf4.51-0.13.4"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
@@ -253,9 +257,9 @@ std::pair<std::set<std::string>, double> units_of(const Schedule& s) {
 
 // Qwen2 (transformers' Qwen2ForCausalLM) is Llama's module tree with biases on q, k and v_proj
 // and none on o_proj (tests/data/hf_qwen2/config.json: a tiny one). The builder walks it as
-// Llama's: the units are the model's parameters as the Hugging Face reader counts them, and
-// 0.13.4 races where 0.13.5 does not. No recording holds it: transformers 4.35, the
-// recorder's, has no Qwen2.
+// Llama's, as transformers 4.51.3 builds it (4.35.2 has no Qwen2; the recording
+// tiny-qwen2-tf4.51-0.13.4 holds the walk): the units are the model's parameters as the
+// Hugging Face reader counts them, and 0.13.4 races where 0.13.5 does not.
 TEST(DeepSpeedBuilder, Qwen2IsLlamasTreeWithBiasesOnQKAndV) {
   const Scenario sc =
       load_scenario(test::scenario_path("tiny"),
@@ -274,8 +278,9 @@ TEST(DeepSpeedBuilder, Qwen2IsLlamasTreeWithBiasesOnQKAndV) {
   EXPECT_EQ(races(sc, "0.13.5"), 0u);
 }
 
-// Llama's mlp_bias (transformers 4.41 and on) puts a bias on gate, up and down_proj
-// (tests/data/hf_llama_bias/config.json, attention_bias too): every bias is a unit of its own,
+// Llama's mlp_bias (transformers 4.41 and on, so walked as 4.51.3 builds it) puts a bias on
+// gate, up and down_proj (tests/data/hf_llama_bias/config.json, attention_bias too): every bias
+// is a unit of its own,
 // the units add up to the Hugging Face reader's count, and 0.13.4 races where 0.13.5 does not.
 TEST(DeepSpeedBuilder, LlamasMlpBiasGivesTheThreeMlpProjectionsABias) {
   const Scenario sc = load_scenario(
@@ -290,6 +295,76 @@ TEST(DeepSpeedBuilder, LlamasMlpBiasGivesTheThreeMlpProjectionsABias) {
   EXPECT_EQ(total, parameter_count(sc.model));
   EXPECT_GT(races(sc, "0.13.4"), 0u);
   EXPECT_EQ(races(sc, "0.13.5"), 0u);
+}
+
+// The public configs of every dense family the builder walks (tests/data/hf), cut to two
+// layers: each is built in the transformers release that has it (model.transformers_version
+// "auto": 4.35.2 for Llama and Mistral with their heads' width hidden / heads, else 4.51.3),
+// its units add up to the Hugging Face reader's count, and 0.13.4 races where 0.13.5 does not.
+TEST(DeepSpeedBuilder, PublicDenseConfigsOfEveryWalkedFamilyBuild) {
+  const std::map<std::string, std::string> expected = {
+      {"llama-2-7b", "4.35.2"},   {"llama-3-8b", "4.35.2"}, {"llama-3.2-1b", "4.35.2"},
+      {"mistral-7b", "4.35.2"},   {"qwen2-7b", "4.51.3"},   {"qwen2.5-0.5b", "4.51.3"},
+      {"qwen3-8b", "4.51.3"},     {"gemma-2b", "4.51.3"},   {"gemma-7b", "4.51.3"},
+      {"phi-3-mini", "4.51.3"}};
+  for (const auto& [name, tf] : expected) {
+    const Scenario sc = load_scenario(
+        test::scenario_path("tiny"),
+        {{"model.hf_config", test::source_dir() + "/tests/data/hf/" + name + ".json"},
+         {"model.layers", "2"}});
+    const Schedule s = build_deepspeed_schedule(sc, "0.13.4");
+    EXPECT_EQ(s.source.at("transformers"), tf) << name;
+    // A tied model's lm_head weight, made before tie_weights() replaced it, is zero.Init's
+    // parameter too (the recording tiny-0.13.4-tied): once more the embedding's size.
+    const double orphan =
+        sc.model.tied_embeddings ? static_cast<double>(sc.model.vocab) * sc.model.hidden : 0;
+    EXPECT_EQ(units_of(s).second, parameter_count(sc.model) + orphan) << name;
+    EXPECT_GT(races(sc, "0.13.4"), 0u) << name;
+    EXPECT_EQ(races(sc, "0.13.5"), 0u) << name;
+  }
+}
+
+// Gemma-7B's heads are 256 wide, 16 of them on a 3072-wide model: transformers 4.35.2 has no
+// Gemma, and its Llama would build hidden / heads = 192-wide heads from such a config. Asked
+// for a release that cannot build the model as its config says, or for a family the builder
+// walks only as 4.35.2 builds it, the builder refuses in one line naming the key.
+TEST(DeepSpeedBuilder, TransformersVersionItCannotWalkIsRefusedNamingTheKey) {
+  const auto refusal = [](const std::string& config, const std::string& tf) {
+    try {
+      build_deepspeed_schedule(
+          load_scenario(test::scenario_path("tiny"),
+                        {{"model.hf_config", test::source_dir() + "/tests/data/hf/" + config},
+                         {"model.layers", "2"},
+                         {"model.transformers_version", tf}}),
+          "0.13.4");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(built)");
+  };
+  EXPECT_NE(refusal("gemma-7b.json", "4.35.2").find("model.transformers_version: transformers "
+                                                    "4.35.2 has no model_type gemma"),
+            std::string::npos);
+  EXPECT_NE(refusal("qwen3-8b.json", "4.35.2").find("has no model_type qwen3"), std::string::npos);
+  EXPECT_NE(refusal("falcon-7b.json", "4.51.3").find("model.transformers_version: the DeepSpeed "
+                                                     "builder walks model_type falcon as "
+                                                     "transformers 4.35.2 builds it"),
+            std::string::npos);
+  // The positive controls: the same configs in a release that has them.
+  EXPECT_EQ(refusal("gemma-7b.json", "4.51.3"), "(built)");
+  EXPECT_EQ(refusal("falcon-7b.json", "auto"), "(built)");
+  // A Llama with heads of its own width: transformers 4.35.2 would ignore head_dim.
+  Scenario own = load_scenario(
+      test::scenario_path("tiny"),
+      {{"model.hf_config", test::source_dir() + "/tests/data/hf/llama-2-7b.json"},
+       {"model.layers", "2"},
+       {"model.transformers_version", "4.35.2"}});
+  own.model.head_dim = 64;  // 32 heads of 64 on a 4096-wide model
+  EXPECT_THROW(build_deepspeed_schedule(own, "0.13.4"), InputError);
+  own.model.transformers_version = "auto";
+  const Schedule s = build_deepspeed_schedule(own, "0.13.4");
+  EXPECT_EQ(s.source.at("transformers"), "4.51.3");
+  EXPECT_EQ(units_of(s).second, parameter_count(own.model));
 }
 
 // A coalesced gather's torch.cat reads one slice per rank out of the flat buffer: one strided

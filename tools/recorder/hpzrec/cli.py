@@ -34,6 +34,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
     p.add_argument("--deepspeed", default="0.13.4", help="DeepSpeed version (default 0.13.4)")
+    p.add_argument("--transformers", default=env.BASE_TRANSFORMERS,
+                   help=f"transformers version that builds the model (default "
+                   f"{env.BASE_TRANSFORMERS}; a later one for families {env.BASE_TRANSFORMERS} "
+                   "does not have)")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
     p.add_argument("--micro-batch", type=int, default=None,
                    help="sequences per GPU per micro-step (default: the ds_config's "
@@ -79,6 +83,10 @@ def validate(args: argparse.Namespace) -> None:
     if args.deepspeed not in versions:
         raise InputError(f"--deepspeed: unknown version '{args.deepspeed}' "
                          f"(supported: {', '.join(versions)})")
+    known = env.supported_transformers()
+    if args.transformers not in known:
+        raise InputError(f"--transformers: unknown version '{args.transformers}' "
+                         f"(supported: {', '.join(known)})")
     for name, low, high in (("nodes", 1, 4096), ("gpus_per_node", 1, 64), ("steps", 1, 100),
                             ("seq_len", 1, 1 << 20)):
         value = getattr(args, name)
@@ -112,8 +120,10 @@ def run_in_env(argv: list) -> None:
     args = parser().parse_args(argv)
     python = env.base_env() / "bin" / "python"
     ds_dir = env.deepspeed_dir(args.deepspeed)
+    tf_dir = env.transformers_dir(args.transformers)
     recorder = pathlib.Path(__file__).resolve().parent.parent
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ds_dir), str(recorder)])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ds_dir)] + ([str(tf_dir)] if tf_dir else []) + [str(recorder)])
     os.environ["DS_ACCELERATOR"] = "cpu"
     if not args.verbose:
         os.environ.setdefault("PYTHONWARNINGS", "ignore")

@@ -4,6 +4,9 @@ Layout under the cache (HPZLAB_CACHE, else $XDG_CACHE_HOME/hpzlab, else ~/.cache
   recorder/base-<digest>/          a venv with requirements/base.txt (torch 2.1.2,
                                    transformers 4.35.2, numpy < 2, DeepSpeed's dependencies)
   recorder/deepspeed-<version>-<digest>/   DeepSpeed itself (pip --target), one per version
+  recorder/transformers-<version>-<digest>/  a later transformers (and the tokenizers it needs),
+                                   pip --target, put before the base's on the path: for model
+                                   families transformers 4.35 does not have (Qwen3, Gemma, Phi-3)
 The digest is of the requirements file, so a changed pin gets a fresh directory. Each is built
 in a temporary directory and renamed into place when complete, under a lock, so concurrent
 tests share one install and an interrupted one leaves nothing half-made. Only the standard
@@ -31,6 +34,16 @@ def supported_versions() -> list[str]:
     """DeepSpeed versions with a pinned requirements file, oldest first."""
     names = [p.name[len("deepspeed-"):-len(".txt")] for p in REQUIREMENTS.glob("deepspeed-*.txt")]
     return sorted(names, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+BASE_TRANSFORMERS = "4.35.2"  # the one requirements/base.txt pins
+
+
+def supported_transformers() -> list[str]:
+    """transformers versions the recorder can run: the base's, then each overlay's, oldest first."""
+    names = [p.name[len("transformers-"):-len(".txt")]
+             for p in REQUIREMENTS.glob("transformers-*.txt")]
+    return [BASE_TRANSFORMERS] + sorted(names, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
 def cache_dir() -> pathlib.Path:
@@ -116,5 +129,21 @@ def deepspeed_dir(version: str) -> pathlib.Path:
         _run([str(python), "-m", "pip", "install", "--no-cache-dir", "--no-deps",
               "--no-build-isolation", "--require-hashes", "--target", str(tmp), "-r", str(req)],
              f"deepspeed {version}", tmp.parent / f"deepspeed-{version}-install.log")
+
+    return _build_once(target, build)
+
+
+def transformers_dir(version: str) -> pathlib.Path | None:
+    """A transformers overlay for `version`, made on first use; None for the base's own."""
+    if version == BASE_TRANSFORMERS:
+        return None
+    req = REQUIREMENTS / f"transformers-{version}.txt"
+    target = cache_dir() / f"transformers-{version}-{_digest(req)}"
+    python = base_env() / "bin" / "python"
+
+    def build(tmp: pathlib.Path) -> None:
+        _run([str(python), "-m", "pip", "install", "--no-cache-dir", "--no-deps",
+              "--require-hashes", "--target", str(tmp), "-r", str(req)],
+             f"transformers {version}", tmp.parent / f"transformers-{version}-install.log")
 
     return _build_once(target, build)

@@ -1,6 +1,7 @@
 """The model and the training loop DeepSpeed runs while it is recorded.
 
-The model is the one transformers 4.35 builds from the user's config.json
+The model is the one transformers (4.35.2, or the later release --transformers names) builds
+from the user's config.json
 (AutoModelForCausalLM.from_config), created under deepspeed.zero.Init so that every parameter is
 partitioned as it is created, as DeepSpeed does with zero.Init. Gradient checkpointing is
 transformers' own (reentrant, the default of torch 2.1's checkpoint). The loop is the usual one:
@@ -10,6 +11,7 @@ each step, as the Hugging Face Trainer logs it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import sys
@@ -50,7 +52,9 @@ def load_model_config(path: str):
     """transformers' config for a config.json; ConfigError names the key it stumbles on."""
     import json
 
+    import transformers
     from transformers import AutoConfig
+    release = f"transformers {transformers.__version__}"
     with open(path) as f:
         raw = json.load(f)
     if not isinstance(raw, dict):
@@ -65,9 +69,9 @@ def load_model_config(path: str):
         config = AutoConfig.for_model(**raw)
     except ValueError as e:
         raise ConfigError("model_type", f"{raw['model_type']!r} is not a model type "
-                          "transformers 4.35 knows") from e
+                          f"{release} knows") from e
     except (KeyError, TypeError) as e:
-        raise ConfigError("model_type", f"transformers 4.35 cannot read it: {e}") from e
+        raise ConfigError("model_type", f"{release} cannot read it: {e}") from e
     return config
 
 
@@ -87,11 +91,29 @@ def optimizer_settings(ds_config: dict) -> dict:
     return {k: v for k, v in params.items() if k in ("lr", "betas", "eps", "weight_decay")}
 
 
+@contextlib.contextmanager
+def skip_init_weights_pass():
+    """transformers 4.35.2's no_init_weights: the module-level flag that makes post_init skip
+    the _init_weights pass (modeling_utils.py, `_init_weights = False`), and nothing else.
+
+    Later releases' no_init_weights also replace torch.nn.init's functions by no-ops
+    (4.51.3 modeling_utils.py:219-241), so the modules' own constructors would leave their
+    weights unwritten and zero.Init's broadcast would read uninitialized memory; from_pretrained
+    then overwrites them with the checkpoint, which the recorder does not load. The flag alone
+    keeps every release's recording to the same init: constructors write, the pass is skipped."""
+    from transformers import modeling_utils
+    saved = modeling_utils._init_weights
+    modeling_utils._init_weights = False
+    try:
+        yield
+    finally:
+        modeling_utils._init_weights = saved
+
+
 def train(model_config, ds_config: dict, training: Training) -> dict:
     """Builds the model under zero.Init and trains it; returns facts for the IR's source."""
     import deepspeed
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_utils import no_init_weights
 
     rec = recording.current()
     ds_config = copy.deepcopy(ds_config)
@@ -106,7 +128,7 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         # under zero.Init it gathers every parameter once more (apply_with_gather) to write
         # values that training from a checkpoint would overwrite.
         with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype), \
-                stand_ins.constant_initialization(), no_init_weights():
+                stand_ins.constant_initialization(), skip_init_weights_pass():
             try:
                 model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
             except ValueError as e:  # not a causal LM, or sizes that do not fit together

@@ -136,6 +136,24 @@ def test_a_tied_output_layer_gathers_the_embedding(tmp_path):
     assert all(op["phase"] == "init" for op in doc["ranks"][0]["ops"] if op.get("unit") == orphan)
 
 
+def test_transformers_4513_builds_qwen3_with_its_norms_and_one_rotary_module(tmp_path):
+    """--transformers 4.51.3 builds a family 4.35.2 lacks: Qwen3's q_norm and k_norm are
+    modules whose hooks fetch their own weights, and the base model owns the one rotary_emb.
+    Its init writes every weight before zero.Init broadcasts it (4.51.3's no_init_weights would
+    have left them unwritten): the verdict is the race alone, no uninitialized read."""
+    rec = record(tmp_path, "0.13.4", None, "--transformers", "4.51.3", hf="qwen3-tiny.json")
+    doc = rec["doc"]
+    assert doc["source"]["transformers"] == "4.51.3"
+    labels = set(doc["labels"])
+    assert {"model.layers.1.self_attn.q_norm", "model.layers.1.self_attn.k_norm",
+            "model.rotary_emb"} <= labels
+    assert not any(label.endswith("self_attn.rotary_emb") for label in labels)
+    units = {u["name"]: u["numel"] for u in doc["units"]}
+    assert units["model.layers.1.self_attn.q_norm.weight"] == 32  # head_dim, not hidden
+    code, report = check(rec["path"])
+    assert code == 1 and kinds(report) == {"race"}
+
+
 def test_one_nccl_stream_per_process_group(stock_0134):
     doc = stock_0134["doc"]
     rank0 = doc["ranks"][0]
