@@ -137,6 +137,9 @@ struct DsModule {
   // the attention has one (transformers 4.35), GPT-2's attn_dropout, else o_proj, which
   // follows it.
   bool attn_core = false;
+  // The share of the micro-batch's tokens its kernel computes: a routed expert's, top_k /
+  // experts of them (an even load), 1 elsewhere.
+  double token_share = 1.0;
 };
 
 // Phi-3 (transformers 4.51.3): fused qkv_proj and gate_up_proj, and residual dropouts.
@@ -169,6 +172,14 @@ struct Model {
     int layer = -1, in_ln = -1, attn = -1, q = -1, k = -1, v = -1, rot = -1, o = -1, post_ln = -1,
         mlp = -1, gate = -1, act = -1, up = -1, down = -1, attn_drop = -1, post_attn_drop = -1,
         post_mlp_drop = -1, q_norm = -1, k_norm = -1;
+    // A mixture-of-experts layer (mlp is its sparse block): the router, each expert's MLP
+    // (Mixtral: w1 in gate, w3 in up, w2 in down), Qwen2-MoE's shared expert and its gate.
+    struct Expert {
+      int mod = -1, gate = -1, act = -1, up = -1, down = -1;
+    };
+    int router = -1, shared_gate = -1;
+    std::vector<Expert> experts;
+    Expert shared;
   };
   std::vector<Layer> layers;
 };
@@ -192,6 +203,7 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
                                        : Family::kLlama;
   md.model_rotary = model_rotary;
   const bool phi3 = md.family == Family::kPhi3;
+  const bool mixtral = m.family == "mixtral";
   const bool gpt2 = md.family == Family::kGpt2;
   const bool falcon = md.family == Family::kFalcon || gpt2;  // GPT-2's base is "transformer" too
   const bool neox = md.family == Family::kGptNeox;
@@ -337,11 +349,38 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
         L.q_norm = module(p + ".self_attn.q_norm", ModKind::kNorm);
         L.k_norm = module(p + ".self_attn.k_norm", ModKind::kNorm);
       }
-      L.mlp = module(p + ".mlp", ModKind::kContainer);
-      L.gate = module(p + ".mlp.gate_proj", ModKind::kLinear);
-      L.up = module(p + ".mlp.up_proj", ModKind::kLinear);
-      L.down = module(p + ".mlp.down_proj", ModKind::kLinear);
-      L.act = module(p + ".mlp.act_fn", ModKind::kAct);
+      if (m.experts > 0) {
+        // MixtralSparseMoeBlock (block_sparse_moe: gate, experts.N {w1, w2, w3, act_fn};
+        // modeling_mixtral.py at 4.51.3) or Qwen2MoeSparseMoeBlock (mlp: gate, experts.N
+        // {gate_proj, up_proj, down_proj, act_fn}, shared_expert, shared_expert_gate).
+        const std::string b = p + (mixtral ? ".block_sparse_moe" : ".mlp");
+        L.mlp = module(b, ModKind::kContainer);
+        L.router = module(b + ".gate", ModKind::kLinear);
+        auto expert = [&](const std::string& e, double share) {
+          Model::Layer::Expert x;
+          x.mod = module(e, ModKind::kContainer);
+          x.gate = module(e + (mixtral ? ".w1" : ".gate_proj"), ModKind::kLinear);
+          if (mixtral) x.down = module(e + ".w2", ModKind::kLinear);
+          x.up = module(e + (mixtral ? ".w3" : ".up_proj"), ModKind::kLinear);
+          if (!mixtral) x.down = module(e + ".down_proj", ModKind::kLinear);
+          x.act = module(e + ".act_fn", ModKind::kAct);
+          for (const int mod : {x.gate, x.up, x.down, x.act}) md.modules[mod].token_share = share;
+          return x;
+        };
+        const double routed =
+            static_cast<double>(m.experts_per_token) / static_cast<double>(m.experts);
+        for (int e = 0; e < m.experts; ++e) {
+          L.experts.push_back(expert(b + ".experts." + std::to_string(e), routed));
+        }
+        if (m.shared_expert_ffn > 0) L.shared = expert(b + ".shared_expert", 1.0);
+        if (m.shared_expert_gate) L.shared_gate = module(b + ".shared_expert_gate", ModKind::kLinear);
+      } else {
+        L.mlp = module(p + ".mlp", ModKind::kContainer);
+        L.gate = module(p + ".mlp.gate_proj", ModKind::kLinear);
+        L.up = module(p + ".mlp.up_proj", ModKind::kLinear);
+        L.down = module(p + ".mlp.down_proj", ModKind::kLinear);
+        L.act = module(p + ".mlp.act_fn", ModKind::kAct);
+      }
       L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
       L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
       // LlamaAttention: bias=config.attention_bias on all four projections.
@@ -353,10 +392,28 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
         norm(L.q_norm, i, head_dim);
         norm(L.k_norm, i, head_dim);
       }
-      // LlamaMLP: bias=config.mlp_bias on all three (transformers 4.41 and on; 0 for Mistral).
-      linear(L.gate, ffn, h, m.mlp_bias, i);
-      linear(L.up, ffn, h, m.mlp_bias, i);
-      linear(L.down, h, ffn, m.mlp_bias, i);
+      if (m.experts > 0) {
+        // The router, then each expert's Linears as its __init__ makes them (Mixtral's
+        // MixtralBlockSparseTop2MLP: w1, w2, w3; Qwen2MoeMLP: gate, up, down_proj), none with a
+        // bias; Qwen2-MoE's shared expert, then its Linear(hidden, 1) gate.
+        linear(L.router, static_cast<std::uint64_t>(m.experts), h, false, i);
+        auto expert = [&](const Model::Layer::Expert& x, std::uint64_t width) {
+          linear(x.gate, width, h, false, i);
+          if (mixtral) linear(x.down, h, width, false, i);
+          linear(x.up, width, h, false, i);
+          if (!mixtral) linear(x.down, h, width, false, i);
+        };
+        for (const Model::Layer::Expert& x : L.experts) {
+          expert(x, static_cast<std::uint64_t>(m.expert_ffn));
+        }
+        if (L.shared.mod >= 0) expert(L.shared, static_cast<std::uint64_t>(m.shared_expert_ffn));
+        if (L.shared_gate >= 0) linear(L.shared_gate, 1, h, false, i);
+      } else {
+        // LlamaMLP: bias=config.mlp_bias on all three (transformers 4.41 and on; 0 for Mistral).
+        linear(L.gate, ffn, h, m.mlp_bias, i);
+        linear(L.up, ffn, h, m.mlp_bias, i);
+        linear(L.down, h, ffn, m.mlp_bias, i);
+      }
       norm(L.in_ln, i, h);
       norm(L.post_ln, i, h);
     }
@@ -397,6 +454,7 @@ enum class Ev {
   kFwdKernel,
   kBwdKernel,  // the module's backward kernel, then its parameter's gradient hook
   kLoss,
+  kHostSync,  // the model's own wait for the compute stream (a data-dependent size)
 };
 
 struct Hook {
@@ -502,6 +560,26 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     close(L.attn);
     leaf(L.post_ln);
     open(L.mlp);
+    // The sparse block (MixtralSparseMoeBlock.forward at 4.51.3): the router, then every
+    // expert in turn, whether or not a token was routed to it; Qwen2-MoE's shared expert and
+    // its gate after them.
+    leaf(L.router);
+    auto expert = [&](const Model::Layer::Expert& x) {
+      open(x.mod);
+      leaf(x.gate);
+      leaf(x.act);
+      leaf(x.up);
+      leaf(x.down);
+      close(x.mod);
+    };
+    for (const Model::Layer::Expert& x : L.experts) {
+      // idx, top_x = torch.where(expert_mask[expert_idx]): nonzero, whose CUDA kernel copies
+      // its count to the host and waits for the stream (the recorder logs it: hpzrec/ops.py).
+      out.push_back({Ev::kHostSync, -1, recompute, grad});
+      expert(x);
+    }
+    if (L.shared.mod >= 0) expert(L.shared);
+    leaf(L.shared_gate);
     leaf(L.gate);
     leaf(L.act);
     leaf(L.up);
@@ -595,6 +673,20 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
     leaf(L.in_ln);
     return;
   }
+  // A sparse block backward (the recordings tiny-mixtral-tf4.51-0.13.4 and
+  // tiny-qwen2-moe-tf4.51-0.13.4): the shared expert's gate and the shared expert, the experts
+  // from the last to the first, then the router.
+  auto expert = [&](const Model::Layer::Expert& x) {
+    out.push_back({Ev::kPreBwd, x.mod});
+    leaf(x.down);
+    leaf(x.up);
+    leaf(x.act);
+    leaf(x.gate);
+  };
+  leaf(L.shared_gate);
+  if (L.shared.mod >= 0) expert(L.shared);
+  for (auto x = L.experts.rbegin(); x != L.experts.rend(); ++x) expert(*x);
+  leaf(L.router);
   leaf(L.down);
   leaf(L.up);
   leaf(L.act);
@@ -1152,7 +1244,8 @@ void RankBuilder::partition(int p) {
 
 void RankBuilder::kernel(int module, bool backward) {
   const DsModule& m = md_.modules[module];
-  const double tokens = static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len;
+  const double tokens =
+      static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len * m.token_share;
   const double h = sc_.model.hidden;
   Op* op = nullptr;
   const Purpose p = backward ? Purpose::kBackwardCompute : Purpose::kForwardCompute;
@@ -1941,6 +2034,10 @@ void RankBuilder::run_hook(const Hook& h) {
       }
       break;
     }
+    case Ev::kHostSync:
+      push(OpKind::kHostStreamSync, s0_,
+           bwd_phase ? Purpose::kRecomputeForward : Purpose::kForwardCompute);
+      break;
     case Ev::kLoss:
       push(OpKind::kKernel, s0_, Purpose::kLossGradient).mem_bytes =
           static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len * sc_.model.vocab *
@@ -2065,11 +2162,13 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   // Llama's tree (MistralForCausalLM, Qwen2's, Qwen3's and Gemma's have its modules; Qwen3 adds
   // q_norm and k_norm), with each projection's bias as the family sets it (Llama's
   // attention_bias and mlp_bias, Qwen2's on q, k and v, Qwen3's attention_bias), tied or not.
+  // Mixtral's and Qwen2-MoE's are Llama's with a sparse block for the MLP, in every layer.
+  const bool moe = f == "mixtral" || f == "qwen2_moe";
   const bool llama_tree = f == "llama" || f == "mistral" || f == "qwen2" || f == "qwen3" ||
-                          f == "gemma";
-  const bool dense_rms = m.gated_mlp && !m.linear_bias && !m.norm_bias && m.experts == 0 &&
-                         m.kv_lora_rank == 0 && m.learned_positions == 0 &&
-                         m.norms_per_layer == 2 && !m.alibi;
+                          f == "gemma" || moe;
+  const bool dense_rms = m.gated_mlp && !m.linear_bias && !m.norm_bias &&
+                         (m.experts > 0) == moe && m.dense_layers == 0 && m.kv_lora_rank == 0 &&
+                         m.learned_positions == 0 && m.norms_per_layer == 2 && !m.alibi;
   const bool llama_walkable = llama_tree && dense_rms && (!m.qk_norm || f == "qwen3");
   const bool phi3_walkable = f == "phi3" && tf451 && dense_rms && !m.qkv_bias && !m.o_bias &&
                              !m.mlp_bias && !m.qk_norm && !own_head_dim;
@@ -2091,9 +2190,10 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   }
   if (!llama_walkable && !phi3_walkable && !falcon_walkable && !neox_walkable && !gpt2_walkable) {
     refuse("model_type " + f +
-               " with this shape (it walks the dense trees of transformers' Llama, Mistral, "
-               "Qwen2, Qwen3, Gemma and Phi-3 without experts, Falcon's with parallel attention "
-               "and rotary embeddings, GPT-NeoX's with parallel residuals, and GPT-2's)",
+               " with this shape (it walks the trees of transformers' Llama, Mistral, Qwen2, "
+               "Qwen3, Gemma and Phi-3, Mixtral's and Qwen2-MoE's with every layer sparse, "
+               "Falcon's with parallel attention and rotary embeddings, GPT-NeoX's with "
+               "parallel residuals, and GPT-2's)",
            "a model of those families and shapes");
   }
   if (sc.zero.offload_param) refuse("parameter offload", "set zero.offload_param = false");

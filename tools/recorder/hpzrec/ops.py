@@ -24,6 +24,13 @@ _EMPTY = {"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_lik
 # Ops that copy memory rather than compute (the IR's kCopy).
 _COPY = {"copy_", "_to_copy", "clone", "cat", "stack", "index_copy", "slice_scatter",
          "_unsafe_view", "contiguous"}
+# Ops whose CUDA kernels make the host wait for the stream: the output's size depends on the
+# data, which the host reads back (PyTorch 2.1: nonzero's count is copied with
+# at::cuda::memcpy_and_sync, aten/src/ATen/native/cuda/Nonzero.cu; masked_select and boolean
+# indexing go through nonzero; unique and repeat_interleave read their sizes the same way). On a
+# CPU they read host memory and log nothing, so the recorder logs the wait a GPU would have.
+_SYNC_ON_CUDA = {"nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
+                 "unique_consecutive", "unique_dim_consecutive", "repeat_interleave"}
 # Ops that carry no data access at all.
 _METADATA = {"detach", "alias", "_has_compatible_shallow_copy_type", "size",
              "stride", "storage_offset", "is_same_size", "record_stream", "set_", "resize_"}
@@ -87,7 +94,8 @@ class OpRecorder(TorchDispatchMode):
         if name in _METADATA or getattr(func, "is_view", False):
             return
         if name == "_local_scalar_dense":  # .item(): on a GPU the host waits for the stream
-            rec.push("host_stream_sync", stream)
+            if not rec.cpu_checks:
+                rec.push("host_stream_sync", stream)
             return
         reads, writes, seen = [], [], []
         for i, arg in enumerate(func._schema.arguments):
@@ -115,3 +123,7 @@ class OpRecorder(TorchDispatchMode):
         kind = "copy" if name in _COPY else "kernel"
         rec.push(kind, stream, accesses=reads + writes, aten=name, flops=self._flops(name, args),
                  mem_bytes=self._bytes(seen))
+        boolean_index = name in ("index", "index_put_", "index_put") and any(
+            t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1:2]))
+        if name in _SYNC_ON_CUDA or boolean_index:
+            rec.push("host_stream_sync", stream)

@@ -85,6 +85,9 @@ class Recording:
         self.next_event = 0
         self.ctx = Context()
         self.paused = 0  # > 0 while our own machinery runs tensor ops
+        # > 0 while an aten function runs checks that only its CPU kernel makes: their .item()
+        # reads are no host sync on a GPU (stand_ins.one_hot_as_on_cuda)
+        self.cpu_checks = 0
         self.recomputing = False  # a forward hook fired during backward (checkpointing)
 
     # ----- context -------------------------------------------------------------------------

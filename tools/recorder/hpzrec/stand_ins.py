@@ -23,6 +23,10 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
   - Tensor.uniform_ / normal_ while the model is built: random initialization of a 7B model
     costs minutes of CPU and its values mean nothing here (collectives carry no data); a
     constant fill writes the same bytes in a few milliseconds, so the schedule is the same.
+  - torch.nn.functional.one_hot with num_classes given (Mixtral's and Qwen2-MoE's routers):
+    its CPU kernel checks the class values with two .item() reads, which its CUDA kernel leaves
+    to scatter's device asserts (aten/src/ATen/native/Onehot.cpp at PyTorch 2.1): those reads are
+    not logged as host syncs, which a GPU would not make.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from . import collectives
+from . import collectives, recording
 
 
 def stub_cpu_extension_modules() -> None:
@@ -239,6 +243,23 @@ def constant_initialization():
         torch.Tensor.uniform_, torch.Tensor.normal_ = saved
 
 
+def one_hot_as_on_cuda() -> None:
+    """one_hot's CPU-only checks log no host sync (see the module's notes)."""
+    original = torch.nn.functional.one_hot
+
+    def one_hot(tensor, num_classes=-1):
+        if num_classes < 0:  # CUDA reads max() back too: the sync stays
+            return original(tensor, num_classes)
+        rec = recording.current()
+        rec.cpu_checks += 1
+        try:
+            return original(tensor, num_classes)
+        finally:
+            rec.cpu_checks -= 1
+
+    torch.nn.functional.one_hot = one_hot
+
+
 def agree_with_rank0() -> None:
     """get_lst_from_rank0 returns this rank's list (see the module's notes)."""
     from deepspeed.runtime.zero import utils
@@ -262,3 +283,4 @@ def install(rank: int, world_size: int, local_size: int) -> None:
     replace_collectives()
     ignore_record_stream()
     replace_gradient_quantizer()
+    one_hot_as_on_cuda()
