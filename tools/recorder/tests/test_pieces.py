@@ -51,6 +51,29 @@ def test_item_is_a_host_sync_of_the_current_stream(rec):
     assert logged(rec, "host_stream_sync")[-1].stream == rec.current_stream
 
 
+def test_ops_whose_cuda_kernels_wait_log_a_host_sync_and_one_hots_cpu_checks_do_not(rec):
+    """nonzero (torch.where with one argument), boolean indexing and masked_select size their
+    output from the data: on a GPU the host waits for the stream, on this CPU nothing calls
+    .item(). one_hot with num_classes checks its classes with .item() on a CPU only, and a
+    sum reads nothing back."""
+    saved = torch.nn.functional.one_hot
+    stand_ins.one_hot_as_on_cuda()
+    try:
+        mask = torch.tensor([True, False, True])
+        values = torch.ones(3)
+        cases = [("where", lambda: torch.where(mask), 1), ("bool index", lambda: values[mask], 1),
+                 ("masked_select", lambda: torch.masked_select(values, mask), 1),
+                 ("one_hot", lambda: torch.nn.functional.one_hot(torch.tensor([0, 2]), 3), 0),
+                 ("sum", lambda: values.sum(), 0)]
+        for name, op, waits in cases:
+            before = len(logged(rec, "host_stream_sync"))
+            with ops.OpRecorder(seq_len=23, scale=1.0):
+                op()
+            assert len(logged(rec, "host_stream_sync")) - before == waits, name
+    finally:
+        torch.nn.functional.one_hot = saved
+
+
 def test_gemm_costs_scale_with_the_sequence_dimensions_only(rec):
     with ops.OpRecorder(seq_len=23, scale=10.0):
         torch.mm(torch.ones(23, 8), torch.ones(8, 5))  # m is the sequence: x10

@@ -154,6 +154,32 @@ def test_transformers_4513_builds_qwen3_with_its_norms_and_one_rotary_module(tmp
     assert code == 1 and kinds(report) == {"race"}
 
 
+def test_mixtral_waits_for_the_compute_stream_once_before_each_expert(tmp_path):
+    """transformers 4.51.3's Mixtral runs every expert after torch.where(expert_mask[i]), a
+    nonzero whose CUDA kernel makes the host wait for the stream: the recorder logs that wait
+    once before each expert, and not one_hot's CPU-only .item() checks before them. The waits
+    order every secondary copy before the gathers that read it: no race on 0.13.4."""
+    rec = record(tmp_path, "0.13.4", None, "--transformers", "4.51.3", hf="mixtral-tiny.json")
+    doc = rec["doc"]
+    labels = doc["labels"]
+    ops = [op for op in doc["ranks"][0]["ops"] if op["step"] == 0 and op["phase"] == "forward"]
+    block = "model.layers.0.block_sparse_moe"
+    first = {}
+    for i, op in enumerate(ops):
+        if op.get("label", -1) >= 0:
+            first.setdefault(labels[op["label"]], i)
+    router_done = max(i for i, op in enumerate(ops)
+                      if op.get("label", -1) >= 0 and labels[op["label"]] == block + ".gate")
+    previous = router_done
+    for e in range(4):
+        start = first[f"{block}.experts.{e}"]
+        waits = [op for op in ops[previous:start] if op["kind"] == "host_stream_sync"]
+        assert len(waits) == 1, (e, len(waits))
+        previous = start
+    code, report = check(rec["path"])
+    assert code == 0 and not report["findings"]
+
+
 def test_one_nccl_stream_per_process_group(stock_0134):
     doc = stock_0134["doc"]
     rank0 = doc["ranks"][0]
