@@ -337,6 +337,46 @@ TEST(DeepSpeedBuilder, PublicConfigsOfEveryWalkedFamilyBuild) {
   }
 }
 
+// Mixtral's schedule is clean on 0.13.4 because of the model's own host waits: before each
+// expert, torch.where is a nonzero, and the host waits for the compute stream (its secondary
+// copies included) before it launches anything more. Erased from the built schedule (the wait
+// right before each expert's first hook op), the same schedule races: the positive control.
+TEST(DeepSpeedBuilder, MixtralsWaitBeforeEachExpertOrdersItsSecondaryCopies) {
+  const Scenario sc = load_scenario(
+      test::scenario_path("tiny"),
+      {{"model.hf_config", test::source_dir() + "/tests/data/hf/mixtral-8x7b.json"},
+       {"model.layers", "2"}});
+  Schedule s = build_deepspeed_schedule(sc, "0.13.4");
+  const auto race_count = [](const Schedule& schedule) {
+    std::uint64_t n = 0;
+    for (const check::FindingGroup& g : check::check_schedule(schedule).groups) {
+      if (g.example.kind == check::FindingKind::kRace) n += g.count;
+    }
+    return n;
+  };
+  EXPECT_EQ(race_count(s), 0u);
+  std::size_t erased = 0;
+  for (RankSchedule& r : s.ranks) {
+    std::vector<Op>& ops = r.ops.mut();
+    std::vector<Op> kept;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const bool before_expert =
+          ops[i].kind == OpKind::kHostStreamSync && i + 1 < ops.size() &&
+          ops[i + 1].label != kNoLabel &&
+          s.labels[ops[i + 1].label].find(".experts.") != std::string::npos;
+      if (before_expert) {
+        ++erased;
+      } else {
+        kept.push_back(ops[i]);
+      }
+    }
+    ops = std::move(kept);
+  }
+  // 8 experts in 2 layers, forward and recompute, 2 steps, 16 ranks.
+  EXPECT_EQ(erased, 8u * 2 * 2 * 2 * 16);
+  EXPECT_GT(race_count(s), 0u);
+}
+
 // Gemma-7B's heads are 256 wide, 16 of them on a 3072-wide model: transformers 4.35.2 has no
 // Gemma, and its Llama would build hidden / heads = 192-wide heads from such a config. Asked
 // for a release that cannot build the model as its config says, or for a family the builder
