@@ -150,7 +150,7 @@ struct Model {
   // transformers 4.51.3's trees: one rotary_emb in the base model, run once per forward before
   // the layers (LlamaModel.forward), none in the attention; 4.35.2's: one in each attention.
   bool model_rotary = false;
-  int rotary = -1;  // the base model's rotary_emb
+  int rotary = -1;              // the base model's rotary_emb
   std::vector<DsParam> params;  // by ds_id: the order zero.Init converts them
   std::vector<DsModule> modules;
   int causal_lm = -1, base = -1, embed = -1, pos_embed = -1, emb_drop = -1, norm = -1, head = -1;
@@ -373,7 +373,9 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
           L.experts.push_back(expert(b + ".experts." + std::to_string(e), routed));
         }
         if (m.shared_expert_ffn > 0) L.shared = expert(b + ".shared_expert", 1.0);
-        if (m.shared_expert_gate) L.shared_gate = module(b + ".shared_expert_gate", ModKind::kLinear);
+        if (m.shared_expert_gate) {
+          L.shared_gate = module(b + ".shared_expert_gate", ModKind::kLinear);
+        }
       } else {
         L.mlp = module(p + ".mlp", ModKind::kContainer);
         L.gate = module(p + ".mlp.gate_proj", ModKind::kLinear);
@@ -1279,9 +1281,8 @@ void RankBuilder::kernel(int module, bool backward) {
   }
   if (m.attn_core) {
     // Attention scores and their product with V, over the heads' width.
-    const double width = sc_.model.head_dim > 0
-                             ? static_cast<double>(sc_.model.head_dim) * sc_.model.heads
-                             : h;
+    const double width =
+        sc_.model.head_dim > 0 ? static_cast<double>(sc_.model.head_dim) * sc_.model.heads : h;
     op->flops += 4 * tokens * sc_.training.seq_len * width * (backward ? 2 : 1);
   }
 }
@@ -2147,16 +2148,16 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
     // transformers 4.35.2 has no Qwen2, Qwen3, Gemma or Phi-3; its Llama and Mistral read
     // neither head_dim (head_dim = hidden_size // num_attention_heads) nor mlp_bias: they would
     // build another model than the config says.
-    const char* why = f != "llama" && f != "mistral" && f != "falcon" && f != "gpt_neox" &&
-                              f != "gpt2"
-                          ? "has no model_type"
-                      : own_head_dim ? "ignores the config's head_dim for model_type"
-                      : m.mlp_bias && f == "llama" ? "ignores the config's mlp_bias for model_type"
-                                                   : nullptr;
+    const char* why =
+        f != "llama" && f != "mistral" && f != "falcon" && f != "gpt_neox" && f != "gpt2"
+            ? "has no model_type"
+        : own_head_dim               ? "ignores the config's head_dim for model_type"
+        : m.mlp_bias && f == "llama" ? "ignores the config's mlp_bias for model_type"
+                                     : nullptr;
     if (why != nullptr) {
-      throw InputError(sc.path, "model.transformers_version",
-                       fmt::format("transformers {} {} {} (allowed here: \"4.51.3\" or \"auto\")",
-                                   tf, why, f));
+      throw InputError(
+          sc.path, "model.transformers_version",
+          fmt::format("transformers {} {} {} (allowed here: \"4.51.3\" or \"auto\")", tf, why, f));
     }
   }
   // Llama's tree (MistralForCausalLM, Qwen2's, Qwen3's and Gemma's have its modules; Qwen3 adds
@@ -2164,11 +2165,11 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   // attention_bias and mlp_bias, Qwen2's on q, k and v, Qwen3's attention_bias), tied or not.
   // Mixtral's and Qwen2-MoE's are Llama's with a sparse block for the MLP, in every layer.
   const bool moe = f == "mixtral" || f == "qwen2_moe";
-  const bool llama_tree = f == "llama" || f == "mistral" || f == "qwen2" || f == "qwen3" ||
-                          f == "gemma" || moe;
-  const bool dense_rms = m.gated_mlp && !m.linear_bias && !m.norm_bias &&
-                         (m.experts > 0) == moe && m.dense_layers == 0 && m.kv_lora_rank == 0 &&
-                         m.learned_positions == 0 && m.norms_per_layer == 2 && !m.alibi;
+  const bool llama_tree =
+      f == "llama" || f == "mistral" || f == "qwen2" || f == "qwen3" || f == "gemma" || moe;
+  const bool dense_rms = m.gated_mlp && !m.linear_bias && !m.norm_bias && (m.experts > 0) == moe &&
+                         m.dense_layers == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
+                         m.norms_per_layer == 2 && !m.alibi;
   const bool llama_walkable = llama_tree && dense_rms && (!m.qk_norm || f == "qwen3");
   const bool phi3_walkable = f == "phi3" && tf451 && dense_rms && !m.qkv_bias && !m.o_bias &&
                              !m.mlp_bias && !m.qk_norm && !own_head_dim;

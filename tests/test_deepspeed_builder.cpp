@@ -99,18 +99,16 @@ TEST_P(DeepSpeedBuilderMatches, Recording) {
 
 INSTANTIATE_TEST_SUITE_P(
     Recordings, DeepSpeedBuilderMatches,
-    testing::Values("tiny-0.13.4", "tiny-0.13.4-overlap-off", "tiny-0.13.4-hpz-off",
-                    "tiny-0.13.4-prefetch-0", "tiny-0.13.4-max-live-3000",
-                    "tiny-0.13.4-max-live-30000", "tiny-0.13.4-max-live-1000000000",
-                    "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
-                    "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz",
-                    "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
-                    "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
-                    "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "llama2-7b-0.13.4",
-                    "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4",
-                    "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4",
-                    "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4",
-                    "tiny-qwen2-moe-tf4.51-0.13.4"),
+    testing::Values(
+        "tiny-0.13.4", "tiny-0.13.4-overlap-off", "tiny-0.13.4-hpz-off", "tiny-0.13.4-prefetch-0",
+        "tiny-0.13.4-max-live-3000", "tiny-0.13.4-max-live-30000",
+        "tiny-0.13.4-max-live-1000000000", "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
+        "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz", "tiny-0.13.1",
+        "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
+        "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
+        "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "llama2-7b-0.13.4", "tiny-llama-tf4.51-0.13.4",
+        "tiny-qwen2-tf4.51-0.13.4", "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4",
+        "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4", "tiny-qwen2-moe-tf4.51-0.13.4"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
@@ -178,7 +176,8 @@ TEST_P(DeepSpeedBuilderMatches, CheckerVerdict) {
   const bool overlap = scenario_of(rec).zero.overlap_comm;
   const bool races = got.count(check::FindingKind::kRace) > 0;
   // Mixtral's experts each begin with torch.where, a nonzero: the host waits for the compute
-  // stream, secondary copies included, before it launches anything more (docs/deepspeed-builder.md).
+  // stream, secondary copies included, before it launches anything more
+  // (docs/deepspeed-builder.md).
   const bool mixtral = rec.source.at("hf_config").find("mixtral") != std::string::npos;
   EXPECT_EQ(races, v == "0.13.4" && hpz && overlap && !mixtral) << GetParam();
   EXPECT_EQ(got.count(check::FindingKind::kStaleRead) > 0, v == "0.13.1") << GetParam();
@@ -301,30 +300,30 @@ TEST(DeepSpeedBuilder, LlamasMlpBiasGivesTheThreeMlpProjectionsABias) {
   EXPECT_EQ(races(sc, "0.13.5"), 0u);
 }
 
-// The public configs of every family the builder walks (tests/data/hf), cut to two layers: each is built in the transformers release that has it (model.transformers_version
-// "auto": 4.35.2 for Llama and Mistral with their heads' width hidden / heads, else 4.51.3),
-// its units add up to the Hugging Face reader's count, and 0.13.4 races where 0.13.5 does not,
-// but for Mixtral: before each of its experts torch.where makes the host wait for the compute
-// stream, which orders every secondary copy before the gathers that read it (as in the
-// recording tiny-mixtral-tf4.51-0.13.4). Qwen2-MoE's shared expert runs after its experts'
-// waits, and races.
+// The public configs of every family the builder walks (tests/data/hf), cut to two layers: each is
+// built in the transformers release that has it (model.transformers_version "auto": 4.35.2 for
+// Llama and Mistral with their heads' width hidden / heads, else 4.51.3), its units add up to the
+// Hugging Face reader's count, and 0.13.4 races where 0.13.5 does not, but for Mixtral: before each
+// of its experts torch.where makes the host wait for the compute stream, which orders every
+// secondary copy before the gathers that read it (as in the recording tiny-mixtral-tf4.51-0.13.4).
+// Qwen2-MoE's shared expert runs after its experts' waits, and races.
 TEST(DeepSpeedBuilder, PublicConfigsOfEveryWalkedFamilyBuild) {
   struct Expected {
     std::string transformers;
     bool races;
   };
   const std::map<std::string, Expected> expected = {
-      {"llama-2-7b", {"4.35.2", true}},   {"llama-3-8b", {"4.35.2", true}},
-      {"llama-3.2-1b", {"4.35.2", true}}, {"mistral-7b", {"4.35.2", true}},
-      {"qwen2-7b", {"4.51.3", true}},     {"qwen2.5-0.5b", {"4.51.3", true}},
-      {"qwen3-8b", {"4.51.3", true}},     {"gemma-2b", {"4.51.3", true}},
-      {"gemma-7b", {"4.51.3", true}},     {"phi-3-mini", {"4.51.3", true}},
+      {"llama-2-7b", {"4.35.2", true}},    {"llama-3-8b", {"4.35.2", true}},
+      {"llama-3.2-1b", {"4.35.2", true}},  {"mistral-7b", {"4.35.2", true}},
+      {"qwen2-7b", {"4.51.3", true}},      {"qwen2.5-0.5b", {"4.51.3", true}},
+      {"qwen3-8b", {"4.51.3", true}},      {"gemma-2b", {"4.51.3", true}},
+      {"gemma-7b", {"4.51.3", true}},      {"phi-3-mini", {"4.51.3", true}},
       {"mixtral-8x7b", {"4.51.3", false}}, {"qwen1.5-moe-a2.7b", {"4.51.3", true}}};
   for (const auto& [name, want] : expected) {
-    const Scenario sc = load_scenario(
-        test::scenario_path("tiny"),
-        {{"model.hf_config", test::source_dir() + "/tests/data/hf/" + name + ".json"},
-         {"model.layers", "2"}});
+    const Scenario sc =
+        load_scenario(test::scenario_path("tiny"),
+                      {{"model.hf_config", test::source_dir() + "/tests/data/hf/" + name + ".json"},
+                       {"model.layers", "2"}});
     const Schedule s = build_deepspeed_schedule(sc, "0.13.4");
     EXPECT_EQ(s.source.at("transformers"), want.transformers) << name;
     // A tied model's lm_head weight, made before tie_weights() replaced it, is zero.Init's
@@ -342,10 +341,10 @@ TEST(DeepSpeedBuilder, PublicConfigsOfEveryWalkedFamilyBuild) {
 // copies included) before it launches anything more. Erased from the built schedule (the wait
 // right before each expert's first hook op), the same schedule races: the positive control.
 TEST(DeepSpeedBuilder, MixtralsWaitBeforeEachExpertOrdersItsSecondaryCopies) {
-  const Scenario sc = load_scenario(
-      test::scenario_path("tiny"),
-      {{"model.hf_config", test::source_dir() + "/tests/data/hf/mixtral-8x7b.json"},
-       {"model.layers", "2"}});
+  const Scenario sc =
+      load_scenario(test::scenario_path("tiny"),
+                    {{"model.hf_config", test::source_dir() + "/tests/data/hf/mixtral-8x7b.json"},
+                     {"model.layers", "2"}});
   Schedule s = build_deepspeed_schedule(sc, "0.13.4");
   const auto race_count = [](const Schedule& schedule) {
     std::uint64_t n = 0;
@@ -360,10 +359,9 @@ TEST(DeepSpeedBuilder, MixtralsWaitBeforeEachExpertOrdersItsSecondaryCopies) {
     std::vector<Op>& ops = r.ops.mut();
     std::vector<Op> kept;
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      const bool before_expert =
-          ops[i].kind == OpKind::kHostStreamSync && i + 1 < ops.size() &&
-          ops[i + 1].label != kNoLabel &&
-          s.labels[ops[i + 1].label].find(".experts.") != std::string::npos;
+      const bool before_expert = ops[i].kind == OpKind::kHostStreamSync && i + 1 < ops.size() &&
+                                 ops[i + 1].label != kNoLabel &&
+                                 s.labels[ops[i + 1].label].find(".experts.") != std::string::npos;
       if (before_expert) {
         ++erased;
       } else {
@@ -395,8 +393,9 @@ TEST(DeepSpeedBuilder, TransformersVersionItCannotWalkIsRefusedNamingTheKey) {
     }
     return std::string("(built)");
   };
-  EXPECT_NE(refusal("gemma-7b.json", "4.35.2").find("model.transformers_version: transformers "
-                                                    "4.35.2 has no model_type gemma"),
+  EXPECT_NE(refusal("gemma-7b.json", "4.35.2")
+                .find("model.transformers_version: transformers "
+                      "4.35.2 has no model_type gemma"),
             std::string::npos);
   EXPECT_NE(refusal("qwen3-8b.json", "4.35.2").find("has no model_type qwen3"), std::string::npos);
   EXPECT_NE(refusal("mixtral-8x7b.json", "4.35.2").find("has no model_type mixtral"),
@@ -405,19 +404,20 @@ TEST(DeepSpeedBuilder, TransformersVersionItCannotWalkIsRefusedNamingTheKey) {
   EXPECT_NE(refusal("deepseek-v2-lite.json", "auto")
                 .find("run.builder: the DeepSpeed builder does not model model_type deepseek_v2"),
             std::string::npos);
-  EXPECT_NE(refusal("falcon-7b.json", "4.51.3").find("model.transformers_version: the DeepSpeed "
-                                                     "builder walks model_type falcon as "
-                                                     "transformers 4.35.2 builds it"),
+  EXPECT_NE(refusal("falcon-7b.json", "4.51.3")
+                .find("model.transformers_version: the DeepSpeed "
+                      "builder walks model_type falcon as "
+                      "transformers 4.35.2 builds it"),
             std::string::npos);
   // The positive controls: the same configs in a release that has them.
   EXPECT_EQ(refusal("gemma-7b.json", "4.51.3"), "(built)");
   EXPECT_EQ(refusal("falcon-7b.json", "auto"), "(built)");
   // A Llama with heads of its own width: transformers 4.35.2 would ignore head_dim.
-  Scenario own = load_scenario(
-      test::scenario_path("tiny"),
-      {{"model.hf_config", test::source_dir() + "/tests/data/hf/llama-2-7b.json"},
-       {"model.layers", "2"},
-       {"model.transformers_version", "4.35.2"}});
+  Scenario own =
+      load_scenario(test::scenario_path("tiny"),
+                    {{"model.hf_config", test::source_dir() + "/tests/data/hf/llama-2-7b.json"},
+                     {"model.layers", "2"},
+                     {"model.transformers_version", "4.35.2"}});
   own.model.head_dim = 64;  // 32 heads of 64 on a 4096-wide model
   EXPECT_THROW(build_deepspeed_schedule(own, "0.13.4"), InputError);
   own.model.transformers_version = "auto";
