@@ -124,6 +124,12 @@ Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
                                  "what-ifs)",
                                  to_string(sc.run.variant)));
   }
+  if (sc.zero.offload_param) {
+    // The recorder refuses it too (hpzrec/cli.py): said here before anything is written.
+    throw InputError(sc.path, "zero.offload_param",
+                     "true cannot be recorded: the recorder runs DeepSpeed on a CPU, where the "
+                     "host memory it offloads to and the GPU's memory are one (allowed: false)");
+  }
   const std::string v = sc.zero.deepspeed_version;
   const std::string hf = (dir / (v + "-config.json")).string();
   const std::string ds = (dir / (v + "-ds_config.json")).string();

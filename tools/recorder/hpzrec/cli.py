@@ -106,6 +106,17 @@ def validate(args: argparse.Namespace) -> None:
                          f"ZeRO stage 3 (hpZ exists only there); got {zero.get('stage')!r}"
                          if isinstance(zero, dict) else
                          f"{args.ds_config}: zero_optimization: expected an object")
+    for key in ("offload_param", "offload_optimizer"):
+        # DeepSpeed offloads to host memory when the device is "cpu" or "nvme" (a missing or
+        # "none" device, or a null section, offloads nothing: runtime/zero/offload_config.py).
+        section = zero.get(key)
+        device = section.get("device", "none") if isinstance(section, dict) else None
+        if device not in (None, "none"):
+            raise InputError(f"{args.ds_config}: zero_optimization.{key}.device: {device!r}: "
+                             "the recorder runs DeepSpeed on a CPU, where the host memory it "
+                             "offloads to and the GPU's memory are one, so the copies between "
+                             "them and the host waits they make cannot be recorded (allowed: "
+                             "'none', or no offload section)")
     hpz = zero.get("zero_hpz_partition_size", 1)
     if not isinstance(hpz, int) or hpz < 1 or world % hpz:
         raise InputError(f"{args.ds_config}: zero_optimization.zero_hpz_partition_size: {hpz!r} "

@@ -52,10 +52,12 @@ def ds_with(**zero) -> dict:
     ({"hf": ("kind.json", {"model_type": "nosuchmodel"})},
      "kind.json: model_type: 'nosuchmodel' is not a model type transformers 4.35.2 knows"),
     ({"extra": ["--nodes", "0"]}, "--nodes: 0 out of range (allowed: 1 to 4096)"),
+    ({"ds": ("offload.json", ds_with(offload_param={"device": "cpu"}))},
+     "zero_optimization.offload_param.device: 'cpu': the recorder runs DeepSpeed on a CPU"),
     ({"extra": ["--transformers", "4.40.0"]},
      "--transformers: unknown version '4.40.0' (supported: 4.35.2, 4.51.3)"),
 ], ids=["version", "missing", "not-json", "stage-2", "hpz-size", "deepspeed-refuses",
-        "hf-size", "hf-type", "nodes", "transformers"])
+        "hf-size", "hf-type", "nodes", "offload", "transformers"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, case, expected):
     kwargs = {}
     for key in ("hf", "ds"):
