@@ -30,7 +30,9 @@ namespace {
 enum class CopyBounds {
   kLegacy,    ///< up to v0.13.4: tests the primary slice's bounds (PP:1637-1651 at v0.13.4)
   kSecNumel,  ///< v0.13.5 - v0.14.2 (PR 5216): `sec_numel`, negative past the end (issue 5642)
-  kClamped,   ///< v0.14.4 on (PR 5652): `max(0, min(...))`, the secondary slice's own elements
+  /// v0.14.4 on (PR 5652): `max(0, min(...))`, the secondary slice's own elements; a slice that
+  /// starts past the end still raises (issue 6659; PR 8210 came after 0.17.6)
+  kClamped,
 };
 
 /** What differs between DeepSpeed versions on the hpZ path (../shared/DEEPSPEED.md's table). */
@@ -103,7 +105,13 @@ std::optional<ElemRange> secondary_copy(const ShardLayout& l, CopyBounds bounds,
       if (sec.begin > numel) return std::nullopt;
       return ElemRange{sec.begin, numel};
     case CopyBounds::kClamped:
-      return l.valid(sec);  // v0.14.4 PP:1692
+      // v0.14.4 PP:1688-1696, v0.17.6 PP:1798-1809: sec_numel is clamped to 0, but
+      // one_dim_param.narrow(0, secondary_start, 0) still raises where secondary_start lies
+      // past the parameter's end (torch's narrow() checks start <= size; issue 6659, a [32]
+      // parameter at world 2048, hpZ 16; fixed by PR 8210 after 0.17.6). The hidden-12 model
+      // recorded as every rank raised so on ranks 7 and 15 with 0.14.4 (2026-11-26).
+      if (sec.begin > numel) return std::nullopt;
+      return l.valid(sec);
   }
   return std::nullopt;
 }
@@ -1200,14 +1208,23 @@ void RankBuilder::partition(int p) {
       const std::optional<ElemRange> copied = secondary_copy(
           layouts_[p], v_.copy_bounds, rank_, pos, static_cast<std::uint64_t>(world_ / hpz_));
       if (!copied) {
-        throw InputError(sc_.path, "zero.deepspeed_version",
-                         std::string("DeepSpeed ") + v_.name + " raises at its secondary copy of " +
-                             md_.params[p].name + " on rank " + std::to_string(rank_) +
-                             " (torch's narrow() past the parameter's " +
-                             std::to_string(layouts_[p].numel()) +
-                             " elements in _partition_param_sec; issue 5642, handled from "
-                             "0.14.4 by PR 5652); allowed: 0.14.4 or later, or another world or "
-                             "hpZ size");
+        // What torch's narrow() says, and where DeepSpeed's tracker has it.
+        const char* why =
+            v_.copy_bounds == CopyBounds::kSecNumel
+                ? "narrow(): length must be non-negative; issue 5642, handled by PR 5652 in "
+                  "0.14.4 where the slice starts inside the parameter"
+            : v_.copy_bounds == CopyBounds::kClamped
+                ? "narrow(): start out of range; issue 6659, fixed by PR 8210 after 0.17.6"
+                : "narrow() past the parameter's end";
+        throw InputError(
+            sc_.path, "zero.deepspeed_version",
+            fmt::format("DeepSpeed {} raises at its secondary copy of {} on rank {} "
+                        "(its secondary slice starts at element {} of the "
+                        "parameter's {} in _partition_param_sec: {}); allowed: "
+                        "0.13.4, whose bounds skip that copy, or another world or "
+                        "hpZ size",
+                        v_.name, md_.params[p].name, rank_, layouts_[p].secondary_slice(pos).begin,
+                        layouts_[p].numel(), why));
       }
       const ElemRange sec = *copied;
       if (!sec.empty()) {

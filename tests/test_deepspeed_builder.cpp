@@ -117,40 +117,6 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-// A model whose 12-element norms do not divide by the world (16 ranks), recorded as rank 12,
-// whose primary shards of the norms lie entirely in the padding: the recorder writes every
-// other rank as a copy of rank 12, which for this model DeepSpeed is not, so only rank 12 is
-// compared. Its secondary copies follow each version's bounds (_partition_param_sec): 0.13.4
-// copies none of the norms' secondary slices (elements 8-9: its primary slice is past the end),
-// 0.14.4 copies them. (0.13.5 raises on ranks 7 and 15, which the builder refuses: above.)
-// 0.13.4's norms' secondaries of step 1 are allocated and invalidated without ever being
-// written or read; the recorder keeps such parameter tensors since 2026-11-25 (it had dropped
-// them, which first showed here as a divergence).
-TEST(DeepSpeedBuilder, RecordedRankWithPaddedShardsMatches) {
-  std::map<std::string, std::vector<ProjectedOp>> by_version;
-  for (const char* v : {"0.13.4", "0.14.4"}) {
-    const std::string name = std::string("tiny-h12-") + v + "-rank12";
-    const Schedule rec = recording(name);
-    ASSERT_EQ(rec.source.at("recorded_rank"), "12");
-    const Schedule built = build_deepspeed_schedule(scenario_of(rec), v);
-    const auto expected = project(rec, 12, true);
-    EXPECT_GT(expected.size(), 1000u);
-    const std::string diff =
-        first_divergence(expected, "DeepSpeed (recorded)", project(built, 12, true), "builder");
-    EXPECT_TRUE(diff.empty()) << name << ": " << diff;
-    by_version[v] = expected;
-  }
-  // The positive control: the recordings themselves differ in the norms' secondary copies.
-  const auto norm_copies = [](const std::vector<ProjectedOp>& ops) {
-    return std::count_if(ops.begin(), ops.end(), [](const ProjectedOp& op) {
-      return op.line.find("copy on") == 0 &&
-             op.line.find("w:secondary:model.layers.0.input_layernorm.weight") != std::string::npos;
-    });
-  };
-  EXPECT_EQ(norm_copies(by_version["0.13.4"]), 0);
-  EXPECT_GT(norm_copies(by_version["0.14.4"]), 0);
-}
-
 // Findings per kind: (occurrences, groups).
 std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> verdict(
     const check::CheckResult& r) {
@@ -160,6 +126,58 @@ std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> verdict(
     out[g.example.kind].second += 1;
   }
   return out;
+}
+
+// Models whose norms do not divide by the world (16 ranks, hpZ 8), so that DeepSpeed's ranks
+// differ, recorded as every rank (`hpzlab record --rank all`): every rank is compared, and the
+// checker's findings on the built schedule are among the recording's (below). The hidden-12 model's
+// 12-element norms leave ranks 12-15's primary shards in the padding, and rank 7's secondary
+// slice starts past the end: 0.13.4's bounds skip that copy, every later version raises on it
+// (above), so only 0.13.4 runs it. The hidden-30 model's norms (30 elements, padded to 32:
+// secondary slices of 4) end inside the last slice, which starts at 28: 0.13.4 tests rank 7's
+// primary slice and copies none of it (elements 28-29 stay unwritten, read by the gathers),
+// 0.14.4 copies its 2 elements, and both run on every rank. 0.13.4's norms' secondaries of
+// step 1 are allocated and invalidated without ever being written or read; the recorder keeps
+// such parameter tensors since 2026-11-25 (it had dropped them, which first showed here as a
+// divergence).
+TEST(DeepSpeedBuilder, EveryRankOfModelsWithPaddedShardsMatches) {
+  std::map<std::string, std::vector<ProjectedOp>> rank7;
+  for (const char* name : {"tiny-h12-0.13.4", "tiny-h30-0.13.4", "tiny-h30-0.14.4"}) {
+    const Schedule rec = recording(name);
+    ASSERT_EQ(rec.source.at("recorded_rank"), "all");
+    const Schedule built = build_deepspeed_schedule(scenario_of(rec), rec.source.at("deepspeed"));
+    ASSERT_EQ(built.world_size, rec.world_size);
+    for (Rank r = 0; r < rec.world_size; ++r) {
+      const auto expected = project(rec, r, true);
+      EXPECT_GT(expected.size(), 1000u);
+      const std::string diff =
+          first_divergence(expected, "DeepSpeed (recorded)", project(built, r, true), "builder");
+      EXPECT_TRUE(diff.empty()) << name << ", rank " << r << ": " << diff;
+      if (r == 7) rank7[name] = expected;
+    }
+    // The recordings' verdicts also count reads of padding that DeepSpeed never writes: a
+    // collective or a whole-shard copy reads a shard's padding, and reduce_scatter_coalesced's
+    // padded flat buffer (an allocation of its own, not a parameter's storage, so the
+    // recorder cannot drop the padding's bytes). The builder's accesses cover each shard's own
+    // elements, so each of its findings is one of the recording's: per kind, no more of them.
+    const auto got = verdict(check::check_schedule(built));
+    const auto want = verdict(check::check_schedule(rec));
+    EXPECT_FALSE(got.empty()) << name;
+    for (const auto& [kind, count] : got) {
+      ASSERT_TRUE(want.count(kind)) << name << ": the recording has no " << to_string(kind);
+      EXPECT_LE(count.first, want.at(kind).first) << name << ": " << to_string(kind);
+    }
+  }
+  // The positive control: the recordings themselves differ in rank 7's copies into the norms'
+  // secondaries.
+  const auto norm_copies = [](const std::vector<ProjectedOp>& ops) {
+    return std::count_if(ops.begin(), ops.end(), [](const ProjectedOp& op) {
+      return op.line.find("copy on") == 0 &&
+             op.line.find("w:secondary:model.layers.0.input_layernorm.weight") != std::string::npos;
+    });
+  };
+  EXPECT_EQ(norm_copies(rank7["tiny-h30-0.13.4"]), 0);
+  EXPECT_GT(norm_copies(rank7["tiny-h30-0.14.4"]), 0);
 }
 
 // The checker's verdict on the built schedule equals its verdict on the recording: per finding
@@ -491,8 +509,10 @@ TEST(DeepSpeedBuilder, EveryGathersStagingBufferIsFreedOnItsStream) {
 // on 16 ranks, hpZ 8), by each version's copy bounds in _partition_param_sec: 0.13.4 tests the
 // primary slice's bounds and leaves ranks 12 and 13's secondary slices (elements 8 to 11)
 // unwritten, which the hpZ gathers read; 0.13.5 raises in narrow() on ranks 7 and 15 (issue
-// 5642); 0.14.4 and later copy each slice's own elements and are clean. Init reads only a
-// shard's own elements (its padding is never written), so no version reads padding.
+// 5642), and so do 0.14.4 and 0.17.6, whose clamped length still leaves narrow() a start past
+// the parameter's end (issue 6659; real DeepSpeed 0.14.4 raised so on rank 7 when the model was
+// recorded as every rank). Init reads only a shard's own elements (its padding is never
+// written), so 0.13.4 reads no padding.
 TEST(DeepSpeedBuilder, SecondarySlicesPastTheEndFollowEachVersionsCopyBounds) {
   const Scenario sc = load_scenario(test::scenario_path("zero-element-slice"));
   const auto check = [&](const char* v) {
@@ -507,19 +527,29 @@ TEST(DeepSpeedBuilder, SecondarySlicesPastTheEndFollowEachVersionsCopyBounds) {
     EXPECT_EQ(g.example.role, BufferRole::kSecondary);
     EXPECT_EQ(g.ranks, (std::set<Rank>{12, 13}));
   }
-  Scenario crash = sc;
-  crash.zero.deepspeed_version = "0.13.5";
-  try {
-    build_schedule(crash);
-    FAIL() << "0.13.5 built a copy that raises in DeepSpeed";
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed 0.13.5 raises"), std::string::npos)
-        << what;
-    EXPECT_NE(what.find("on rank 7 "), std::string::npos) << what;  // the first to raise
-    EXPECT_NE(what.find("issue 5642"), std::string::npos) << what;
+  const std::map<std::string, std::string> issue = {
+      {"0.13.5", "narrow(): length must be non-negative; issue 5642"},
+      {"0.14.4", "narrow(): start out of range; issue 6659"},
+      {"0.17.6", "narrow(): start out of range; issue 6659"}};
+  for (const auto& [v, why] : issue) {
+    Scenario crash = sc;
+    crash.zero.deepspeed_version = v;
+    try {
+      build_schedule(crash);
+      ADD_FAILURE() << v << " built a copy that raises in DeepSpeed";
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed " + v + " raises"),
+                std::string::npos)
+          << what;
+      // Rank 7 is the first to raise: its slice starts at element 14 of 12.
+      EXPECT_NE(what.find("on rank 7 (its secondary slice starts at element 14 of the "
+                          "parameter's 12"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find(why), std::string::npos) << what;
+    }
   }
-  for (const char* v : {"0.14.4", "0.17.6"}) EXPECT_TRUE(check(v).clean()) << v;
 }
 
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {

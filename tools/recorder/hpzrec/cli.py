@@ -53,11 +53,25 @@ def parser() -> argparse.ArgumentParser:
                    "(batch.to(device), the HF Trainer's and accelerate's default: the host waits "
                    "for the compute stream first) or non-blocking (pinned, non_blocking=True); "
                    "default blocking")
-    p.add_argument("--rank", type=int, default=0, help="the rank DeepSpeed runs as (default 0)")
+    p.add_argument("--rank", type=_rank, default=0,
+                   help="the rank DeepSpeed runs as (default 0; every other rank is written as "
+                   "its copy on its own groups), or 'all': DeepSpeed runs once as each rank and "
+                   "each rank's own schedule is written, for models whose parameters do not "
+                   "divide by the world")
     p.add_argument("--out", required=True, help="where to write the schedule JSON")
     p.add_argument("--verbose", action="store_true", help="DeepSpeed's own INFO logs too")
     p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def _rank(text: str):
+    """--rank: a number, or "all"."""
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rank number or 'all', got {text!r}")
 
 
 def _read_json(path: str, what: str) -> dict:
@@ -96,7 +110,7 @@ def validate(args: argparse.Namespace) -> None:
     if args.micro_batch is not None and not 1 <= args.micro_batch <= 4096:
         raise InputError(f"--micro-batch: {args.micro_batch} out of range (allowed: 1 to 4096)")
     world = args.nodes * args.gpus_per_node
-    if not 0 <= args.rank < world:
+    if args.rank != "all" and not 0 <= args.rank < world:
         raise InputError(f"--rank: {args.rank} is not a rank of a world of {world}")
     _read_json(args.hf_config, "model config")
     ds = _read_json(args.ds_config, "DeepSpeed config")
@@ -142,11 +156,76 @@ def run_in_env(argv: list) -> None:
     os.execv(str(python), [str(python), "-m", "hpzrec.run"] + argv)
 
 
+def _with(argv: list, flag: str, value: str) -> list:
+    """argv with `flag`'s value replaced (or the flag added)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 2
+            continue
+        if argv[i].startswith(flag + "="):
+            i += 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out + [flag, value]
+
+
+def record_every_rank(argv: list, args: argparse.Namespace) -> int:
+    """--rank all: DeepSpeed runs once as each rank (each run in the pinned environment, as
+    run_in_env would), and the document takes each rank's own schedule from its own run. The
+    runs must agree on everything else (units, labels, groups), as DeepSpeed's ranks do."""
+    import subprocess
+    import tempfile
+    python = env.base_env() / "bin" / "python"
+    ds_dir = env.deepspeed_dir(args.deepspeed)
+    tf_dir = env.transformers_dir(args.transformers)
+    recorder = pathlib.Path(__file__).resolve().parent.parent
+    run_env = dict(os.environ, DS_ACCELERATOR="cpu",
+                   PYTHONPATH=os.pathsep.join([str(ds_dir)] + ([str(tf_dir)] if tf_dir else [])
+                                              + [str(recorder)]))
+    if not args.verbose:
+        run_env.setdefault("PYTHONWARNINGS", "ignore")
+    run_env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    world = args.nodes * args.gpus_per_node
+    merged = None
+    out_dir = pathlib.Path(args.out).resolve().parent
+    with tempfile.TemporaryDirectory(prefix=".hpzlab-record.", dir=out_dir) as tmp:
+        for r in range(world):
+            print(f"hpzlab record: rank {r} of {world}", file=sys.stderr, flush=True)
+            part = pathlib.Path(tmp) / f"rank{r}.json"
+            one = _with(_with(argv, "--rank", str(r)), "--out", str(part))
+            done = subprocess.run([str(python), "-m", "hpzrec.run"] + one, env=run_env)
+            if done.returncode != 0:
+                return done.returncode
+            doc = json.loads(part.read_text())
+            if merged is None:
+                merged = doc
+            else:
+                for key in ("world_size", "hpz_size", "dtype_bytes", "labels", "units", "groups"):
+                    if doc[key] != merged[key]:
+                        raise InputError(f"--rank all: rank {r}'s run disagrees with rank 0's on "
+                                         f"'{key}': DeepSpeed's ranks did not build the same "
+                                         "model, which one document cannot hold")
+            merged["ranks"][r] = doc["ranks"][r]
+        merged["source"]["recorded_rank"] = "all"
+        merged["source"]["command"] = "hpzlab record " + " ".join(argv)
+        merged["scenario"] = merged["source"]["command"]
+        tmp_out = pathlib.Path(tmp) / "all.json"
+        tmp_out.write_text(json.dumps(merged, separators=(",", ":")))
+        os.replace(tmp_out, args.out)
+    print(f"hpzlab record: wrote {args.out}: {world} ranks, each recorded as itself",
+          file=sys.stderr)
+    return 0
+
+
 def main(argv: list | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     try:
         validate(args)
+        if args.rank == "all":
+            return record_every_rank(argv, args)
         run_in_env(argv)
     except (InputError, env.EnvError) as e:
         print(f"hpzlab record: {e}", file=sys.stderr)

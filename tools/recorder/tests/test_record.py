@@ -180,6 +180,35 @@ def test_mixtral_waits_for_the_compute_stream_once_before_each_expert(tmp_path):
     assert code == 0 and not report["findings"]
 
 
+def test_rank_all_records_every_rank_as_itself(tmp_path):
+    """--rank all: DeepSpeed runs once as each rank and the document holds each rank's own
+    schedule, not a copy of rank 0's: rank 3's is the one `--rank 3` records. The hidden-30
+    model's parameters do not divide by 4 ranks, so rank 3's shards hold the padding."""
+    ds = json.loads((DATA / "ds-hpz8.json").read_text())
+    ds["zero_optimization"]["zero_hpz_partition_size"] = 2
+    ds_path = tmp_path / "ds.json"
+    ds_path.write_text(json.dumps(ds))
+
+    def rec(rank: str) -> dict:
+        out = tmp_path / f"rank-{rank}.json"
+        run = subprocess.run([str(ROOT / "tools" / "record"), "--hf-config",
+                              str(DATA / "llama-tiny-h30.json"), "--ds-config", str(ds_path),
+                              "--nodes", "2", "--gpus-per-node", "2", "--rank", rank, "--out",
+                              str(out)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    every, three = rec("all"), rec("3")
+    assert every["source"]["recorded_rank"] == "all"
+    ranks = every["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert all("ops" in r and "like" not in r for r in ranks)
+    assert ranks[3] == three["ranks"][3]
+    assert ranks[3]["ops"] != ranks[0]["ops"]
+    code, _ = check(tmp_path / "rank-all.json")
+    assert code in (0, 1)  # read and judged (2 would be a document it cannot read)
+
+
 def test_one_nccl_stream_per_process_group(stock_0134):
     doc = stock_0134["doc"]
     rank0 = doc["ranks"][0]
