@@ -508,31 +508,18 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     leaf(L.down);
     leaf(L.post_mlp_drop);
     close(L.mlp);
-  } else if (md.family == Family::kGptNeox) {
+  } else if (md.family == Family::kGptNeox || md.family == Family::kPhi3) {
     // GPTNeoXLayer.forward (use_parallel_residual): attention(input_layernorm(x)) with its
-    // dropout, then mlp(post_attention_layernorm(x)) with its.
+    // dropout, then mlp(post_attention_layernorm(x)) with its. Phi3DecoderLayer.forward
+    // (modeling_phi3.py:300-320 at 4.51.3) calls the same modules in the same order: x +
+    // resid_attn_dropout(self_attn(input_layernorm(x))), then + resid_mlp_dropout(mlp(
+    // post_attention_layernorm(.))), Phi3MLP being down_proj(up * activation_fn(gate)) of one
+    // gate_up_proj.
     leaf(L.in_ln);
     open(L.attn);
     leaf(L.q);
     leaf(L.rot);
     leaf(L.attn_drop);
-    leaf(L.o);
-    close(L.attn);
-    leaf(L.post_attn_drop);
-    leaf(L.post_ln);
-    open(L.mlp);
-    leaf(L.up);
-    leaf(L.act);
-    leaf(L.down);
-    close(L.mlp);
-    leaf(L.post_mlp_drop);
-  } else if (md.family == Family::kPhi3) {
-    // Phi3DecoderLayer.forward (modeling_phi3.py:300-320 at 4.51.3): x + resid_attn_dropout(
-    // self_attn(input_layernorm(x))), then + resid_mlp_dropout(mlp(post_attention_layernorm(.)));
-    // Phi3MLP: down_proj(up * activation_fn(gate)) of one gate_up_proj.
-    leaf(L.in_ln);
-    open(L.attn);
-    leaf(L.q);
     leaf(L.o);
     close(L.attn);
     leaf(L.post_attn_drop);
@@ -631,24 +618,11 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
     leaf(L.in_ln);
     return;
   }
-  if (md.family == Family::kPhi3) {
-    // Sequential, its dropouts outside the containers (the recording tiny-phi3-0.13.4).
-    leaf(L.post_mlp_drop);
-    out.push_back({Ev::kPreBwd, L.mlp});
-    leaf(L.down);
-    leaf(L.act);
-    leaf(L.up);
-    leaf(L.post_ln);
-    leaf(L.post_attn_drop);
-    out.push_back({Ev::kPreBwd, L.attn});
-    leaf(L.o);
-    leaf(L.q);
-    leaf(L.in_ln);
-    return;
-  }
-  if (md.family == Family::kGptNeox) {
+  if (md.family == Family::kGptNeox || md.family == Family::kPhi3) {
     // As the recording tiny-gptneox-0.13.4 shows: the MLP branch through its LayerNorm first,
-    // then the attention branch; rotary_emb's cos and sin need no gradient.
+    // then the attention branch; rotary_emb's cos and sin need no gradient. Phi-3's sequential
+    // layer, its dropouts outside the containers, runs the same (tiny-phi3-tf4.51-0.13.4; it
+    // has no rotary_emb or attention_dropout module).
     leaf(L.post_mlp_drop);
     out.push_back({Ev::kPreBwd, L.mlp});
     leaf(L.down);
