@@ -2132,19 +2132,16 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const ModelConfig& m = sc.model;
   const std::string tf = transformers_version_of(m);
   const bool tf451 = tf == "4.51.3";
-  const bool own_head_dim =
-      m.head_dim > 0 && static_cast<std::int64_t>(m.head_dim) * m.heads != m.hidden;
+  const bool own_heads = own_head_dim(m);
   const std::string& f = m.family;
   if (!tf451) {
     // transformers 4.35.2 has no Qwen2, Qwen3, Gemma or Phi-3; its Llama and Mistral read
     // neither head_dim (head_dim = hidden_size // num_attention_heads) nor mlp_bias: they would
     // build another model than the config says.
-    const char* why =
-        f != "llama" && f != "mistral" && f != "falcon" && f != "gpt_neox" && f != "gpt2"
-            ? "has no model_type"
-        : own_head_dim               ? "ignores the config's head_dim for model_type"
-        : m.mlp_bias && f == "llama" ? "ignores the config's mlp_bias for model_type"
-                                     : nullptr;
+    const char* why = !in_transformers_4_35(m)     ? "has no model_type"
+                      : own_heads                  ? "ignores the config's head_dim for model_type"
+                      : m.mlp_bias && f == "llama" ? "ignores the config's mlp_bias for model_type"
+                                                   : nullptr;
     if (why != nullptr) {
       throw InputError(
           sc.path, "model.transformers_version",
@@ -2163,7 +2160,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                          m.norms_per_layer == 2 && !m.alibi;
   const bool llama_walkable = llama_tree && dense_rms && (!m.qk_norm || f == "qwen3");
   const bool phi3_walkable = f == "phi3" && tf451 && dense_rms && !m.qkv_bias && !m.o_bias &&
-                             !m.mlp_bias && !m.qk_norm && !own_head_dim;
+                             !m.mlp_bias && !m.qk_norm && !own_heads;
   const bool falcon_walkable = f == "falcon" && !tf451 && !m.gated_mlp && m.norm_bias &&
                                m.parallel_blocks && !m.alibi && !m.qkv_bias && !m.qk_norm &&
                                m.experts == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&

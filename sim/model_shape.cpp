@@ -32,14 +32,19 @@ bool llama_shaped(const ModelConfig& m) {
          (m.head_dim == 0 || static_cast<std::int64_t>(m.head_dim) * m.heads == m.hidden);
 }
 
+bool in_transformers_4_35(const ModelConfig& m) {
+  return m.family == "llama" || m.family == "mistral" || m.family == "falcon" ||
+         m.family == "gpt_neox" || m.family == "gpt2";
+}
+
+bool own_head_dim(const ModelConfig& m) {
+  return m.head_dim > 0 && static_cast<std::int64_t>(m.head_dim) * m.heads != m.hidden;
+}
+
 std::string transformers_version_of(const ModelConfig& m) {
   if (m.transformers_version != "auto") return m.transformers_version;
-  const bool in_4_35 = m.family == "llama" || m.family == "mistral" || m.family == "falcon" ||
-                       m.family == "gpt_neox" || m.family == "gpt2";
-  const bool own_head_dim =
-      m.head_dim > 0 && static_cast<std::int64_t>(m.head_dim) * m.heads != m.hidden;
   const bool mlp_bias = m.family == "llama" && m.mlp_bias;  // LlamaMLP's, transformers 4.41 on
-  return in_4_35 && !own_head_dim && !mlp_bias ? "4.35.2" : "4.51.3";
+  return in_transformers_4_35(m) && !own_head_dim(m) && !mlp_bias ? "4.35.2" : "4.51.3";
 }
 
 double attention_width(const ModelConfig& m) {

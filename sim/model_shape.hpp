@@ -23,6 +23,13 @@ struct LayerShape {
  *  numeric replay's model computes. */
 bool llama_shaped(const ModelConfig& m);
 
+/** True when transformers 4.35.2 has the model's family (Llama, Mistral, Falcon, GPT-NeoX,
+ *  GPT-2). */
+bool in_transformers_4_35(const ModelConfig& m);
+
+/** True when config.head_dim sets heads of another width than hidden / heads. */
+bool own_head_dim(const ModelConfig& m);
+
 /** The transformers release whose module tree the model is walked in: m.transformers_version,
  *  or for "auto" 4.35.2 (the recorder's default) where that release builds the model as its
  *  config says (Llama, Mistral, Falcon, GPT-NeoX, GPT-2 without a head dimension of their own,
