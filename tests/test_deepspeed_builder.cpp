@@ -239,13 +239,18 @@ Scenario unrecorded_llama() {
   return sc;
 }
 
-std::uint64_t races(const Scenario& sc, const std::string& version) {
-  const check::CheckResult r = check::check_schedule(build_deepspeed_schedule(sc, version));
+/** The races the checker finds in a schedule. */
+std::uint64_t races(const Schedule& s) {
+  const check::CheckResult r = check::check_schedule(s);
   std::uint64_t n = 0;
   for (const check::FindingGroup& g : r.groups) {
     if (g.example.kind == check::FindingKind::kRace) n += g.count;
   }
   return n;
+}
+
+std::uint64_t races(const Scenario& sc, const std::string& version) {
+  return races(build_deepspeed_schedule(sc, version));
 }
 
 TEST(DeepSpeedBuilder, StockRacesWhereTheFixesAndLaterVersionsDoNot) {
@@ -364,14 +369,7 @@ TEST(DeepSpeedBuilder, MixtralsWaitBeforeEachExpertOrdersItsSecondaryCopies) {
                     {{"model.hf_config", test::source_dir() + "/tests/data/hf/mixtral-8x7b.json"},
                      {"model.layers", "2"}});
   Schedule s = build_deepspeed_schedule(sc, "0.13.4");
-  const auto race_count = [](const Schedule& schedule) {
-    std::uint64_t n = 0;
-    for (const check::FindingGroup& g : check::check_schedule(schedule).groups) {
-      if (g.example.kind == check::FindingKind::kRace) n += g.count;
-    }
-    return n;
-  };
-  EXPECT_EQ(race_count(s), 0u);
+  EXPECT_EQ(races(s), 0u);
   std::size_t erased = 0;
   for (RankSchedule& r : s.ranks) {
     std::vector<Op>& ops = r.ops.mut();
@@ -390,7 +388,7 @@ TEST(DeepSpeedBuilder, MixtralsWaitBeforeEachExpertOrdersItsSecondaryCopies) {
   }
   // 8 experts in 2 layers, forward and recompute, tiny.toml's 4 steps and 4 ranks.
   EXPECT_EQ(erased, 8u * 2 * 2 * 4 * 4);
-  EXPECT_GT(race_count(s), 0u);
+  EXPECT_GT(races(s), 0u);
 }
 
 // Gemma-7B's heads are 256 wide, 16 of them on a 3072-wide model: transformers 4.35.2 has no
@@ -539,8 +537,7 @@ TEST(DeepSpeedBuilder, SecondarySlicesPastTheEndFollowEachVersionsCopyBounds) {
       ADD_FAILURE() << v << " built a copy that raises in DeepSpeed";
     } catch (const InputError& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed " + v + " raises"),
-                std::string::npos)
+      EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed " + v + " raises"), std::string::npos)
           << what;
       // Rank 7 is the first to raise: its slice starts at element 14 of 12.
       EXPECT_NE(what.find("on rank 7 (its secondary slice starts at element 14 of the "

@@ -140,20 +140,26 @@ def validate(args: argparse.Namespace) -> None:
         raise InputError(f"--out: {args.out}: no such directory {out_dir}")
 
 
-def run_in_env(argv: list) -> None:
-    """Replaces this process with hpzrec.run under the pinned environment's python."""
-    args = parser().parse_args(argv)
+def _pinned(args: argparse.Namespace) -> tuple:
+    """The pinned environment's python and the environment hpzrec.run runs in (made on first
+    use)."""
     python = env.base_env() / "bin" / "python"
     ds_dir = env.deepspeed_dir(args.deepspeed)
     tf_dir = env.transformers_dir(args.transformers)
     recorder = pathlib.Path(__file__).resolve().parent.parent
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(ds_dir)] + ([str(tf_dir)] if tf_dir else []) + [str(recorder)])
-    os.environ["DS_ACCELERATOR"] = "cpu"
+    run_env = dict(os.environ, DS_ACCELERATOR="cpu",
+                   PYTHONPATH=os.pathsep.join([str(ds_dir)] + ([str(tf_dir)] if tf_dir else [])
+                                              + [str(recorder)]))
     if not args.verbose:
-        os.environ.setdefault("PYTHONWARNINGS", "ignore")
-    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    os.execv(str(python), [str(python), "-m", "hpzrec.run"] + argv)
+        run_env.setdefault("PYTHONWARNINGS", "ignore")
+    run_env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    return python, run_env
+
+
+def run_in_env(argv: list) -> None:
+    """Replaces this process with hpzrec.run under the pinned environment's python."""
+    python, run_env = _pinned(parser().parse_args(argv))
+    os.execve(str(python), [str(python), "-m", "hpzrec.run"] + argv, run_env)
 
 
 def _with(argv: list, flag: str, value: str) -> list:
@@ -177,16 +183,7 @@ def record_every_rank(argv: list, args: argparse.Namespace) -> int:
     runs must agree on everything else (units, labels, groups), as DeepSpeed's ranks do."""
     import subprocess
     import tempfile
-    python = env.base_env() / "bin" / "python"
-    ds_dir = env.deepspeed_dir(args.deepspeed)
-    tf_dir = env.transformers_dir(args.transformers)
-    recorder = pathlib.Path(__file__).resolve().parent.parent
-    run_env = dict(os.environ, DS_ACCELERATOR="cpu",
-                   PYTHONPATH=os.pathsep.join([str(ds_dir)] + ([str(tf_dir)] if tf_dir else [])
-                                              + [str(recorder)]))
-    if not args.verbose:
-        run_env.setdefault("PYTHONWARNINGS", "ignore")
-    run_env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    python, run_env = _pinned(args)
     world = args.nodes * args.gpus_per_node
     merged = None
     out_dir = pathlib.Path(args.out).resolve().parent
