@@ -1458,6 +1458,11 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
     const std::uint64_t base = partition_sz * static_cast<std::uint64_t>(rank_in_group) * dt;
     Op& cat = push(OpKind::kCopy, current_, purpose_);
     cat.unit = params[0];
+    // The collective sends this rank's whole partition, but only the parameters' own elements
+    // in it mean anything: a shard's padding is never written (init above), and each
+    // parameter's copy out of the flat buffer drops it (wait_handle). So the send reads what the
+    // torch.cat wrote, adjacent slots as one range.
+    std::vector<Access> sent;
     for (std::size_t i = 0; i < params.size(); ++i) {
       const int p = params[i];
       const ElemRange mine = use_secondary ? layouts_[p].secondary_slice(rank_in_group)
@@ -1466,18 +1471,23 @@ void RankBuilder::all_gather_coalesced(std::vector<int> params, bool forward) {
       if (a.bytes > 0) out_.accesses.push_back(a);
       const ElemRange v = layouts_[p].valid(mine);
       if (!v.empty()) {
-        out_.accesses.push_back({h.flat, AccessMode::kWrite,
-                                 base + (h.offsets[i] + v.begin - mine.begin) * dt, v.size() * dt});
+        const Access w{h.flat, AccessMode::kWrite,
+                       base + (h.offsets[i] + v.begin - mine.begin) * dt, v.size() * dt};
+        out_.accesses.push_back(w);
+        if (!sent.empty() && sent.back().end() == w.offset) {
+          sent.back().bytes += w.bytes;
+        } else {
+          sent.push_back({h.flat, AccessMode::kRead, w.offset, w.bytes});
+        }
       }
       cat.mem_bytes += 2.0 * static_cast<double>(v.size() * dt);
     }
     cat.access_count = static_cast<std::uint32_t>(out_.accesses.size() - cat.access_begin);
     const UnitId saved_unit = unit_;
     unit_ = params[0];
-    h.end = collective(OpKind::kAllGather, g, partition_sz * dt,
-                       {{h.flat, AccessMode::kRead, base, partition_sz * dt},
-                        {h.flat, AccessMode::kWrite, 0,
-                         partition_sz * static_cast<std::uint64_t>(group_size) * dt}});
+    sent.push_back({h.flat, AccessMode::kWrite, 0,
+                    partition_sz * static_cast<std::uint64_t>(group_size) * dt});
+    h.end = collective(OpKind::kAllGather, g, partition_sz * dt, sent);
     unit_ = saved_unit;
   }
   h.registered = params.size();
@@ -1973,8 +1983,9 @@ void RankBuilder::gather_persistent() {
   EventId last = kNoEvent;
   for (int p : list) {
     const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
+    // The shard's own elements only, as every gather reads it (shard_read).
     last = collective(OpKind::kAllGather, world_group_, shard,
-                      {{ps_[p].primary, AccessMode::kRead, 0, shard},
+                      {shard_read(p, false, rank_),
                        {ps_[p].full, AccessMode::kWrite, 0, layouts_[p].padded_numel() * dt_}});
   }
   wait(current_, last, purpose_);  // launch_handles[-1].wait()

@@ -2,10 +2,11 @@
 
 Buffers. Each storage lifetime becomes IR buffers: one per claimed parameter tensor in it
 (primary shard, secondary shard, gathered parameter, with its unit), or, for a storage DeepSpeed
-never handed to a parameter, one scratch buffer for the whole storage. Bytes of a claimed
-storage outside every claim are padding (DeepSpeed rounds each parameter up to a multiple of the
-world size): never meaningful, so accesses to them are dropped, as the IR requires
-(sim/schedule.hpp).
+never handed to a parameter, one scratch buffer for the whole storage. Padding (DeepSpeed rounds
+each parameter up to a multiple of the world size) is never meaningful, so accesses to it are
+dropped, as the IR requires (sim/schedule.hpp): bytes of a claimed storage outside every claim,
+a shard's elements past the parameter's end (a claim's valid_end), and storages DeepSpeed
+allocates as padding only (Lifetime.padding).
 
 Kernels. Consecutive kernels (or copies) on one stream, issued with nothing else in between
 and in the same context (module, phase, purpose), become one IR op whose accesses are the union
@@ -58,12 +59,14 @@ class _Buffers:
             life = self.rec.lifetimes[life_id]
             regions = []
             if life.claims:
-                for begin, end, role, unit in sorted(life.claims):
+                for begin, end, role, unit, valid_end in sorted(life.claims):
                     name = f"{self.rec.units[unit]['name']}.{role}"
-                    regions.append((begin, end, self._new(name, role, unit, end - begin)))
+                    regions.append((begin, end, self._new(name, role, unit, end - begin),
+                                    valid_end))
             else:
+                valid_end = 0 if life.padding else life.nbytes
                 regions.append((0, life.nbytes, self._new(f"tensor{life_id}", "scratch", -1,
-                                                          life.nbytes)))
+                                                          life.nbytes), valid_end))
             self.of_lifetime[life_id] = regions
             self.starts[life_id] = [r[0] for r in regions]
         return self.of_lifetime[life_id]
@@ -78,10 +81,10 @@ class _Buffers:
         regions = self.regions(life_id)
         out = []
         i = max(0, bisect.bisect_right(self.starts[life_id], begin) - 1)
-        for r_begin, r_end, buf in regions[i:]:
+        for r_begin, r_end, buf, valid_end in regions[i:]:
             if r_begin >= end:
                 break
-            lo, hi = max(begin, r_begin), min(end, r_end)
+            lo, hi = max(begin, r_begin), min(end, valid_end)
             if lo < hi:
                 out.append([buf, mode, lo - r_begin, hi - lo])
         return out
@@ -196,11 +199,11 @@ def rank_ops(rec: recording.Recording) -> tuple[list, list]:
             continue
         flush()
         if e.kind == "alloc":
-            for _, _, buf in buffers.regions(e.lifetime):
+            for _, _, buf, _ in buffers.regions(e.lifetime):
                 freed.discard(buf)
                 ops.append(dict(_base(e, "alloc"), buffer=buf, fill=e.fill))
         elif e.kind == "free":
-            for r_begin, r_end, buf in buffers.regions(e.lifetime):
+            for r_begin, r_end, buf, _ in buffers.regions(e.lifetime):
                 if r_begin < e.region[1] and e.region[0] < r_end and buf not in freed:
                     freed.add(buf)
                     ops.append(dict(_base(e, "free"), buffer=buf))

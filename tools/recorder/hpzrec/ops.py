@@ -113,6 +113,8 @@ class OpRecorder(TorchDispatchMode):
         seen.extend(fresh)
         for t in fresh:
             life = rec.lifetime_of(t, fresh=True)
+            if name in _EMPTY and rec.padding_allocs:
+                rec.lifetimes[life].padding = True
             rec.push("alloc", stream, lifetime=life, fill="nan" if name in _EMPTY else "zero")
             if name not in _EMPTY:
                 span = rec.byte_range(t)

@@ -13,7 +13,7 @@ A function a version lacks is skipped, and the recording says so.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -43,11 +43,34 @@ def claim_param(param) -> None:
     if unit < 0:
         return
     with rec.paused_ops():
-        rec.claim(getattr(param, "ds_tensor", None), "primary", unit)
-        rec.claim(getattr(param, "ds_secondary_tensor", None), "secondary", unit)
+        primary = getattr(param, "ds_tensor", None)
+        rec.claim(primary, "primary", unit, _own_elements(param, primary, rec.rank))
+        secondary = getattr(param, "ds_secondary_tensor", None)
+        place = None
+        if secondary is not None and secondary.numel() > 0:
+            # The parameter rounded up to a multiple of the world (_aligned_size, PP:1406-1411
+            # at v0.13.4) is cut into one secondary slice per rank of an hpZ group; the groups
+            # are blocks of consecutive ranks (_create_zero_param_parallel_group,
+            # utils/groups.py:505-530), and a rank's slice starts at its place in its block
+            # (secondary_start, PP:1633). The secondary is made before the primary (PP:1470-1478).
+            world = rec.world_size
+            padded = -(-int(param.ds_numel) // world) * world
+            place = rec.rank % max(1, padded // secondary.numel())
+        rec.claim(secondary, "secondary", unit,
+                  None if place is None else _own_elements(param, secondary, place))
         status = getattr(param, "ds_status", None)
         if status is not None and status.name in ("AVAILABLE", "INFLIGHT"):
             rec.claim(param.data, "full", unit)
+
+
+def _own_elements(param, shard, place: int) -> Optional[int]:
+    """How many of `shard`'s elements are the parameter's own when it is slice `place` of the
+    parameter rounded up to a multiple of the group: _partition_param (PP:1554-1574 at v0.13.4)
+    copies only those into its torch.empty() shard; the rest is padding that nothing writes."""
+    if shard is None or shard.numel() == 0:
+        return None
+    size = shard.numel()
+    return max(0, min(size, int(param.ds_numel) - place * size))
 
 
 def claim_all(params: Iterable) -> None:
@@ -223,3 +246,20 @@ def install() -> None:
 
     _wrap(optimizer, "reduce_independent_p_g_buckets_and_remove_grads", reducing)
     _wrap(optimizer, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", reducing)
+
+    # reduce_scatter_coalesced (comm/coalesced_collectives.py:118-120 at v0.13.4, 195-197 at
+    # v0.17.6) pads each gradient's last chunk with a torch.empty() of its own, which torch.cat
+    # then copies into the flat buffer it reduce-scatters: padding, never written and dropped
+    # from the output (its narrow()s). Its only empty() allocations are those; stage3 calls the
+    # function by the name it imported.
+    def padding_allocs(original):
+        def wrapper(*args, **kwargs):
+            rec = recording.current()
+            rec.padding_allocs += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                rec.padding_allocs -= 1
+        return wrapper
+
+    _wrap(stage3, "reduce_scatter_coalesced", padding_allocs)

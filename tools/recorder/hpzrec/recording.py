@@ -5,6 +5,9 @@ whose DeepSpeed hook was running, the parameter in focus). Tensors are tracked b
 lifetime: a storage seen as the fresh output of an op starts a lifetime; every access is a byte
 range of one lifetime. DeepSpeed's parameter tensors (primary shard, secondary shard, gathered
 parameter) are *claimed* regions of a lifetime, so that the IR writer can give them their roles.
+A claim's bytes past its parameter's own elements, and a storage DeepSpeed allocates as padding
+only, are padding: the IR writer drops accesses to them (sim/schedule.hpp: accesses cover only
+meaningful bytes).
 """
 from __future__ import annotations
 
@@ -55,7 +58,9 @@ class Lifetime:
     """One allocation: a storage from the op that created it until it is dropped."""
     nbytes: int
     name: str = ""
-    claims: list = dataclasses.field(default_factory=list)  # (begin, end, role, unit)
+    # (begin, end, role, unit, valid_end): bytes [valid_end, end) of a claim are padding
+    claims: list = dataclasses.field(default_factory=list)
+    padding: bool = False  # made as padding only: nothing in it means anything
 
 
 @dataclasses.dataclass
@@ -89,6 +94,9 @@ class Recording:
         # reads are no host sync on a GPU (stand_ins.one_hot_as_on_cuda)
         self.cpu_checks = 0
         self.recomputing = False  # a forward hook fired during backward (checkpointing)
+        # > 0 while a DeepSpeed function runs whose empty() allocations are padding only
+        # (probes.install: reduce_scatter_coalesced)
+        self.padding_allocs = 0
 
     # ----- context -------------------------------------------------------------------------
     def label_id(self, name: str) -> int:
@@ -193,8 +201,10 @@ class Recording:
             return None
         return (self.lifetime_of(t), mode, span[0], span[1])
 
-    def claim(self, t: Optional[torch.Tensor], role: str, unit: int) -> None:
-        """Marks t's bytes as a parameter tensor of the IR (primary, secondary, full)."""
+    def claim(self, t: Optional[torch.Tensor], role: str, unit: int,
+              valid: Optional[int] = None) -> None:
+        """Marks t's bytes as a parameter tensor of the IR (primary, secondary, full), of which
+        the first `valid` elements (all when None) are the parameter's and the rest padding."""
         if t is None or t.numel() == 0:
             return
         life = self.lifetimes[self.lifetime_of(t)]
@@ -202,7 +212,8 @@ class Recording:
         for c in life.claims:
             if c[0] < end and begin < c[1]:
                 return  # first claim wins: a view of a claimed tensor is the same tensor
-        life.claims.append((begin, end, role, unit))
+        valid_end = end if valid is None else min(end, begin + valid * t.element_size())
+        life.claims.append((begin, end, role, unit, valid_end))
 
     # ----- process groups --------------------------------------------------------------------
     def group_id(self, ranks: tuple, creator: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpzrec import accelerator, collectives, ir, ops, recording, stand_ins
+from hpzrec import accelerator, collectives, ir, ops, probes, recording, stand_ins
 
 
 @pytest.fixture()
@@ -125,6 +125,41 @@ def test_claimed_regions_become_parameter_buffers_and_padding_is_dropped(rec):
     assert buffers == [{"name": "w.full", "role": "full", "bytes": 32, "unit": 0}]
     assert ops_[1]["accesses"] == [[0, "w", 0, 32]]
     assert ops_[2]["accesses"] == [[0, "r", 0, 32]]
+
+
+def test_a_shards_elements_past_the_parameters_end_are_padding(rec):
+    """A parameter of 30 elements on 4 ranks: shards of 8, the last one holding 6 of the
+    parameter's and 2 of padding. A whole-shard copy writes and reads only those 6; a storage
+    made by empty() inside reduce_scatter_coalesced (padding only) is read by nobody."""
+    rec.units.append({"name": "w", "layer": -1})
+    param = torch.nn.Parameter(torch.zeros(30))
+    param.ds_numel = 30
+    param.ds_tensor = torch.empty(8)
+    rec.unit_of_param[id(param)] = 0
+    rec.rank = 3
+    with rec.paused_ops():
+        life = rec.lifetime_of(param.ds_tensor, fresh=True)
+    probes.claim_param(param)
+    rec.push("alloc", 0, lifetime=life, fill="nan")
+    rec.push("copy", 0, accesses=[(life, "w", 0, 32)])
+    rec.push("copy", 1, accesses=[(life, "r", 0, 32)])
+    rec.padding_allocs += 1
+    with ops.OpRecorder(seq_len=23, scale=1.0):
+        flat = torch.cat([torch.ones(6), torch.empty(2)])
+    rec.padding_allocs -= 1
+    with ops.OpRecorder(seq_len=23, scale=1.0):
+        flat.sum()
+    ops_, buffers = ir.rank_ops(rec)
+    assert buffers[0] == {"name": "w.primary", "role": "primary", "bytes": 32, "unit": 0}
+    assert ops_[1]["accesses"] == [[0, "w", 0, 24]]
+    assert ops_[2]["accesses"] == [[0, "r", 0, 24]]
+    cat = [op for op in ops_ if op["kind"] == "copy"][-1]
+    assert [(m, n) for _, m, _, n in cat["accesses"]] == [("r", 24), ("w", 32)]  # ones -> flat
+    assert all(b["bytes"] != 8 for b in buffers)  # the padding's storage is gone
+    # Rank 0's shard is all the parameter's; rank 4 of 5 would hold none of it.
+    rec.rank = 0
+    assert probes._own_elements(param, param.ds_tensor, 0) == 8
+    assert probes._own_elements(param, param.ds_tensor, 4) == 0
 
 
 def test_folded_kernels_keep_their_outside_reads_and_drop_intermediates(rec):
