@@ -129,8 +129,8 @@ std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> verdict(
 }
 
 // Models whose norms do not divide by the world (16 ranks, hpZ 8), so that DeepSpeed's ranks
-// differ, recorded as every rank (`hpzlab record --rank all`): every rank is compared, and the
-// checker's findings on the built schedule are among the recording's (below). The hidden-12 model's
+// differ, recorded as every rank (`hpzlab record --rank all`): every rank is compared, and so
+// are the checker's verdicts (below). The hidden-12 model's
 // 12-element norms leave ranks 12-15's primary shards in the padding, and rank 7's secondary
 // slice starts past the end: 0.13.4's bounds skip that copy, every later version raises on it
 // (above), so only 0.13.4 runs it. The hidden-30 model's norms (30 elements, padded to 32:
@@ -155,18 +155,16 @@ TEST(DeepSpeedBuilder, EveryRankOfModelsWithPaddedShardsMatches) {
       EXPECT_TRUE(diff.empty()) << name << ", rank " << r << ": " << diff;
       if (r == 7) rank7[name] = expected;
     }
-    // The recordings' verdicts also count reads of padding that DeepSpeed never writes: a
-    // collective or a whole-shard copy reads a shard's padding, and reduce_scatter_coalesced's
-    // padded flat buffer (an allocation of its own, not a parameter's storage, so the
-    // recorder cannot drop the padding's bytes). The builder's accesses cover each shard's own
-    // elements, so each of its findings is one of the recording's: per kind, no more of them.
+    // Padding is no data on either side: the recorder drops a shard's elements past the
+    // parameter's end and reduce_scatter_coalesced's padding, the builder reads only the
+    // parameters' own elements (until 2026-11-26 both read padding, the recordings far more,
+    // and this compared only which findings the builder had).
     const auto got = verdict(check::check_schedule(built));
-    const auto want = verdict(check::check_schedule(rec));
-    EXPECT_FALSE(got.empty()) << name;
-    for (const auto& [kind, count] : got) {
-      ASSERT_TRUE(want.count(kind)) << name << ": the recording has no " << to_string(kind);
-      EXPECT_LE(count.first, want.at(kind).first) << name << ": " << to_string(kind);
-    }
+    EXPECT_EQ(got, verdict(check::check_schedule(rec))) << name;
+    // 0.13.4 leaves rank 7's and 15's last secondary slices unwritten (its copy-bounds bug);
+    // 0.14.4 copies them, and its padding is read by nothing.
+    const bool v0134 = rec.source.at("deepspeed") == "0.13.4";
+    EXPECT_EQ(got.count(check::FindingKind::kUninitializedRead) > 0, v0134) << name;
   }
   // The positive control: the recordings themselves differ in rank 7's copies into the norms'
   // secondaries.
@@ -546,6 +544,46 @@ TEST(DeepSpeedBuilder, SecondarySlicesPastTheEndFollowEachVersionsCopyBounds) {
           << what;
       EXPECT_NE(what.find(why), std::string::npos) << what;
     }
+  }
+}
+
+// The IR's accesses cover only meaningful bytes (sim/schedule.hpp): no op reads the padding
+// of a shard, whose elements past the parameter's end nothing writes. On the hidden-30 model
+// (norms padded from 30 to 32 elements over 16 ranks) every version's reads of primary and
+// secondary shards stay within the parameter's own elements, and the checker finds no
+// uninitialized read where the version copies every slice (0.14.4, 0.17.6). Before 2026-11-26
+// a coalesced gather sent its whole flat slot, padding included: 3 uninitialized reads on
+// rank 15 with either version, and on Llama-2-7B over 3 nodes 284 with 0.13.5 and 0.14.4.
+TEST(DeepSpeedBuilder, NoOpReadsPadding) {
+  const Scenario sc = scenario_of(recording("tiny-h30-0.14.4"));
+  for (const char* v : {"0.13.4", "0.14.4", "0.17.6"}) {
+    const Schedule s = build_deepspeed_schedule(sc, v);
+    std::uint64_t shard_reads = 0;
+    for (const RankSchedule& rs : s.ranks) {
+      for (const Op& op : rs.ops) {
+        for (const Access& a : s.accesses_of(rs.rank, op)) {
+          const Buffer& b = rs.buffers[a.buffer];
+          if (a.mode != AccessMode::kRead || b.unit == kNoUnit ||
+              (b.role != BufferRole::kPrimary && b.role != BufferRole::kSecondary)) {
+            continue;
+          }
+          const ParamUnit& u = s.units[static_cast<std::size_t>(b.unit)];
+          const bool primary = b.role == BufferRole::kPrimary;
+          const std::uint64_t size = primary ? u.shard_numel : u.secondary_numel;
+          const std::uint64_t place =
+              static_cast<std::uint64_t>(primary ? rs.rank : rs.rank % s.hpz_size);
+          const std::uint64_t own =
+              u.numel > place * size ? std::min(size, u.numel - place * size) : 0;
+          EXPECT_LE(a.end(), own * static_cast<std::uint64_t>(s.dtype_bytes))
+              << v << ", rank " << rs.rank << ": " << to_string(op.kind) << " reads " << b.name;
+          ++shard_reads;
+        }
+      }
+    }
+    EXPECT_GT(shard_reads, 1000u) << v;
+    const auto found = verdict(check::check_schedule(s));
+    EXPECT_EQ(found.count(check::FindingKind::kUninitializedRead) > 0, std::string(v) == "0.13.4")
+        << v;
   }
 }
 
