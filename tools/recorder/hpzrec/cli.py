@@ -53,11 +53,13 @@ def parser() -> argparse.ArgumentParser:
                    "(batch.to(device), the HF Trainer's and accelerate's default: the host waits "
                    "for the compute stream first) or non-blocking (pinned, non_blocking=True); "
                    "default blocking")
-    p.add_argument("--rank", type=_rank, default=0,
-                   help="the rank DeepSpeed runs as (default 0; every other rank is written as "
-                   "its copy on its own groups), or 'all': DeepSpeed runs once as each rank and "
-                   "each rank's own schedule is written, for models whose parameters do not "
-                   "divide by the world")
+    p.add_argument("--rank", type=_rank, default="auto",
+                   help="which ranks DeepSpeed runs as. 'auto' (the default): rank 0, and one "
+                   "rank of each other kind where the model's parameters do not divide by the "
+                   "world (their padding makes those ranks' slices, and DeepSpeed's code paths, "
+                   "differ); every other rank is written as the copy of its kind's on its own "
+                   "groups. A number: that rank alone, every other rank its copy. 'all': "
+                   "DeepSpeed runs once as each rank")
     p.add_argument("--out", required=True, help="where to write the schedule JSON")
     p.add_argument("--verbose", action="store_true", help="DeepSpeed's own INFO logs too")
     p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)
@@ -65,13 +67,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _rank(text: str):
-    """--rank: a number, or "all"."""
-    if text == "all":
+    """--rank: a number, "auto" or "all"."""
+    if text in ("all", "auto"):
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a rank number or 'all', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a rank number, 'auto' or 'all', got {text!r}")
 
 
 def _read_json(path: str, what: str) -> dict:
@@ -110,7 +112,7 @@ def validate(args: argparse.Namespace) -> None:
     if args.micro_batch is not None and not 1 <= args.micro_batch <= 4096:
         raise InputError(f"--micro-batch: {args.micro_batch} out of range (allowed: 1 to 4096)")
     world = args.nodes * args.gpus_per_node
-    if args.rank != "all" and not 0 <= args.rank < world:
+    if args.rank not in ("all", "auto") and not 0 <= args.rank < world:
         raise InputError(f"--rank: {args.rank} is not a rank of a world of {world}")
     _read_json(args.hf_config, "model config")
     ds = _read_json(args.ds_config, "DeepSpeed config")
@@ -177,42 +179,108 @@ def _with(argv: list, flag: str, value: str) -> list:
     return out + [flag, value]
 
 
-def record_every_rank(argv: list, args: argparse.Namespace) -> int:
-    """--rank all: DeepSpeed runs once as each rank (each run in the pinned environment, as
-    run_in_env would), and the document takes each rank's own schedule from its own run. The
-    runs must agree on everything else (units, labels, groups), as DeepSpeed's ranks do."""
+def _own(numel: int, size: int, place: int) -> int:
+    """Elements of the parameter in slice `place` of `size` elements (the rest is padding)."""
+    return max(0, min(size, numel - place * size))
+
+
+def rank_kinds(doc: dict) -> list:
+    """The ranks grouped by what their slices hold: for every unit, how many of its elements
+    the rank's primary slice and its secondary slice hold (DeepSpeed pads each parameter to a
+    multiple of the world, _aligned_size, PP:1406-1411 at v0.13.4; hpZ groups are blocks of
+    consecutive ranks, utils/groups.py:505-530). DeepSpeed's code paths for a rank depend on
+    these bounds and its groups only (_partition_param, _partition_param_sec, the gathers), so
+    ranks of one kind issue the same schedule on their own groups. Ascending, rank 0's first."""
+    world, hpz = doc["world_size"], max(1, doc["hpz_size"])
+    kinds: dict = {}
+    for r in range(world):
+        key = tuple((_own(u["numel"], u["shard_numel"], r),
+                     _own(u["numel"], u["secondary_numel"], r % hpz) if u["secondary_numel"] else 0)
+                    for u in doc["units"])
+        kinds.setdefault(key, []).append(r)
+    return sorted(kinds.values())
+
+
+def _run_ranks(argv: list, args: argparse.Namespace, ranks: list, tmp: str,
+               first: dict | None = None) -> tuple:
+    """DeepSpeed run once as each of `ranks` not in `first` (each in the pinned environment, as
+    run_in_env would): ({rank: its document}, 0), or (None, the run's exit code) when one
+    failed (its own message printed). The runs must agree on everything but the ranks (units,
+    labels, groups), as DeepSpeed's ranks do."""
     import subprocess
-    import tempfile
     python, run_env = _pinned(args)
+    docs = dict(first or {})
+    for n, r in enumerate(ranks):
+        if r in docs:
+            continue
+        print(f"hpzlab record: rank {r} ({n + 1} of {len(ranks)})", file=sys.stderr, flush=True)
+        part = pathlib.Path(tmp) / f"rank{r}.json"
+        one = _with(_with(argv, "--rank", str(r)), "--out", str(part))
+        done = subprocess.run([str(python), "-m", "hpzrec.run"] + one, env=run_env)
+        if done.returncode != 0:
+            return None, done.returncode
+        docs[r] = json.loads(part.read_text())
+        base = docs[min(docs)]
+        for key in ("world_size", "hpz_size", "dtype_bytes", "labels", "units", "groups"):
+            if docs[r][key] != base[key]:
+                raise InputError(f"--rank: rank {r}'s run disagrees with rank {min(docs)}'s on "
+                                 f"'{key}': DeepSpeed's ranks did not build the same model, "
+                                 "which one document cannot hold")
+    return docs, 0
+
+
+def _write(argv: list, args: argparse.Namespace, doc: dict, recorded: str, tmp: str) -> None:
+    """The document, as the user's command made it, written in one rename."""
+    doc["source"]["recorded_rank"] = recorded
+    doc["source"]["command"] = "hpzlab record " + " ".join(a for a in argv if a != "--in-env")
+    doc["scenario"] = doc["source"]["command"]
+    tmp_out = pathlib.Path(tmp) / "out.json"
+    tmp_out.write_text(json.dumps(doc, separators=(",", ":")))
+    os.replace(tmp_out, args.out)
+
+
+def record_ranks(argv: list, args: argparse.Namespace) -> int:
+    """--rank all: DeepSpeed runs as each rank, and each rank's own schedule is written.
+    --rank auto: rank 0 first; where the model's parameters do not divide by the world, also
+    the first rank of each other kind (rank_kinds), and every rank is written as the copy of
+    its kind's first rank on its own groups (one kind: rank 0's document as --rank 0 writes
+    it)."""
+    import tempfile
     world = args.nodes * args.gpus_per_node
-    merged = None
     out_dir = pathlib.Path(args.out).resolve().parent
     with tempfile.TemporaryDirectory(prefix=".hpzlab-record.", dir=out_dir) as tmp:
-        for r in range(world):
-            print(f"hpzlab record: rank {r} of {world}", file=sys.stderr, flush=True)
-            part = pathlib.Path(tmp) / f"rank{r}.json"
-            one = _with(_with(argv, "--rank", str(r)), "--out", str(part))
-            done = subprocess.run([str(python), "-m", "hpzrec.run"] + one, env=run_env)
-            if done.returncode != 0:
-                return done.returncode
-            doc = json.loads(part.read_text())
-            if merged is None:
-                merged = doc
-            else:
-                for key in ("world_size", "hpz_size", "dtype_bytes", "labels", "units", "groups"):
-                    if doc[key] != merged[key]:
-                        raise InputError(f"--rank all: rank {r}'s run disagrees with rank 0's on "
-                                         f"'{key}': DeepSpeed's ranks did not build the same "
-                                         "model, which one document cannot hold")
-            merged["ranks"][r] = doc["ranks"][r]
-        merged["source"]["recorded_rank"] = "all"
-        merged["source"]["command"] = "hpzlab record " + " ".join(argv)
-        merged["scenario"] = merged["source"]["command"]
-        tmp_out = pathlib.Path(tmp) / "all.json"
-        tmp_out.write_text(json.dumps(merged, separators=(",", ":")))
-        os.replace(tmp_out, args.out)
-    print(f"hpzlab record: wrote {args.out}: {world} ranks, each recorded as itself",
-          file=sys.stderr)
+        if args.rank == "all":
+            docs, code = _run_ranks(argv, args, list(range(world)), tmp)
+            if docs is None:
+                return code
+            kinds = [[r] for r in range(world)]
+        else:
+            docs, code = _run_ranks(argv, args, [0], tmp)
+            if docs is None:
+                return code
+            kinds = rank_kinds(docs[0])
+            if len(kinds) > 1:
+                firsts = [k[0] for k in kinds]
+                print(f"hpzlab record: the model's parameters do not divide by {world} ranks, so "
+                      f"the ranks hold {len(kinds)} kinds of slices; recording ranks "
+                      f"{', '.join(map(str, firsts[1:]))} too (first of each kind)",
+                      file=sys.stderr, flush=True)
+                docs, code = _run_ranks(argv, args, firsts, tmp, docs)
+                if docs is None:
+                    return code
+        merged = docs[0]
+        for kind in kinds:
+            for r in kind:
+                merged["ranks"][r] = docs[kind[0]]["ranks"][r]
+        if args.rank == "all":
+            recorded = "all"
+        else:
+            recorded = ",".join(str(k[0]) for k in kinds)
+        _write(argv, args, merged, recorded, tmp)
+    what = ("each recorded as itself" if args.rank == "all" else
+            "rank 0 recorded, every other its copy" if len(kinds) == 1 else
+            f"ranks {recorded} recorded, every other a copy of its kind's")
+    print(f"hpzlab record: wrote {args.out}: {world} ranks, {what}", file=sys.stderr)
     return 0
 
 
@@ -221,8 +289,8 @@ def main(argv: list | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         validate(args)
-        if args.rank == "all":
-            return record_every_rank(argv, args)
+        if args.rank in ("all", "auto"):
+            return record_ranks(argv, args)
         run_in_env(argv)
     except (InputError, env.EnvError) as e:
         print(f"hpzlab record: {e}", file=sys.stderr)

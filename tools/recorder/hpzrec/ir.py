@@ -14,14 +14,13 @@ of theirs; a byte the group writes before it reads it is internal to the group a
 A buffer that lives and dies inside one such op disappears. Host order, stream order, events,
 syncs, collectives, allocations and frees of parameter tensors stay exactly as recorded.
 
-Other ranks. DeepSpeed's host logic does not depend on the rank: every rank runs the same
-module hooks, the same coordinator decisions and the same collectives on its own groups; only
-which slice of each parameter a rank holds differs. So rank r's schedule is the recorded rank's
-with each process group replaced by the group of the same kind that contains r, written as
-{"rank": r, "like": R, "groups": [[g, g'], ...]}. The byte ranges
-stay the recorded rank's: where padding makes a rank's slice shorter (the last ranks of a
-parameter that does not divide evenly), the IR of those ranks is the recorded rank's, not
-theirs (docs/record.md).
+Other ranks. DeepSpeed's host logic does not depend on the rank beyond its slices' bounds:
+every rank runs the same module hooks, the same coordinator decisions and the same collectives
+on its own groups. So rank r's schedule is the recorded rank's with each process group replaced
+by the group of the same kind that contains r, written as {"rank": r, "like": R, "groups":
+[[g, g'], ...]}, byte offsets the recorded rank's. Where padding makes some ranks' slices
+shorter, the CLI records one rank of each kind and takes each rank from its kind's recording
+(cli.record_ranks, docs/record.md).
 """
 from __future__ import annotations
 

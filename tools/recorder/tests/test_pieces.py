@@ -264,3 +264,17 @@ def test_qwz_dequantize_keeps_the_quantized_inputs_shape():
     assert (out.shape, out.dtype) == ((16, 32), torch.bfloat16)
     assert kernels.dequantize(q, scales, 4).shape == (512, )
     assert torch.allclose(out.float(), weight, atol=1 / 127)
+
+
+def test_ranks_of_one_kind_hold_the_same_slices():
+    """rank_kinds: 30 elements padded to 32 over 4 ranks (shards of 8), hpZ 2 (secondaries of
+    16): rank 3's shard and the secondaries of ranks 1 and 3 end in padding; a parameter that
+    divides adds no kind; hpZ off leaves only the primary's padding."""
+    from hpzrec import cli
+    norm = {"numel": 30, "shard_numel": 8, "secondary_numel": 16}
+    even = {"numel": 64, "shard_numel": 16, "secondary_numel": 32}
+    doc = {"world_size": 4, "hpz_size": 2, "units": [norm, even]}
+    assert cli.rank_kinds(doc) == [[0, 2], [1], [3]]
+    assert cli.rank_kinds(dict(doc, units=[even])) == [[0, 1, 2, 3]]
+    off = {"world_size": 4, "hpz_size": 1, "units": [dict(norm, secondary_numel=0)]}
+    assert cli.rank_kinds(off) == [[0, 1, 2], [3]]

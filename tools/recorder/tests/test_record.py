@@ -207,6 +207,15 @@ def test_rank_all_records_every_rank_as_itself(tmp_path):
     assert ranks[3]["ops"] != ranks[0]["ops"]
     code, _ = check(tmp_path / "rank-all.json")
     assert code in (0, 1)  # read and judged (2 would be a document it cannot read)
+    # --rank auto (the default): the norms' 30 elements leave rank 1's secondary slice
+    # (elements 16-31) and rank 3's primary (24-31) and secondary holding padding, so those two
+    # are recorded as themselves and rank 2 is written as rank 0's copy on its own groups.
+    auto = rec("auto")
+    assert auto["source"]["recorded_rank"] == "0,1,3"
+    assert "--rank auto" in auto["source"]["command"]
+    assert auto["ranks"][1] == ranks[1] and auto["ranks"][3] == ranks[3]
+    assert auto["ranks"][2]["like"] == 0
+    assert check(tmp_path / "rank-auto.json")[0] == code
 
 
 def test_one_nccl_stream_per_process_group(stock_0134):
