@@ -179,24 +179,30 @@ def _with(argv: list, flag: str, value: str) -> list:
     return out + [flag, value]
 
 
-def _own(numel: int, size: int, place: int) -> int:
-    """Elements of the parameter in slice `place` of `size` elements (the rest is padding)."""
-    return max(0, min(size, numel - place * size))
+def _bounds(numel: int, size: int, place: int) -> int:
+    """How slice `place` of `size` elements meets the parameter's end: the parameter's own
+    elements in it, or -1 when the slice starts past the end (0: it starts at the end). These
+    are the distinctions DeepSpeed's copies make: a partial slice is copied in part, and
+    narrow() raises on a start past the end where a start at the end is an empty slice (issues
+    5642 and 6659, docs/deepspeed-builder.md)."""
+    own = numel - place * size
+    return min(own, size) if own >= 0 else -1
 
 
 def rank_kinds(doc: dict) -> list:
-    """The ranks grouped by what their slices hold: for every unit, how many of its elements
-    the rank's primary slice and its secondary slice hold (DeepSpeed pads each parameter to a
-    multiple of the world, _aligned_size, PP:1406-1411 at v0.13.4; hpZ groups are blocks of
-    consecutive ranks, utils/groups.py:505-530). DeepSpeed's code paths for a rank depend on
-    these bounds and its groups only (_partition_param, _partition_param_sec, the gathers), so
-    ranks of one kind issue the same schedule on their own groups. Ascending, rank 0's first."""
+    """The ranks grouped by what their slices hold: for every unit, how its primary slice and
+    its secondary slice meet the parameter's end (_bounds). DeepSpeed pads each parameter to a
+    multiple of the world (_aligned_size, PP:1406-1411 at v0.13.4), hpZ groups are blocks of
+    consecutive ranks (utils/groups.py:505-530), and a rank's code paths (_partition_param,
+    _partition_param_sec, reduce_scatter_coalesced's chunks) depend on these bounds and its
+    groups only, so ranks of one kind issue the same schedule on their own groups. Ascending,
+    rank 0's first."""
     world, hpz = doc["world_size"], max(1, doc["hpz_size"])
     kinds: dict = {}
     for r in range(world):
-        key = tuple((_own(u["numel"], u["shard_numel"], r),
-                     _own(u["numel"], u["secondary_numel"], r % hpz) if u["secondary_numel"] else 0)
-                    for u in doc["units"])
+        key = tuple((_bounds(u["numel"], u["shard_numel"], r),
+                     _bounds(u["numel"], u["secondary_numel"], r % hpz)
+                     if u["secondary_numel"] else 0) for u in doc["units"])
         kinds.setdefault(key, []).append(r)
     return sorted(kinds.values())
 
@@ -218,6 +224,8 @@ def _run_ranks(argv: list, args: argparse.Namespace, ranks: list, tmp: str,
         one = _with(_with(argv, "--rank", str(r)), "--out", str(part))
         done = subprocess.run([str(python), "-m", "hpzrec.run"] + one, env=run_env)
         if done.returncode != 0:
+            print(f"hpzlab record: the run as rank {r} failed (exit {done.returncode}, its "
+                  f"output above); nothing written to {args.out}", file=sys.stderr)
             return None, done.returncode
         docs[r] = json.loads(part.read_text())
         base = docs[min(docs)]

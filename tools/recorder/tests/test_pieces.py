@@ -269,7 +269,8 @@ def test_qwz_dequantize_keeps_the_quantized_inputs_shape():
 def test_ranks_of_one_kind_hold_the_same_slices():
     """rank_kinds: 30 elements padded to 32 over 4 ranks (shards of 8), hpZ 2 (secondaries of
     16): rank 3's shard and the secondaries of ranks 1 and 3 end in padding; a parameter that
-    divides adds no kind; hpZ off leaves only the primary's padding."""
+    divides adds no kind; hpZ off leaves only the primary's padding; slices past the end are
+    told from a slice at the end."""
     from hpzrec import cli
     norm = {"numel": 30, "shard_numel": 8, "secondary_numel": 16}
     even = {"numel": 64, "shard_numel": 16, "secondary_numel": 32}
@@ -278,3 +279,8 @@ def test_ranks_of_one_kind_hold_the_same_slices():
     assert cli.rank_kinds(dict(doc, units=[even])) == [[0, 1, 2, 3]]
     off = {"world_size": 4, "hpz_size": 1, "units": [dict(norm, secondary_numel=0)]}
     assert cli.rank_kinds(off) == [[0, 1, 2], [3]]
+    # 6 elements over 8 ranks: rank 6's slice starts at the end (empty), rank 7's past it,
+    # where DeepSpeed's narrow() raises: two kinds, though neither holds an element.
+    six = {"world_size": 8, "hpz_size": 1,
+           "units": [{"numel": 6, "shard_numel": 1, "secondary_numel": 0}]}
+    assert cli.rank_kinds(six) == [[0, 1, 2, 3, 4, 5], [6], [7]]
