@@ -152,13 +152,15 @@ std::string builder_line(const BuilderComparison& b) {
   }
   if (!b.error.empty()) return "builder: cannot build this scenario: " + b.error;
   if (b.divergence.empty()) {
-    return fmt::format("builder: equal to this recording, op for op ({} projected ops of rank{} {})",
-                       b.ops, b.ranks.size() == 1 ? "" : "s", ranks);
+    return fmt::format(
+        "builder: equal to this recording, op for op ({} projected ops of rank{} {})", b.ops,
+        b.ranks.size() == 1 ? "" : "s", ranks);
   }
   const std::string first = b.divergence.substr(0, b.divergence.find('\n'));
-  return fmt::format("builder: differs from this recording on rank {}: {} (--json has the context; "
-                     "please report it)",
-                     b.diverging_rank, first);
+  return fmt::format(
+      "builder: differs from this recording on rank {}: {} (--json has the context; "
+      "please report it)",
+      b.diverging_rank, first);
 }
 
 /** A verdict and what it covered. */
