@@ -1,6 +1,9 @@
 #include "sim/projection.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <set>
 
@@ -125,6 +128,78 @@ std::string first_divergence(const std::vector<ProjectedOp>& expected,
   show(expected, expected_name);
   show(actual, actual_name);
   return out;
+}
+
+std::vector<Rank> recorded_ranks(const Schedule& rec) {
+  std::vector<Rank> out;
+  const auto it = rec.source.find("recorded_rank");
+  if (it != rec.source.end() && it->second == "all") {
+    for (Rank r = 0; r < rec.world_size; ++r) out.push_back(r);
+    return out;
+  }
+  if (it != rec.source.end()) {
+    const std::string& text = it->second;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t comma = std::min(text.find(',', at), text.size());
+      try {
+        const int r = std::stoi(text.substr(at, comma - at));
+        if (r >= 0 && r < rec.world_size) out.push_back(r);
+      } catch (const std::exception&) {  // not a number: rank 0 below, if nothing else
+      }
+      at = comma + 1;
+    }
+  }
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
+RecordingComparison compare_recording(const Schedule& rec, const Schedule& built) {
+  RecordingComparison out;
+  out.ranks = recorded_ranks(rec);
+  if (built.world_size != rec.world_size) {
+    out.error = fmt::format("the builder made {} ranks, the recording holds {}", built.world_size,
+                            rec.world_size);
+    return out;
+  }
+  for (const Rank r : out.ranks) {
+    const auto expected = project(rec, r, true);
+    out.ops += expected.size();
+    out.divergence =
+        first_divergence(expected, "DeepSpeed (recorded)", project(built, r, true), "builder");
+    if (!out.divergence.empty()) {
+      out.diverging_rank = r;
+      break;
+    }
+  }
+  return out;
+}
+
+std::string describe(const RecordingComparison& c) {
+  std::string ranks;
+  for (const Rank r : c.ranks) {
+    if (!ranks.empty()) ranks += ',';
+    ranks += std::to_string(r);
+  }
+  if (!c.error.empty()) return "builder: cannot build this scenario: " + c.error;
+  if (c.divergence.empty()) {
+    return fmt::format(
+        "builder: equal to this recording, op for op ({} projected ops of rank{} {})", c.ops,
+        c.ranks.size() == 1 ? "" : "s", ranks);
+  }
+  // first_divergence marks the differing op of each side with "  > ": DeepSpeed's, then the
+  // builder's.
+  std::vector<std::string> marked;
+  for (std::size_t at = c.divergence.find("\n  > "); at != std::string::npos;
+       at = c.divergence.find("\n  > ", at + 1)) {
+    const std::size_t from = at + 5;
+    marked.push_back(c.divergence.substr(from, c.divergence.find('\n', from) - from));
+  }
+  const std::string first = c.divergence.substr(0, c.divergence.find('\n'));
+  return fmt::format(
+      "builder: differs from this recording on rank {}, {}: DeepSpeed {}, the builder {} "
+      "(--json has the context; please report it)",
+      c.diverging_rank, first, marked.size() > 0 ? marked[0] : "?",
+      marked.size() > 1 ? marked[1] : "?");
 }
 
 }  // namespace hpz

@@ -35,4 +35,27 @@ std::string first_divergence(const std::vector<ProjectedOp>& expected,
                              const std::vector<ProjectedOp>& actual, const std::string& actual_name,
                              std::size_t context = 6);
 
+/** A recording of real DeepSpeed (`hpzlab record`) against a built schedule of the same
+ *  scenario: the projections of every rank DeepSpeed ran as, compared op by op (as
+ *  tests/test_deepspeed_builder.cpp holds the committed recordings). */
+struct RecordingComparison {
+  std::vector<Rank> ranks;   ///< the ranks compared: those DeepSpeed ran as
+  std::size_t ops = 0;       ///< projected ops of the recording compared, all ranks together
+  std::string divergence;    ///< empty when equal: first_divergence's text for the first rank
+  Rank diverging_rank = -1;  ///< that rank
+  std::string error;         ///< set by a caller whose builder refused the scenario
+  bool equal() const { return error.empty() && divergence.empty(); }
+};
+
+/** The ranks DeepSpeed ran as in a recording: its source's "recorded_rank" (a rank, ranks
+ *  joined by commas, or "all"); rank 0 where it holds nothing readable. */
+std::vector<Rank> recorded_ranks(const Schedule& recording);
+
+/** Compares `built` with `recording` on recorded_ranks(recording) (with init). */
+RecordingComparison compare_recording(const Schedule& recording, const Schedule& built);
+
+/** One line: "builder: equal to this recording, op for op (...)" or where it first differs,
+ *  DeepSpeed's op and the builder's. */
+std::string describe(const RecordingComparison& c);
+
 }  // namespace hpz

@@ -587,6 +587,39 @@ TEST(DeepSpeedBuilder, NoOpReadsPadding) {
   }
 }
 
+// What `check --record` prints under a recording's verdict: equal to the builder's schedule of
+// the same scenario, or where the builder first differs, with each side's op.
+TEST(DeepSpeedBuilder, ComparesARecordingWithTheBuilder) {
+  const Schedule rec = recording("tiny-0.13.4");
+  const RecordingComparison same =
+      compare_recording(rec, build_deepspeed_schedule(scenario_of(rec), "0.13.4"));
+  EXPECT_TRUE(same.equal()) << same.divergence;
+  EXPECT_EQ(same.ranks, std::vector<Rank>{0});
+  EXPECT_GT(same.ops, 1000u);
+  EXPECT_EQ(describe(same).rfind("builder: equal to this recording, op for op (", 0), 0u)
+      << describe(same);
+  // 0.13.5 syncs the host after each secondary copy, which 0.13.4 does not.
+  const RecordingComparison other =
+      compare_recording(rec, build_deepspeed_schedule(scenario_of(rec), "0.13.5"));
+  ASSERT_FALSE(other.equal());
+  EXPECT_EQ(other.diverging_rank, 0);
+  const std::string line = describe(other);
+  EXPECT_EQ(line.rfind("builder: differs from this recording on rank 0, first divergence at "
+                       "projected op ",
+                       0),
+            0u)
+      << line;
+  EXPECT_NE(line.find("the builder 8 host waits for S0"), std::string::npos) << line;
+  EXPECT_EQ(line.find(": DeepSpeed ?"), std::string::npos) << line;
+  // The ranks DeepSpeed ran as: every rank, or those --rank auto named.
+  EXPECT_EQ(recorded_ranks(recording("tiny-h30-0.14.4")).size(), 16u);
+  Schedule some = rec;
+  some.source["recorded_rank"] = "0,7,15";
+  EXPECT_EQ(recorded_ranks(some), (std::vector<Rank>{0, 7, 15}));
+  some.source["recorded_rank"] = "x";
+  EXPECT_EQ(recorded_ranks(some), std::vector<Rank>{0});
+}
+
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
   Scenario sc;
   try {

@@ -79,88 +79,19 @@ std::vector<Override> overrides_of(const CheckOptions& opts) {
   return overrides;
 }
 
-/** --record: whether the DeepSpeed builder issues what the recording holds, for the scenario
- *  the recording was made from: the projections (sim/projection.hpp) of every rank DeepSpeed
- *  ran as, compared op by op, as tests/test_deepspeed_builder.cpp holds the committed
- *  recordings. Every user's recording is so a differential test of the builder. */
-struct BuilderComparison {
-  std::vector<Rank> ranks;   ///< the ranks compared: those the recorder ran DeepSpeed as
-  std::size_t ops = 0;       ///< projected ops compared, all ranks together
-  std::string divergence;    ///< empty when equal: the first difference, with context
-  Rank diverging_rank = -1;  ///< the rank of that difference
-  std::string error;         ///< the builder refused the scenario: its message
-};
-
-/** The ranks DeepSpeed ran as in a recording (source "recorded_rank": a rank, ranks joined by
- *  commas, or "all"); rank 0 when it says nothing readable. */
-std::vector<Rank> recorded_ranks(const Schedule& rec) {
-  std::vector<Rank> out;
-  const auto it = rec.source.find("recorded_rank");
-  if (it != rec.source.end() && it->second == "all") {
-    for (Rank r = 0; r < rec.world_size; ++r) out.push_back(r);
-    return out;
-  }
-  if (it != rec.source.end()) {
-    std::size_t at = 0;
-    while (at < it->second.size()) {
-      const std::size_t comma = std::min(it->second.find(',', at), it->second.size());
-      try {
-        const int r = std::stoi(it->second.substr(at, comma - at));
-        if (r >= 0 && r < rec.world_size) out.push_back(r);
-      } catch (const std::exception&) {  // not a number: compared as rank 0 below
-      }
-      at = comma + 1;
-    }
-  }
-  if (out.empty()) out.push_back(0);
-  return out;
-}
-
-BuilderComparison compare_with_builder(const Scenario& sc, const Schedule& rec) {
-  BuilderComparison out;
-  out.ranks = recorded_ranks(rec);
+/** --record: the recording against the DeepSpeed builder's schedule of the same scenario
+ *  (sim/projection.hpp); the builder's refusal is the comparison's error. */
+RecordingComparison compare_with_builder(const Scenario& sc, const Schedule& rec) {
   Schedule built;
   try {
     built = build_schedule(sc);
   } catch (const InputError& e) {
+    RecordingComparison out;
+    out.ranks = recorded_ranks(rec);
     out.error = e.what();
     return out;
   }
-  if (built.world_size != rec.world_size) {
-    out.error = fmt::format("the builder made {} ranks, the recording holds {}", built.world_size,
-                            rec.world_size);
-    return out;
-  }
-  for (const Rank r : out.ranks) {
-    const auto expected = project(rec, r, true);
-    out.ops += expected.size();
-    out.divergence =
-        first_divergence(expected, "DeepSpeed (recorded)", project(built, r, true), "builder");
-    if (!out.divergence.empty()) {
-      out.diverging_rank = r;
-      break;
-    }
-  }
-  return out;
-}
-
-/** One line for the text under a verdict. */
-std::string builder_line(const BuilderComparison& b) {
-  std::string ranks;
-  for (std::size_t i = 0; i < b.ranks.size(); ++i) {
-    ranks += (i ? "," : "") + std::to_string(b.ranks[i]);
-  }
-  if (!b.error.empty()) return "builder: cannot build this scenario: " + b.error;
-  if (b.divergence.empty()) {
-    return fmt::format(
-        "builder: equal to this recording, op for op ({} projected ops of rank{} {})", b.ops,
-        b.ranks.size() == 1 ? "" : "s", ranks);
-  }
-  const std::string first = b.divergence.substr(0, b.divergence.find('\n'));
-  return fmt::format(
-      "builder: differs from this recording on rank {}: {} (--json has the context; "
-      "please report it)",
-      b.diverging_rank, first);
+  return compare_recording(rec, built);
 }
 
 /** A verdict and what it covered. */
@@ -171,7 +102,7 @@ struct Checked {
   bool coarse = false;             ///< built by the coarse builder
   std::vector<std::string> notes;  ///< what loading the scenario noted (Scenario::notes)
   /** --record: the DeepSpeed builder's schedule of the same scenario against the recording. */
-  std::optional<BuilderComparison> builder;
+  std::optional<RecordingComparison> builder;
 };
 
 /** Scenario i of n on the progress bar (a terminal only): building its schedule fills the
@@ -306,7 +237,7 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     const Scenario sc = load(jobs[i].path, opts.user, jobs[i].overrides);
     const std::string& path = sc.path;
     Schedule schedule;
-    std::optional<BuilderComparison> builder;
+    std::optional<RecordingComparison> builder;
     if (opts.record) {
       schedule = record_schedule(sc, record_dir);
       builder = compare_with_builder(sc, schedule);
@@ -413,12 +344,12 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     nlohmann::json builders = nlohmann::json::array();
     for (const Checked& c : checked) {
       if (!c.builder) continue;
-      const BuilderComparison& b = *c.builder;
+      const RecordingComparison& b = *c.builder;
       nlohmann::json one = {{"scenario", c.result.scenario},
                             {"schedule", check::label_of(c.result)},
                             {"ranks", b.ranks},
                             {"projected_ops", b.ops},
-                            {"equal", b.error.empty() && b.divergence.empty()}};
+                            {"equal", b.equal()}};
       if (!b.error.empty()) one["error"] = b.error;
       if (!b.divergence.empty()) {
         one["rank"] = b.diverging_rank;
@@ -475,7 +406,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
         if (const auto w = full.find("\nWorst: "); w != std::string::npos) {
           text += "  " + full.substr(w + 1, full.find('\n', w + 1) - w);
         }
-        if (checked[i].builder) text += "  " + builder_line(*checked[i].builder) + "\n";
+        if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
         text += note_line(checked[i]);
         continue;
       }
