@@ -2030,10 +2030,22 @@ void RankBuilder::run_hook(const Hook& h) {
       unit_ = kNoUnit;
       // A tied weight's AccumulateGrad runs once, after its last use in the backward (the
       // embedding): autograd sums both gradients before it (torch/csrc/autograd/input_buffer).
-      // A weight's and a bias's AccumulateGrad nodes are ready together, in the order of the
-      // backward node's edges: the weight first.
+      // A norm's weight and bias are ready together, the weight first. A linear layer's bias
+      // comes before its weight: F.linear and GPT-2's Conv1D are addmm(bias, input, weight),
+      // whose backward hands the bias's gradient out first (AddmmBackward's first edge), and
+      // AccumulateGrad nodes run ahead of every other ready node (their sequence_nr is
+      // UINT64_MAX, torch/csrc/autograd/functions/accumulate_grad.cpp). The recorder saw it
+      // (a GPT-2 with 5000-element reduce buckets, 2026-11-26; PyTorch 2.1.2 hooks an
+      // nn.Linear's bias, then its weight, on 2-D and 3-D inputs alike).
       if (!(md_.tied && h.module == md_.head)) {
-        for (const int p : own) grad_ready(p);
+        const bool linear = md_.modules[h.module].kind == ModKind::kLinear ||
+                            md_.modules[h.module].kind == ModKind::kHead;
+        if (linear && own.size() == 2) {
+          grad_ready(own[1]);
+          grad_ready(own[0]);
+        } else {
+          for (const int p : own) grad_ready(p);
+        }
       }
       break;
     }

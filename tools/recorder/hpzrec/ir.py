@@ -260,10 +260,13 @@ def _drop_internal_buffers(ops: list, table: list) -> tuple[list, list]:
 
 def _group_kind(g: recording.Group, world: int, per_node: int) -> str:
     ranks = list(g.ranks)
-    if len(ranks) == world:
-        return "world"
+    # hpZ's group first: with zero_hpz_partition_size equal to the world it holds every rank,
+    # and is still the secondary's group, not the world's (it was named as a second world group
+    # until 2026-11-26, which shifted the names of the real world groups).
     if "zero_param" in g.creator:
         return "hpz"
+    if len(ranks) == world:
+        return "world"
     if len(ranks) > 1 and all(b - a == per_node for a, b in zip(ranks, ranks[1:])):
         return "inter_node"
     return "intra_node"
