@@ -2030,17 +2030,18 @@ void RankBuilder::run_hook(const Hook& h) {
       unit_ = kNoUnit;
       // A tied weight's AccumulateGrad runs once, after its last use in the backward (the
       // embedding): autograd sums both gradients before it (torch/csrc/autograd/input_buffer).
-      // A norm's weight and bias are ready together, the weight first. A linear layer's bias
-      // comes before its weight: F.linear and GPT-2's Conv1D are addmm(bias, input, weight),
-      // whose backward hands the bias's gradient out first (AddmmBackward's first edge), and
-      // AccumulateGrad nodes run ahead of every other ready node (their sequence_nr is
-      // UINT64_MAX, torch/csrc/autograd/functions/accumulate_grad.cpp). The recorder saw it
-      // (a GPT-2 with 5000-element reduce buckets, 2026-11-26; PyTorch 2.1.2 hooks an
-      // nn.Linear's bias, then its weight, on 2-D and 3-D inputs alike).
+      // A module's weight and bias are ready together, and their AccumulateGrad nodes (whose
+      // sequence_nr, UINT64_MAX, runs them ahead of every other ready node:
+      // torch/csrc/autograd/functions/accumulate_grad.cpp) run in the order of the backward
+      // node's edges. zero.Init replaces F.linear with zero3_linear_wrap for good (PP:545-550
+      // at v0.13.4; every version here), whose LinearFunctionForZeroStage3 takes (input,
+      // weight, bias): an nn.Linear's weight first, as a norm's. GPT-2's Conv1D calls
+      // torch.addmm(bias, x, weight) itself: its bias first. Both seen in recordings with
+      // 5000-element reduce buckets, whose boundaries fall between the two (2026-11-26).
       if (!(md_.tied && h.module == md_.head)) {
-        const bool linear = md_.modules[h.module].kind == ModKind::kLinear ||
-                            md_.modules[h.module].kind == ModKind::kHead;
-        if (linear && own.size() == 2) {
+        const bool conv1d =
+            md_.family == Family::kGpt2 && md_.modules[h.module].kind == ModKind::kLinear;
+        if (conv1d && own.size() == 2) {
           grad_ready(own[1]);
           grad_ready(own[0]);
         } else {
