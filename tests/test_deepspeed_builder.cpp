@@ -99,16 +99,19 @@ TEST_P(DeepSpeedBuilderMatches, Recording) {
 
 INSTANTIATE_TEST_SUITE_P(
     Recordings, DeepSpeedBuilderMatches,
-    testing::Values(
-        "tiny-0.13.4", "tiny-0.13.4-overlap-off", "tiny-0.13.4-hpz-off", "tiny-0.13.4-prefetch-0",
-        "tiny-0.13.4-max-live-3000", "tiny-0.13.4-max-live-30000",
-        "tiny-0.13.4-max-live-1000000000", "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
-        "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz", "tiny-0.13.1",
-        "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
-        "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
-        "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "llama2-7b-0.13.4", "tiny-llama-tf4.51-0.13.4",
-        "tiny-qwen2-tf4.51-0.13.4", "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4",
-        "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4", "tiny-qwen2-moe-tf4.51-0.13.4"),
+    testing::Values("tiny-0.13.4", "tiny-0.13.4-overlap-off", "tiny-0.13.4-hpz-off",
+                    "tiny-0.13.4-prefetch-0", "tiny-0.13.4-max-live-3000",
+                    "tiny-0.13.4-max-live-30000", "tiny-0.13.4-max-live-1000000000",
+                    "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
+                    "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz",
+                    "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
+                    "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
+                    "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "tiny-gpt2-0.13.4-bucket-5000",
+                    "tiny-gptneox-0.13.4-bucket-5000", "tiny-0.13.4-one-node", "llama2-7b-0.13.4",
+                    "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4",
+                    "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4",
+                    "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4",
+                    "tiny-qwen2-moe-tf4.51-0.13.4"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
