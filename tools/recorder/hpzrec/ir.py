@@ -260,11 +260,16 @@ def _drop_internal_buffers(ops: list, table: list) -> tuple[list, list]:
 
 def _group_kind(g: recording.Group, world: int, per_node: int) -> str:
     ranks = list(g.ranks)
-    # hpZ's group first: with zero_hpz_partition_size equal to the world it holds every rank,
-    # and is still the secondary's group, not the world's (it was named as a second world group
-    # until 2026-11-26, which shifted the names of the real world groups).
+    # By the DeepSpeed function that made the group first: on one node hpZ's group (with
+    # zero_hpz_partition_size equal to the world) and qgZ's intra-node group (groups.py:356
+    # _get_local_all_to_all_group: 'local_0', the node's ranks) hold every rank, and are still
+    # not the world's (until 2026-11-26 they were named as further world groups, which shifted
+    # the names of the real ones).
     if "zero_param" in g.creator:
         return "hpz"
+    if "all_to_all" in g.creator:
+        inter = len(ranks) > 1 and all(b - a == per_node for a, b in zip(ranks, ranks[1:]))
+        return "inter_node" if inter else "intra_node"
     if len(ranks) == world:
         return "world"
     if len(ranks) > 1 and all(b - a == per_node for a, b in zip(ranks, ranks[1:])):

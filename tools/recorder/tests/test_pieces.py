@@ -284,3 +284,19 @@ def test_ranks_of_one_kind_hold_the_same_slices():
     six = {"world_size": 8, "hpz_size": 1,
            "units": [{"numel": 6, "shard_numel": 1, "secondary_numel": 0}]}
     assert cli.rank_kinds(six) == [[0, 1, 2, 3, 4, 5], [6], [7]]
+
+
+def test_groups_are_named_by_the_function_that_made_them():
+    """On one node of 4, hpZ's group (hpZ 4) and qgZ's intra-node group hold every rank, as the
+    world and its clone do: each is still named for what it is, so that the world's names do
+    not shift. On two nodes of 2, qgZ's groups are a node's ranks and a local rank's."""
+    def kinds(groups, world, per_node):
+        return [ir._group_kind(recording.Group(ranks=r, creator=c), world, per_node)
+                for r, c in groups]
+    everyone = (0, 1, 2, 3)
+    assert kinds([(everyone, "world"), (everyone, "create_zero_param_parallel_group"),
+                  (everyone, "get_local_all_to_all_group"), (everyone, "clone_world_group")],
+                 4, 4) == ["world", "hpz", "intra_node", "world"]
+    assert kinds([((0, 1), "get_local_all_to_all_group"), ((0, 2), "get_local_all_to_all_group"),
+                  ((0, 1), "create_zero_param_parallel_group")],
+                 4, 2) == ["intra_node", "inter_node", "hpz"]
