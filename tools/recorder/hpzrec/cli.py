@@ -224,8 +224,9 @@ def _run_ranks(argv: list, args: argparse.Namespace, ranks: list, tmp: str,
         one = _with(_with(argv, "--rank", str(r)), "--out", str(part))
         done = subprocess.run([str(python), "-m", "hpzrec.run"] + one, env=run_env)
         if done.returncode != 0:
-            print(f"hpzlab record: the run as rank {r} failed (exit {done.returncode}, its "
-                  f"output above); nothing written to {args.out}", file=sys.stderr)
+            if done.returncode != EXIT_INPUT:  # bad input said its one line already
+                print(f"hpzlab record: the run as rank {r} failed (exit {done.returncode}, its "
+                      f"output above); nothing written to {args.out}", file=sys.stderr)
             return None, done.returncode
         docs[r] = json.loads(part.read_text())
         base = docs[min(docs)]
