@@ -167,6 +167,15 @@ Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
                                    "error above; its inputs are in {})",
                                    v, dir.string()));
     }
+    if (rc == 1) {
+      // An exception in the run: DeepSpeed's own on this configuration (0.14.4's narrow() on a
+      // secondary slice past a parameter's end, as the builder refuses it too) or, where the
+      // traceback ends in tools/recorder, the recorder's.
+      throw InputError(sc.path, "--record",
+                       fmt::format("DeepSpeed {} raised while it ran this configuration (the "
+                                   "traceback above says where; inputs in {})",
+                                   v, dir.string()));
+    }
     throw std::runtime_error(fmt::format(
         "recording DeepSpeed {} failed with exit code {} (inputs in {})", v, rc, dir.string()));
   }

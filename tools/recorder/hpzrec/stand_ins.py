@@ -19,7 +19,11 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     assert that every rank agrees (module order, parameter ids). Nothing is communicated, so a
     rank other than 0 would see its own placeholder; the broadcast is still logged and the
     function returns this rank's own list: the agreement of a correct run, which the
-    recording's symmetry between ranks assumes anyway (docs/record.md).
+    recording's symmetry between ranks assumes anyway (docs/record.md). 0.17.6 first
+    broadcasts the list's length (assert_lst_len_same_as_other_ranks, utils.py:70-83 at
+    v0.17.6, from its coordinator at every step): it runs with get_rank() answering 0, so its
+    tensor holds the length rank 0 would send, the broadcast and the host's read of it logged as
+    issued. A run as a rank other than 0 raised a disagreement there until 2026-11-26.
   - Tensor.uniform_ / normal_ while the model is built: random initialization of a 7B model
     costs minutes of CPU and its values mean nothing here (collectives carry no data); a
     constant fill writes the same bytes in a few milliseconds, so the schedule is the same.
@@ -271,6 +275,30 @@ def agree_with_rank0() -> None:
         return list(lst)
 
     utils.get_lst_from_rank0 = get_lst_from_rank0
+
+    lengths = getattr(utils, "assert_lst_len_same_as_other_ranks", None)
+    if lengths is not None:
+        class _AsRank0:
+            """deepspeed.comm as rank 0 sees it: get_rank() is 0, everything else the same."""
+
+            def __init__(self, real) -> None:
+                self._real = real
+
+            def get_rank(self, *args, **kwargs) -> int:
+                return 0
+
+            def __getattr__(self, name):
+                return getattr(self._real, name)
+
+        def assert_lst_len_same_as_other_ranks(lst):
+            real = utils.dist
+            utils.dist = _AsRank0(real)
+            try:
+                return lengths(lst)
+            finally:
+                utils.dist = real
+
+        utils.assert_lst_len_same_as_other_ranks = assert_lst_len_same_as_other_ranks
 
 
 def install(rank: int, world_size: int, local_size: int) -> None:

@@ -333,3 +333,38 @@ def test_check_record_refuses_a_fix_variant():
                          capture_output=True, text=True)
     assert run.returncode == 2
     assert "run.variant: event-wait cannot be recorded" in run.stderr
+
+
+def test_a_rank_deepspeed_fails_on_fails_the_recording():
+    """The hidden-12 model's norms put rank 7's secondary slice past their end, where DeepSpeed
+    0.14.4's narrow() raises (issue 6659). Rank 0 runs fine; --rank auto also runs rank 7 (a
+    kind of its own), so `check --record` says DeepSpeed raised, as the builder refuses it,
+    instead of rank 0's clean verdict."""
+    run = subprocess.run([HPZLAB, "check", "--hf-config", str(DATA / "llama-tiny-h12.json"),
+                          "--ds-config", str(DATA / "ds-hpz8.json"), "--deepspeed", "0.14.4",
+                          "--record"], capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "start out of range" in run.stderr
+    assert "the run as rank 7 failed" in run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert "--record: DeepSpeed 0.14.4 raised while it ran this configuration" in last, last
+    built = subprocess.run([HPZLAB, "check", "--hf-config", str(DATA / "llama-tiny-h12.json"),
+                            "--ds-config", str(DATA / "ds-hpz8.json"), "--deepspeed", "0.14.4"],
+                           capture_output=True, text=True)
+    assert built.returncode == 2 and "issue 6659" in built.stderr, built.stderr[-2000:]
+
+
+def test_deepspeed_0176_runs_as_a_rank_other_than_0(tmp_path):
+    """0.17.6's coordinator broadcasts rank 0's trace length at every step and raises where a
+    rank's differs; the fake process group sends nothing, so a run as rank 9 saw its own
+    placeholder (-1) and raised until the stand-in made the length rank 0's. Rank 9 then issues
+    what rank 0 issues: the same collectives, on its own groups."""
+    nine = record(tmp_path, "0.17.6", None, "--rank", "9")["doc"]
+    zero = record(tmp_path, "0.17.6", None, "--rank", "0")["doc"]
+
+    def collectives(doc, r):
+        return [(op["kind"], doc["groups"][op["group"]]["kind"], op["comm_bytes"])
+                for op in doc["ranks"][r]["ops"] if "group" in op]
+
+    assert collectives(nine, 9) == collectives(zero, 0)
+    assert len(collectives(nine, 9)) > 100
