@@ -7,7 +7,8 @@ call left behind (primary shard `ds_tensor`, secondary shard `ds_secondary_tenso
 (runtime/zero/partitioned_param_coordinator.py: fetch_sub_module 261, release_sub_module 395,
 __all_gather_params 423; partition_parameters.py: free_param 276, _partition_param 1483,
 _partition_param_sec 1603; stage3.py: invalidate_secondary_tensor 464,
-reduce_independent_p_g_buckets_and_remove_grads 1213, __reduce_and_partition_ipg_grads 1249).
+reduce_independent_p_g_buckets_and_remove_grads 1213, __reduce_and_partition_ipg_grads 1249;
+comm/coalesced_collectives.py: reduce_scatter_coalesced 82, whose padding it marks).
 A function a version lacks is skipped, and the recording says so.
 """
 from __future__ import annotations
