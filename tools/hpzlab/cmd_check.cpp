@@ -248,7 +248,13 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     Schedule schedule;
     std::optional<RecordingComparison> builder;
     if (opts.record) {
-      schedule = record_schedule(sc, record_dir);
+      try {
+        schedule = record_schedule(sc, record_dir);
+      } catch (...) {
+        // The message names the inputs' directory: a temporary one stays for the user to read.
+        delete temporary.release();
+        throw;
+      }
       builder = compare_with_builder(sc, schedule);
     } else {
       run_showing_progress(static_cast<double>(i), total,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 
 import pytest
@@ -348,6 +349,10 @@ def test_a_rank_deepspeed_fails_on_fails_the_recording():
     assert "the run as rank 7 failed" in run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert "--record: DeepSpeed 0.14.4 raised while it ran this configuration" in last, last
+    # The inputs stay where the message says, though no --record-dir was given.
+    inputs = pathlib.Path(last.rsplit("inputs in ", 1)[1].rstrip(")"))
+    assert (inputs / "0.14.4-ds_config.json").is_file(), last
+    shutil.rmtree(inputs)
     built = subprocess.run([HPZLAB, "check", "--hf-config", str(DATA / "llama-tiny-h12.json"),
                             "--ds-config", str(DATA / "ds-hpz8.json"), "--deepspeed", "0.14.4"],
                            capture_output=True, text=True)
