@@ -148,6 +148,15 @@ struct DsModule {
   // The share of the micro-batch's tokens its kernel computes: a routed expert's, top_k /
   // experts of them (an even load), 1 elsewhere.
   double token_share = 1.0;
+  // Its bias's gradient reaches DeepSpeed before its weight's. A module's weight and bias are
+  // ready together, and their AccumulateGrad nodes (whose sequence_nr, UINT64_MAX, runs them
+  // ahead of every other ready node: torch/csrc/autograd/functions/accumulate_grad.cpp) run in
+  // the order of the backward node's edges. zero.Init replaces F.linear with zero3_linear_wrap
+  // for good (PP:545-550 at v0.13.4; every version here), whose LinearFunctionForZeroStage3
+  // takes (input, weight, bias): an nn.Linear's weight first, as a norm's. GPT-2's Conv1D calls
+  // torch.addmm(bias, x, weight) itself: its bias first. Both seen in recordings with
+  // 5000-element reduce buckets, whose boundaries fall between the two (2026-11-26).
+  bool bias_grad_first = false;
 };
 
 // Phi-3 (transformers 4.51.3): fused qkv_proj and gate_up_proj, and residual dropouts.
@@ -280,6 +289,7 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
       L.down = module(p + ".mlp.c_proj", ModKind::kLinear);
       L.act = module(p + ".mlp.act", ModKind::kAct);
       L.post_mlp_drop = module(p + ".mlp.dropout", ModKind::kAct);
+      for (const int conv1d : {L.q, L.o, L.up, L.down}) md.modules[conv1d].bias_grad_first = true;
       norm(L.in_ln, i, h);
       linear(L.q, 3 * h, h, true, i);
       linear(L.o, h, h, true, i);
@@ -2030,18 +2040,9 @@ void RankBuilder::run_hook(const Hook& h) {
       unit_ = kNoUnit;
       // A tied weight's AccumulateGrad runs once, after its last use in the backward (the
       // embedding): autograd sums both gradients before it (torch/csrc/autograd/input_buffer).
-      // A module's weight and bias are ready together, and their AccumulateGrad nodes (whose
-      // sequence_nr, UINT64_MAX, runs them ahead of every other ready node:
-      // torch/csrc/autograd/functions/accumulate_grad.cpp) run in the order of the backward
-      // node's edges. zero.Init replaces F.linear with zero3_linear_wrap for good (PP:545-550
-      // at v0.13.4; every version here), whose LinearFunctionForZeroStage3 takes (input,
-      // weight, bias): an nn.Linear's weight first, as a norm's. GPT-2's Conv1D calls
-      // torch.addmm(bias, x, weight) itself: its bias first. Both seen in recordings with
-      // 5000-element reduce buckets, whose boundaries fall between the two (2026-11-26).
+      // Weight and bias in the order their AccumulateGrad nodes run (DsModule::bias_grad_first).
       if (!(md_.tied && h.module == md_.head)) {
-        const bool conv1d =
-            md_.family == Family::kGpt2 && md_.modules[h.module].kind == ModKind::kLinear;
-        if (conv1d && own.size() == 2) {
+        if (md_.modules[h.module].bias_grad_first && own.size() == 2) {
           grad_ready(own[1]);
           grad_ready(own[0]);
         } else {

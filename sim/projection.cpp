@@ -106,13 +106,24 @@ std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init) {
   return out;
 }
 
+std::size_t first_difference(const std::vector<ProjectedOp>& a, const std::vector<ProjectedOp>& b) {
+  std::size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k].line == b[k].line) ++k;
+  return k == a.size() && k == b.size() ? kEqual : k;
+}
+
+std::string numbered(const std::vector<ProjectedOp>& v, std::size_t i) {
+  if (i >= v.size()) return "(ends)";
+  return std::to_string(i) + " " + v[i].line + "   [" + v[i].where + ", op " +
+         std::to_string(v[i].op) + "]";
+}
+
 std::string first_divergence(const std::vector<ProjectedOp>& expected,
                              const std::string& expected_name,
                              const std::vector<ProjectedOp>& actual, const std::string& actual_name,
                              std::size_t context) {
-  std::size_t k = 0;
-  while (k < expected.size() && k < actual.size() && expected[k].line == actual[k].line) ++k;
-  if (k == expected.size() && k == actual.size()) return {};
+  const std::size_t k = first_difference(expected, actual);
+  if (k == kEqual) return {};
   std::string out = "first divergence at projected op " + std::to_string(k) + " (" +
                     std::to_string(expected.size()) + " in " + expected_name + ", " +
                     std::to_string(actual.size()) + " in " + actual_name + ")\n";
@@ -120,10 +131,9 @@ std::string first_divergence(const std::vector<ProjectedOp>& expected,
   auto show = [&](const std::vector<ProjectedOp>& v, const std::string& name) {
     out += name + ":\n";
     for (std::size_t i = from; i < std::min(v.size(), k + 3); ++i) {
-      out += (i == k ? "  > " : "    ") + std::to_string(i) + " " + v[i].line + "   [" +
-             v[i].where + ", op " + std::to_string(v[i].op) + "]\n";
+      out += (i == k ? "  > " : "    ") + numbered(v, i) + "\n";
     }
-    if (k >= v.size()) out += "  > (ends)\n";
+    if (k >= v.size()) out += "  > " + numbered(v, k) + "\n";
   };
   show(expected, expected_name);
   show(actual, actual_name);
@@ -163,11 +173,14 @@ RecordingComparison compare_recording(const Schedule& rec, const Schedule& built
   }
   for (const Rank r : out.ranks) {
     const auto expected = project(rec, r, true);
+    const auto actual = project(built, r, true);
     out.ops += expected.size();
-    out.divergence =
-        first_divergence(expected, "DeepSpeed (recorded)", project(built, r, true), "builder");
-    if (!out.divergence.empty()) {
+    const std::size_t k = first_difference(expected, actual);
+    if (k != kEqual) {
+      out.divergence = first_divergence(expected, "DeepSpeed (recorded)", actual, "builder");
       out.diverging_rank = r;
+      out.recorded_op = numbered(expected, k);
+      out.built_op = numbered(actual, k);
       break;
     }
   }
@@ -186,20 +199,11 @@ std::string describe(const RecordingComparison& c) {
         "builder: equal to this recording, op for op ({} projected ops of rank{} {})", c.ops,
         c.ranks.size() == 1 ? "" : "s", ranks);
   }
-  // first_divergence marks the differing op of each side with "  > ": DeepSpeed's, then the
-  // builder's.
-  std::vector<std::string> marked;
-  for (std::size_t at = c.divergence.find("\n  > "); at != std::string::npos;
-       at = c.divergence.find("\n  > ", at + 1)) {
-    const std::size_t from = at + 5;
-    marked.push_back(c.divergence.substr(from, c.divergence.find('\n', from) - from));
-  }
   const std::string first = c.divergence.substr(0, c.divergence.find('\n'));
   return fmt::format(
       "builder: differs from this recording on rank {}, {}: DeepSpeed {}, the builder {} "
       "(--json has the context; please report it)",
-      c.diverging_rank, first, marked.size() > 0 ? marked[0] : "?",
-      marked.size() > 1 ? marked[1] : "?");
+      c.diverging_rank, first, c.recorded_op, c.built_op);
 }
 
 }  // namespace hpz

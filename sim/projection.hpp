@@ -28,6 +28,17 @@ struct ProjectedOp {
 /** Rank r's projection; ops of Phase::kInit are left out when `with_init` is false. */
 std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init);
 
+/** first_difference's answer when the projections are equal. */
+inline constexpr std::size_t kEqual = static_cast<std::size_t>(-1);
+
+/** The index of the first projected op where `a` and `b` differ (one ending before the other
+ *  differs there too); kEqual when they are equal. */
+std::size_t first_difference(const std::vector<ProjectedOp>& a, const std::vector<ProjectedOp>& b);
+
+/** Projected op i of v as a report line: its index, line, context and op index, or "(ends)"
+ *  past the end. */
+std::string numbered(const std::vector<ProjectedOp>& v, std::size_t i);
+
 /** The first difference of two projections, with `context` lines before it from each side, as
  *  text; empty when they are equal. */
 std::string first_divergence(const std::vector<ProjectedOp>& expected,
@@ -43,6 +54,8 @@ struct RecordingComparison {
   std::size_t ops = 0;       ///< projected ops of the recording compared, all ranks together
   std::string divergence;    ///< empty when equal: first_divergence's text for the first rank
   Rank diverging_rank = -1;  ///< that rank
+  std::string recorded_op;   ///< where they differ, the recording's op (numbered)
+  std::string built_op;      ///< and the builder's
   std::string error;         ///< set by a caller whose builder refused the scenario
   bool equal() const { return error.empty() && divergence.empty(); }
 };

@@ -14,6 +14,7 @@ import pathlib
 import sys
 
 from . import env
+from .slices import own_elements
 
 EXIT_INPUT = 2
 RECORD_SEQ_LEN = 23  # no model dimension equals it, so activation dimensions are identifiable
@@ -179,20 +180,9 @@ def _with(argv: list, flag: str, value: str) -> list:
     return out + [flag, value]
 
 
-def _bounds(numel: int, size: int, place: int) -> int:
-    """How slice `place` of `size` elements meets the parameter's end: the parameter's own
-    elements in it, or -1 when the slice starts past the end (0: it starts at the end). These
-    are the distinctions DeepSpeed's copies make: a partial slice is copied in part, and
-    narrow() raises on a start past the end where a start at the end is an empty slice (issues
-    5642 and 6659, docs/deepspeed-builder.md)."""
-    own = numel - place * size
-    return min(own, size) if own >= 0 else -1
-
-
 def rank_kinds(doc: dict) -> list:
     """The ranks grouped by what their slices hold: for every unit, how its primary slice and
-    its secondary slice meet the parameter's end (_bounds). DeepSpeed pads each parameter to a
-    multiple of the world (_aligned_size, PP:1406-1411 at v0.13.4), hpZ groups are blocks of
+    its secondary slice meet the parameter's end (slices.own_elements). hpZ groups are blocks of
     consecutive ranks (utils/groups.py:505-530), and a rank's code paths (_partition_param,
     _partition_param_sec, reduce_scatter_coalesced's chunks) depend on these bounds and its
     groups only, so ranks of one kind issue the same schedule on their own groups. Ascending,
@@ -200,8 +190,8 @@ def rank_kinds(doc: dict) -> list:
     world, hpz = doc["world_size"], max(1, doc["hpz_size"])
     kinds: dict = {}
     for r in range(world):
-        key = tuple((_bounds(u["numel"], u["shard_numel"], r),
-                     _bounds(u["numel"], u["secondary_numel"], r % hpz)
+        key = tuple((own_elements(u["numel"], u["shard_numel"], r),
+                     own_elements(u["numel"], u["secondary_numel"], r % hpz)
                      if u["secondary_numel"] else 0) for u in doc["units"])
         kinds.setdefault(key, []).append(r)
     return sorted(kinds.values())
@@ -259,36 +249,32 @@ def record_ranks(argv: list, args: argparse.Namespace) -> int:
     out_dir = pathlib.Path(args.out).resolve().parent
     with tempfile.TemporaryDirectory(prefix=".hpzlab-record.", dir=out_dir) as tmp:
         if args.rank == "all":
-            docs, code = _run_ranks(argv, args, list(range(world)), tmp)
-            if docs is None:
-                return code
             kinds = [[r] for r in range(world)]
+            recorded, what = "all", "each recorded as itself"
+            docs, code = _run_ranks(argv, args, list(range(world)), tmp)
         else:
             docs, code = _run_ranks(argv, args, [0], tmp)
             if docs is None:
                 return code
             kinds = rank_kinds(docs[0])
-            if len(kinds) > 1:
-                firsts = [k[0] for k in kinds]
+            firsts = [k[0] for k in kinds]
+            recorded = ",".join(map(str, firsts))
+            what = f"ranks {recorded} recorded, every other a copy of its kind's"
+            if len(kinds) == 1:
+                what = "rank 0 recorded, every other its copy"
+            else:
                 print(f"hpzlab record: the model's parameters do not divide by {world} ranks, so "
                       f"the ranks hold {len(kinds)} kinds of slices; recording ranks "
                       f"{', '.join(map(str, firsts[1:]))} too (first of each kind)",
                       file=sys.stderr, flush=True)
                 docs, code = _run_ranks(argv, args, firsts, tmp, docs)
-                if docs is None:
-                    return code
+        if docs is None:
+            return code
         merged = docs[0]
         for kind in kinds:
             for r in kind:
                 merged["ranks"][r] = docs[kind[0]]["ranks"][r]
-        if args.rank == "all":
-            recorded = "all"
-        else:
-            recorded = ",".join(str(k[0]) for k in kinds)
         _write(argv, args, merged, recorded, tmp)
-    what = ("each recorded as itself" if args.rank == "all" else
-            "rank 0 recorded, every other its copy" if len(kinds) == 1 else
-            f"ranks {recorded} recorded, every other a copy of its kind's")
     print(f"hpzlab record: wrote {args.out}: {world} ranks, {what}", file=sys.stderr)
     return 0
 

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from . import recording
+from .slices import own_elements
 
 missing: list[str] = []
 """Functions a DeepSpeed version lacks, so that their labels are missing from its recording."""
@@ -45,7 +46,7 @@ def claim_param(param) -> None:
         return
     with rec.paused_ops():
         primary = getattr(param, "ds_tensor", None)
-        rec.claim(primary, "primary", unit, _own_elements(param, primary, rec.rank))
+        rec.claim(primary, "primary", unit, _own(param, primary, rec.rank))
         secondary = getattr(param, "ds_secondary_tensor", None)
         place = None
         if secondary is not None and secondary.numel() > 0:
@@ -58,20 +59,17 @@ def claim_param(param) -> None:
             padded = -(-int(param.ds_numel) // world) * world
             place = rec.rank % max(1, padded // secondary.numel())
         rec.claim(secondary, "secondary", unit,
-                  None if place is None else _own_elements(param, secondary, place))
+                  None if place is None else _own(param, secondary, place))
         status = getattr(param, "ds_status", None)
         if status is not None and status.name in ("AVAILABLE", "INFLIGHT"):
             rec.claim(param.data, "full", unit)
 
 
-def _own_elements(param, shard, place: int) -> Optional[int]:
-    """How many of `shard`'s elements are the parameter's own when it is slice `place` of the
-    parameter rounded up to a multiple of the group: _partition_param (PP:1554-1574 at v0.13.4)
-    copies only those into its torch.empty() shard; the rest is padding that nothing writes."""
+def _own(param, shard, place: int) -> Optional[int]:
+    """The parameter's own elements in `shard`, slice `place` of it (none past its end)."""
     if shard is None or shard.numel() == 0:
         return None
-    size = shard.numel()
-    return max(0, min(size, int(param.ds_numel) - place * size))
+    return max(0, own_elements(int(param.ds_numel), shard.numel(), place))
 
 
 def claim_all(params: Iterable) -> None:

@@ -15,15 +15,14 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     `quantizer_module`: plain-torch functions with the CUDA bindings' output shapes and dtypes
     (csrc/quantization/pt_binding.cpp at v0.13.4). The all-to-alls between them are
     hpzrec.collectives' all_to_all_single, also where coalesced_collectives imported it by name.
-  - deepspeed.runtime.zero.utils.get_lst_from_rank0: DeepSpeed broadcasts rank 0's ints to
-    assert that every rank agrees (module order, parameter ids). Nothing is communicated, so a
-    rank other than 0 would see its own placeholder; the broadcast is still logged and the
-    function returns this rank's own list: the agreement of a correct run, which the
-    recording's symmetry between ranks assumes anyway (docs/record.md). 0.17.6 first
-    broadcasts the list's length (assert_lst_len_same_as_other_ranks, utils.py:70-83 at
-    v0.17.6, from its coordinator at every step): it runs with get_rank() answering 0, so its
-    tensor holds the length rank 0 would send, the broadcast and the host's read of it logged as
-    issued. A run as a rank other than 0 raised a disagreement there until 2026-11-26.
+  - deepspeed.runtime.zero.utils.get_lst_from_rank0 and (0.17.6, which first broadcasts the
+    list's length, utils.py:70-83 there) assert_lst_len_same_as_other_ranks: DeepSpeed
+    broadcasts rank 0's ints to assert that every rank agrees (module order, parameter ids).
+    Nothing is communicated, so a rank other than 0 would keep its placeholder (-1). Both run
+    with get_rank() answering 0: the tensor holds what rank 0 would send, this rank's own ints
+    (the agreement of a correct run, which the recording's symmetry between ranks assumes
+    anyway, docs/record.md), and the broadcast and the host's reads of it are logged as issued.
+    A run of 0.17.6 as a rank other than 0 raised a disagreement there until 2026-11-26.
   - Tensor.uniform_ / normal_ while the model is built: random initialization of a 7B model
     costs minutes of CPU and its values mean nothing here (collectives carry no data); a
     constant fill writes the same bytes in a few milliseconds, so the schedule is the same.
@@ -264,41 +263,36 @@ def one_hot_as_on_cuda() -> None:
     torch.nn.functional.one_hot = one_hot
 
 
+class _AsRank0:
+    """deepspeed.comm as rank 0 sees it: get_rank() is 0, everything else the same."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+
+    def get_rank(self, *args, **kwargs) -> int:
+        return 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
 def agree_with_rank0() -> None:
-    """get_lst_from_rank0 returns this rank's list (see the module's notes)."""
+    """DeepSpeed's broadcasts of rank 0's ints run as on rank 0 (see the module's notes)."""
     from deepspeed.runtime.zero import utils
 
-    original = utils.get_lst_from_rank0
-
-    def get_lst_from_rank0(lst):
-        original(lst)  # the broadcast, logged
-        return list(lst)
-
-    utils.get_lst_from_rank0 = get_lst_from_rank0
-
-    lengths = getattr(utils, "assert_lst_len_same_as_other_ranks", None)
-    if lengths is not None:
-        class _AsRank0:
-            """deepspeed.comm as rank 0 sees it: get_rank() is 0, everything else the same."""
-
-            def __init__(self, real) -> None:
-                self._real = real
-
-            def get_rank(self, *args, **kwargs) -> int:
-                return 0
-
-            def __getattr__(self, name):
-                return getattr(self._real, name)
-
-        def assert_lst_len_same_as_other_ranks(lst):
+    def as_rank0(original):
+        def wrapper(lst):
             real = utils.dist
             utils.dist = _AsRank0(real)
             try:
-                return lengths(lst)
+                return original(lst)
             finally:
                 utils.dist = real
+        return wrapper
 
-        utils.assert_lst_len_same_as_other_ranks = assert_lst_len_same_as_other_ranks
+    for name in ("get_lst_from_rank0", "assert_lst_len_same_as_other_ranks"):
+        if hasattr(utils, name):
+            setattr(utils, name, as_rank0(getattr(utils, name)))
 
 
 def install(rank: int, world_size: int, local_size: int) -> None:

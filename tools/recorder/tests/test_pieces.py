@@ -157,9 +157,8 @@ def test_a_shards_elements_past_the_parameters_end_are_padding(rec):
     assert [(m, n) for _, m, _, n in cat["accesses"]] == [("r", 24), ("w", 32)]  # ones -> flat
     assert all(b["bytes"] != 8 for b in buffers)  # the padding's storage is gone
     # Rank 0's shard is all the parameter's; rank 4 of 5 would hold none of it.
-    rec.rank = 0
-    assert probes._own_elements(param, param.ds_tensor, 0) == 8
-    assert probes._own_elements(param, param.ds_tensor, 4) == 0
+    assert probes._own(param, param.ds_tensor, 0) == 8
+    assert probes._own(param, param.ds_tensor, 4) == 0
 
 
 def test_folded_kernels_keep_their_outside_reads_and_drop_intermediates(rec):
