@@ -184,11 +184,17 @@ struct Model {
    *  Qwen3 (4.51.3): Llama's, with self_attn {q, k, v, o, q_norm, k_norm} and no rotary_emb.
    *  Phi-3 (4.51.3): input_layernorm, self_attn {qkv_proj in q, o_proj}, resid_attn_dropout in
    *  post_attn_drop, post_attention_layernorm, mlp {gate_up_proj in up, activation_fn,
-   *  down_proj}, resid_mlp_dropout in post_mlp_drop. */
+   *  down_proj}, resid_mlp_dropout in post_mlp_drop.
+   *  DeepSeek-V2 (4.57.1): Llama's, with self_attn {q_proj or q_a_proj, q_a_layernorm, q_b_proj;
+   *  kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}, and from first_k_dense_replace on
+   *  a sparse mlp {experts.N, gate, shared_experts}. */
   struct Layer {
     int layer = -1, in_ln = -1, attn = -1, q = -1, k = -1, v = -1, rot = -1, o = -1, post_ln = -1,
         mlp = -1, gate = -1, act = -1, up = -1, down = -1, attn_drop = -1, post_attn_drop = -1,
         post_mlp_drop = -1, q_norm = -1, k_norm = -1;
+    // DeepSeek-V2's multi-head latent attention: q (q_proj) or q_a_proj, q_a_layernorm and
+    // q_b_proj, then kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, and o (o_proj).
+    int q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_norm = -1, kv_b = -1;
     // A mixture-of-experts layer (mlp is its sparse block): the router, each expert's MLP
     // (Mixtral: w1 in gate, w3 in up, w2 in down), Qwen2-MoE's shared expert and its gate.
     struct Expert {
@@ -221,6 +227,7 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
   md.model_rotary = model_rotary;
   const bool phi3 = md.family == Family::kPhi3;
   const bool mixtral = m.family == "mixtral";
+  const bool deepseek = m.family == "deepseek_v2";
   const bool gpt2 = md.family == Family::kGpt2;
   const bool falcon = md.family == Family::kFalcon || gpt2;  // GPT-2's base is "transformer" too
   const bool neox = md.family == Family::kGptNeox;
@@ -357,23 +364,42 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
       norm(L.in_ln, i, h);
       if (two) norm(L.post_ln, i, h);
     } else {
-      L.attn = module(p + ".self_attn", ModKind::kContainer);
-      L.q = module(p + ".self_attn.q_proj", ModKind::kLinear);
-      L.k = module(p + ".self_attn.k_proj", ModKind::kLinear);
-      L.v = module(p + ".self_attn.v_proj", ModKind::kLinear);
-      L.o = module(p + ".self_attn.o_proj", ModKind::kLinear);
+      const std::string a = p + ".self_attn";
+      L.attn = module(a, ModKind::kContainer);
+      if (deepseek) {
+        // DeepseekV2Attention.__init__ (modeling_deepseek_v2.py:292-318 at transformers 4.57.1).
+        if (m.q_lora_rank > 0) {
+          L.q_a = module(a + ".q_a_proj", ModKind::kLinear);
+          L.q_a_norm = module(a + ".q_a_layernorm", ModKind::kNorm);
+          L.q_b = module(a + ".q_b_proj", ModKind::kLinear);
+        } else {
+          L.q = module(a + ".q_proj", ModKind::kLinear);
+        }
+        L.kv_a = module(a + ".kv_a_proj_with_mqa", ModKind::kLinear);
+        L.kv_norm = module(a + ".kv_a_layernorm", ModKind::kNorm);
+        L.kv_b = module(a + ".kv_b_proj", ModKind::kLinear);
+      } else {
+        L.q = module(a + ".q_proj", ModKind::kLinear);
+        L.k = module(a + ".k_proj", ModKind::kLinear);
+        L.v = module(a + ".v_proj", ModKind::kLinear);
+      }
+      L.o = module(a + ".o_proj", ModKind::kLinear);
       if (!model_rotary) L.rot = module(p + ".self_attn.rotary_emb", ModKind::kRotary);
       if (m.qk_norm) {
         L.q_norm = module(p + ".self_attn.q_norm", ModKind::kNorm);
         L.k_norm = module(p + ".self_attn.k_norm", ModKind::kNorm);
       }
-      if (m.experts > 0) {
+      const bool sparse = m.experts > 0 && i >= m.dense_layers;
+      if (sparse) {
         // MixtralSparseMoeBlock (block_sparse_moe: gate, experts.N {w1, w2, w3, act_fn};
-        // modeling_mixtral.py at 4.51.3) or Qwen2MoeSparseMoeBlock (mlp: gate, experts.N
-        // {gate_proj, up_proj, down_proj, act_fn}, shared_expert, shared_expert_gate).
+        // modeling_mixtral.py at 4.51.3), Qwen2MoeSparseMoeBlock (mlp: gate, experts.N
+        // {gate_proj, up_proj, down_proj, act_fn}, shared_expert, shared_expert_gate) or
+        // DeepseekV2MoE (mlp: experts.N as Qwen2-MoE's, gate, shared_experts;
+        // modeling_deepseek_v2.py:92-105 at 4.57.1). DeepseekV2MoEGate is no Linear, but its
+        // forward is F.linear of its own weight (line 65), which zero.Init has replaced.
         const std::string b = p + (mixtral ? ".block_sparse_moe" : ".mlp");
         L.mlp = module(b, ModKind::kContainer);
-        L.router = module(b + ".gate", ModKind::kLinear);
+        if (!deepseek) L.router = module(b + ".gate", ModKind::kLinear);
         auto expert = [&](const std::string& e, double share) {
           Model::Layer::Expert x;
           x.mod = module(e, ModKind::kContainer);
@@ -390,7 +416,10 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
         for (int e = 0; e < m.experts; ++e) {
           L.experts.push_back(expert(b + ".experts." + std::to_string(e), routed));
         }
-        if (m.shared_expert_ffn > 0) L.shared = expert(b + ".shared_expert", 1.0);
+        if (deepseek) L.router = module(b + ".gate", ModKind::kLinear);
+        if (m.shared_expert_ffn > 0) {
+          L.shared = expert(b + (deepseek ? ".shared_experts" : ".shared_expert"), 1.0);
+        }
         if (m.shared_expert_gate) {
           L.shared_gate = module(b + ".shared_expert_gate", ModKind::kLinear);
         }
@@ -403,29 +432,56 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
       }
       L.in_ln = module(p + ".input_layernorm", ModKind::kNorm);
       L.post_ln = module(p + ".post_attention_layernorm", ModKind::kNorm);
-      // LlamaAttention: bias=config.attention_bias on all four projections.
-      linear(L.q, q_width, h, m.qkv_bias, i);
-      linear(L.k, kv, h, m.qkv_bias, i);
-      linear(L.v, kv, h, m.qkv_bias, i);
-      linear(L.o, h, q_width, m.o_bias, i);
+      if (deepseek) {
+        const auto heads = static_cast<std::uint64_t>(m.heads);
+        const auto q_head = static_cast<std::uint64_t>(m.qk_nope_head_dim + m.qk_rope_head_dim);
+        const auto q_rank = static_cast<std::uint64_t>(m.q_lora_rank);
+        const auto kv_rank = static_cast<std::uint64_t>(m.kv_lora_rank);
+        const auto v_head = static_cast<std::uint64_t>(m.v_head_dim);
+        if (L.q >= 0) {
+          linear(L.q, heads * q_head, h, false, i);
+        } else {
+          linear(L.q_a, q_rank, h, m.qkv_bias, i);
+          norm(L.q_a_norm, i, q_rank);
+          linear(L.q_b, heads * q_head, q_rank, false, i);
+        }
+        linear(L.kv_a, kv_rank + static_cast<std::uint64_t>(m.qk_rope_head_dim), h, m.qkv_bias, i);
+        norm(L.kv_norm, i, kv_rank);
+        linear(L.kv_b, heads * (static_cast<std::uint64_t>(m.qk_nope_head_dim) + v_head), kv_rank,
+               false, i);
+        linear(L.o, h, heads * v_head, m.o_bias, i);
+      } else {
+        // LlamaAttention: bias=config.attention_bias on all four projections.
+        linear(L.q, q_width, h, m.qkv_bias, i);
+        linear(L.k, kv, h, m.qkv_bias, i);
+        linear(L.v, kv, h, m.qkv_bias, i);
+        linear(L.o, h, q_width, m.o_bias, i);
+      }
       if (m.qk_norm) {  // Qwen3RMSNorm(head_dim): one weight shared by the heads
         norm(L.q_norm, i, head_dim);
         norm(L.k_norm, i, head_dim);
       }
-      if (m.experts > 0) {
+      if (sparse) {
         // The router, then each expert's Linears as its __init__ makes them (Mixtral's
         // MixtralBlockSparseTop2MLP: w1, w2, w3; Qwen2MoeMLP: gate, up, down_proj), none with a
-        // bias; Qwen2-MoE's shared expert, then its Linear(hidden, 1) gate.
-        linear(L.router, static_cast<std::uint64_t>(m.experts), h, false, i);
+        // bias; Qwen2-MoE's shared expert, then its Linear(hidden, 1) gate. DeepSeek-V2: the
+        // experts (DeepseekV2MLP, mlp_bias on all three), then the gate's weight [experts,
+        // hidden], then the shared experts.
+        const bool bias = deepseek && m.mlp_bias;
+        const auto router = [&] {
+          linear(L.router, static_cast<std::uint64_t>(m.experts), h, false, i);
+        };
+        if (!deepseek) router();
         auto expert = [&](const Model::Layer::Expert& x, std::uint64_t width) {
-          linear(x.gate, width, h, false, i);
+          linear(x.gate, width, h, bias, i);
           if (mixtral) linear(x.down, h, width, false, i);
-          linear(x.up, width, h, false, i);
-          if (!mixtral) linear(x.down, h, width, false, i);
+          linear(x.up, width, h, bias, i);
+          if (!mixtral) linear(x.down, h, width, bias, i);
         };
         for (const Model::Layer::Expert& x : L.experts) {
           expert(x, static_cast<std::uint64_t>(m.expert_ffn));
         }
+        if (deepseek) router();
         if (L.shared.mod >= 0) expert(L.shared, static_cast<std::uint64_t>(m.shared_expert_ffn));
         if (L.shared_gate >= 0) linear(L.shared_gate, 1, h, false, i);
       } else {
@@ -555,13 +611,21 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     close(L.mlp);
   } else {
     // Qwen3Attention.forward (modeling_qwen3.py:217-218): q_norm(q_proj(x)), k_norm(k_proj(x)).
+    // DeepseekV2Attention.forward (modeling_deepseek_v2.py:336-345 at 4.57.1): q_proj, or
+    // q_b_proj(q_a_layernorm(q_a_proj(x))); then kv_b_proj(kv_a_layernorm(kv_a_proj_with_mqa(x))).
     leaf(L.in_ln);
     open(L.attn);
     leaf(L.q);
+    leaf(L.q_a);
+    leaf(L.q_a_norm);
+    leaf(L.q_b);
     leaf(L.q_norm);
     leaf(L.k);
     leaf(L.k_norm);
     leaf(L.v);
+    leaf(L.kv_a);
+    leaf(L.kv_norm);
+    leaf(L.kv_b);
     leaf(L.rot);
     leaf(L.o);
     close(L.attn);
@@ -569,7 +633,11 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     open(L.mlp);
     // The sparse block (MixtralSparseMoeBlock.forward at 4.51.3): the router, then every
     // expert in turn, whether or not a token was routed to it; Qwen2-MoE's shared expert and
-    // its gate after them.
+    // its gate after them. DeepseekV2MoE.forward (modeling_deepseek_v2.py:108-147 at 4.57.1):
+    // the gate, then moe() runs each expert that received a token, after reading its count on
+    // the host (`if num_tokens == 0`, then the slice bounds: .item() each), then the shared
+    // experts. We take every expert to receive tokens: the count is data, which the builder
+    // does not have (docs/deepspeed-builder.md).
     leaf(L.router);
     auto expert = [&](const Model::Layer::Expert& x) {
       open(x.mod);
@@ -688,10 +756,16 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
   leaf(L.post_ln);
   out.push_back({Ev::kPreBwd, L.attn});
   leaf(L.o);
+  leaf(L.kv_b);
+  leaf(L.kv_norm);
+  leaf(L.kv_a);
   leaf(L.v);
   leaf(L.k_norm);
   leaf(L.k);
   leaf(L.q_norm);
+  leaf(L.q_b);
+  leaf(L.q_a_norm);
+  leaf(L.q_a);
   leaf(L.q);
   leaf(L.in_ln);
 }
@@ -1281,10 +1355,15 @@ void RankBuilder::kernel(int module, bool backward) {
     op->mem_bytes = 2 * tokens * h * dt_;
   }
   if (m.attn_core) {
-    // Attention scores and their product with V, over the heads' width.
-    const double width =
-        sc_.model.head_dim > 0 ? static_cast<double>(sc_.model.head_dim) * sc_.model.heads : h;
-    op->flops += 4 * tokens * sc_.training.seq_len * width * (backward ? 2 : 1);
+    // Attention scores (over the query/key heads' width) and their product with V (over the
+    // value heads'); DeepSeek-V2's heads have nope + rope query/key and v_head_dim value width.
+    const ModelConfig& c = sc_.model;
+    const double qk = c.kv_lora_rank > 0
+                          ? static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim) * c.heads
+                      : c.head_dim > 0 ? static_cast<double>(c.head_dim) * c.heads
+                                       : h;
+    const double v = c.kv_lora_rank > 0 ? static_cast<double>(c.v_head_dim) * c.heads : qk;
+    op->flops += 2 * tokens * sc_.training.seq_len * (qk + v) * (backward ? 2 : 1);
   }
 }
 
@@ -2157,9 +2236,26 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const ModelConfig& m = sc.model;
   const std::string tf = transformers_version_of(m);
   const bool tf451 = tf == "4.51.3";
+  const bool tf457 = tf == "4.57.1";
   const bool own_heads = own_head_dim(m);
   const std::string& f = m.family;
-  if (!tf451) {
+  const bool deepseek = f == "deepseek_v2";
+  if (deepseek && !tf457) {
+    // transformers 4.35.2 has no DeepSeek-V2; 4.51.3 runs only DeepSeek's remote code, whose
+    // MoE differs in training (it runs every expert on a repeat_interleave'd batch).
+    throw InputError(sc.path, "model.transformers_version",
+                     "transformers " + tf +
+                         " has no native model_type deepseek_v2 (allowed here: \"4.57.1\", the "
+                         "release its recordings were made with, or \"auto\")");
+  }
+  if (tf457 && !deepseek) {
+    throw InputError(sc.path, "model.transformers_version",
+                     "the DeepSpeed builder walks model_type " + f +
+                         " as transformers 4.35.2 or 4.51.3 builds it, the releases its "
+                         "recordings were made with; 4.57.1 only for deepseek_v2 (allowed here: "
+                         "\"4.35.2\", \"4.51.3\" or \"auto\")");
+  }
+  if (tf == "4.35.2") {
     // transformers 4.35.2 has no Qwen2, Qwen3, Gemma or Phi-3; its Llama and Mistral read
     // neither head_dim (head_dim = hidden_size // num_attention_heads) nor mlp_bias: they would
     // build another model than the config says.
@@ -2184,6 +2280,11 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                          m.dense_layers == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
                          m.norms_per_layer == 2 && !m.alibi;
   const bool llama_walkable = llama_tree && dense_rms && (!m.qk_norm || f == "qwen3");
+  // DeepSeek-V2 (transformers 4.57.1): Llama's tree with multi-head latent attention, dense MLPs
+  // in the first first_k_dense_replace layers and a DeepseekV2MoE after them.
+  const bool deepseek_walkable = deepseek && tf457 && m.gated_mlp && !m.linear_bias &&
+                                 !m.norm_bias && m.kv_lora_rank > 0 && m.learned_positions == 0 &&
+                                 m.norms_per_layer == 2 && !m.alibi && !m.qk_norm;
   const bool phi3_walkable = f == "phi3" && tf451 && dense_rms && !m.qkv_bias && !m.o_bias &&
                              !m.mlp_bias && !m.qk_norm && !own_heads;
   const bool falcon_walkable = f == "falcon" && !tf451 && !m.gated_mlp && m.norm_bias &&
@@ -2202,10 +2303,12 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                          " as transformers 4.35.2 builds it, the release its recordings were "
                          "made with (allowed here: \"4.35.2\" or \"auto\")");
   }
-  if (!llama_walkable && !phi3_walkable && !falcon_walkable && !neox_walkable && !gpt2_walkable) {
+  if (!llama_walkable && !phi3_walkable && !falcon_walkable && !neox_walkable && !gpt2_walkable &&
+      !deepseek_walkable) {
     refuse("model_type " + f +
                " with this shape (it walks the trees of transformers' Llama, Mistral, Qwen2, "
                "Qwen3, Gemma and Phi-3, Mixtral's and Qwen2-MoE's with every layer sparse, "
+               "DeepSeek-V2's, "
                "Falcon's with parallel attention and rotary embeddings, GPT-NeoX's with "
                "parallel residuals, and GPT-2's)",
            "a model of those families and shapes");
@@ -2223,7 +2326,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
            "remove them");
   }
 
-  Model md = build_model(sc.model, tf451);
+  Model md = build_model(sc.model, tf451 || tf457);
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
   // model_persistence_threshold at its default (sys.maxsize); zero.Init marks the same ones
   // (PP:1086).

@@ -43,6 +43,7 @@ bool own_head_dim(const ModelConfig& m) {
 
 std::string transformers_version_of(const ModelConfig& m) {
   if (m.transformers_version != "auto") return m.transformers_version;
+  if (m.family == "deepseek_v2") return "4.57.1";
   const bool mlp_bias = m.family == "llama" && m.mlp_bias;  // LlamaMLP's, transformers 4.41 on
   return in_transformers_4_35(m) && !own_head_dim(m) && !mlp_bias ? "4.35.2" : "4.51.3";
 }
@@ -58,9 +59,10 @@ LayerShape layer_shape(const ModelConfig& m, int layer) {
   s.input_norm = norm(m, h);
   s.post_norm = m.norms_per_layer >= 2 ? norm(m, h) : 0;
   if (m.kv_lora_rank > 0) {
-    // DeepSeek-V2's multi-head latent attention (modeling_deepseek_v2.py, DeepseekV2Attention):
-    // q_proj (or q_a_proj, q_a_layernorm, q_b_proj), kv_a_proj_with_mqa, kv_a_layernorm,
-    // kv_b_proj, o_proj; no biases.
+    // DeepSeek-V2's multi-head latent attention (modeling_deepseek_v2.py, DeepseekV2Attention,
+    // transformers 4.57.1): q_proj (or q_a_proj, q_a_layernorm, q_b_proj), kv_a_proj_with_mqa,
+    // kv_a_layernorm, kv_b_proj, o_proj; attention_bias on q_a_proj, kv_a_proj_with_mqa and
+    // o_proj (qkv_bias and o_bias here).
     const double q_head = m.qk_nope_head_dim + m.qk_rope_head_dim;
     const double q = m.q_lora_rank > 0
                          ? h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * m.heads * q_head
@@ -68,6 +70,9 @@ LayerShape layer_shape(const ModelConfig& m, int layer) {
     s.attn = q + h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +
              static_cast<double>(m.kv_lora_rank) * m.heads * (m.qk_nope_head_dim + m.v_head_dim) +
              static_cast<double>(m.heads) * m.v_head_dim * h;
+    if (m.qkv_bias)
+      s.attn += (m.q_lora_rank > 0 ? m.q_lora_rank : 0) + m.kv_lora_rank + m.qk_rope_head_dim;
+    if (m.o_bias) s.attn += h;
   } else {
     const double q = attention_width(m);
     const double kv = q / m.heads * m.kv_heads;

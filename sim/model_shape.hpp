@@ -33,7 +33,8 @@ bool own_head_dim(const ModelConfig& m);
 /** The transformers release whose module tree the model is walked in: m.transformers_version,
  *  or for "auto" 4.35.2 (the recorder's default) where that release builds the model as its
  *  config says (Llama, Mistral, Falcon, GPT-NeoX, GPT-2 without a head dimension of their own,
- *  and Llama without mlp_bias: 4.35.2 ignores both), else 4.51.3. */
+ *  and Llama without mlp_bias: 4.35.2 ignores both), 4.57.1 for DeepSeek-V2 (natively in
+ *  transformers since 4.55; 4.51.3 runs only DeepSeek's remote code), else 4.51.3. */
 std::string transformers_version_of(const ModelConfig& m);
 
 /** Width of the attention's query/output projection: heads x head dimension. */

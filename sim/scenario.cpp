@@ -180,7 +180,7 @@ const std::vector<std::string> kDeepSpeedVersions = {"0.13.1", "0.13.4", "0.13.5
                                                      "0.17.6"};
 // The transformers releases whose module trees sim/deepspeed_builder.cpp walks (the recorder's
 // requirements: tools/recorder/requirements/base.txt and transformers-*.txt).
-const std::vector<std::string> kTransformersVersions = {"auto", "4.35.2", "4.51.3"};
+const std::vector<std::string> kTransformersVersions = {"auto", "4.35.2", "4.51.3", "4.57.1"};
 const std::vector<std::string> kDtypeNames = {"bf16", "fp16", "fp32"};
 const std::vector<std::string> kCollectiveModelNames = {"fine", "coarse"};
 const std::vector<std::string> kNetworkModelNames = {"CM02", "LV08"};
@@ -617,22 +617,42 @@ ModelConfig read_hf_config(const Setting& s) {
                        "mlp_only_layers [])");
     }
   } else if (type == "deepseek_v2") {
-    model.experts = hf_int(config, file, {"n_routed_experts"}).value_or(0);
-    model.experts_per_token = hf_int(config, file, {"num_experts_per_tok"}).value_or(0);
-    model.expert_ffn = hf_required(config, file, {"moe_intermediate_size"});
-    model.shared_expert_ffn =
-        hf_int(config, file, {"n_shared_experts"}).value_or(0) * model.expert_ffn;
+    // As transformers 4.57.1 builds it natively (configuration_deepseek_v2.py:146-183 for the
+    // defaults of absent keys; modeling_deepseek_v2.py for the modules): every layer from
+    // first_k_dense_replace on is a DeepseekV2MoE, whatever moe_layer_freq says (it reads no
+    // such key), so a config that asks for another frequency is refused.
+    const std::optional<int> routed = hf_int(config, file, {"n_routed_experts"});
+    if (config.contains("n_routed_experts") && !routed) {
+      throw InputError(file, "n_routed_experts",
+                       "null builds no expert list in transformers 4.57.1 (allowed: an integer)");
+    }
+    model.experts = routed.value_or(64);
+    model.experts_per_token = hf_required(config, file, {"num_experts_per_tok"});
+    model.expert_ffn = hf_int(config, file, {"moe_intermediate_size"}).value_or(1407);
+    // DeepseekV2MoE: a shared DeepseekV2MLP of moe_intermediate_size x n_shared_experts unless
+    // n_shared_experts is null (its default, absent, is 2).
+    const int shared = config.contains("n_shared_experts")
+                           ? hf_int(config, file, {"n_shared_experts"}).value_or(0)
+                           : 2;
+    model.shared_expert_ffn = shared * model.expert_ffn;
     model.dense_layers = hf_int(config, file, {"first_k_dense_replace"}).value_or(0);
     if (hf_int(config, file, {"moe_layer_freq"}).value_or(1) != 1) {
       throw InputError(file, "moe_layer_freq",
-                       "only every layer after first_k_dense_replace sparse is modelled "
+                       "transformers 4.57.1 makes every layer after first_k_dense_replace sparse "
                        "(allowed: 1)");
     }
-    model.kv_lora_rank = hf_required(config, file, {"kv_lora_rank"});
-    model.q_lora_rank = hf_int(config, file, {"q_lora_rank"}).value_or(0);
-    model.qk_nope_head_dim = hf_required(config, file, {"qk_nope_head_dim"});
-    model.qk_rope_head_dim = hf_required(config, file, {"qk_rope_head_dim"});
-    model.v_head_dim = hf_required(config, file, {"v_head_dim"});
+    model.kv_lora_rank = hf_int(config, file, {"kv_lora_rank"}).value_or(512);
+    // q_lora_rank null: one q_proj (DeepSeek-V2-Lite); absent: the default 1536.
+    model.q_lora_rank =
+        config.contains("q_lora_rank") ? hf_int(config, file, {"q_lora_rank"}).value_or(0) : 1536;
+    model.qk_nope_head_dim = hf_int(config, file, {"qk_nope_head_dim"}).value_or(128);
+    model.qk_rope_head_dim = hf_int(config, file, {"qk_rope_head_dim"}).value_or(64);
+    model.v_head_dim = hf_int(config, file, {"v_head_dim"}).value_or(128);
+    // DeepseekV2Attention: attention_bias on q_a_proj, kv_a_proj_with_mqa and o_proj (q_proj,
+    // q_b_proj and kv_b_proj have none); DeepseekV2MLP: mlp_bias on its three Linears, the
+    // experts' and the shared experts' too.
+    model.qkv_bias = model.o_bias = hf_bool(config, file, "attention_bias", false);
+    model.mlp_bias = hf_bool(config, file, "mlp_bias", false);
   }
   return model;
 }

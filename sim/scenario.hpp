@@ -63,8 +63,9 @@ struct ModelConfig {
   std::string family = "llama";  ///< HF model_type: llama, mistral, qwen2, falcon, gpt2, ...
   int head_dim = 0;              ///< per attention head; 0 = hidden / heads
   bool tied_embeddings = false;  ///< lm_head shares the token embedding's weight
-  bool qkv_bias = false;         ///< q, k and v projections have biases (Qwen2)
-  bool linear_bias = false;      ///< every Linear has a bias (GPT-2, GPT-NeoX)
+  bool qkv_bias = false;  ///< q, k and v projections have biases (Qwen2; DeepSeek-V2: q_a_proj and
+                          ///< kv_a_proj_with_mqa, its attention_bias)
+  bool linear_bias = false;  ///< every Linear has a bias (GPT-2, GPT-NeoX)
   bool o_bias = false;    ///< the attention output projection has a bias (Llama's attention_bias)
   bool mlp_bias = false;  ///< the MLP's projections have biases (Llama's mlp_bias)
   /// Falcon: attention and MLP read the same layer input (new_decoder_architecture, or
@@ -87,8 +88,9 @@ struct ModelConfig {
   int qk_rope_head_dim = 0;         ///< MLA: per-head rotary part
   int v_head_dim = 0;               ///< MLA: per-head value width
   /// The transformers release whose module tree the DeepSpeed builder walks: "4.35.2",
-  /// "4.51.3", or "auto" (transformers_version_of: 4.35.2 for the families it has, else
-  /// 4.51.3). The coarse builder has no module tree and ignores it.
+  /// "4.51.3", "4.57.1" (DeepSeek-V2 only), or "auto" (transformers_version_of: 4.35.2 for the
+  /// families it has, 4.57.1 for DeepSeek-V2, else 4.51.3). The coarse builder has no module
+  /// tree and ignores it.
   std::string transformers_version = "auto";
 };
 

@@ -326,23 +326,25 @@ TEST(DeepSpeedBuilder, LlamasMlpBiasGivesTheThreeMlpProjectionsABias) {
 
 // The public configs of every family the builder walks (tests/data/hf), cut to two layers: each is
 // built in the transformers release that has it (model.transformers_version "auto": 4.35.2 for
-// Llama and Mistral with their heads' width hidden / heads, else 4.51.3), its units add up to the
-// Hugging Face reader's count, and 0.13.4 races where 0.13.5 does not, but for Mixtral: before each
-// of its experts torch.where makes the host wait for the compute stream, which orders every
-// secondary copy before the gathers that read it (as in the recording tiny-mixtral-tf4.51-0.13.4).
-// Qwen2-MoE's shared expert runs after its experts' waits, and races.
+// Llama and Mistral with their heads' width hidden / heads, 4.57.1 for DeepSeek-V2, else
+// 4.51.3), its units add up to the Hugging Face reader's count, and 0.13.4 races where 0.13.5
+// does not, but for Mixtral and DeepSeek-V2-Lite: before each of Mixtral's experts torch.where
+// makes the host wait for the compute stream, which orders every secondary copy before the
+// gathers that read it (as in the recording tiny-mixtral-tf4.51-0.13.4), and DeepSeek-V2 reads
+// each expert's token count on the host. Qwen1.5-MoE races inside its last expert of layer 1.
 TEST(DeepSpeedBuilder, PublicConfigsOfEveryWalkedFamilyBuild) {
   struct Expected {
     std::string transformers;
     bool races;
   };
   const std::map<std::string, Expected> expected = {
-      {"llama-2-7b", {"4.35.2", true}},    {"llama-3-8b", {"4.35.2", true}},
-      {"llama-3.2-1b", {"4.35.2", true}},  {"mistral-7b", {"4.35.2", true}},
-      {"qwen2-7b", {"4.51.3", true}},      {"qwen2.5-0.5b", {"4.51.3", true}},
-      {"qwen3-8b", {"4.51.3", true}},      {"gemma-2b", {"4.51.3", true}},
-      {"gemma-7b", {"4.51.3", true}},      {"phi-3-mini", {"4.51.3", true}},
-      {"mixtral-8x7b", {"4.51.3", false}}, {"qwen1.5-moe-a2.7b", {"4.51.3", true}}};
+      {"llama-2-7b", {"4.35.2", true}},       {"llama-3-8b", {"4.35.2", true}},
+      {"llama-3.2-1b", {"4.35.2", true}},     {"mistral-7b", {"4.35.2", true}},
+      {"qwen2-7b", {"4.51.3", true}},         {"qwen2.5-0.5b", {"4.51.3", true}},
+      {"qwen3-8b", {"4.51.3", true}},         {"gemma-2b", {"4.51.3", true}},
+      {"gemma-7b", {"4.51.3", true}},         {"phi-3-mini", {"4.51.3", true}},
+      {"mixtral-8x7b", {"4.51.3", false}},    {"qwen1.5-moe-a2.7b", {"4.51.3", true}},
+      {"deepseek-v2-lite", {"4.57.1", false}}};
   for (const auto& [name, want] : expected) {
     const Scenario sc =
         load_scenario(test::scenario_path("tiny"),
@@ -417,10 +419,17 @@ TEST(DeepSpeedBuilder, TransformersVersionItCannotWalkIsRefusedNamingTheKey) {
   EXPECT_NE(refusal("qwen3-8b.json", "4.35.2").find("has no model_type qwen3"), std::string::npos);
   EXPECT_NE(refusal("mixtral-8x7b.json", "4.35.2").find("has no model_type mixtral"),
             std::string::npos);
-  // DeepSeek-V2 (multi-head latent attention, remote code in transformers 4.51.3) is not walked.
-  EXPECT_NE(refusal("deepseek-v2-lite.json", "auto")
-                .find("run.builder: the DeepSpeed builder does not model model_type deepseek_v2"),
+  // DeepSeek-V2 is walked as transformers 4.57.1 builds it natively; 4.51.3 has it only as
+  // DeepSeek's remote code, and a family recorded with 4.35.2 or 4.51.3 is not walked as 4.57.1.
+  EXPECT_NE(refusal("deepseek-v2-lite.json", "4.51.3")
+                .find("model.transformers_version: transformers 4.51.3 has no native model_type "
+                      "deepseek_v2"),
             std::string::npos);
+  EXPECT_NE(refusal("llama-2-7b.json", "4.57.1")
+                .find("the DeepSpeed builder walks model_type llama as transformers 4.35.2 or "
+                      "4.51.3 builds it"),
+            std::string::npos);
+  EXPECT_EQ(refusal("deepseek-v2-lite.json", "auto"), "(built)");
   EXPECT_NE(refusal("falcon-7b.json", "4.51.3")
                 .find("model.transformers_version: the DeepSpeed "
                       "builder walks model_type falcon as "

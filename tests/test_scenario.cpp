@@ -1008,6 +1008,35 @@ TEST_F(ScenarioFile, LlamaBiasesAreCountedAsTransformersBuildsThem) {
   EXPECT_EQ(count(R"("model_type": "llama")"), 2184960u);
 }
 
+// DeepSeek-V2 as transformers 4.57.1 builds it: attention_bias on q_a_proj, kv_a_proj_with_mqa
+// and o_proj, mlp_bias on every DeepseekV2MLP (experts and shared experts too), and its config
+// class's defaults where a key is absent (q_lora_rank 1536, n_shared_experts 2) or null (no
+// q_a_proj, no shared experts). The counts are transformers 4.57.1's (`sum(p.numel())` of the
+// model it builds from each config on the meta device, 2026-11-26).
+TEST_F(ScenarioFile, DeepSeekV2IsCountedAsTransformers4571BuildsIt) {
+  const std::string base = R"("model_type": "deepseek_v2", "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 3, "num_attention_heads": 8,
+      "vocab_size": 1000, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+      "n_routed_experts": 4, "first_k_dense_replace": 1, "kv_lora_rank": 32,
+      "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16)";
+  const auto count = [&](const std::string& extra) {
+    write("hf.json", "{" + base + (extra.empty() ? "" : ", ") + extra + "}");
+    return static_cast<std::uint64_t>(parameter_count(
+        load_scenario(write("s.toml", "[model]\nhf_config = \"hf.json\"\n")).model));
+  };
+  EXPECT_EQ(count(R"("q_lora_rank": null, "n_shared_experts": 1)"), 1701728u);
+  EXPECT_EQ(count(R"("q_lora_rank": 48, "n_shared_experts": 1, "attention_bias": true)"), 1619960u);
+  EXPECT_EQ(count(R"("q_lora_rank": null, "n_shared_experts": 1, "mlp_bias": true)"), 1706848u);
+  EXPECT_EQ(count(""), 3721568u);
+  EXPECT_EQ(count(R"("n_shared_experts": null, "q_lora_rank": null)"), 1603424u);
+  const std::string four = R"("n_routed_experts": 4)";
+  std::string null_experts = base;
+  null_experts.replace(null_experts.find(four), four.size(), R"("n_routed_experts": null)");
+  write("hf.json", "{" + null_experts + "}");
+  EXPECT_HAS(load_error("[model]\nhf_config = \"hf.json\"\n"),
+             "hf.json: n_routed_experts: null builds no expert list");
+}
+
 TEST_F(ScenarioFile, AnArchitectureNotUnderstoodIsRefusedNotReadAsALlama) {
   write("hf.json", R"({"model_type": "t5", "num_hidden_layers": 2, "hidden_size": 64,
                        "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 10})");
