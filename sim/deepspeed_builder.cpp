@@ -131,6 +131,11 @@ struct DsParam {
   // (transformers 4.35.2 modeling_utils.py:3502, _tie_or_clone_weights). Only zero.Init ever
   // sees it: model.parameters() no longer yields it.
   bool orphan = false;
+  // Made by torch.empty and written by no constructor: DeepseekV2MoEGate's weight
+  // (modeling_deepseek_v2.py:61 at transformers 4.57.1), whose values come from the
+  // _init_weights pass (line 470-473) that from_pretrained skips for the checkpoint's. zero.Init
+  // broadcasts what its memory held (the recording tiny-deepseek-v2-tf4.57-0.13.4).
+  bool unwritten = false;
 };
 
 enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHead };
@@ -481,7 +486,10 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
         for (const Model::Layer::Expert& x : L.experts) {
           expert(x, static_cast<std::uint64_t>(m.expert_ffn));
         }
-        if (deepseek) router();
+        if (deepseek) {
+          router();
+          md.params.back().unwritten = true;
+        }
         if (L.shared.mod >= 0) expert(L.shared, static_cast<std::uint64_t>(m.shared_expert_ffn));
         if (L.shared_gate >= 0) linear(L.shared_gate, 1, h, false, i);
       } else {
@@ -1110,12 +1118,15 @@ void RankBuilder::init() {
       unit_ = static_cast<UnitId>(p);
       ps_[p].full = buffer(dp.name + ".full", BufferRole::kFull, unit_, dp.numel * dt_);
       alloc(ps_[p].full, s0_, Purpose::kParamInit);
+      if (dp.unwritten) continue;
       made.push_back(part(p, ps_[p].full, {0, dp.numel}, AccessMode::kWrite, true));
       bytes += static_cast<double>(dp.numel * dt_);
     }
     unit_ = static_cast<UnitId>(first);
-    push(OpKind::kKernel, s0_, Purpose::kParamInit, std::span<const Access>(made)).mem_bytes =
-        bytes;
+    if (!made.empty()) {
+      push(OpKind::kKernel, s0_, Purpose::kParamInit, std::span<const Access>(made)).mem_bytes =
+          bytes;
+    }
     for (int p = first; p < end; ++p) {
       const DsParam& dp = md_.params[p];
       ParamState& st = ps_[p];

@@ -146,10 +146,17 @@ void FindingLog::uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, Bu
       "{} reads {}, which no op wrote {}: it sees whatever the allocator's block "
       "held (NaN when poisoned)",
       describe_short(f.second), describe_bytes(f), since);
-  f.fix = fmt::format(
-      "write bytes [{}, {}) of {} before {} (check the bounds of the copy that "
-      "fills it)",
-      lo, hi, buf.name, describe_short(f.second));
+  const bool init_broadcast =
+      buf.role == BufferRole::kFull && f.second.purpose == Purpose::kParamInit;
+  f.fix = init_broadcast
+              ? fmt::format(
+                    "load a checkpoint over {} before training, or initialize it inside "
+                    "deepspeed.zero.GatheredParameters(..., modifier_rank=0)",
+                    buf.name)
+              : fmt::format(
+                    "write bytes [{}, {}) of {} before {} (check the bounds of the copy that "
+                    "fills it)",
+                    lo, hi, buf.name, describe_short(f.second));
 }
 
 void FindingLog::stale(Rank r, std::uint32_t primary_write, std::uint32_t copy, std::uint32_t op,

@@ -39,6 +39,15 @@ std::string explain(const Finding& f) {
              "step) or the first step after loading a checkpoint has a much higher loss (issue "
              "7606).";
     case FindingKind::kUninitializedRead:
+      if (f.role == BufferRole::kFull && f.second.purpose == Purpose::kParamInit) {
+        return "zero.Init broadcasts each parameter as its module's constructor left it, and "
+               "this one's constructor made it with torch.empty() and wrote nothing (DeepSeek-V2's "
+               "MoE gate in transformers 4.57.1): every rank gets whatever rank 0's memory held. "
+               "from_pretrained loads the checkpoint over it afterwards, which this schedule does "
+               "not include. A model built from its config keeps those values unless something "
+               "writes the gathered parameter: transformers' _init_weights pass writes "
+               "param.data, which zero.Init has already replaced by an empty placeholder.";
+      }
       return "Part of a buffer is read although nothing wrote it since it was allocated: "
              "torch.empty() returns whatever the caching allocator's block held. For a secondary "
              "shard this is the copy-bounds bug fixed before DeepSpeed v0.13.5: when a parameter's "
