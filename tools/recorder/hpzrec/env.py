@@ -6,7 +6,8 @@ Layout under the cache (HPZLAB_CACHE, else $XDG_CACHE_HOME/hpzlab, else ~/.cache
   recorder/deepspeed-<version>-<digest>/   DeepSpeed itself (pip --target), one per version
   recorder/transformers-<version>-<digest>/  a later transformers (and the tokenizers it needs),
                                    pip --target, put before the base's on the path: for model
-                                   families transformers 4.35 does not have (Qwen3, Gemma, Phi-3)
+                                   families transformers 4.35 does not have (Qwen3, Gemma, Phi-3;
+                                   DeepSeek-V2 with 4.57.1)
 The digest is of the requirements file, so a changed pin gets a fresh directory. Each is built
 in a temporary directory and renamed into place when complete, under a lock, so concurrent
 tests share one install and an interrupted one leaves nothing half-made. Only the standard

@@ -26,6 +26,17 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
   - Tensor.uniform_ / normal_ while the model is built: random initialization of a 7B model
     costs minutes of CPU and its values mean nothing here (collectives carry no data); a
     constant fill writes the same bytes in a few milliseconds, so the schedule is the same.
+  - torch.utils._pytree.register_pytree_node, where torch lacks it (torch 2.1 has only
+    _register_pytree_node, without serialized_type_name): transformers 4.57.1 calls it
+    unconditionally when imported (utils/generic.py:465, and ModelOutput.__init_subclass__ at
+    :331) to register its ModelOutput classes as pytree nodes, though it still accepts torch
+    2.1 (utils/import_utils.py:251); 4.51.3 called _register_pytree_node below torch 2.2
+    (generic.py:489-500), 4.35.2 always. `import deepspeed` already imports transformers
+    (DeepSpeed 0.13.4 comm/torch.py:124 @compiler.disable imports torch._dynamo, which imports
+    torch/onnx/_internal/fx/patcher.py:11 `import transformers`), so this goes in first. It
+    registers them as 4.51.3 does on torch 2.1, dropping serialized_type_name, which torch
+    (2.2 and later) uses only to serialize tree specs for torch.export. Nothing the recording
+    runs flattens a ModelOutput (DDP's static_graph and torch.compile would).
   - torch.nn.functional.one_hot with num_classes given (Mixtral's and Qwen2-MoE's routers):
     its CPU kernel checks the class values with two .item() reads, which its CUDA kernel leaves
     to scatter's device asserts (aten/src/ATen/native/Onehot.cpp at PyTorch 2.1): those reads are
@@ -234,6 +245,19 @@ def replace_gradient_quantizer() -> None:
         cc.all_to_all_single = collectives.all_to_all_single
 
 
+def pytree_registration_for_transformers() -> None:
+    """torch.utils._pytree.register_pytree_node for transformers 4.57.1 on torch 2.1 (see the
+    module's notes); nothing where torch has it (2.2 and later)."""
+    import torch.utils._pytree as pytree
+    if hasattr(pytree, "register_pytree_node"):
+        return
+
+    def register_pytree_node(cls, flatten_fn, unflatten_fn, *, serialized_type_name=None):
+        pytree._register_pytree_node(cls, flatten_fn, unflatten_fn)
+
+    pytree.register_pytree_node = register_pytree_node
+
+
 @contextlib.contextmanager
 def constant_initialization():
     """Inside, Tensor.uniform_ and Tensor.normal_ fill a constant (see the module's notes)."""
@@ -301,6 +325,7 @@ def install(rank: int, world_size: int, local_size: int) -> None:
     and the collectives, before the recording accelerator is set (importing DeepSpeed asks for
     an accelerator already; set_accelerator replaces it)."""
     stub_cpu_extension_modules()
+    pytree_registration_for_transformers()
     init_fake_world(rank, world_size, local_size)
     replace_collectives()
     ignore_record_stream()

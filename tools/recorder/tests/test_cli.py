@@ -55,7 +55,7 @@ def ds_with(**zero) -> dict:
     ({"ds": ("offload.json", ds_with(offload_param={"device": "cpu"}))},
      "zero_optimization.offload_param.device: 'cpu': the recorder runs DeepSpeed on a CPU"),
     ({"extra": ["--transformers", "4.40.0"]},
-     "--transformers: unknown version '4.40.0' (supported: 4.35.2, 4.51.3)"),
+     "--transformers: unknown version '4.40.0' (supported: 4.35.2, 4.51.3, 4.57.1)"),
 ], ids=["version", "missing", "not-json", "stage-2", "hpz-size", "deepspeed-refuses",
         "hf-size", "hf-type", "nodes", "offload", "transformers"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, case, expected):
