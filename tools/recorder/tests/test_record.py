@@ -181,6 +181,55 @@ def test_mixtral_waits_for_the_compute_stream_once_before_each_expert(tmp_path):
     assert code == 0 and not report["findings"]
 
 
+def test_transformers_4571_builds_deepseek_v2_and_waits_before_each_expert(tmp_path):
+    """--transformers 4.57.1 builds DeepSeek-V2 natively (models/deepseek_v2): multi-head latent
+    attention's modules fetch their own weights, and layer 1's MoE runs its gate, all 4 routed
+    experts (each gets every token, tests/data/README.md) and the shared expert in every
+    forward and recompute. DeepseekV2MoE.moe reads each expert's token count back to the host
+    (`if num_tokens == 0`, then the counts as slice bounds): 2 waits after the gate before
+    expert 0 (its test, its end), 3 before each later expert (its test, its start, its end).
+    The gate's weight is torch.empty, written only by _init_weights, which the recorder skips
+    as from_pretrained does: zero.Init's broadcast reads it unwritten, the one finding beside
+    0.13.4's race."""
+    rec = record(tmp_path, "0.13.4", None, "--transformers", "4.57.1",
+                 hf="deepseek-v2-tiny.json")
+    doc = rec["doc"]
+    assert doc["source"]["transformers"] == "4.57.1"
+    labels, units = doc["labels"], [u["name"] for u in doc["units"]]
+    attn, moe = "model.layers.1.self_attn", "model.layers.1.mlp"
+    experts = [f"{moe}.experts.{e}" for e in range(4)] + [f"{moe}.shared_experts"]
+    modules = [f"{attn}.{m}" for m in ("q_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+                                       "kv_b_proj", "o_proj")] + [f"{moe}.gate"] + [
+        f"{e}.{p}" for e in experts for p in ("gate_proj", "up_proj", "down_proj")]
+    for module in modules:
+        assert module in labels and module + ".weight" in units, module
+    ops = doc["ranks"][0]["ops"]
+    for step in (0, 1):
+        for phase in ("forward", "backward"):  # the backward's recompute runs them again
+            ran = {labels[op["label"]] for op in ops if op["step"] == step
+                   and op["phase"] == phase and op.get("label", -1) >= 0}
+            assert set(experts) <= ran, (step, phase, set(experts) - ran)
+    # step 0's forward fetches each module's weight as its hook runs (no trace to prefetch by)
+    forward = [op for op in ops if op["step"] == 0 and op["phase"] == "forward"]
+    fetch = {units[op["unit"]]: i for i, op in enumerate(forward)
+             if op["kind"] == "all_gather" and "unit" in op}
+    order = [f"{moe}.gate.weight"] + [f"{e}.{p}.weight" for e in experts
+                                      for p in ("gate_proj", "up_proj", "down_proj")]
+    assert sorted(order, key=fetch.__getitem__) == order
+    waits = []
+    for before, after in zip([f"{moe}.gate.weight"] + [f"{e}.down_proj.weight"
+                                                       for e in experts[:3]],
+                             [f"{e}.gate_proj.weight" for e in experts[:4]]):
+        waits.append(sum(op["kind"] == "host_stream_sync"
+                         for op in forward[fetch[before]:fetch[after]]))
+    assert waits == [2, 3, 3, 3]
+    code, report = check(rec["path"])
+    assert code == 1 and kinds(report) == {"race", "uninitialized-read"}
+    unwritten = {f["buffer"]["name"] for f in report["findings"]
+                 if f["kind"] == "uninitialized-read"}
+    assert unwritten == {f"{moe}.gate.weight.full"}
+
+
 def test_rank_all_records_every_rank_as_itself(tmp_path):
     """--rank all: DeepSpeed runs once as each rank and the document holds each rank's own
     schedule, not a copy of rank 0's: rank 3's is the one `--rank 3` records. The hidden-30
