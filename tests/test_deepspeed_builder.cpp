@@ -111,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(
                     "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4",
                     "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4",
                     "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4",
-                    "tiny-qwen2-moe-tf4.51-0.13.4"),
+                    "tiny-qwen2-moe-tf4.51-0.13.4", "tiny-deepseek-v2-tf4.57-0.13.4",
+                    "tiny-deepseek-v2-qlora-tf4.57-0.13.4"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
@@ -362,36 +363,43 @@ TEST(DeepSpeedBuilder, PublicConfigsOfEveryWalkedFamilyBuild) {
   }
 }
 
-// Mixtral's schedule is clean on 0.13.4 because of the model's own host waits: before each
-// expert, torch.where is a nonzero, and the host waits for the compute stream (its secondary
-// copies included) before it launches anything more. Erased from the built schedule (the wait
-// right before each expert's first hook op), the same schedule races: the positive control.
-TEST(DeepSpeedBuilder, MixtralsWaitBeforeEachExpertOrdersItsSecondaryCopies) {
-  const Scenario sc =
-      load_scenario(test::scenario_path("tiny"),
-                    {{"model.hf_config", test::source_dir() + "/tests/data/hf/mixtral-8x7b.json"},
-                     {"model.layers", "2"}});
-  Schedule s = build_deepspeed_schedule(sc, "0.13.4");
-  EXPECT_EQ(races(s), 0u);
-  std::size_t erased = 0;
-  for (RankSchedule& r : s.ranks) {
-    std::vector<Op>& ops = r.ops.mut();
-    std::vector<Op> kept;
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const bool before_expert = ops[i].kind == OpKind::kHostStreamSync && i + 1 < ops.size() &&
-                                 ops[i + 1].label != kNoLabel &&
-                                 s.labels[ops[i + 1].label].find(".experts.") != std::string::npos;
-      if (before_expert) {
-        ++erased;
-      } else {
-        kept.push_back(ops[i]);
+// Mixtral's and DeepSeek-V2-Lite's schedules are clean on 0.13.4 because of the models' own host
+// waits: before each of Mixtral's experts torch.where is a nonzero, and before each of
+// DeepSeek-V2's, moe() reads the expert's token count with .item(); the host waits for the
+// compute stream (its secondary copies included) before it launches anything more. Erased from
+// the built schedule (the wait right before each expert's first hook op), the same schedule
+// races: the positive control.
+TEST(DeepSpeedBuilder, MoEHostWaitsBeforeEachExpertOrderItsSecondaryCopies) {
+  // (config, experts in its sparse layers of the first two)
+  for (const auto& [config, experts] :
+       {std::pair<std::string, std::size_t>{"mixtral-8x7b", 8 * 2}, {"deepseek-v2-lite", 64 * 1}}) {
+    const Scenario sc = load_scenario(
+        test::scenario_path("tiny"),
+        {{"model.hf_config", test::source_dir() + "/tests/data/hf/" + config + ".json"},
+         {"model.layers", "2"}});
+    Schedule s = build_deepspeed_schedule(sc, "0.13.4");
+    EXPECT_EQ(races(s), 0u) << config;
+    std::size_t erased = 0;
+    for (RankSchedule& r : s.ranks) {
+      std::vector<Op>& ops = r.ops.mut();
+      std::vector<Op> kept;
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const bool before_expert =
+            ops[i].kind == OpKind::kHostStreamSync && i + 1 < ops.size() &&
+            ops[i + 1].label != kNoLabel &&
+            s.labels[ops[i + 1].label].find(".experts.") != std::string::npos;
+        if (before_expert) {
+          ++erased;
+        } else {
+          kept.push_back(ops[i]);
+        }
       }
+      ops = std::move(kept);
     }
-    ops = std::move(kept);
+    // Forward and recompute, tiny.toml's 4 steps and 4 ranks.
+    EXPECT_EQ(erased, experts * 2 * 4 * 4) << config;
+    EXPECT_GT(races(s), 0u) << config;
   }
-  // 8 experts in 2 layers, forward and recompute, tiny.toml's 4 steps and 4 ranks.
-  EXPECT_EQ(erased, 8u * 2 * 2 * 4 * 4);
-  EXPECT_GT(races(s), 0u);
 }
 
 // Gemma-7B's heads are 256 wide, 16 of them on a 3072-wide model: transformers 4.35.2 has no
