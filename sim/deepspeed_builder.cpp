@@ -2381,7 +2381,8 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   s.groups.push_back(w);
   // qgZ's all-to-all groups (utils/groups.py _get_local_all_to_all_group at v0.13.4, made by
   // the stage-3 optimizer, S3:265-268): the ranks of each node, and the ranks with the same
-  // local index on every node.
+  // local index on every node; on one node only the first (groups.py:367-370: local_0), and
+  // the gradients are reduce-scattered (S3:1338-1341).
   if (sc.zero.zero_quantized_gradients) {
     const int local = sc.cluster.gpus_per_node;
     for (int n = 0; n < sc.cluster.nodes; ++n) {
@@ -2389,7 +2390,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
       for (int i = 0; i < local; ++i) g.ranks.push_back(n * local + i);
       s.groups.push_back(g);
     }
-    for (int i = 0; i < local; ++i) {
+    for (int i = 0; i < local && sc.cluster.nodes > 1; ++i) {
       Group g{"inter_node" + std::to_string(i), GroupKind::kInterNode, {}};
       for (int n = 0; n < sc.cluster.nodes; ++n) g.ranks.push_back(n * local + i);
       s.groups.push_back(g);

@@ -640,6 +640,30 @@ TEST(DeepSpeedBuilder, ComparesARecordingWithTheBuilder) {
   EXPECT_EQ(recorded_ranks(some), std::vector<Rank>{0});
 }
 
+// qgZ's groups as _get_local_all_to_all_group makes them (utils/groups.py:356-382 at v0.13.4):
+// on several nodes one per node and one per local index across the nodes, on one node only the
+// node's (whose gradients are reduce-scattered over the world, not all-to-all'd).
+TEST(DeepSpeedBuilder, QgzGroupsAreDeepSpeeds) {
+  const auto kinds = [](const std::string& nodes) {
+    const Schedule s = build_deepspeed_schedule(
+        load_scenario(test::scenario_path("tiny"),
+                      {{"cluster.nodes", nodes}, {"zero.zero_quantized_gradients", "true"}}),
+        "0.13.4");
+    std::map<GroupKind, int> n;
+    for (const Group& g : s.groups) ++n[g.kind];
+    bool all_to_all = false;
+    for (const RankSchedule& r : s.ranks) {
+      for (const Op& op : r.ops) all_to_all = all_to_all || op.kind == OpKind::kAllToAll;
+    }
+    return std::make_tuple(n[GroupKind::kIntraNode], n[GroupKind::kInterNode], all_to_all);
+  };
+  EXPECT_EQ(kinds("2"), std::make_tuple(2, 2, true));  // tiny.toml: 2 GPUs a node
+  // 6 ranks: no matrix of the tiny model divides by 2 x 6, so each falls back to a
+  // reduce-scatter (coalesced_collectives.py:46-53, DeepSpeed PR 5056).
+  EXPECT_EQ(kinds("3"), std::make_tuple(3, 2, false));
+  EXPECT_EQ(kinds("1"), std::make_tuple(1, 0, false));
+}
+
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
   Scenario sc;
   try {
