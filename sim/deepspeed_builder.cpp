@@ -2252,8 +2252,8 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const std::string& f = m.family;
   const bool deepseek = f == "deepseek_v2";
   if (deepseek && !tf457) {
-    // transformers 4.35.2 has no DeepSeek-V2; 4.51.3 runs only DeepSeek's remote code, whose
-    // MoE differs in training (it runs every expert on a repeat_interleave'd batch).
+    // transformers 4.35.2 has no DeepSeek-V2; 4.51.3 runs only DeepSeek's remote code, another
+    // implementation, which no recording holds the builder to.
     throw InputError(sc.path, "model.transformers_version",
                      "transformers " + tf +
                          " has no native model_type deepseek_v2 (allowed here: \"4.57.1\", the "
