@@ -201,9 +201,10 @@ std::string describe(const RecordingComparison& c) {
   }
   const std::string first = c.divergence.substr(0, c.divergence.find('\n'));
   return fmt::format(
-      "builder: differs from this recording on rank {}, {}: DeepSpeed {}, the builder {} "
-      "(--json has the context; please report it)",
-      c.diverging_rank, first, c.recorded_op, c.built_op);
+      "builder: differs from this recording on rank {}, {}: DeepSpeed {}, the "
+      "builder {} (--json has the context; {})",
+      c.diverging_rank, first, c.recorded_op, c.built_op,
+      c.expected_because.empty() ? "please report it" : "expected: " + c.expected_because);
 }
 
 }  // namespace hpz

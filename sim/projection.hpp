@@ -57,6 +57,9 @@ struct RecordingComparison {
   std::string recorded_op;   ///< where they differ, the recording's op (numbered)
   std::string built_op;      ///< and the builder's
   std::string error;         ///< set by a caller whose builder refused the scenario
+  /// Set by a caller that knows why the two differ on this scenario (a documented difference,
+  /// docs/deepspeed-builder.md); empty where a difference is a defect to report.
+  std::string expected_because;
   bool equal() const { return error.empty() && divergence.empty(); }
 };
 

@@ -631,6 +631,12 @@ TEST(DeepSpeedBuilder, ComparesARecordingWithTheBuilder) {
       << line;
   EXPECT_NE(line.find("the builder 8 host waits for S0"), std::string::npos) << line;
   EXPECT_EQ(line.find(": DeepSpeed ?"), std::string::npos) << line;
+  EXPECT_NE(line.find("please report it"), std::string::npos) << line;
+  // A difference the caller knows the reason for says so instead of asking for a report.
+  RecordingComparison known = other;
+  known.expected_because = "the reason";
+  EXPECT_NE(describe(known).find("; expected: the reason)"), std::string::npos) << describe(known);
+  EXPECT_EQ(describe(known).find("please report it"), std::string::npos) << describe(known);
   // The ranks DeepSpeed ran as: every rank, or those --rank auto named.
   EXPECT_EQ(recorded_ranks(recording("tiny-h30-0.14.4")).size(), 16u);
   Schedule some = rec;
