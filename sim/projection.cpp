@@ -118,12 +118,12 @@ std::string numbered(const std::vector<ProjectedOp>& v, std::size_t i) {
          std::to_string(v[i].op) + "]";
 }
 
-std::string first_divergence(const std::vector<ProjectedOp>& expected,
-                             const std::string& expected_name,
-                             const std::vector<ProjectedOp>& actual, const std::string& actual_name,
-                             std::size_t context) {
-  const std::size_t k = first_difference(expected, actual);
-  if (k == kEqual) return {};
+namespace {
+
+/** first_divergence's text for projections that first differ at k. */
+std::string divergence_at(std::size_t k, const std::vector<ProjectedOp>& expected,
+                          const std::string& expected_name, const std::vector<ProjectedOp>& actual,
+                          const std::string& actual_name, std::size_t context) {
   std::string out = "first divergence at projected op " + std::to_string(k) + " (" +
                     std::to_string(expected.size()) + " in " + expected_name + ", " +
                     std::to_string(actual.size()) + " in " + actual_name + ")\n";
@@ -138,6 +138,17 @@ std::string first_divergence(const std::vector<ProjectedOp>& expected,
   show(expected, expected_name);
   show(actual, actual_name);
   return out;
+}
+
+}  // namespace
+
+std::string first_divergence(const std::vector<ProjectedOp>& expected,
+                             const std::string& expected_name,
+                             const std::vector<ProjectedOp>& actual, const std::string& actual_name,
+                             std::size_t context) {
+  const std::size_t k = first_difference(expected, actual);
+  if (k == kEqual) return {};
+  return divergence_at(k, expected, expected_name, actual, actual_name, context);
 }
 
 std::vector<Rank> recorded_ranks(const Schedule& rec) {
@@ -177,7 +188,8 @@ RecordingComparison compare_recording(const Schedule& rec, const Schedule& built
     out.ops += expected.size();
     const std::size_t k = first_difference(expected, actual);
     if (k != kEqual) {
-      out.divergence = first_divergence(expected, "DeepSpeed (recorded)", actual, "builder");
+      out.divergence =
+          divergence_at(k, expected, "DeepSpeed (recorded)", actual, "builder", kDivergenceContext);
       out.diverging_rank = r;
       out.recorded_op = numbered(expected, k);
       out.built_op = numbered(actual, k);

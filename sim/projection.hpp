@@ -39,12 +39,15 @@ std::size_t first_difference(const std::vector<ProjectedOp>& a, const std::vecto
  *  past the end. */
 std::string numbered(const std::vector<ProjectedOp>& v, std::size_t i);
 
+/** Lines of context a divergence shows before the first difference. */
+inline constexpr std::size_t kDivergenceContext = 6;
+
 /** The first difference of two projections, with `context` lines before it from each side, as
  *  text; empty when they are equal. */
 std::string first_divergence(const std::vector<ProjectedOp>& expected,
                              const std::string& expected_name,
                              const std::vector<ProjectedOp>& actual, const std::string& actual_name,
-                             std::size_t context = 6);
+                             std::size_t context = kDivergenceContext);
 
 /** A recording of real DeepSpeed (`hpzlab record`) against a built schedule of the same
  *  scenario: the projections of every rank DeepSpeed ran as, compared op by op (as

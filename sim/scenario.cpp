@@ -449,6 +449,13 @@ std::optional<int> hf_int(const json& config, const std::string& file,
   return std::nullopt;
 }
 
+/** An integer key whose null means none (0); `absent` (the config class's default) when the key
+ *  is not there. */
+int hf_int_or_null(const json& config, const std::string& file, const char* name, int absent) {
+  if (!config.contains(name)) return absent;
+  return hf_int(config, file, {name}).value_or(0);
+}
+
 int hf_required(const json& config, const std::string& file,
                 std::initializer_list<const char*> names) {
   if (std::optional<int> value = hf_int(config, file, names)) return *value;
@@ -631,10 +638,8 @@ ModelConfig read_hf_config(const Setting& s) {
     model.expert_ffn = hf_int(config, file, {"moe_intermediate_size"}).value_or(1407);
     // DeepseekV2MoE: a shared DeepseekV2MLP of moe_intermediate_size x n_shared_experts unless
     // n_shared_experts is null (its default, absent, is 2).
-    const int shared = config.contains("n_shared_experts")
-                           ? hf_int(config, file, {"n_shared_experts"}).value_or(0)
-                           : 2;
-    model.shared_expert_ffn = shared * model.expert_ffn;
+    model.shared_expert_ffn =
+        hf_int_or_null(config, file, "n_shared_experts", 2) * model.expert_ffn;
     model.dense_layers = hf_int(config, file, {"first_k_dense_replace"}).value_or(0);
     if (hf_int(config, file, {"moe_layer_freq"}).value_or(1) != 1) {
       throw InputError(file, "moe_layer_freq",
@@ -643,8 +648,7 @@ ModelConfig read_hf_config(const Setting& s) {
     }
     model.kv_lora_rank = hf_int(config, file, {"kv_lora_rank"}).value_or(512);
     // q_lora_rank null: one q_proj (DeepSeek-V2-Lite); absent: the default 1536.
-    model.q_lora_rank =
-        config.contains("q_lora_rank") ? hf_int(config, file, {"q_lora_rank"}).value_or(0) : 1536;
+    model.q_lora_rank = hf_int_or_null(config, file, "q_lora_rank", 1536);
     model.qk_nope_head_dim = hf_int(config, file, {"qk_nope_head_dim"}).value_or(128);
     model.qk_rope_head_dim = hf_int(config, file, {"qk_rope_head_dim"}).value_or(64);
     model.v_head_dim = hf_int(config, file, {"v_head_dim"}).value_or(128);

@@ -63,6 +63,13 @@ struct Finding {
   std::string fix;             ///< the edge (or change) that would order or repair it
 };
 
+/** An uninitialized read of a gathered parameter by zero.Init's own broadcast at init: the
+ *  module's constructor left the parameter unwritten (torch.empty), the report says so. */
+inline bool unwritten_at_init(const Finding& f) {
+  return f.kind == FindingKind::kUninitializedRead && f.role == BufferRole::kFull &&
+         f.second.purpose == Purpose::kParamInit;
+}
+
 /** One occurrence of a race, uninitialized read or stale read: the rank and its two ops, in the
  *  roles of Finding::first and Finding::second (first is kNoOp when there is none, e.g. a read
  *  of a buffer never allocated). */

@@ -146,9 +146,7 @@ void FindingLog::uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, Bu
       "{} reads {}, which no op wrote {}: it sees whatever the allocator's block "
       "held (NaN when poisoned)",
       describe_short(f.second), describe_bytes(f), since);
-  const bool init_broadcast =
-      buf.role == BufferRole::kFull && f.second.purpose == Purpose::kParamInit;
-  f.fix = init_broadcast
+  f.fix = unwritten_at_init(f)
               ? fmt::format(
                     "load a checkpoint over {} before training, or initialize it inside "
                     "deepspeed.zero.GatheredParameters(..., modifier_rank=0)",

@@ -39,7 +39,7 @@ std::string explain(const Finding& f) {
              "step) or the first step after loading a checkpoint has a much higher loss (issue "
              "7606).";
     case FindingKind::kUninitializedRead:
-      if (f.role == BufferRole::kFull && f.second.purpose == Purpose::kParamInit) {
+      if (unwritten_at_init(f)) {
         return "zero.Init broadcasts each parameter as its module's constructor left it, and "
                "this one's constructor made it with torch.empty() and wrote nothing (DeepSeek-V2's "
                "MoE gate in transformers 4.57.1): every rank gets whatever rank 0's memory held. "

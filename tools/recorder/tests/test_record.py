@@ -380,6 +380,24 @@ def test_check_version_matrix_over_recordings_agrees_with_the_builder(tmp_path):
         assert ds["zero_optimization"]["zero_hpz_partition_size"] == 8
 
 
+def test_check_record_calls_deepseeks_skipped_experts_expected(tmp_path):
+    """With 2 experts a token of 4, DeepseekV2MoE.moe runs only the experts that got tokens, and
+    the recorder's constant weights send every token to the same two (2 and 3), where the
+    builder runs all four: `check --record` reports that first difference, at an expert's op,
+    as expected rather than as a defect to report. Equal runs carry no such field."""
+    hf = json.loads((DATA / "deepseek-v2-tiny.json").read_text())
+    hf["num_experts_per_tok"] = 2
+    (tmp_path / "top2.json").write_text(json.dumps(hf))
+    run = subprocess.run([HPZLAB, "check", "--hf-config", str(tmp_path / "top2.json"),
+                          "--ds-config", str(DATA / "ds-hpz8.json"), "--deepspeed", "0.13.4",
+                          "--record", "--json", "-"], capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr[-3000:]
+    [compared] = json.loads(run.stdout)["builder_comparisons"]
+    assert not compared["equal"]
+    assert ".mlp.experts." in compared["divergence"]
+    assert "route every token to the same 2 of the 4" in compared["expected_because"]
+
+
 def test_check_record_refuses_a_fix_variant():
     run = subprocess.run([HPZLAB, "check", "--hf-config", str(DATA / "llama-tiny.json"),
                           "--ds-config", str(DATA / "ds-hpz8.json"), "--deepspeed", "0.13.4",
