@@ -35,10 +35,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, required=True, help="nodes of the cluster")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs (ranks) per node")
     p.add_argument("--deepspeed", default="0.13.4", help="DeepSpeed version (default 0.13.4)")
-    p.add_argument("--transformers", default=env.BASE_TRANSFORMERS,
+    p.add_argument("--transformers", default=None,
                    help=f"transformers version that builds the model (default "
-                   f"{env.BASE_TRANSFORMERS}; a later one for families {env.BASE_TRANSFORMERS} "
-                   "does not have)")
+                   f"{env.BASE_TRANSFORMERS}, or the one --torch's environment has; a later one "
+                   f"for families {env.BASE_TRANSFORMERS} does not have)")
+    p.add_argument("--torch", default=env.BASE_TORCH,
+                   help=f"the torch environment DeepSpeed runs in (default {env.BASE_TORCH}, "
+                   "with transformers 4.35.2; a later one, with its own transformers, for the "
+                   "DeepSpeed releases that need it)")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
     p.add_argument("--micro-batch", type=int, default=None,
                    help="sequences per GPU per micro-step (default: the ds_config's "
@@ -100,10 +104,26 @@ def validate(args: argparse.Namespace) -> None:
     if args.deepspeed not in versions:
         raise InputError(f"--deepspeed: unknown version '{args.deepspeed}' "
                          f"(supported: {', '.join(versions)})")
-    known = env.supported_transformers()
+    torches = env.supported_torch()
+    if args.torch not in torches:
+        raise InputError(f"--torch: unknown version '{args.torch}' "
+                         f"(supported: {', '.join(torches)})")
+    if args.torch == env.BASE_TORCH and args.deepspeed in env.NEEDS_NEWER_TORCH:
+        later = [t for t in torches if t != env.BASE_TORCH]
+        raise InputError(f"--deepspeed {args.deepspeed} does not run on torch {env.BASE_TORCH}: "
+                         f"{env.NEEDS_NEWER_TORCH[args.deepspeed]}"
+                         + (f"; add --torch {later[-1]}" if later else ""))
+    if args.torch == env.BASE_TORCH:
+        known = env.supported_transformers()
+    else:
+        known = [env.base_transformers(args.torch)]
+    if args.transformers is None:
+        args.transformers = known[0]
     if args.transformers not in known:
         raise InputError(f"--transformers: unknown version '{args.transformers}' "
-                         f"(supported: {', '.join(known)})")
+                         f"(supported: {', '.join(known)}"
+                         + (f" with --torch {args.torch})" if args.torch != env.BASE_TORCH
+                            else ")"))
     for name, low, high in (("nodes", 1, 4096), ("gpus_per_node", 1, 64), ("steps", 1, 100),
                             ("seq_len", 1, 1 << 20)):
         value = getattr(args, name)
@@ -146,9 +166,11 @@ def validate(args: argparse.Namespace) -> None:
 def _pinned(args: argparse.Namespace) -> tuple:
     """The pinned environment's python and the environment hpzrec.run runs in (made on first
     use)."""
-    python = env.base_env() / "bin" / "python"
-    ds_dir = env.deepspeed_dir(args.deepspeed)
-    tf_dir = env.transformers_dir(args.transformers)
+    if args.transformers is None:  # hpzrec.run's arguments: validate() resolved it before
+        args.transformers = env.base_transformers(args.torch)
+    python = env.base_env(args.torch) / "bin" / "python"
+    ds_dir = env.deepspeed_dir(args.deepspeed, args.torch)
+    tf_dir = env.transformers_dir(args.transformers, args.torch)
     recorder = pathlib.Path(__file__).resolve().parent.parent
     run_env = dict(os.environ, DS_ACCELERATOR="cpu",
                    PYTHONPATH=os.pathsep.join([str(ds_dir)] + ([str(tf_dir)] if tf_dir else [])

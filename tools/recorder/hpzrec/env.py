@@ -3,7 +3,12 @@
 Layout under the cache (HPZLAB_CACHE, else $XDG_CACHE_HOME/hpzlab, else ~/.cache/hpzlab):
   recorder/base-<digest>/          a venv with requirements/base.txt (torch 2.1.2,
                                    transformers 4.35.2, numpy < 2, DeepSpeed's dependencies)
+  recorder/base-torch-<torch>-<digest>/   a second venv with requirements/base-torch-<torch>.txt
+                                   (a later torch and its transformers, `--torch`), for the
+                                   DeepSpeed releases that need a torch newer than 2.1
   recorder/deepspeed-<version>-<digest>/   DeepSpeed itself (pip --target), one per version
+  recorder/deepspeed-<version>-torch<torch>-<digest>/   the same, installed by the later venv
+                                   (its setup.py imports torch and DeepSpeed)
   recorder/transformers-<version>-<digest>/  a later transformers (and the tokenizers it needs),
                                    pip --target, put before the base's on the path: for model
                                    families transformers 4.35 does not have (Qwen3, Gemma, Phi-3;
@@ -38,6 +43,41 @@ def supported_versions() -> list[str]:
 
 
 BASE_TRANSFORMERS = "4.35.2"  # the one requirements/base.txt pins
+BASE_TORCH = "2.1.2"  # the one requirements/base.txt pins
+
+
+def supported_torch() -> list[str]:
+    """torch versions with a base environment: the default's, then each base-torch-*.txt's."""
+    names = [p.name[len("base-torch-"):-len(".txt")] for p in REQUIREMENTS.glob("base-torch-*.txt")]
+    return [BASE_TORCH] + sorted(names, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def _base_requirements(torch: str) -> pathlib.Path:
+    return REQUIREMENTS / ("base.txt" if torch == BASE_TORCH else f"base-torch-{torch}.txt")
+
+
+def base_transformers(torch: str = BASE_TORCH) -> str:
+    """The transformers version the base environment of `torch` pins."""
+    if torch == BASE_TORCH:
+        return BASE_TRANSFORMERS
+    for line in _base_requirements(torch).read_text().splitlines():
+        if line.startswith("transformers=="):
+            return line.split("==")[1].split()[0]
+    raise EnvError(f"requirements/base-torch-{torch}.txt pins no transformers")
+
+
+# DeepSpeed releases that do not run on torch 2.1.2, and why (their source, checked on it).
+NEEDS_NEWER_TORCH = {
+    "0.18.3": "its ZeRO-3 gradient hook asserts torch.autograd.graph._get_grad_fn_or_grad_acc "
+              "(runtime/utils.py:1376, called from runtime/zero/stage3.py:1277), which torch "
+              "2.1.2 lacks",
+    "0.18.7": "runtime/zero/linear.py:35 calls torch.amp.custom_fwd (torch 2.4) when imported, "
+              "and its setup.py imports it: it does not even install",
+    "0.18.8": "runtime/zero/linear.py:35 calls torch.amp.custom_fwd (torch 2.4) when imported, "
+              "and its setup.py imports it: it does not even install",
+    "0.19.8": "runtime/zero/parameter_offload.py:68 calls torch.compiler.is_compiling (torch "
+              "2.3) at every parameter access",
+}
 
 
 def supported_transformers() -> list[str]:
@@ -98,46 +138,61 @@ def _system_python() -> str:
     raise EnvError("no python3 found (Debian: apt-get install python3 python3-venv)")
 
 
-def base_env() -> pathlib.Path:
+# The Python versions each base's torch has wheels for.
+_PYTHONS = {BASE_TORCH: ((3, 8), (3, 11))}
+_LATER_PYTHONS = ((3, 10), (3, 14))  # torch 2.10 has wheels for 3.10 to 3.14
+
+
+def base_env(torch: str = BASE_TORCH) -> pathlib.Path:
     """The venv with torch and transformers; made on first use."""
-    req = REQUIREMENTS / "base.txt"
-    target = cache_dir() / f"base-{_digest(req)}"
+    req = _base_requirements(torch)
+    name = "base" if torch == BASE_TORCH else f"base-torch-{torch}"
+    target = cache_dir() / f"{name}-{_digest(req)}"
+    low, high = _PYTHONS.get(torch, _LATER_PYTHONS)
 
     def build(tmp: pathlib.Path) -> None:
         python = _system_python()
         probe = subprocess.run([python, "-c", "import sys, ensurepip, venv; "
-                                "sys.exit(0 if (3, 8) <= sys.version_info[:2] <= (3, 11) else 3)"],
+                                f"sys.exit(0 if {low} <= sys.version_info[:2] <= {high} else 3)"],
                                capture_output=True)
         if probe.returncode == 3:
-            raise EnvError(f"{python} is not Python 3.8 to 3.11, which torch 2.1.2 needs")
+            raise EnvError(f"{python} is not Python {low[0]}.{low[1]} to {high[0]}.{high[1]}, "
+                           f"which torch {torch} needs")
         if probe.returncode != 0:
             raise EnvError(f"{python} has no venv module (Debian: apt-get install python3-venv)")
         _run([python, "-m", "venv", str(tmp)], "a virtual environment", tmp.parent / "venv.log")
         _run([str(tmp / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir",
-              "--require-hashes", "-r", str(req)], "torch 2.1.2, transformers 4.35.2",
-             tmp.parent / "base-install.log")
+              "--require-hashes", "-r", str(req)],
+             f"torch {torch}, transformers {base_transformers(torch)}",
+             tmp.parent / f"{name}-install.log")
 
     return _build_once(target, build)
 
 
-def deepspeed_dir(version: str) -> pathlib.Path:
-    """DeepSpeed `version` installed without its compiled ops; made on first use."""
+def deepspeed_dir(version: str, torch: str = BASE_TORCH) -> pathlib.Path:
+    """DeepSpeed `version` installed without its compiled ops, by the base environment of
+    `torch`; made on first use."""
     req = REQUIREMENTS / f"deepspeed-{version}.txt"
-    target = cache_dir() / f"deepspeed-{version}-{_digest(req)}"
-    python = base_env() / "bin" / "python"
+    tag = "" if torch == BASE_TORCH else f"-torch{torch}"
+    target = cache_dir() / f"deepspeed-{version}{tag}-{_digest(req)}"
+    python = base_env(torch) / "bin" / "python"
 
     def build(tmp: pathlib.Path) -> None:
         _run([str(python), "-m", "pip", "install", "--no-cache-dir", "--no-deps",
               "--no-build-isolation", "--require-hashes", "--target", str(tmp), "-r", str(req)],
-             f"deepspeed {version}", tmp.parent / f"deepspeed-{version}-install.log")
+             f"deepspeed {version}", tmp.parent / f"deepspeed-{version}{tag}-install.log")
 
     return _build_once(target, build)
 
 
-def transformers_dir(version: str) -> pathlib.Path | None:
-    """A transformers overlay for `version`, made on first use; None for the base's own."""
-    if version == BASE_TRANSFORMERS:
+def transformers_dir(version: str, torch: str = BASE_TORCH) -> pathlib.Path | None:
+    """A transformers overlay for `version`, made on first use; None for the base's own. The
+    overlays go on torch 2.1.2's base only (a later base brings its own transformers)."""
+    if version == base_transformers(torch):
         return None
+    if torch != BASE_TORCH:
+        raise EnvError(f"--transformers {version}: torch {torch}'s environment has transformers "
+                       f"{base_transformers(torch)} and no other")
     req = REQUIREMENTS / f"transformers-{version}.txt"
     target = cache_dir() / f"transformers-{version}-{_digest(req)}"
     python = base_env() / "bin" / "python"

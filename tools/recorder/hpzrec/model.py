@@ -4,7 +4,10 @@ The model is the one transformers (4.35.2, or the later release --transformers n
 from the user's config.json
 (AutoModelForCausalLM.from_config), created under deepspeed.zero.Init so that every parameter is
 partitioned as it is created, as DeepSpeed does with zero.Init. Gradient checkpointing is
-transformers' own (reentrant, the default of torch 2.1's checkpoint). The loop is the usual one:
+transformers' own, with its default: reentrant with 4.35.2 on torch 2.1 (no kwargs passed, and
+torch 2.1's checkpoint defaults to reentrant, torch/utils/checkpoint.py:428-437), non-reentrant
+with 5.24.0 (modeling_utils.py:3157-3158, `{"use_reentrant": False}`), which recomputes through
+torch's saved-tensor hooks. The loop is the usual one:
 for every micro-batch batch.to(device), engine(batch).loss, engine.backward(loss),
 engine.step() (DeepSpeed steps the optimizer at the accumulation boundary), then loss.item()
 each step, as the Hugging Face Trainer logs it.
@@ -100,14 +103,35 @@ def skip_init_weights_pass():
     (4.51.3 modeling_utils.py:219-241), so the modules' own constructors would leave their
     weights unwritten and zero.Init's broadcast would read uninitialized memory; from_pretrained
     then overwrites them with the checkpoint, which the recorder does not load. The flag alone
-    keeps every release's recording to the same init: constructors write, the pass is skipped."""
+    keeps every release's recording to the same init: constructors write, the pass is skipped.
+
+    transformers 5 has no such flag: post_init calls init_weights(), which runs the pass
+    (initialize_weights) and ties the weights (5.24.0 modeling_utils.py:1339, :3107-3117); its
+    no_init_weights replaces init_weights by a no-op (initialization.py:277-278) besides
+    torch.nn.init's functions (:267-274). Only the former is done here, as the 4.x flag did
+    (which skipped the tie too: train() ties after)."""
     from transformers import modeling_utils
+    if not hasattr(modeling_utils, "_init_weights"):
+        owner = modeling_utils.PreTrainedModel
+        saved_method = owner.init_weights
+        owner.init_weights = lambda self: None
+        try:
+            yield
+        finally:
+            owner.init_weights = saved_method
+        return
     saved = modeling_utils._init_weights
     modeling_utils._init_weights = False
     try:
         yield
     finally:
         modeling_utils._init_weights = saved
+
+
+def _dtype_argument(dtype: torch.dtype) -> dict:
+    import transformers
+    major = int(transformers.__version__.split(".")[0])
+    return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
 
 
 def train(model_config, ds_config: dict, training: Training) -> dict:
@@ -130,7 +154,9 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype), \
                 stand_ins.constant_initialization(), skip_init_weights_pass():
             try:
-                model = AutoModelForCausalLM.from_config(model_config, torch_dtype=dtype)
+                # transformers 5 renamed torch_dtype to dtype (5.24.0 modeling_utils.py:1402-1406
+                # still reads the old name, with a deprecation warning)
+                model = AutoModelForCausalLM.from_config(model_config, **_dtype_argument(dtype))
             except ValueError as e:  # not a causal LM, or sizes that do not fit together
                 raise ConfigError("model_type", " ".join(str(e).split())[:300]) from e
             # from_pretrained ties the output layer to the input embedding after building the

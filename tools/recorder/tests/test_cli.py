@@ -37,7 +37,14 @@ def ds_with(**zero) -> dict:
 
 @pytest.mark.parametrize("case,expected", [
     ({"extra": ["--deepspeed", "0.12.0"]},
-     "--deepspeed: unknown version '0.12.0' (supported: 0.13.1, 0.13.4, 0.13.5, 0.14.4, 0.17.6)"),
+     "--deepspeed: unknown version '0.12.0' (supported: 0.13.1, 0.13.4, 0.13.5, 0.14.4, 0.15.4, "
+     "0.16.9, 0.17.6, 0.18.2, 0.18.3, 0.18.7, 0.18.8, 0.19.8)"),
+    ({"extra": ["--deepspeed", "0.18.7"]},
+     "--deepspeed 0.18.7 does not run on torch 2.1.2: runtime/zero/linear.py:35 calls "
+     "torch.amp.custom_fwd (torch 2.4)"),
+    ({"extra": ["--torch", "2.3.0"]}, "--torch: unknown version '2.3.0' (supported: 2.1.2, 2.10.0)"),
+    ({"extra": ["--torch", "2.10.0", "--deepspeed", "0.18.7", "--transformers", "4.51.3"]},
+     "--transformers: unknown version '4.51.3' (supported: 5.24.0 with --torch 2.10.0)"),
     ({"hf": "missing.json"}, "missing.json: model config: no such file"),
     ({"ds": ("bad.json", "{not json")}, "bad.json: DeepSpeed config: not JSON (line 1"),
     ({"ds": ("stage2.json", ds_with(stage=2))}, "zero_optimization.stage: the recorder records "
@@ -56,7 +63,7 @@ def ds_with(**zero) -> dict:
      "zero_optimization.offload_param.device: 'cpu': the recorder runs DeepSpeed on a CPU"),
     ({"extra": ["--transformers", "4.40.0"]},
      "--transformers: unknown version '4.40.0' (supported: 4.35.2, 4.51.3, 4.57.1)"),
-], ids=["version", "missing", "not-json", "stage-2", "hpz-size", "deepspeed-refuses",
+], ids=["version", "needs-newer-torch", "torch", "transformers-of-torch", "missing", "not-json", "stage-2", "hpz-size", "deepspeed-refuses",
         "hf-size", "hf-type", "nodes", "offload", "transformers"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, case, expected):
     kwargs = {}
