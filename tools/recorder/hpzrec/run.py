@@ -97,6 +97,7 @@ def main() -> int:
     set_accelerator(accelerator.make_accelerator(args.gpus_per_node))
     stand_ins.agree_with_rank0()
     probes.install()
+    stand_ins.grouped_mm_as_on_gpu()
     try:
         config = model.load_model_config(args.hf_config)
     except model.ConfigError as e:

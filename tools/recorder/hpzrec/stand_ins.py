@@ -37,6 +37,13 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     registers them as 4.51.3 does on torch 2.1, dropping serialized_type_name, which torch
     (2.2 and later) uses only to serialize tree specs for torch.export. Nothing the recording
     runs flattens a ModelOutput (DDP's static_graph and torch.compile would).
+  - transformers 5's grouped_mm experts (Mixtral's MixtralExperts, 5.24.0
+    integrations/moe.py): _can_use_grouped_mm answers False on a CPU when torch <= 2.10 and a
+    weight or input is not 16-byte aligned (moe.py:321-332), and the experts then take
+    grouped_mm_fallback, a loop that reads each expert's offset back to the host (offs.tolist(),
+    moe.py:206): a path a GPU (compute capability 8.0 and later, moe.py:341-345) does not take.
+    The wrapper makes that case fail, naming it, rather than record the CPU's path; where the
+    answer is True (the recordings so far), nothing changes.
   - torch.nn.functional.one_hot with num_classes given (Mixtral's and Qwen2-MoE's routers):
     its CPU kernel checks the class values with two .item() reads, which its CUDA kernel leaves
     to scatter's device asserts (aten/src/ATen/native/Onehot.cpp at PyTorch 2.1): those reads are
@@ -285,6 +292,30 @@ def one_hot_as_on_cuda() -> None:
             rec.cpu_checks -= 1
 
     torch.nn.functional.one_hot = one_hot
+
+
+def grouped_mm_as_on_gpu() -> None:
+    """transformers 5's experts take grouped_mm as on a GPU, or the recording stops (see the
+    module's notes); nothing where transformers has no such dispatcher (4.x)."""
+    import transformers
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return
+    from transformers.integrations import moe
+    original = getattr(moe, "_can_use_grouped_mm", None)
+    if original is None:
+        return
+
+    def can_use_grouped_mm(input, weight, offs):
+        answer = original(input, weight, offs)
+        if not answer and weight.device.type == "cpu" and (
+                hasattr(torch.nn.functional, "grouped_mm") or hasattr(torch, "_grouped_mm")):
+            raise RuntimeError("hpzlab record: transformers' experts would take "
+                               "grouped_mm_fallback on this CPU (an unaligned tensor, "
+                               "integrations/moe.py _can_use_grouped_mm), a path a GPU does not "
+                               "take; not recorded")
+        return answer
+
+    moe._can_use_grouped_mm = can_use_grouped_mm
 
 
 class _AsRank0:
