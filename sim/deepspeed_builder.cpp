@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/model_shape.hpp"
 #include "sim/shard.hpp"
@@ -25,56 +26,6 @@
 
 namespace hpz {
 namespace {
-
-/** How `_partition_param_sec` bounds its copy into the secondary (secondary_copy below). */
-enum class CopyBounds {
-  kLegacy,    ///< up to v0.13.4: tests the primary slice's bounds (PP:1637-1651 at v0.13.4)
-  kSecNumel,  ///< v0.13.5 - v0.14.2 (PR 5216): `sec_numel`, negative past the end (issue 5642)
-  /// v0.14.4 on (PR 5652): `max(0, min(...))`, the secondary slice's own elements; a slice that
-  /// starts past the end still raises (issue 6659; PR 8210 came after 0.17.6)
-  kClamped,
-};
-
-/** What differs between DeepSpeed versions on the hpZ path (../shared/DEEPSPEED.md's table). */
-struct VersionRules {
-  const char* name;
-  /// The pre-forward hook passes forward=torch.is_grad_enabled() (PO:497-507 at v0.13.1), and
-  /// gathers with forward=True never use the secondary (PP:1175 at v0.13.1); later versions
-  /// pass forward=True (PO:452) and use the secondary whenever it exists (PP:1174-1176).
-  bool secondary_only_backward;
-  /// `_partition_param_sec` returns early when a secondary exists: no copy on release
-  /// (PP:1611-1613 at v0.13.1; again from v0.14.3, PR 5613, has_been_updated never passed).
-  bool copy_only_on_create;
-  /// `current_stream().synchronize()` after the copy (PR 5216, v0.13.5).
-  bool host_sync_after_copy;
-  /// `invalidate_secondary_tensor()` in `_post_step` (S3:1991; commented out at v0.13.1).
-  bool invalidate_after_step;
-  /// engine.backward logs the loss with `loss.mean().item()`, a host sync of S0 before the
-  /// backward pass (runtime/engine.py:1944 at v0.13.1); later versions keep it as a tensor.
-  bool loss_item_in_backward;
-  /// The coordinator gathers parameters with and without a secondary in separate calls
-  /// (COORD:440-455, PR 4906); v0.13.1 gathers them in one (COORD:447 at v0.13.1).
-  bool split_by_secondary;
-  /// initialize_optimizer_states runs the optimizer step once to create its states (S3:1014 at
-  /// v0.13.1); later versions do not.
-  bool optimizer_step_at_init;
-  /// One coordinator for training and inference (PR 6662, v0.16.0): reset_step runs at the
-  /// start of every forward (PO:248-253 at v0.17.6, the trace starting INVALID) instead of at
-  /// the end of the optimizer's backward (S3:2215 at v0.13.4), and assert_ints_same_as_other_ranks
-  /// first checks the list's length (utils.py:70-84, 104-113 at v0.17.6): a broadcast of the
-  /// length and its `.item()`, then the list's broadcast and one `.item()` per element.
-  bool reset_at_forward_start;
-  /// `_partition_param_sec`'s copy bounds (PR 5216 in v0.13.5, PR 5652 in v0.14.4).
-  CopyBounds copy_bounds;
-};
-
-constexpr VersionRules kVersions[] = {
-    {"0.13.1", true, true, false, false, true, false, true, false, CopyBounds::kLegacy},
-    {"0.13.4", false, false, false, true, false, true, false, false, CopyBounds::kLegacy},
-    {"0.13.5", false, false, true, true, false, true, false, false, CopyBounds::kSecNumel},
-    {"0.14.4", false, true, true, true, false, true, false, false, CopyBounds::kClamped},
-    {"0.17.6", false, true, true, true, false, true, false, true, CopyBounds::kClamped},
-};
 
 /** The elements of a parameter that `_partition_param_sec` copies into the secondary of the
  *  rank `rank` at position `pos` of its hpZ group, always to the secondary's start, by the
@@ -104,6 +55,10 @@ std::optional<ElemRange> secondary_copy(const ShardLayout& l, CopyBounds bounds,
       if (sec.end <= numel) return sec;
       if (sec.begin > numel) return std::nullopt;
       return ElemRange{sec.begin, numel};
+    case CopyBounds::kZeroFilled:
+      // v0.19.5 PP:1900-1902 (PR 8210): the clamped count, copied only where it is positive.
+      if (sec.begin >= numel) return ElemRange{sec.begin, sec.begin};
+      return l.valid(sec);
     case CopyBounds::kClamped:
       // v0.14.4 PP:1688-1696, v0.17.6 PP:1798-1809: sec_numel is clamped to 0, but
       // one_dim_param.narrow(0, secondary_start, 0) still raises where secondary_start lies
@@ -1274,6 +1229,11 @@ void RankBuilder::partition(int p) {
         st.has_secondary = true;
       }
       const int pos = rank_ % hpz_;
+      if (v_.zero_fill_secondary) {
+        // PP:1899 at v0.19.5 (PR 8210): ds_secondary_tensor.zero_(), padding included.
+        push(OpKind::kKernel, current_, Purpose::kSecondaryPartitionCopy,
+             {{st.secondary, AccessMode::kWrite, 0, layouts_[p].secondary_numel() * dt_}});
+      }
       const std::optional<ElemRange> copied = secondary_copy(
           layouts_[p], v_.copy_bounds, rank_, pos, static_cast<std::uint64_t>(world_ / hpz_));
       if (!copied) {
@@ -1283,9 +1243,9 @@ void RankBuilder::partition(int p) {
                 ? "narrow(): length must be non-negative; issue 5642, handled by PR 5652 in "
                   "0.14.4 where the slice starts inside the parameter"
             : v_.copy_bounds == CopyBounds::kClamped
-                ? "narrow(): start out of range; issue 6659, fixed by PR 8210 after 0.17.6"
+                ? "narrow(): start out of range; issue 6659, fixed by PR 8210 in 0.19.5"
                 : "narrow() past the parameter's end";
-        throw InputError(
+        throw ReleaseRefusal(
             sc_.path, "zero.deepspeed_version",
             fmt::format("DeepSpeed {} raises at its secondary copy of {} on rank {} "
                         "(its secondary slice starts at element {} of the "
@@ -1832,13 +1792,13 @@ void RankBuilder::release_param(int p) {
 // COORD:195-240: the first forward+backward records the trace; reset_step completes it.
 void RankBuilder::reset_step() {
   const Purpose p = purpose_;
-  // assert_ints_same_as_other_ranks: up to v0.14.4 one broadcast of the list (int64s) from
-  // the compute stream (utils.py get_lst_from_rank0); from v0.16.0 first the length's
+  // assert_ints_same_as_other_ranks: up to v0.17.5 one broadcast of the list (int64s) from
+  // the compute stream (utils.py get_lst_from_rank0); from v0.17.6 (PR 7525) first the length's
   // broadcast and `.item()`, then the list's broadcast and `.item()` of each element (one host
   // sync on a GPU after `.cpu()`; none for an empty list). The recorder logs a broadcast as an
   // all-reduce of the same bytes, as the builder does at init.
   auto assert_ints = [&](std::size_t n) {
-    if (v_.reset_at_forward_start) {
+    if (v_.length_broadcast_in_trace_check) {
       world_round_trip("rank0_len", 8, true, p);
       world_round_trip("rank0_list", 8 * n, n > 0, p);
     } else {
@@ -2025,6 +1985,8 @@ void RankBuilder::optimizer_step() {
   const EventId norm = collective(OpKind::kAllReduce, grad_group_, 8, {});
   wait(current_, norm, Purpose::kGradNorm);
   push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);  // the norm's .item()
+  // 0.19.8: is_invalid_grad_norm's bool() of the combined norm (S3:2878-2893).
+  if (v_.norm_validity_sync) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
   // The recorder runs torch's AdamW in place of FusedAdam (a CUDA kernel); its step logs one
   // more host sync of S0, which the builder issues too so that both stay comparable
   // (docs/record.md: every .item() is logged as a sync on the CPU).
@@ -2080,15 +2042,20 @@ void RankBuilder::gather_persistent() {
     alloc(ps_[p].full, current_, purpose_);
   }
   unit_ = kNoUnit;
-  EventId last = kNoEvent;
+  std::vector<EventId> launched;
   for (int p : list) {
     const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
     // The shard's own elements only, as every gather reads it (shard_read).
-    last = collective(OpKind::kAllGather, world_group_, shard,
-                      {shard_read(p, false, rank_),
-                       {ps_[p].full, AccessMode::kWrite, 0, layouts_[p].padded_numel() * dt_}});
+    launched.push_back(
+        collective(OpKind::kAllGather, world_group_, shard,
+                   {shard_read(p, false, rank_),
+                    {ps_[p].full, AccessMode::kWrite, 0, layouts_[p].padded_numel() * dt_}}));
   }
-  wait(current_, last, purpose_);  // launch_handles[-1].wait()
+  if (v_.wait_every_blocking_handle) {
+    for (const EventId e : launched) wait(current_, e, purpose_);  // PP:2111-2112 at 0.19.8
+  } else {
+    wait(current_, launched.back(), purpose_);  // launch_handles[-1].wait()
+  }
   push(OpKind::kHostDeviceSync, kHostStream, purpose_);
   for (int p : list) ps_[p].status = Status::kAvailable;
   purpose_ = saved_purpose;
@@ -2212,30 +2179,19 @@ RankSchedule RankBuilder::build() {
   return std::move(out_);
 }
 
-const VersionRules& rules_for(const std::string& version) {
-  for (const VersionRules& v : kVersions) {
-    if (version == v.name) return v;
-  }
-  std::string known;
-  for (const VersionRules& v : kVersions) known += std::string(known.empty() ? "" : ", ") + v.name;
-  throw InputError(
-      "", "zero.deepspeed_version",
-      "'" + version + "' is not modelled by the DeepSpeed builder (known: " + known + ")");
-}
-
 }  // namespace
 
-const std::vector<std::string>& deepspeed_builder_versions() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (const VersionRules& v : kVersions) n.emplace_back(v.name);
-    return n;
-  }();
-  return names;
+RunTraits run_traits(const Scenario& sc) {
+  RunTraits t;
+  t.grad_accum = sc.training.grad_accum;
+  t.family = sc.model.family;
+  t.qwz_bf16 = sc.zero.zero_quantized_weights && sc.training.dtype == "bf16";
+  t.qgz = sc.zero.zero_quantized_gradients;
+  return t;
 }
 
 Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version) {
-  const VersionRules& v = rules_for(version);
+  const VersionRules v = version_rules(version, run_traits(sc), sc.path);
   auto refuse = [&](const std::string& what, const std::string& instead) {
     throw InputError(sc.path, "run.builder",
                      "the DeepSpeed builder does not model " + what + " yet (" + instead +

@@ -10,15 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "sim/deepspeed_releases.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule.hpp"
 
 namespace hpz {
 
-/** DeepSpeed versions the builder knows, oldest first ("0.13.1", "0.13.4", ...). */
-const std::vector<std::string>& deepspeed_builder_versions();
+/** What of the scenario decides whether a conditional release rule applies to it
+ *  (sim/deepspeed_releases.hpp). */
+RunTraits run_traits(const Scenario& scenario);
 
-/** Builds every rank's schedule as DeepSpeed `version` issues it for the scenario (Llama-shaped
+/** Builds every rank's schedule as DeepSpeed release `version` issues it (its rules:
+ *  sim/deepspeed_releases.hpp) for the scenario (Llama-shaped
  *  models with qwZ, qgZ, persistence and accumulation; variant stock, host-sync or event-wait on
  *  top of that version). Throws InputError for an unknown version or what it does not model
  *  (other model families, offload_param, the [bugs] keys) and where DeepSpeed itself would stop

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <variant>
 
+#include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/input.hpp"
 #include "sim/model_shape.hpp"
@@ -175,9 +176,21 @@ std::string choice_of(const Setting& s, const std::string& key,
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
-// The versions sim/deepspeed_builder.cpp models (test_deepspeed_builder checks the two agree).
-const std::vector<std::string> kDeepSpeedVersions = {"0.13.1", "0.13.4", "0.13.5", "0.14.4",
-                                                     "0.17.6"};
+/** A DeepSpeed release (sim/deepspeed_releases.hpp) or "latest", as the release it names. Whether
+ *  the builder models it is the builder's to say (it names the rule it lacks). */
+std::string deepspeed_release_of(const Setting& s, const std::string& key) {
+  const std::string value = string_of(s, key);
+  const std::string release = canonical_deepspeed_version(value);
+  if (is_deepspeed_release(release)) return release;
+  std::vector<std::string> names;
+  for (const DeepSpeedRelease& r : deepspeed_releases()) names.emplace_back(r.version);
+  throw InputError(s.where, key,
+                   fmt::format("unknown value '{}'{} (allowed: a DeepSpeed release from {} to {}, "
+                               "or latest)",
+                               shown(value), did_you_mean(closest(value, names)), names.front(),
+                               names.back()));
+}
+
 // The transformers releases whose module trees sim/deepspeed_builder.cpp walks (the recorder's
 // requirements: tools/recorder/requirements/base.txt and transformers-*.txt).
 const std::vector<std::string> kTransformersVersions = {"auto", "4.35.2", "4.51.3", "4.57.1"};
@@ -277,7 +290,7 @@ const std::vector<KeySpec>& key_specs() {
        }},
       {"zero", "deepspeed_version", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
-         sc.zero.deepspeed_version = choice_of(v, k, kDeepSpeedVersions);
+         sc.zero.deepspeed_version = deepspeed_release_of(v, k);
        }},
       {"run", "fill", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
@@ -696,64 +709,63 @@ Setting ds_offload(const json& value, const std::string& file) {
 
 /** The keys DeepSpeed's DeepSpeedZeroConfig accepts in zero_optimization for `version`: its
  *  fields and their aliases. Its config model forbids any other key (runtime/config_utils.py,
- *  v0.13.4 line 109 `extra = "forbid"`; v0.17.6 line 110 `extra="forbid"`), so DeepSpeed
- *  refuses a ds_config with a misspelt key. From runtime/zero/config.py's class
- *  DeepSpeedZeroConfig: v0.13.1 to v0.13.5 (lines 82-299 of v0.13.4) have the same 41; v0.14.4
- *  adds use_all_reduce_for_fetch_params (line 238) with its stage3_ alias; v0.17.6 adds also
- *  zenflow (170), module_granularity_threshold (256) with its stage3_ alias, zeropp_loco_param
- *  (320), log_trace_cache_warnings and enable_sanity_checks. */
+ *  v0.10.0 and v0.13.4 line 109 `extra = "forbid"`; v0.17.6 line 110 `extra="forbid"`), so
+ *  DeepSpeed refuses a ds_config with a misspelt key. Each key with the first release whose
+ *  class DeepSpeedZeroConfig (runtime/zero/config.py) has it, and the first that dropped it:
+ *  read tag by tag from v0.10.0 (37 keys) to v0.19.5, and from the PyPI sdists of 0.19.6 to
+ *  0.19.8 (docs/deepspeed-releases.md). */
 std::vector<std::string> deepspeed_zero_keys(const std::string& version) {
-  std::vector<std::string> keys = {"stage",
-                                   "contiguous_gradients",
-                                   "reduce_scatter",
-                                   "reduce_bucket_size",
-                                   "use_multi_rank_bucket_allreduce",
-                                   "allgather_partitions",
-                                   "allgather_bucket_size",
-                                   "overlap_comm",
-                                   "load_from_fp32_weights",
-                                   "elastic_checkpoint",
-                                   "offload_param",
-                                   "offload_optimizer",
-                                   "sub_group_size",
-                                   "cpu_offload_param",
-                                   "cpu_offload_use_pin_memory",
-                                   "cpu_offload",
-                                   "prefetch_bucket_size",
-                                   "stage3_prefetch_bucket_size",
-                                   "param_persistence_threshold",
-                                   "stage3_param_persistence_threshold",
-                                   "model_persistence_threshold",
-                                   "stage3_model_persistence_threshold",
-                                   "max_live_parameters",
-                                   "stage3_max_live_parameters",
-                                   "max_reuse_distance",
-                                   "stage3_max_reuse_distance",
-                                   "gather_16bit_weights_on_model_save",
-                                   "stage3_gather_16bit_weights_on_model_save",
-                                   "stage3_gather_fp16_weights_on_model_save",
-                                   "ignore_unused_parameters",
-                                   "legacy_stage1",
-                                   "round_robin_gradients",
-                                   "zero_hpz_partition_size",
-                                   "zero_quantized_weights",
-                                   "zero_quantized_nontrainable_weights",
-                                   "zero_quantized_gradients",
-                                   "mics_shard_size",
-                                   "mics_hierarchical_params_gather",
-                                   "memory_efficient_linear",
-                                   "pipeline_loading_checkpoint",
-                                   "override_module_apply"};
-  if (version == "0.14.4" || version == "0.17.6") {
-    keys.insert(keys.end(),
-                {"use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params"});
-  }
-  if (version == "0.17.6") {
-    keys.insert(keys.end(),
-                {"zenflow", "module_granularity_threshold", "stage3_module_granularity_threshold",
-                 "zeropp_loco_param", "log_trace_cache_warnings", "enable_sanity_checks"});
+  struct ZeroKey {
+    const char* name;
+    const char* first = "0.10.0";
+    const char* dropped = "";  ///< "" = still there in the newest release
+  };
+  static const ZeroKey kKeys[] = {
+      {"stage"}, {"contiguous_gradients"}, {"reduce_scatter"}, {"reduce_bucket_size"},
+      {"allgather_partitions"}, {"allgather_bucket_size"}, {"overlap_comm"},
+      {"load_from_fp32_weights"}, {"elastic_checkpoint"}, {"offload_param"},
+      {"offload_optimizer"}, {"sub_group_size"}, {"cpu_offload_param"},
+      {"cpu_offload_use_pin_memory"}, {"cpu_offload"}, {"prefetch_bucket_size"},
+      {"stage3_prefetch_bucket_size"}, {"param_persistence_threshold"},
+      {"stage3_param_persistence_threshold"}, {"model_persistence_threshold"},
+      {"stage3_model_persistence_threshold"}, {"max_live_parameters"},
+      {"stage3_max_live_parameters"}, {"max_reuse_distance"}, {"stage3_max_reuse_distance"},
+      {"gather_16bit_weights_on_model_save"}, {"stage3_gather_16bit_weights_on_model_save"},
+      {"stage3_gather_fp16_weights_on_model_save"}, {"ignore_unused_parameters"},
+      {"legacy_stage1"}, {"round_robin_gradients"}, {"zero_hpz_partition_size"},
+      {"zero_quantized_weights"}, {"zero_quantized_gradients"}, {"memory_efficient_linear"},
+      {"mics_shard_size", "0.10.0", "0.19.7"}, {"mics_hierarchical_params_gather", "0.10.0", "0.19.7"},
+      {"pipeline_loading_checkpoint", "0.10.1"}, {"override_module_apply", "0.10.1"},
+      {"zero_quantized_nontrainable_weights", "0.10.2"},
+      {"use_multi_rank_bucket_allreduce", "0.12.4"},
+      {"use_all_reduce_for_fetch_params", "0.14.3"},
+      {"stage3_use_all_reduce_for_fetch_params", "0.14.3"},
+      {"module_granularity_threshold", "0.16.0"},
+      {"stage3_module_granularity_threshold", "0.16.0"},
+      {"zeropp_loco_param", "0.16.2", "0.19.8"}, {"log_trace_cache_warnings", "0.16.4"},
+      {"zenflow", "0.17.5"}, {"enable_sanity_checks", "0.17.6"}, {"leaf_module", "0.18.0"},
+      {"allgather_sequential", "0.18.5"}, {"stage3_allgather_sequential", "0.18.5"},
+      {"save_muon_momentum_buffer_in_memory", "0.18.9"},
+      {"parameter_alignment", "0.19.7"}, {"compute_grad_norm", "0.19.7"},
+  };
+  std::vector<std::string> keys;
+  for (const ZeroKey& k : kKeys) {
+    if (compare_versions(version, k.first) < 0) continue;
+    if (*k.dropped != '\0' && compare_versions(version, k.dropped) >= 0) continue;
+    keys.emplace_back(k.name);
   }
   return keys;
+}
+
+/** The releases that define zero_optimization key `name` ("0.18.0-0.19.8 (12 releases)"), ""
+ *  when none does. */
+std::string release_defining_key(const std::string& name) {
+  std::vector<std::string> with;
+  for (const DeepSpeedRelease& r : deepspeed_releases()) {
+    const std::vector<std::string> keys = deepspeed_zero_keys(r.version);
+    if (std::find(keys.begin(), keys.end(), name) != keys.end()) with.emplace_back(r.version);
+  }
+  return with.empty() ? "" : releases_label(with);
 }
 
 /** A ds_config's batch keys, reconciled once the world size is known (reconcile_batch). */
@@ -914,6 +926,14 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
   for (const auto& [name, value] : zero.items()) {
     const std::string key = "zero_optimization." + name;
     if (std::find(known.begin(), known.end(), name) == known.end()) {
+      if (const std::string other = release_defining_key(name); !other.empty()) {
+        // A key of another release: that DeepSpeed refuses this ds_config, as a release (a
+        // matrix of releases shows it on this release's line and goes on).
+        throw ReleaseRefusal(file, key,
+                             fmt::format("DeepSpeed {} refuses it (its DeepSpeedZeroConfig "
+                                         "forbids keys it does not define; {} defines it)",
+                                         version, other));
+      }
       const std::optional<std::string> near = closest(name, known);
       throw InputError(file, key,
                        fmt::format("unknown key: DeepSpeed {} refuses it (its DeepSpeedZeroConfig "
@@ -1097,9 +1117,8 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
     std::string version = ZeroConfig{}.deepspeed_version;
     if (const Setting* v = find_setting(settings, "zero.deepspeed_version")) {
       if (const auto* text = std::get_if<std::string>(&v->raw);
-          text != nullptr && std::find(kDeepSpeedVersions.begin(), kDeepSpeedVersions.end(),
-                                       *text) != kDeepSpeedVersions.end()) {
-        version = *text;
+          text != nullptr && is_deepspeed_release(canonical_deepspeed_version(*text))) {
+        version = canonical_deepspeed_version(*text);
       }
     }
     // Whether "auto" is filled as the HF Trainer does: the scenario's or the flag's setting.

@@ -203,12 +203,19 @@ TEST_P(DeepSpeedBuilderMatches, CheckerVerdict) {
   EXPECT_EQ(got.count(check::FindingKind::kStaleRead) > 0, v == "0.13.1") << GetParam();
 }
 
-TEST(DeepSpeedBuilder, ScenarioKeysListTheBuildersVersions) {
-  for (const std::string& v : deepspeed_builder_versions()) {
-    Scenario sc = load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", v}});
-    EXPECT_EQ(sc.zero.deepspeed_version, v);
+TEST(DeepSpeedBuilder, ScenarioKeyTakesEveryReleaseAndLatest) {
+  for (const DeepSpeedRelease& r : deepspeed_releases()) {
+    Scenario sc =
+        load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", r.version}});
+    EXPECT_EQ(sc.zero.deepspeed_version, r.version);
   }
-  EXPECT_THROW(load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", "0.12.0"}}),
+  EXPECT_EQ(load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", "latest"}})
+                .zero.deepspeed_version,
+            latest_deepspeed_release());
+  // Before ZeRO++ (v0.10.0) there is no hpZ; 0.13.10 was never released.
+  EXPECT_THROW(load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", "0.9.5"}}),
+               InputError);
+  EXPECT_THROW(load_scenario(test::scenario_path("tiny"), {{"zero.deepspeed_version", "0.13.10"}}),
                InputError);
   EXPECT_THROW(load_scenario(test::scenario_path("tiny"), {{"run.builder", "exact"}}), InputError);
 }

@@ -22,7 +22,9 @@
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/check/report.hpp"
+#include "sim/check/release_history.hpp"
 #include "sim/deepspeed_builder.hpp"
+#include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/projection.hpp"
 #include "sim/record_inputs.hpp"
@@ -46,38 +48,72 @@ struct CheckOptions {
   std::string record_dir;  ///< --record-dir DIR: keep the recordings and their inputs there
 };
 
-/** --deepspeed V1,V2,...: the versions, each one the DeepSpeed builder models. */
-std::vector<std::string> versions_of(const CheckOptions& opts) {
-  std::vector<std::string> out;
-  if (opts.record && opts.deepspeed.empty()) {
-    throw InputError("", "--record",
-                     "needs --deepspeed VERSION[,VERSION...]: the versions to record");
-  }
-  if (opts.deepspeed.empty()) return out;
-  const std::vector<std::string>& known = deepspeed_builder_versions();
-  std::string list;
-  for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-  std::size_t from = 0;
-  while (from <= opts.deepspeed.size()) {
-    const std::size_t comma = std::min(opts.deepspeed.find(',', from), opts.deepspeed.size());
-    const std::string v = opts.deepspeed.substr(from, comma - from);
-    if (std::find(known.begin(), known.end(), v) == known.end()) {
-      throw InputError("", "--deepspeed",
-                       fmt::format("'{}' is not a version the DeepSpeed builder models "
-                                   "(allowed, comma-separated: {})",
-                                   v, list));
-    }
-    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-    from = comma + 1;
-  }
-  return out;
-}
+/** One line of the version matrix: releases whose schedules the builder makes alike (equal
+ *  rules, sim/deepspeed_releases.hpp), checked once as the first of them; or, where the builder
+ *  lacks a rule they need, the rule. With --record each release is its own epoch. */
+struct MatrixEpoch {
+  std::vector<std::string> releases;  ///< oldest first
+  const ReleaseRule* missing = nullptr;
+};
 
 std::vector<Override> overrides_of(const CheckOptions& opts) {
   std::vector<Override> overrides;
   for (const auto& s : opts.sets) overrides.push_back(parse_override(s));
   return overrides;
 }
+
+/** The releases --deepspeed names (a release, latest, all, A..B, or a comma-separated list of
+ *  these), oldest first. */
+std::vector<std::string> releases_of(const CheckOptions& opts) {
+  if (opts.record && opts.deepspeed.empty()) {
+    throw InputError("", "--record",
+                     "needs --deepspeed VERSION[,VERSION...]: the versions to record");
+  }
+  if (opts.deepspeed.empty()) return {};
+  return expand_deepspeed_versions(opts.deepspeed, "--deepspeed");
+}
+
+/** `releases` as the matrix's epochs for a run with `traits`, oldest first: consecutive releases
+ *  with equal rules (or refused for the same missing rule) share one; with --record each
+ *  release is its own. */
+std::vector<MatrixEpoch> epochs_of(const std::vector<std::string>& releases,
+                                   const RunTraits& traits, bool record) {
+  std::vector<MatrixEpoch> out;
+  std::optional<VersionRules> previous;
+  for (const std::string& v : releases) {
+    const ReleaseRule* missing = missing_rule(v, traits);
+    std::optional<VersionRules> rules;
+    if (missing == nullptr) {
+      rules = version_rules(v, traits);
+      rules->name.clear();  // alike but for the name
+    }
+    const bool same =
+        !out.empty() && !record && out.back().missing == missing && previous == rules;
+    if (!same) out.push_back({{}, missing});
+    out.back().releases.push_back(v);
+    previous = rules;
+  }
+  return out;
+}
+
+/** Whether --deepspeed names more than one release: a refused release then gets its line and
+ *  the matrix goes on; one release alone is refused in one line (exit 2). */
+bool is_matrix(const std::vector<std::string>& releases) { return releases.size() > 1; }
+
+/** The traits of the scenario at `path` that decide the conditional release rules: read with
+ *  the newest release named (a ds_config key it does not define: the oldest). */
+RunTraits traits_of(const std::string& path, const CheckOptions& opts,
+                    const std::vector<std::string>& releases) {
+  std::vector<Override> o = overrides_of(opts);
+  o.emplace_back("zero.deepspeed_version", releases.back());
+  try {
+    return run_traits(load(path, opts.user, o));
+  } catch (const ReleaseRefusal&) {
+    o.back() = Override("zero.deepspeed_version", releases.front());
+    return run_traits(load(path, opts.user, o));
+  }
+}
+
 
 /** --record: the recording against the DeepSpeed builder's schedule of the same scenario
  *  (sim/projection.hpp); the builder's refusal is the comparison's error. */
@@ -119,6 +155,11 @@ struct Checked {
   std::vector<std::string> notes;  ///< what loading the scenario noted (Scenario::notes)
   /** --record: the DeepSpeed builder's schedule of the same scenario against the recording. */
   std::optional<RecordingComparison> builder;
+  /** --deepspeed: the releases this verdict covers (one epoch of the matrix), oldest first. */
+  std::vector<std::string> releases;
+  /** Not checked: why the builder refused these releases (a rule it lacks, or DeepSpeed raising
+   *  on this configuration); `result` then holds only the scenario's name. */
+  std::string refused;
 };
 
 /** Scenario i of n on the progress bar (a terminal only): building its schedule fills the
@@ -200,33 +241,48 @@ Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
   return s;
 }
 
+/** A matrix epoch the builder refused: its line says why. */
+Checked refused_epoch(const Scenario& sc, const MatrixEpoch& epoch, const std::string& why) {
+  Checked c;
+  c.result.scenario = sc.path.empty() ? "schedule" : sc.path;
+  c.result.variant = to_string(sc.run.variant);
+  c.result.source = {{"builder", "deepspeed"}, {"deepspeed", releases_label(epoch.releases)}};
+  c.steps = sc.run.steps;
+  c.notes = sc.notes;
+  c.releases = epoch.releases;
+  c.refused = why;
+  return c;
+}
+
 std::vector<Checked> check_scenarios(const CheckOptions& opts) {
   if (opts.scenarios.empty() && !has_user_files(opts.user)) {
     throw InputError("", "scenario",
                      "is required (a scenario file, your own --hf-config FILE --ds-config FILE, "
                      "or --schedule FILE)");
   }
-  const std::vector<std::string> versions = versions_of(opts);
-  // Without --deepspeed each scenario once; with it, each scenario under each version, built by
-  // the DeepSpeed builder (the version matrix).
+  const std::vector<std::string> releases = releases_of(opts);
+  const bool matrix = is_matrix(releases);
+  // Without --deepspeed each scenario once; with it, each scenario under each epoch of releases,
+  // built by the DeepSpeed builder as the epoch's first release (the version matrix).
   struct Job {
     std::string path;
     std::vector<Override> overrides;
+    std::shared_ptr<const MatrixEpoch> epoch;
   };
   std::vector<Job> jobs;
   // The one-command form: the user's files on the defaults, as one scenario named after them.
   const std::vector<std::string> paths =
       opts.scenarios.empty() ? std::vector<std::string>{""} : opts.scenarios;
   for (const std::string& path : paths) {
-    if (versions.empty()) {
-      jobs.push_back({path, overrides_of(opts)});
+    if (releases.empty()) {
+      jobs.push_back({path, overrides_of(opts), nullptr});
       continue;
     }
-    for (const std::string& v : versions) {
+    for (MatrixEpoch& e : epochs_of(releases, traits_of(path, opts, releases), opts.record)) {
       std::vector<Override> o = overrides_of(opts);
       o.emplace_back("run.builder", "deepspeed");
-      o.emplace_back("zero.deepspeed_version", v);
-      jobs.push_back({path, std::move(o)});
+      o.emplace_back("zero.deepspeed_version", e.releases.front());
+      jobs.push_back({path, std::move(o), std::make_shared<const MatrixEpoch>(std::move(e))});
     }
   }
   const std::size_t n = jobs.size();
@@ -259,10 +315,30 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
   }
   std::vector<Checked> results;
   for (std::size_t i = 0; i < n; ++i) {
-    const Scenario sc = load(jobs[i].path, opts.user, jobs[i].overrides);
+    const MatrixEpoch* epoch = jobs[i].epoch.get();
+    Scenario sc;
+    try {
+      sc = load(jobs[i].path, opts.user, jobs[i].overrides);
+    } catch (const ReleaseRefusal& e) {
+      // The user's ds_config has a key this release does not define: DeepSpeed refuses it.
+      if (!matrix) throw;
+      Scenario named;
+      named.path = jobs[i].path;
+      results.push_back(refused_epoch(named, *epoch, e.what()));
+      continue;
+    }
     const std::string& path = sc.path;
     Schedule schedule;
     std::optional<RecordingComparison> builder;
+    if (epoch != nullptr && epoch->missing != nullptr && !opts.record) {
+      if (!matrix) version_rules(epoch->releases.front(), run_traits(sc), sc.path);  // throws
+      results.push_back(refused_epoch(sc, *epoch,
+                                      fmt::format("not modelled: the builder lacks rule '{}' ({}, "
+                                                  "from {})",
+                                                  epoch->missing->id, epoch->missing->pr,
+                                                  epoch->missing->first)));
+      continue;
+    }
     if (opts.record) {
       try {
         schedule = record_schedule(sc, record_dir);
@@ -273,16 +349,31 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
       }
       builder = compare_with_builder(sc, schedule);
     } else {
-      run_showing_progress(static_cast<double>(i), total,
-                           progress_what(i, n, "building the schedule of", path),
-                           [&] { schedule = build_schedule(sc); });
+      try {
+        run_showing_progress(static_cast<double>(i), total,
+                             progress_what(i, n, "building the schedule of", path),
+                             [&] { schedule = build_schedule(sc); });
+      } catch (const ReleaseRefusal& e) {
+        // DeepSpeed itself raises on this configuration: that release's line says so.
+        if (!matrix) throw;
+        results.push_back(refused_epoch(sc, *epoch, e.what()));
+        continue;
+      }
+      if (epoch != nullptr) schedule.source["deepspeed"] = releases_label(epoch->releases);
     }
     check::CheckResult result;
     run_showing_progress(static_cast<double>(i) + 0.5, total, progress_what(i, n, "checking", path),
                          [&] { result = check::check_schedule(schedule); });
     results.push_back({std::move(result), opts.record ? step_count(schedule) : sc.run.steps,
                        opts.record, !opts.record && sc.run.builder == "coarse", sc.notes,
-                       std::move(builder)});
+                       std::move(builder), epoch ? epoch->releases : std::vector<std::string>{},
+                       ""});
+  }
+  if (matrix && std::all_of(results.begin(), results.end(),
+                            [](const Checked& c) { return !c.refused.empty(); })) {
+    throw InputError("", "--deepspeed",
+                     fmt::format("the builder checks none of these releases: {}",
+                                 results.front().refused));
   }
   progress_bar(total, total,
                fmt::format("{} checked",
@@ -315,7 +406,7 @@ Checked check_file(const CheckOptions& opts) {
     result = on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
   });
   progress_bar(1, 1, opts.schedule + " checked");
-  return {std::move(result), step_count(schedule), true, false, {}, std::nullopt};
+  return {std::move(result), step_count(schedule), true, false, {}, std::nullopt, {}, ""};
 }
 
 /** A clean verdict on one step says nothing about the hpZ race: DeepSpeed copies the secondary
@@ -323,7 +414,7 @@ Checked check_file(const CheckOptions& opts) {
  *  only records the module trace, without prefetching). Built schedules of one step are clean
  *  for that reason alone. */
 std::string one_step_note(const Checked& c) {
-  if (!c.result.clean() || c.steps >= 2) return "";
+  if (!c.refused.empty() || !c.result.clean() || c.steps >= 2) return "";
   return fmt::format(
       "only {} step checked: one step of DeepSpeed's schedule cannot show the hpZ race, which "
       "needs a step after the optimizer's ({})",
@@ -337,6 +428,85 @@ std::string note_line(const Checked& c) {
   for (const std::string& n : c.notes) out += "  note: " + n + "\n";
   const std::string note = one_step_note(c);
   return note.empty() ? out : out + "  note: " + note + "\n";
+}
+
+/** A refused epoch's one line, in the verdict line's form. */
+std::string refused_line(const Checked& c) {
+  return fmt::format("{} [DeepSpeed {}]: not checked: {}\n", c.result.scenario,
+                     releases_label(c.releases), c.refused);
+}
+
+/** The matrix's epochs of one scenario, for the history across releases. */
+std::vector<check::EpochVerdict> epochs_of_scenario(const std::vector<Checked>& checked,
+                                                    const std::string& scenario) {
+  std::vector<check::EpochVerdict> out;
+  for (const Checked& c : checked) {
+    if (c.releases.empty() || c.result.scenario != scenario) continue;
+    out.push_back({c.releases, c.refused.empty() ? &c.result : nullptr});
+  }
+  return out;
+}
+
+/** Under a scenario's matrix of more than one epoch: each kind of finding with the releases that
+ *  have it, the first that has it and the first that does not any more. */
+std::string history_text(const std::vector<Checked>& checked, const std::string& scenario) {
+  const std::vector<check::EpochVerdict> epochs = epochs_of_scenario(checked, scenario);
+  if (epochs.size() < 2) return "";
+  const std::vector<check::FindingHistory> history = check::finding_history(epochs);
+  if (history.empty()) return "  across these releases: nothing found in any checked release\n";
+  std::string out = "  across these releases:\n";
+  for (const check::FindingHistory& h : history) {
+    std::string spans;
+    for (const std::string& s : h.spans) spans += (spans.empty() ? "" : ", ") + s;
+    std::string fixed = h.fixed_in.empty()
+                            ? "not fixed in the newest checked release"
+                            : fmt::format("gone from {} on", h.fixed_in);
+    if (!h.unchecked_before_fix.empty()) {
+      fixed += fmt::format(" ({} not checked)", h.unchecked_before_fix);
+    }
+    out += fmt::format("    {}: in {}; {}\n", h.signature, spans, fixed);
+  }
+  return out;
+}
+
+/** The JSON's "releases": each epoch of the matrix with its verdict, and per scenario the history
+ *  of each kind of finding across them. */
+nlohmann::json releases_json(const std::vector<Checked>& checked) {
+  nlohmann::json epochs = nlohmann::json::array();
+  std::vector<std::string> scenarios;
+  for (const Checked& c : checked) {
+    if (c.releases.empty()) continue;
+    if (std::find(scenarios.begin(), scenarios.end(), c.result.scenario) == scenarios.end()) {
+      scenarios.push_back(c.result.scenario);
+    }
+    nlohmann::json e = {{"scenario", c.result.scenario},
+                        {"releases", c.releases},
+                        {"checked", c.refused.empty()},
+                        {"clean", c.refused.empty() && c.result.clean()}};
+    if (!c.refused.empty()) e["refused"] = c.refused;
+    nlohmann::json counts = nlohmann::json::object();
+    for (const check::FindingKind k : check::kAllKinds) {
+      if (c.refused.empty() && c.result.count(k) > 0) counts[to_string(k)] = c.result.count(k);
+    }
+    e["counts"] = counts;
+    epochs.push_back(std::move(e));
+  }
+  nlohmann::json history = nlohmann::json::array();
+  for (const std::string& scenario : scenarios) {
+    for (const check::FindingHistory& h :
+         check::finding_history(epochs_of_scenario(checked, scenario))) {
+      history.push_back({{"scenario", scenario},
+                         {"signature", h.signature},
+                         {"kind", to_string(h.kind)},
+                         {"in", h.spans},
+                         {"first", h.first},
+                         {"fixed_in", h.fixed_in.empty() ? nlohmann::json(nullptr)
+                                                         : nlohmann::json(h.fixed_in)},
+                         {"unchecked_before_fix", h.unchecked_before_fix},
+                         {"worst_count", h.count}});
+    }
+  }
+  return {{"epochs", epochs}, {"findings", history}};
 }
 
 void run_check(const CheckOptions& opts, int& exit_code) {
@@ -353,7 +523,9 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   const std::vector<Checked> checked =
       opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
   std::vector<check::CheckResult> results;
-  for (const Checked& c : checked) results.push_back(c.result);
+  for (const Checked& c : checked) {
+    if (c.refused.empty()) results.push_back(c.result);
+  }
   // The same notes as the text, in the JSON under "notes" (issue 17: notes everywhere).
   const bool any_coarse =
       std::any_of(checked.begin(), checked.end(), [](const Checked& c) { return c.coarse; });
@@ -390,12 +562,19 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       builders.push_back(std::move(one));
     }
     if (!builders.empty()) j["builder_comparisons"] = builders;
+    if (std::any_of(checked.begin(), checked.end(),
+                    [](const Checked& c) { return !c.releases.empty(); })) {
+      j["releases"] = releases_json(checked);
+    }
     write_output(opts.json, j.dump(2) + "\n", "--json");
   }
   // Each result's text report, rendered once for the text and the JUnit output.
   std::vector<std::string> reports;
   if (text_out || !opts.junit.empty()) {
-    for (const Checked& c : checked) reports.push_back(check::TextReporter().render_one(c.result));
+    for (const Checked& c : checked) {
+      reports.push_back(c.refused.empty() ? check::TextReporter().render_one(c.result)
+                                          : refused_line(c));
+    }
   }
   if (!opts.junit.empty()) {
     // JUnit XML for CI systems (issue 19): one test case per checked schedule (scenario x
@@ -409,7 +588,9 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       const std::string first = report.substr(0, report.find('\n'));
       cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\">\n",
                            xml_escaped(c.result.scenario), xml_escaped(check::label_of(c.result)));
-      if (!c.result.clean()) {
+      if (!c.refused.empty()) {
+        cases += fmt::format("      <skipped message=\"{}\"/>\n", xml_escaped(c.refused));
+      } else if (!c.result.clean()) {
         ++failures;
         cases += fmt::format("      <failure message=\"{}\" type=\"hpzlab.finding\">{}</failure>\n",
                              xml_escaped(first), xml_escaped(report));
@@ -440,6 +621,9 @@ void run_check(const CheckOptions& opts, int& exit_code) {
         }
         if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
         text += note_line(checked[i]);
+        const bool last_of_scenario =
+            i + 1 == checked.size() || checked[i + 1].result.scenario != checked[i].result.scenario;
+        if (last_of_scenario) text += history_text(checked, checked[i].result.scenario);
         continue;
       }
       if (i > 0) text += "\n";
@@ -475,9 +659,11 @@ void setup_check(CLI::App& app, int& exit_code) {
   sub->add_option("--json", opts->json,
                   "Also write the findings as JSON to FILE ('-' = stdout, instead of the text)");
   sub->add_option("--deepspeed", opts->deepspeed,
-                  "The version matrix: check each scenario under each of these DeepSpeed "
-                  "versions (comma-separated, e.g. 0.13.1,0.13.4,0.13.5,0.14.4), built by the "
-                  "DeepSpeed builder; one verdict line (and the worst finding) per version");
+                  "The version matrix: check each scenario under these DeepSpeed releases, built "
+                  "by the DeepSpeed builder: a release, latest, all, a range A..B, or a "
+                  "comma-separated list (e.g. 0.13.1,0.13.4 or 0.13.0..0.19.8); one verdict line "
+                  "(and the worst finding) per epoch of releases that issue the same schedule, "
+                  "then each finding's first release and the release that fixed it");
   sub->add_option("--junit", opts->junit,
                   "Also write JUnit XML to FILE ('-' = stdout, instead of the text): a test case "
                   "per checked schedule, failed by any finding");

@@ -170,6 +170,8 @@ void setup_repro(CLI::App& app, int& exit_code);
 void setup_compare(CLI::App& app, int& exit_code);
 /** Registers `hpzlab record` (runs tools/record with the arguments after `record`). */
 void setup_record(CLI::App& app, int& exit_code);
+/** `hpzlab releases`: the DeepSpeed release table (cmd_releases.cpp). */
+void setup_releases(CLI::App& app, int& exit_code);
 
 /** Registers `hpzlab version` (what --version prints). */
 void setup_version(CLI::App& app, int& exit_code);

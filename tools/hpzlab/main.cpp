@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
   hpz::cli::setup_repro(app, exit_code);
   hpz::cli::setup_compare(app, exit_code);
   hpz::cli::setup_record(app, exit_code);
+  hpz::cli::setup_releases(app, exit_code);
   hpz::cli::setup_version(app, exit_code);
   try {
     hpz::cli::check_subcommand_name(app, argc, argv);

@@ -1,0 +1,544 @@
+#include "sim/deepspeed_releases.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+
+#include "sim/error.hpp"
+
+// Citations: PP = deepspeed/runtime/zero/partition_parameters.py, COORD =
+// partitioned_param_coordinator.py, PO = parameter_offload.py, S3 = stage3.py, each at the tag
+// the rule names (deepspeedai/DeepSpeed; 0.19.6 to 0.19.8 from their PyPI sdists, which no tag of
+// the snapshot read holds).
+
+namespace hpz {
+namespace {
+
+// Tags of deepspeedai/DeepSpeed from v0.10.0, the first holding PR 3784 (ZeRO++), with
+// `git log -1 --format=%cs`; 0.19.6 to 0.19.8 with their sdists' dates on PyPI.
+const std::vector<DeepSpeedRelease> kReleases = {
+    {"0.10.0", "2023-07-17"}, {"0.10.1", "2023-08-18"}, {"0.10.2", "2023-08-31"},
+    {"0.10.3", "2023-09-11"}, {"0.11.0", "2023-10-06"}, {"0.11.1", "2023-10-09"},
+    {"0.11.2", "2023-10-31"}, {"0.12.0", "2023-11-03"}, {"0.12.1", "2023-11-03"},
+    {"0.12.2", "2023-11-03"}, {"0.12.3", "2023-11-10"}, {"0.12.4", "2023-11-30"},
+    {"0.12.5", "2023-12-15"}, {"0.12.6", "2023-12-20"}, {"0.13.0", "2024-01-19"},
+    {"0.13.1", "2024-01-23"}, {"0.13.2", "2024-02-10"}, {"0.13.3", "2024-02-23"},
+    {"0.13.4", "2024-02-26"}, {"0.13.5", "2024-03-05"}, {"0.14.0", "2024-03-07"},
+    {"0.14.1", "2024-04-15"}, {"0.14.2", "2024-04-23"}, {"0.14.3", "2024-06-12"},
+    {"0.14.4", "2024-06-20"}, {"0.14.5", "2024-08-15"}, {"0.15.0", "2024-08-22"},
+    {"0.15.1", "2024-09-04"}, {"0.15.2", "2024-10-09"}, {"0.15.3", "2024-10-22"},
+    {"0.15.4", "2024-11-06"}, {"0.16.0", "2024-11-25"}, {"0.16.1", "2024-12-05"},
+    {"0.16.2", "2024-12-18"}, {"0.16.3", "2025-01-21"}, {"0.16.4", "2025-02-20"},
+    {"0.16.5", "2025-03-27"}, {"0.16.6", "2025-04-16"}, {"0.16.7", "2025-04-18"},
+    {"0.16.8", "2025-05-19"}, {"0.16.9", "2025-05-22"}, {"0.17.0", "2025-06-02"},
+    {"0.17.1", "2025-06-09"}, {"0.17.2", "2025-07-06"}, {"0.17.3", "2025-07-26"},
+    {"0.17.4", "2025-07-31"}, {"0.17.5", "2025-08-19"}, {"0.17.6", "2025-09-19"},
+    {"0.18.0", "2025-10-07"}, {"0.18.1", "2025-10-23"}, {"0.18.2", "2025-11-04"},
+    {"0.18.3", "2025-12-09"}, {"0.18.4", "2026-01-07"}, {"0.18.5", "2026-01-29"},
+    {"0.18.6", "2026-02-12"}, {"0.18.7", "2026-03-05"}, {"0.18.8", "2026-03-13"},
+    {"0.18.9", "2026-03-30"}, {"0.19.0", "2026-05-06"}, {"0.19.1", "2026-05-25"},
+    {"0.19.2", "2026-06-16"}, {"0.19.3", "2026-07-22"}, {"0.19.4", "2026-08-06"},
+    {"0.19.5", "2026-08-09"}, {"0.19.6", "2026-08-27"}, {"0.19.7", "2026-09-16"},
+    {"0.19.8", "2026-10-20"},
+};
+
+// The rules, oldest first, read release by release in deepspeedai/DeepSpeed's ZeRO-3 files
+// (docs/deepspeed-releases.md). Each modelled one changes VersionRules from the state before it;
+// the state before the first is VersionRules's defaults, v0.13.0-v0.13.1's behaviour. A rule
+// with `until` holds from `first` up to the release before `until`.
+constexpr const char* kLoadPath =
+    "a model or checkpoint load after zero.Init (from_pretrained's GatheredParameters with "
+    "modifier_rank, Module.apply, load_checkpoint), which the builder's and the recorder's "
+    "schedules leave out: both build the model from its config";
+const std::vector<ReleaseRule> kRules = {
+    // v0.10.0 to v0.12.6: ZeRO++ (PR 3784) as it first shipped, before the state the builder
+    // starts from.
+    {.id = "loss-item-off-boundary-only",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "engine.backward logs `loss.mean().item()` only on micro-steps that are not a "
+             "gradient-accumulation boundary (ENG:1884 at v0.10.0): no host sync before the "
+             "backward of a step's last micro-batch",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.10.1"},
+    {.id = "forward-gathers-never-use-secondary",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "every forward gather, no_grad ones too (reentrant checkpointing's first forward), "
+             "gathers the primary over the world; only backward gathers read the secondary "
+             "(PO:494, 516 at v0.10.0). PR 4232 lets no-grad forwards use it in v0.10.2",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.10.2"},
+    {.id = "gradient-bucket-strict-bound",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "a gradient that exactly fills the bucket is not copied into the contiguous buffer "
+             "(`<`, S3:1119 before PR 4321 made it `<=` in v0.11.0)",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.11.0"},
+    {.id = "blocking-gathers-as-list-all-gather",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "`_allgather_params` (init, a single persistent parameter at the step) issues a "
+             "list all_gather and copies out of NCCL's buffer; PR 4705 makes it "
+             "all_gather_into_tensor in v0.12.4 (PP:1818)",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.12.4"},
+    {.id = "grad-norm-sync-per-sub-group",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "the gradient norm's `.item()` after each sub-group's all-reduce (S3:1578 at "
+             "v0.10.0, S3:1689 at v0.12.6): one host sync per sub-group; PR 4436 leaves one "
+             "sync after all of them in v0.13.0",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.13.0"},
+    {.id = "qgz-without-reduce-scatter-fallback",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "qgZ sends every gradient through its two-stage all-to-all; PR 5056 sends those "
+             "whose size does not divide by twice the world through reduce_scatter from v0.13.2 "
+             "(CC:46)",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.13.2",
+     .when = RuleWhen::kQgz},
+    {.id = "invalidate-after-step-early",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "`invalidate_secondary_tensor()` in `_post_step` (S3:1822 at v0.10.0); PR 4288 "
+             "comments it out in v0.10.3 (issue 4851's stale secondaries)",
+     .apply = [](VersionRules& v) { v.invalidate_after_step = true; },
+     .until = "0.10.3"},
+    {.id = "no-invalidation-after-step",
+     .pr = "PR 4288",
+     .first = "0.10.3",
+     .what = "the step no longer frees the secondaries (S3:1858 at v0.10.3, commented out): a "
+             "gather after the step reads the secondary copied before it, stale (issue 4851)",
+     .apply = [](VersionRules& v) { v.invalidate_after_step = false; }},
+    {.id = "per-dtype-coalesced-gather",
+     .pr = "PR 4647",
+     .first = "0.12.3",
+     .what = "one all-gather per dtype in a coalesced fetch (PP:1064)",
+     .scope = RuleScope::kElsewhere,
+     .where = "models with parameters of more than one dtype; the builder's have one"},
+    {.id = "one-grad-norm-sync",
+     .pr = "PR 4436",
+     .first = "0.13.0",
+     .what = "one host sync for the gradient norm, `math.sqrt` of the norm tensor in "
+             "`get_global_norm` after every sub-group's all-reduce (S3:1702, 1969): the "
+             "builder's starting state",
+     .apply = [](VersionRules&) {}},
+    {.id = "z3-leaf-modules",
+     .pr = "PR 4966",
+     .first = "0.13.0",
+     .what = "`set_z3_leaf_modules`: a leaf module's parameters are fetched in one coalesced "
+             "gather at its own hooks, none on its children (PO:387, COORD:272)",
+     .scope = RuleScope::kElsewhere,
+     .where = "an opt-in until v0.18.0 (rule default-moe-leaf-modules)"},
+    {.id = "secondary-in-forward",
+     .pr = "PR 4906",
+     .first = "0.13.2",
+     .what = "the secondary is used by every gather once it exists, forward too "
+             "(PP:1174-1176), copied on every release of a parameter (the early return of "
+             "PP:1611-1613 at v0.13.1 removed), invalidated after every optimizer step (S3:1990), "
+             "and the coordinator gathers parameters with and without a secondary in separate "
+             "calls (COORD:449): the copy on the compute stream and the prefetched hpZ gather on "
+             "another are unordered (issue 5059). PR 5104 drops the optimizer step at init",
+     .apply =
+         [](VersionRules& v) {
+           v.secondary_only_backward = false;
+           v.copy_only_on_create = false;
+           v.invalidate_after_step = true;
+           v.split_by_secondary = true;
+           v.optimizer_step_at_init = false;
+         }},
+    {.id = "no-loss-item-in-backward",
+     .pr = "PR 5135",
+     .first = "0.13.3",
+     .what = "engine.backward keeps the loss as a tensor (ENG:1955 `loss.mean().detach()`): no "
+             "host sync of the compute stream before the backward (v0.13.2 still has it, "
+             "ENG:1954)",
+     .apply = [](VersionRules& v) { v.loss_item_in_backward = false; }},
+    {.id = "host-sync-after-secondary-copy",
+     .pr = "PR 5216",
+     .first = "0.13.5",
+     .what = "`get_accelerator().current_stream().synchronize()` at the end of "
+             "`_partition_param_sec` (PP:1647): the host waits for each secondary copy, which "
+             "orders it before every later gather; the copy's bounds become "
+             "`narrow(0, 0, sec_numel)`, which raises where a secondary slice starts past the "
+             "parameter's end (PP:1640; issue 5642)",
+     .apply =
+         [](VersionRules& v) {
+           v.host_sync_after_copy = true;
+           v.copy_bounds = CopyBounds::kSecNumel;
+         }},
+    {.id = "grad-norm-without-host-sync",
+     .pr = "PR 5256",
+     .first = "0.14.1",
+     .what = "the gradient norm stays on the device (S3:2030 `torch.norm(torch.stack(...))`): no "
+             "host sync after the norm's all-reduces; with gradient_clipping, `if clip > 1` on a "
+             "device tensor syncs once per sub-group inside the step (S3:2114). Reverted by PR "
+             "5461 in v0.14.3",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.14.3"},
+    {.id = "secondary-copy-only-when-updated",
+     .pr = "PR 5613",
+     .first = "0.14.3",
+     .what = "`_partition_param_sec` returns early when a secondary exists and "
+             "`has_been_updated` is false, which `_partition` never passes (PP:1667, 1531): the "
+             "secondary is copied once after each invalidation and never refreshed by a release. "
+             "A model or checkpoint load after zero.Init leaves it stale (issue 7606)",
+     .apply = [](VersionRules& v) { v.copy_only_on_create = true; }},
+    {.id = "zero-element-secondary-slices",
+     .pr = "PR 5652",
+     .first = "0.14.4",
+     .what = "the secondary copy's element count is clamped, `max(0, min(...))` (PP:1692), so a "
+             "slice that straddles the parameter's end copies its own elements; one that starts "
+             "past the end still raises in narrow() (issue 6659)",
+     .apply = [](VersionRules& v) { v.copy_bounds = CopyBounds::kClamped; }},
+    {.id = "grad-norm-on-device",
+     .pr = "PR 5504",
+     .first = "0.14.5",
+     .what = "the norm and the clipping run on the device (S3:2031 `torch.linalg.norm`, S3:2115 "
+             "`torch.clamp`); read in the code, no host sync is left on the norm's path. The "
+             "recordings of 0.17.6 (and of 0.15.4 and 0.16.9 where they are held) still hold the "
+             "two host syncs of the compute stream in the step that 0.13.4's do, which the "
+             "builder issues: which lines of DeepSpeed (or of torch's AdamW, which the recorder "
+             "runs for FusedAdam) they come from is not established",
+     .apply = [](VersionRules&) {}},
+    {.id = "in-flight-cleanup-at-reset",
+     .pr = "PR 6557",
+     .first = "0.15.3",
+     .what = "reset_step, _invalidate_trace and release_and_reset_all wait on every gather "
+             "still in flight and release its parameters (COORD:156-160, 167, 214, 417)",
+     .scope = RuleScope::kElsewhere,
+     .where = "a trace invalidated with prefetches in flight; none is in flight at a reset in the "
+              "builder's schedules, as the 0.17.6 recording shows"},
+    {.id = "one-coordinator-reset-at-forward-start",
+     .pr = "PR 6662",
+     .first = "0.15.4",
+     .what = "one coordinator for training and inference: reset_step runs at the start of every "
+             "forward (PO:226-230 `_start_of_forward_hook`), the trace starting INVALID (COORD:96), "
+             "instead of at the end of the optimizer's backward (S3:2252 at v0.15.3)",
+     .apply = [](VersionRules& v) { v.reset_at_forward_start = true; }},
+    {.id = "prefetch-budget-kept-across-resets",
+     .pr = "PR 6726",
+     .first = "0.16.0",
+     .what = "`__n_available_params` is kept across reset_step and zeroed only in "
+             "release_and_reset_all (COORD:432): with parameters still gathered at a reset, the "
+             "prefetch budget shrinks. Reverted by PR 7258 in v0.16.8",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.16.8",
+     .when = RuleWhen::kGradAccum},
+    {.id = "post-accumulate-grad-hook",
+     .pr = "PR 6773",
+     .first = "0.16.3",
+     .what = "the gradient hook is registered with `register_post_accumulate_grad_hook` on torch "
+             ">= 2.1 (S3:1175, utils/torch.py:27): it fires at the same point, with the stream "
+             "AccumulateGrad runs on current",
+     .scope = RuleScope::kElsewhere,
+     .where = "the hook fires where it did, on the compute stream with the torch the recordings "
+              "ran (2.1.2); off it from torch 2.10 (rule accumulate-grad-off-compute-stream)"},
+    {.id = "gradient-bucket-never-reset",
+     .pr = "PR 6993",
+     .first = "0.17.2",
+     .what = "the IPG bucket's element count is never reset (S3:1301, 1337): after the first "
+             "bucket every gradient is reduced alone, one reduce_scatter_coalesced each without "
+             "the flat-buffer copy. Fixed by PR 7418 in v0.17.3",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.17.3"},
+    {.id = "trace-check-broadcasts-length",
+     .pr = "PR 7525",
+     .first = "0.17.6",
+     .what = "assert_ints_same_as_other_ranks broadcasts the list's length, then the list, and "
+             "reads each element with `.item()` (ZU:71-85, 100, 112)",
+     .apply = [](VersionRules& v) { v.length_broadcast_in_trace_check = true; }},
+    {.id = "default-moe-leaf-modules",
+     .pr = "PR 7604",
+     .first = "0.18.0",
+     .what = "MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock and Qwen3MoeSparseMoeBlock are z3 "
+             "leaf modules by default (leaf_module_config.py:11-15; ENG:1302): router and experts "
+             "gathered in one coalesced fetch at the block's hooks, none on the experts, "
+             "gradients reduced from the block's full backward hook (PR 7592, S3:1233)",
+     .scope = RuleScope::kUnmodelled,
+     .when = RuleWhen::kMoeLeaf},
+    {.id = "secondary-recopied-after-load",
+     .pr = "PR 7707",
+     .first = "0.18.3",
+     .what = "`_partition` passes `has_been_updated` again (PP:1635), so a load through "
+             "GatheredParameters(modifier_rank) or Module.apply re-copies the secondary, and "
+             "checkpoint_event_epilogue invalidates the secondaries (S3:3027): issue 7606's stale "
+             "secondaries after a load (v0.14.3 to v0.18.2) are fixed",
+     .scope = RuleScope::kElsewhere,
+     .where = kLoadPath},
+    {.id = "leaf-backward-fetch-serialized",
+     .pr = "PR 7825",
+     .first = "0.18.6",
+     .what = "concurrent pre-backward fetches of one leaf module from autograd's threads: one "
+             "fetches, the others wait on it (COORD:295-330; issue 7824)",
+     .scope = RuleScope::kElsewhere,
+     .where = "z3 leaf modules whose backward hooks run on several threads; the builder has no "
+              "leaf modules and runs hooks one at a time"},
+    {.id = "reduce-stream-waits-on-current-stream",
+     .pr = "PR 7897",
+     .first = "0.18.8",
+     .what = "the reduce stream waits on the current stream, not the default one, before a "
+             "gradient's bucket copy (S3:1363; issue 7898)",
+     .scope = RuleScope::kElsewhere,
+     .where = "the same wait where the gradient hook runs on the compute stream, as with the "
+              "torch the recordings ran; from torch 2.10 see accumulate-grad-off-compute-stream"},
+    {.id = "accumulate-grad-off-compute-stream",
+     .pr = "issue 7898",
+     .first = "0.10.0",
+     .what = "with torch 2.10 or newer, autograd runs AccumulateGrad and the gradient hook on a "
+             "stream other than the compute stream (as PR 7897's author reports; not read in "
+             "torch's code here): before v0.18.8 the reduce stream's wait on the default stream "
+             "misses the gradient's write (NaN)",
+     .scope = RuleScope::kUnmodelled,
+     .when = RuleWhen::kTorch,
+     .torch_from = "2.10"},
+    {.id = "trace-invalidated-on-hook-reregistration",
+     .pr = "PR 8043",
+     .first = "0.19.2",
+     .what = "re-registering the hooks invalidates the trace (PO:310-313, COORD:165)",
+     .scope = RuleScope::kElsewhere,
+     .where = "hooks removed and added again (TRL's unwrap_model_for_generation); the builder "
+              "registers them once"},
+    {.id = "backward-leftovers-released",
+     .pr = "PR 8148",
+     .first = "0.19.3",
+     .what = "modules whose pre-backward hook ran but whose post-backward never runs (their "
+             "inputs need no gradient: the embedding) are released at the end of every backward, "
+             "after the reduction epilogue's synchronize (COORD:554, S3:2742), instead of at the "
+             "step",
+     .scope = RuleScope::kUnmodelled},
+    {.id = "secondary-zero-filled",
+     .pr = "PR 8210",
+     .first = "0.19.5",
+     .what = "`ds_secondary_tensor.zero_()` over the whole secondary, then the copy only where "
+             "`sec_numel > 0` (PP:1899-1902): a slice that starts past the parameter's end holds "
+             "zeros instead of raising (issue 6659), and padding is written",
+     .scope = RuleScope::kUnmodelled},
+    {.id = "qwz-bf16-cast",
+     .pr = "PR 8215",
+     .first = "0.19.6",
+     .what = "qwZ's quantizer casts bf16 to fp16 first and dequantizes back to the parameter's "
+             "dtype (PP:882-890): a cast kernel and an fp16 temporary on the all-gather stream per "
+             "quantized gather",
+     .scope = RuleScope::kUnmodelled,
+     .when = RuleWhen::kQwzBf16},
+    {.id = "norm-validity-host-sync",
+     .pr = "0.19.8",
+     .first = "0.19.8",
+     .what = "the step combines the norm groups and tests the norm with `bool(...)` "
+             "(`is_invalid_grad_norm`, S3:2878-2893): a host sync of the compute stream before "
+             "the sub-groups' updates, in bf16 too; `_allgather_params_coalesced` waits on every "
+             "launch handle (PP:2111-2112)",
+     .scope = RuleScope::kUnmodelled},
+};
+
+/** The numbers of "0.13.4"; an empty vector for anything else. */
+std::vector<int> numbers_of(const std::string& v) {
+  std::vector<int> out;
+  const char* p = v.data();
+  const char* end = p + v.size();
+  while (p < end) {
+    int n = 0;
+    const auto [next, ec] = std::from_chars(p, end, n);
+    if (ec != std::errc{} || next == p) return {};
+    out.push_back(n);
+    p = next;
+    if (p == end) break;
+    if (*p != '.') return {};
+    ++p;
+    if (p == end) return {};
+  }
+  return out;
+}
+
+std::string release_list_hint() {
+  return fmt::format("a DeepSpeed release from {} to {}, latest, all, or a range A..B",
+                     kReleases.front().version, kReleases.back().version);
+}
+
+/** Whether `rule` holds in `release` (from its first release to the one before `until`). */
+bool holds_in(const ReleaseRule& rule, const std::string& release) {
+  return compare_versions(rule.first, release) <= 0 &&
+         (*rule.until == '\0' || compare_versions(release, rule.until) < 0);
+}
+
+const ReleaseRule* first_unmodelled(const std::string& release, const RunTraits& traits) {
+  for (const ReleaseRule& r : kRules) {
+    if (r.scope == RuleScope::kUnmodelled && holds_in(r, release) && rule_applies(r, traits)) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const std::vector<DeepSpeedRelease>& deepspeed_releases() { return kReleases; }
+
+const std::string& latest_deepspeed_release() {
+  static const std::string latest = kReleases.back().version;
+  return latest;
+}
+
+const std::vector<ReleaseRule>& deepspeed_release_rules() { return kRules; }
+
+int compare_versions(const std::string& a, const std::string& b) {
+  const std::vector<int> x = numbers_of(a);
+  const std::vector<int> y = numbers_of(b);
+  if (x < y) return -1;
+  return x == y ? 0 : 1;
+}
+
+bool is_deepspeed_release(const std::string& version) {
+  return std::any_of(kReleases.begin(), kReleases.end(),
+                     [&](const DeepSpeedRelease& r) { return version == r.version; });
+}
+
+std::string canonical_deepspeed_version(const std::string& version) {
+  return version == "latest" ? latest_deepspeed_release() : version;
+}
+
+bool rule_applies(const ReleaseRule& rule, const RunTraits& traits) {
+  switch (rule.when) {
+    case RuleWhen::kAlways:
+      return true;
+    case RuleWhen::kGradAccum:
+      return traits.grad_accum > 1;
+    case RuleWhen::kMoeLeaf:
+      return traits.family == "mixtral" || traits.family == "qwen2_moe" ||
+             traits.family == "qwen3_moe";
+    case RuleWhen::kTorch:
+      return !traits.torch.empty() && compare_versions(traits.torch, rule.torch_from) >= 0;
+    case RuleWhen::kQwzBf16:
+      return traits.qwz_bf16;
+    case RuleWhen::kQgz:
+      return traits.qgz;
+  }
+  return true;
+}
+
+VersionRules version_rules(const std::string& release, const RunTraits& traits,
+                           const std::string& where, const std::string& key) {
+  const std::string v = canonical_deepspeed_version(release);
+  if (!is_deepspeed_release(v)) {
+    throw InputError(where, key, fmt::format("'{}' is not {}", release, release_list_hint()));
+  }
+  if (const ReleaseRule* r = first_unmodelled(v, traits)) {
+    throw ReleaseRefusal(where, key,
+                         fmt::format("DeepSpeed {} is not modelled yet: the builder lacks rule "
+                                     "'{}' ({}, {}), which changes this run's schedule "
+                                     "(docs/deepspeed-releases.md)",
+                                     v, r->id, r->pr, window_of(*r)));
+  }
+  VersionRules out;
+  for (const ReleaseRule& r : kRules) {
+    if (compare_versions(r.first, v) > 0) continue;
+    if (r.scope == RuleScope::kModelled && r.apply != nullptr) r.apply(out);
+  }
+  out.name = v;
+  return out;
+}
+
+const ReleaseRule* missing_rule(const std::string& release, const RunTraits& traits) {
+  return first_unmodelled(release, traits);
+}
+
+std::string window_of(const ReleaseRule& rule) {
+  std::string out = *rule.until == '\0' ? fmt::format("from {}", rule.first)
+                                         : fmt::format("{} to the release before {}", rule.first,
+                                                       rule.until);
+  if (rule.when == RuleWhen::kTorch) out += fmt::format(", with torch >= {}", rule.torch_from);
+  return out;
+}
+
+std::string releases_label(const std::vector<std::string>& releases) {
+  if (releases.size() == 1) return releases.front();
+  std::size_t at = 0;
+  while (at < kReleases.size() && releases.front() != kReleases[at].version) ++at;
+  bool consecutive = at + releases.size() <= kReleases.size();
+  for (std::size_t i = 0; consecutive && i < releases.size(); ++i) {
+    consecutive = releases[i] == kReleases[at + i].version;
+  }
+  if (consecutive) {
+    return fmt::format("{}-{} ({} releases)", releases.front(), releases.back(), releases.size());
+  }
+  std::string out;
+  for (const std::string& r : releases) out += (out.empty() ? "" : ", ") + r;
+  return out;
+}
+
+std::string ReleaseEpoch::span() const {
+  return releases.size() == 1 ? first() : first() + "-" + last();
+}
+
+std::vector<ReleaseEpoch> deepspeed_epochs(const RunTraits& traits) {
+  std::vector<ReleaseEpoch> out;
+  for (const DeepSpeedRelease& rel : kReleases) {
+    std::vector<const ReleaseRule*> opening;
+    bool ends = false;
+    for (const ReleaseRule& r : kRules) {
+      if (r.first == std::string(rel.version)) opening.push_back(&r);
+      ends = ends || r.until == std::string(rel.version);
+    }
+    const ReleaseRule* missing = first_unmodelled(rel.version, traits);
+    const std::string refused = missing ? fmt::format("lacks rule '{}' ({}, {})", missing->id,
+                                                      missing->pr, window_of(*missing))
+                                        : "";
+    if (out.empty() || !opening.empty() || ends || out.back().refused != refused) {
+      out.push_back({{}, std::move(opening), refused});
+    }
+    out.back().releases.emplace_back(rel.version);
+  }
+  return out;
+}
+
+std::vector<std::string> expand_deepspeed_versions(const std::string& spec,
+                                                   const std::string& key) {
+  std::set<std::string> chosen;
+  const auto release_of = [&](const std::string& name) {
+    const std::string v = canonical_deepspeed_version(name);
+    if (!is_deepspeed_release(v)) {
+      throw InputError("", key,
+                       fmt::format("'{}' is not {} (comma-separated)", name, release_list_hint()));
+    }
+    return v;
+  };
+  std::size_t from = 0;
+  while (from <= spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', from), spec.size());
+    const std::string part = spec.substr(from, comma - from);
+    from = comma + 1;
+    if (part == "all") {
+      for (const DeepSpeedRelease& r : kReleases) chosen.insert(r.version);
+      continue;
+    }
+    const std::size_t dots = part.find("..");
+    if (dots == std::string::npos) {
+      chosen.insert(release_of(part));
+      continue;
+    }
+    const std::string lo = release_of(part.substr(0, dots));
+    const std::string hi = release_of(part.substr(dots + 2));
+    if (compare_versions(lo, hi) > 0) {
+      throw InputError("", key, fmt::format("the range '{}' runs backwards (write {}..{})", part,
+                                            hi, lo));
+    }
+    for (const DeepSpeedRelease& r : kReleases) {
+      if (compare_versions(r.version, lo) >= 0 && compare_versions(r.version, hi) <= 0) {
+        chosen.insert(r.version);
+      }
+    }
+  }
+  std::vector<std::string> out(chosen.begin(), chosen.end());
+  std::sort(out.begin(), out.end(),
+            [](const std::string& a, const std::string& b) { return compare_versions(a, b) < 0; });
+  return out;
+}
+
+}  // namespace hpz

@@ -1,0 +1,195 @@
+// DeepSpeed's releases and the changes between them that alter the ZeRO-3 / hpZ schedule: the
+// release table (every release from the first with zero_hpz_partition_size to the newest on
+// PyPI), the rules (one per change in what is issued or in what order, named after its PR and
+// the first release that has it), and the fold of those rules into what the DeepSpeed builder
+// does for one release. docs/deepspeed-releases.md is rendered from these tables
+// (`hpzlab releases --markdown`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sim/error.hpp"
+
+namespace hpz {
+
+/** How `_partition_param_sec` bounds its copy into the secondary (sim/deepspeed_builder.cpp). */
+enum class CopyBounds {
+  kLegacy,    ///< up to v0.13.4: tests the primary slice's bounds (PP:1637-1651 at v0.13.4)
+  kSecNumel,  ///< v0.13.5 - v0.14.2 (PR 5216): `sec_numel`, negative past the end (issue 5642)
+  /// v0.14.4 on (PR 5652): `max(0, min(...))`, the secondary slice's own elements; a slice that
+  /// starts past the end still raises (issue 6659)
+  kClamped,
+  /// v0.19.5 on (PR 8210): the secondary zero-filled first, then the clamped count copied only
+  /// where it is positive: a slice past the end holds zeros
+  kZeroFilled,
+};
+
+/** What the DeepSpeed builder does differently from one release to the next on the hpZ path:
+ *  the fold of the modelled rules (ReleaseRule::apply) up to a release. */
+struct VersionRules {
+  std::string name;  ///< the release, "0.13.4"
+  /// The pre-forward hook passes forward=torch.is_grad_enabled() (PO:497-507 at v0.13.1), and
+  /// gathers with forward=True never use the secondary (PP:1175 at v0.13.1); later versions
+  /// pass forward=True (PO:452) and use the secondary whenever it exists (PP:1174-1176).
+  bool secondary_only_backward = true;
+  /// `_partition_param_sec` returns early when a secondary exists: no copy on release
+  /// (PP:1611-1613 at v0.13.1; again from v0.14.3, PR 5613, has_been_updated never passed).
+  bool copy_only_on_create = true;
+  /// `current_stream().synchronize()` after the copy (PR 5216, v0.13.5).
+  bool host_sync_after_copy = false;
+  /// `invalidate_secondary_tensor()` in `_post_step` (S3:1991; commented out at v0.13.1).
+  bool invalidate_after_step = false;
+  /// engine.backward logs the loss with `loss.mean().item()`, a host sync of S0 before the
+  /// backward pass (runtime/engine.py:1944 at v0.13.1); later versions keep it as a tensor.
+  bool loss_item_in_backward = true;
+  /// The coordinator gathers parameters with and without a secondary in separate calls
+  /// (COORD:440-455, PR 4906); v0.13.1 gathers them in one (COORD:447 at v0.13.1).
+  bool split_by_secondary = false;
+  /// initialize_optimizer_states runs the optimizer step once to create its states (S3:1014 at
+  /// v0.13.1); later versions do not.
+  bool optimizer_step_at_init = true;
+  /// One coordinator for training and inference (PR 6662, v0.16.0): reset_step runs at the
+  /// start of every forward (PO:248-253 at v0.17.6, the trace starting INVALID) instead of at
+  /// the end of the optimizer's backward (S3:2215 at v0.13.4), and assert_ints_same_as_other_ranks
+  /// first checks the list's length (utils.py:70-84, 104-113 at v0.17.6): a broadcast of the
+  /// length and its `.item()`, then the list's broadcast and one `.item()` per element.
+  bool reset_at_forward_start = false;
+  /// `_partition_param_sec`'s copy bounds (PR 5216 in v0.13.5, PR 5652 in v0.14.4).
+  CopyBounds copy_bounds = CopyBounds::kLegacy;
+  /// assert_ints_same_as_other_ranks broadcasts the list's length first, then `.item()` of each
+  /// element (ZU:71-85, 112 at v0.17.6, PR 7525); before, one broadcast of the list.
+  bool length_broadcast_in_trace_check = false;
+  /// `ds_secondary_tensor.zero_()` over the whole secondary before its copy, and no copy where
+  /// the slice starts past the parameter's end (PP:1899-1902 at v0.19.5, PR 8210).
+  bool zero_fill_secondary = false;
+  /// The step tests the gradient norm with `bool(...)` (`is_invalid_grad_norm`), a host sync of
+  /// the compute stream before the sub-groups' updates, in bf16 too (S3:2878-2893 at 0.19.8).
+  bool norm_validity_sync = false;
+  /// `_allgather_params_coalesced` waits on every launch handle (PP:2111-2112 at 0.19.8), not
+  /// only the last (PP:2092 at 0.19.7).
+  bool wait_every_blocking_handle = false;
+
+  bool operator==(const VersionRules&) const = default;
+};
+
+/** A release the builder does not model, or a configuration on which that release of DeepSpeed
+ *  itself raises: one line, as any InputError, but a matrix of releases (`check --deepspeed
+ *  A..B`) prints it on that release's line and goes on. */
+class ReleaseRefusal : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+/** One release of DeepSpeed: its version and the day it was tagged (or uploaded to PyPI). */
+struct DeepSpeedRelease {
+  const char* version;
+  const char* date;
+};
+
+/** Whether a rule changes what the builder issues, and so what a release it applies to needs. */
+enum class RuleScope {
+  kModelled,    ///< the builder models it (ReleaseRule::apply)
+  kElsewhere,   ///< it changes only a path the builder's schedules never take (ReleaseRule::where)
+  kUnmodelled,  ///< it changes the builder's schedules and is not modelled: refused from `first`
+};
+
+/** What a run has that decides whether a conditional rule applies to it. */
+struct RunTraits {
+  std::string torch;           ///< torch's version, "" = the recordings' (2.1.2)
+  int grad_accum = 1;          ///< gradient_accumulation_steps
+  std::string family;          ///< model.family ("llama", "mixtral", ...)
+  bool qwz_bf16 = false;       ///< qwZ on bf16 parameters
+  bool qgz = false;            ///< qgZ (zero_quantized_gradients)
+};
+
+/** When a rule applies: always, or only to runs with a trait. */
+enum class RuleWhen {
+  kAlways,
+  kGradAccum,  ///< gradient accumulation over more than one micro-step
+  kMoeLeaf,    ///< Mixtral, Qwen2-MoE or Qwen3-MoE, whose sparse blocks are z3 leaf modules
+  kTorch,      ///< torch at ReleaseRule::torch_from or newer
+  kQwzBf16,    ///< qwZ on bf16 parameters
+  kQgz,        ///< qgZ
+};
+
+/** A change in DeepSpeed's ZeRO-3 code that alters what is issued, or in what order. */
+struct ReleaseRule {
+  const char* id;     ///< short name, e.g. "secondary-in-forward"
+  const char* pr;     ///< "PR 4906" (or "issue N" where no PR is named)
+  const char* first;  ///< the first release that has it (`git tag --contains`)
+  const char* what;   ///< what changes in the issued schedule, with file:line at `first`
+  RuleScope scope = RuleScope::kModelled;
+  void (*apply)(VersionRules&) = nullptr;  ///< kModelled: the change to the builder's rules
+  const char* where = "";  ///< kElsewhere: the path it changes and why the builder never takes it
+  /// The first release that no longer has it ("" = every release from `first` on); for a
+  /// kUnmodelled rule, the releases from `until` on are not refused for it.
+  const char* until = "";
+  RuleWhen when = RuleWhen::kAlways;  ///< which runs it applies to
+  const char* torch_from = "";        ///< RuleWhen::kTorch: the first torch it applies to
+};
+
+/** Every release from the first with zero_hpz_partition_size (ZeRO++, PR 3784) to the newest on
+ *  PyPI, oldest first. */
+const std::vector<DeepSpeedRelease>& deepspeed_releases();
+
+/** The newest release in deepspeed_releases(), what `latest` names. */
+const std::string& latest_deepspeed_release();
+
+/** The rules, in the order of their first release. */
+const std::vector<ReleaseRule>& deepspeed_release_rules();
+
+/** -1, 0 or 1 as version `a` is older than, the same as or newer than `b` ("0.13.4" < "0.13.10"). */
+int compare_versions(const std::string& a, const std::string& b);
+
+/** Whether `version` is in deepspeed_releases(). */
+bool is_deepspeed_release(const std::string& version);
+
+/** "latest" as the newest release; any other name as given. */
+std::string canonical_deepspeed_version(const std::string& version);
+
+/** "0.14.1 to the release before 0.14.3", "from 0.18.0", with the torch it needs if any. */
+std::string window_of(const ReleaseRule& rule);
+
+/** Whether `rule` applies to a run with `traits`. */
+bool rule_applies(const ReleaseRule& rule, const RunTraits& traits);
+
+/** What the builder does for `release` on a run with `traits`: the fold of every modelled rule
+ *  up to it. Throws InputError (file `where`, key `key`) for a name that is no release, and
+ *  ReleaseRefusal for a release under a rule the builder does not model, naming the rule. */
+VersionRules version_rules(const std::string& release, const RunTraits& traits = {},
+                           const std::string& where = "",
+                           const std::string& key = "zero.deepspeed_version");
+
+/** The rule that keeps the builder from modelling `release` for a run with `traits`, nullptr
+ *  when it models it (`release` must be a release). */
+const ReleaseRule* missing_rule(const std::string& release, const RunTraits& traits = {});
+
+/** "0.13.2-0.13.4 (3 releases)" where `releases` are consecutive in deepspeed_releases(), else
+ *  "0.13.4, 0.14.4"; one release as itself. */
+std::string releases_label(const std::vector<std::string>& releases);
+
+/** Releases the builder treats alike: consecutive releases under the same rules. */
+struct ReleaseEpoch {
+  std::vector<std::string> releases;  ///< oldest first
+  std::vector<const ReleaseRule*> rules;  ///< the rules whose first release opens this epoch
+  /// Why the builder refuses these releases ("" when it models them): the rule it lacks.
+  std::string refused;
+  std::string first() const { return releases.front(); }
+  std::string last() const { return releases.back(); }
+  /** "0.13.2-0.13.4", or "0.13.5" for one release. */
+  std::string span() const;
+};
+
+/** The releases grouped into epochs for a run with `traits`, oldest first: a new epoch opens at
+ *  each rule's first release and where a rule ends (kElsewhere rules included, so that the table
+ *  shows them). */
+std::vector<ReleaseEpoch> deepspeed_epochs(const RunTraits& traits = {});
+
+/** The releases a --deepspeed value names, oldest first, without repeats: a release, `latest`,
+ *  `all`, a range `A..B` (both ends releases, or `latest`), or a comma-separated list of these.
+ *  Throws InputError (key `key`) naming the first part that is none of these. */
+std::vector<std::string> expand_deepspeed_versions(const std::string& spec,
+                                                   const std::string& key = "--deepspeed");
+
+}  // namespace hpz

@@ -1,0 +1,302 @@
+// The release table (sim/deepspeed_releases.hpp): every release from ZeRO++ to the newest, the
+// rules that fold into the builder's behaviour for each, the refusals where a rule is not
+// modelled, --deepspeed's ranges, and a finding followed across releases
+// (sim/check/release_history.hpp).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sim/check/release_history.hpp"
+#include "sim/deepspeed_builder.hpp"
+#include "sim/deepspeed_releases.hpp"
+#include "sim/error.hpp"
+#include "sim/scenario.hpp"
+#include "tests/paths.hpp"
+
+namespace hpz {
+namespace {
+
+/** The builder's table before the release rules (sim/deepspeed_builder.cpp at e26f317), whose
+ *  rows were each held equal to recordings of that release: the fold must give them back. */
+VersionRules anchored(const char* name, bool only_backward, bool on_create, bool host_sync,
+                      bool invalidate, bool loss_item, bool split, bool step_at_init,
+                      bool reset_at_forward, CopyBounds bounds) {
+  VersionRules v;
+  v.name = name;
+  v.secondary_only_backward = only_backward;
+  v.copy_only_on_create = on_create;
+  v.host_sync_after_copy = host_sync;
+  v.invalidate_after_step = invalidate;
+  v.loss_item_in_backward = loss_item;
+  v.split_by_secondary = split;
+  v.optimizer_step_at_init = step_at_init;
+  v.reset_at_forward_start = reset_at_forward;
+  v.length_broadcast_in_trace_check = reset_at_forward;  // one field then
+  v.copy_bounds = bounds;
+  return v;
+}
+
+TEST(DeepSpeedReleases, TheFoldGivesBackEveryRecordedRelease) {
+  EXPECT_EQ(version_rules("0.13.1"), anchored("0.13.1", true, true, false, false, true, false,
+                                              true, false, CopyBounds::kLegacy));
+  EXPECT_EQ(version_rules("0.13.4"), anchored("0.13.4", false, false, false, true, false, true,
+                                              false, false, CopyBounds::kLegacy));
+  EXPECT_EQ(version_rules("0.13.5"), anchored("0.13.5", false, false, true, true, false, true,
+                                              false, false, CopyBounds::kSecNumel));
+  EXPECT_EQ(version_rules("0.14.4"), anchored("0.14.4", false, true, true, true, false, true,
+                                              false, false, CopyBounds::kClamped));
+  EXPECT_EQ(version_rules("0.17.6"), anchored("0.17.6", false, true, true, true, false, true,
+                                              false, true, CopyBounds::kClamped));
+}
+
+TEST(DeepSpeedReleases, ReleasesBetweenRecordedOnesTakeTheirEpochsRules) {
+  // 0.13.2 is 0.13.4 but for engine.backward's loss.item() (PR 5135 came in 0.13.3).
+  VersionRules v0132 = version_rules("0.13.4");
+  v0132.loss_item_in_backward = true;
+  v0132.name = "0.13.2";
+  EXPECT_EQ(version_rules("0.13.2"), v0132);
+  // 0.14.3 is 0.14.4 with 0.13.5's copy bounds (PR 5652 came in 0.14.4).
+  VersionRules v0143 = version_rules("0.14.4");
+  v0143.copy_bounds = CopyBounds::kSecNumel;
+  v0143.name = "0.14.3";
+  EXPECT_EQ(version_rules("0.14.3"), v0143);
+  // 0.15.4 to 0.17.5 reset at forward start without the length's broadcast (PR 7525, 0.17.6).
+  const VersionRules v0169 = version_rules("0.16.9");
+  EXPECT_TRUE(v0169.reset_at_forward_start);
+  EXPECT_FALSE(v0169.length_broadcast_in_trace_check);
+  EXPECT_FALSE(version_rules("0.15.3").reset_at_forward_start);
+  for (const char* same : {"0.13.0", "0.13.3", "0.14.0"}) {
+    VersionRules v = version_rules(same);
+    v.name.clear();
+    VersionRules w = version_rules(same == std::string("0.13.0")   ? "0.13.1"
+                                   : same == std::string("0.13.3") ? "0.13.4"
+                                                                   : "0.13.5");
+    w.name.clear();
+    EXPECT_EQ(v, w) << same;
+  }
+}
+
+/** The id of the rule version_rules names when it refuses, "" when it does not. */
+std::string refusal(const std::string& release, const RunTraits& traits = {}) {
+  try {
+    version_rules(release, traits);
+  } catch (const ReleaseRefusal& e) {
+    const std::string what = e.what();
+    const auto open = what.find("rule '");
+    return what.substr(open + 6, what.find('\'', open + 6) - open - 6);
+  }
+  return "";
+}
+
+TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
+  EXPECT_EQ(refusal("0.10.0"), "loss-item-off-boundary-only");
+  EXPECT_EQ(refusal("0.12.6"), "grad-norm-sync-per-sub-group");
+  EXPECT_EQ(refusal("0.14.1"), "grad-norm-without-host-sync");
+  EXPECT_EQ(refusal("0.14.2"), "grad-norm-without-host-sync");
+  EXPECT_EQ(refusal("0.17.2"), "gradient-bucket-never-reset");
+  EXPECT_EQ(refusal("0.17.3"), "");
+  // Conditional rules: gradient accumulation, the MoE families DeepSpeed makes leaf modules,
+  // qgZ before its reduce_scatter fallback, torch 2.10.
+  RunTraits accum;
+  accum.grad_accum = 2;
+  EXPECT_EQ(refusal("0.16.0"), "");
+  EXPECT_EQ(refusal("0.16.0", accum), "prefetch-budget-kept-across-resets");
+  EXPECT_EQ(refusal("0.16.8", accum), "");
+  RunTraits mixtral;
+  mixtral.family = "mixtral";
+  EXPECT_EQ(refusal("0.17.6", mixtral), "");
+  EXPECT_EQ(refusal("0.18.2", mixtral), "default-moe-leaf-modules");
+  RunTraits qgz;
+  qgz.qgz = true;
+  EXPECT_EQ(refusal("0.13.1", qgz), "qgz-without-reduce-scatter-fallback");
+  EXPECT_EQ(refusal("0.13.4", qgz), "");
+  RunTraits torch210;
+  torch210.torch = "2.10.0";
+  EXPECT_EQ(refusal("0.17.6", torch210), "accumulate-grad-off-compute-stream");
+  // A name that is no release is bad input, not a refusal.
+  EXPECT_THROW(
+      {
+        try {
+          version_rules("0.13.10");
+        } catch (const ReleaseRefusal&) {
+          ADD_FAILURE() << "an unknown name was refused as a release";
+          throw;
+        }
+      },
+      InputError);
+}
+
+TEST(DeepSpeedReleases, TheTableRunsFromZeroPlusPlusToTheNewestOnPyPI) {
+  const auto& r = deepspeed_releases();
+  EXPECT_EQ(std::string(r.front().version), "0.10.0");  // PR 3784, ZeRO++
+  EXPECT_EQ(std::string(r.back().version), "0.19.8");
+  EXPECT_EQ(latest_deepspeed_release(), "0.19.8");
+  for (std::size_t i = 1; i < r.size(); ++i) {
+    EXPECT_LT(compare_versions(r[i - 1].version, r[i].version), 0) << r[i].version;
+    EXPECT_LE(std::string(r[i - 1].date), std::string(r[i].date)) << r[i].version;
+  }
+  for (const ReleaseRule& rule : deepspeed_release_rules()) {
+    EXPECT_TRUE(is_deepspeed_release(rule.first)) << rule.id;
+    if (*rule.until != '\0') {
+      EXPECT_LT(compare_versions(rule.first, rule.until), 0) << rule.id;
+    }
+    EXPECT_EQ(rule.scope == RuleScope::kModelled, rule.apply != nullptr) << rule.id;
+    EXPECT_EQ(rule.scope == RuleScope::kElsewhere, *rule.where != '\0') << rule.id;
+  }
+}
+
+TEST(DeepSpeedReleases, VersionSpecsExpandToReleases) {
+  const auto all = expand_deepspeed_versions("all");
+  EXPECT_EQ(all.size(), deepspeed_releases().size());
+  EXPECT_EQ(expand_deepspeed_versions("0.13.2..0.13.5"),
+            (std::vector<std::string>{"0.13.2", "0.13.3", "0.13.4", "0.13.5"}));
+  EXPECT_EQ(expand_deepspeed_versions("latest"), (std::vector<std::string>{"0.19.8"}));
+  // Sorted, without repeats, ranges and single releases mixed.
+  EXPECT_EQ(expand_deepspeed_versions("0.14.4,0.13.4,0.13.3..0.13.4"),
+            (std::vector<std::string>{"0.13.3", "0.13.4", "0.14.4"}));
+  EXPECT_EQ(expand_deepspeed_versions("0.19.7..latest"),
+            (std::vector<std::string>{"0.19.7", "0.19.8"}));
+  for (const char* bad : {"", "0.13.4,", "0.9.0", "0.13.5..0.13.4", "0.13..0.14", "1.0.0"}) {
+    EXPECT_THROW(expand_deepspeed_versions(bad), InputError) << bad;
+  }
+  try {
+    expand_deepspeed_versions("0.13.5..0.13.4");
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs backwards (write 0.13.4..0.13.5)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DeepSpeedReleases, LabelsSayARunOfReleasesOrListThem) {
+  EXPECT_EQ(releases_label({"0.13.4"}), "0.13.4");
+  EXPECT_EQ(releases_label({"0.13.2", "0.13.3", "0.13.4"}), "0.13.2-0.13.4 (3 releases)");
+  EXPECT_EQ(releases_label({"0.13.4", "0.14.4"}), "0.13.4, 0.14.4");
+}
+
+TEST(DeepSpeedReleases, EpochsCoverEveryReleaseOnceAndOpenAtEachRule) {
+  const std::vector<ReleaseEpoch> epochs = deepspeed_epochs();
+  std::vector<std::string> seen;
+  std::set<std::string> firsts;
+  for (const ReleaseEpoch& e : epochs) {
+    seen.insert(seen.end(), e.releases.begin(), e.releases.end());
+    firsts.insert(e.first());
+  }
+  ASSERT_EQ(seen.size(), deepspeed_releases().size());
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i], deepspeed_releases()[i].version);
+  }
+  for (const ReleaseRule& rule : deepspeed_release_rules()) {
+    EXPECT_TRUE(firsts.count(rule.first)) << rule.id;
+  }
+  // The hpZ race's releases are one epoch apart from 0.13.2's loss.item().
+  for (const char* opens : {"0.13.2", "0.13.3", "0.13.5", "0.14.3", "0.15.4", "0.17.6"}) {
+    EXPECT_TRUE(firsts.count(opens)) << opens;
+  }
+  EXPECT_FALSE(firsts.count("0.13.4"));
+}
+
+TEST(DeepSpeedReleases, TheBuilderRefusesAReleaseByItsMissingRule) {
+  Scenario sc = load_scenario(test::scenario_path("tiny"),
+                              {{"run.builder", "deepspeed"}, {"zero.deepspeed_version", "0.17.2"}});
+  try {
+    build_deepspeed_schedule(sc, "0.17.2");
+    ADD_FAILURE() << "0.17.2 was built";
+  } catch (const ReleaseRefusal& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed 0.17.2 is not modelled yet: the "
+                        "builder lacks rule 'gradient-bucket-never-reset' (PR 6993"),
+              std::string::npos)
+        << what;
+  }
+}
+
+TEST(DeepSpeedReleases, AKeyOfAnotherReleaseIsThatReleasesRefusal) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "hpzlab-releases";
+  std::filesystem::create_directories(dir);
+  const std::string ds = (dir / "ds.json").string();
+  std::ofstream(ds) << R"({"zero_optimization": {"stage": 3, "leaf_module": {}}})";
+  const auto load_with = [&](const char* v) {
+    return load_scenario(test::scenario_path("tiny"),
+                         {{"zero.ds_config", ds}, {"zero.deepspeed_version", v}});
+  };
+  EXPECT_NO_THROW(load_with("0.18.0"));
+  try {
+    load_with("0.17.6");
+    ADD_FAILURE() << "0.17.6 took leaf_module";
+  } catch (const ReleaseRefusal& e) {
+    EXPECT_NE(std::string(e.what()).find("DeepSpeed 0.17.6 refuses it"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("0.18.0-0.19.8 (19 releases) defines it"),
+              std::string::npos)
+        << e.what();
+  }
+  // A key no release defines is a typo: plain bad input, with a suggestion.
+  std::ofstream(ds) << R"({"zero_optimization": {"stage": 3, "overlap_com": true}})";
+  try {
+    load_with("0.13.4");
+    ADD_FAILURE() << "a typo was taken";
+  } catch (const ReleaseRefusal&) {
+    ADD_FAILURE() << "a typo was refused as a release";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'overlap_comm'"), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+/** A result with one group of `kind` between the purposes given, `count` times. */
+check::CheckResult with_group(check::FindingKind kind, Purpose first, Purpose second,
+                              std::uint64_t count) {
+  check::CheckResult r;
+  check::FindingGroup g;
+  g.example.kind = kind;
+  g.example.first.purpose = first;
+  g.example.second.purpose = second;
+  g.example.role = BufferRole::kSecondary;
+  g.count = count;
+  r.groups.push_back(g);
+  return r;
+}
+
+TEST(ReleaseHistory, AFindingsFirstReleaseAndTheReleaseThatFixedIt) {
+  const check::CheckResult clean;
+  const check::CheckResult stale = with_group(check::FindingKind::kStaleRead,
+                                              Purpose::kOptimizerStep, Purpose::kPrefetch, 4);
+  const check::CheckResult race = with_group(
+      check::FindingKind::kRace, Purpose::kSecondaryPartitionCopy, Purpose::kPrefetch, 7);
+  const std::vector<check::EpochVerdict> epochs = {
+      {{"0.12.6"}, nullptr},  // refused
+      {{"0.13.0", "0.13.1"}, &stale},
+      {{"0.13.2"}, &race},
+      {{"0.13.3", "0.13.4"}, &race},
+      {{"0.13.5", "0.14.0"}, &clean},
+  };
+  const auto h = check::finding_history(epochs);
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0].kind, check::FindingKind::kStaleRead);
+  EXPECT_EQ(h[0].spans, (std::vector<std::string>{"0.13.0-0.13.1"}));
+  EXPECT_EQ(h[0].first, "0.13.0");
+  EXPECT_EQ(h[0].fixed_in, "0.13.2");
+  EXPECT_EQ(h[1].kind, check::FindingKind::kRace);
+  EXPECT_EQ(h[1].spans, (std::vector<std::string>{"0.13.2-0.13.4"}));
+  EXPECT_EQ(h[1].fixed_in, "0.13.5");
+  EXPECT_EQ(h[1].count, 7u);
+  EXPECT_EQ(h[1].signature, check::signature_of(race.groups[0]));
+  // Unchecked releases between the last that has it and the next checked one are named: the
+  // fix may lie in them. The newest checked release still having it means not fixed.
+  const std::vector<check::EpochVerdict> gap = {
+      {{"0.13.4"}, &race}, {{"0.14.1", "0.14.2"}, nullptr}, {{"0.14.3"}, &clean}};
+  const auto g = check::finding_history(gap);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].fixed_in, "0.14.3");
+  EXPECT_EQ(g[0].unchecked_before_fix, "0.14.1-0.14.2");
+  const std::vector<check::EpochVerdict> open = {{{"0.13.4"}, &clean}, {{"0.19.8"}, &race}};
+  EXPECT_EQ(check::finding_history(open)[0].fixed_in, "");
+}
+
+}  // namespace
+}  // namespace hpz
