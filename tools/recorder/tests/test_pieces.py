@@ -299,3 +299,19 @@ def test_groups_are_named_by_the_function_that_made_them():
     assert kinds([((0, 1), "get_local_all_to_all_group"), ((0, 2), "get_local_all_to_all_group"),
                   ((0, 1), "create_zero_param_parallel_group")],
                  4, 2) == ["intra_node", "inter_node", "hpz"]
+
+
+def test_a_later_torch_base_is_its_own_environment(tmp_path, monkeypatch):
+    """--torch 2.10.0: its own venv and DeepSpeed directories beside the default's, only its own
+    transformers, and the releases torch 2.1.2 cannot run named with their reason. Nothing is
+    installed: the names and refusals come before any build."""
+    from hpzrec import env
+    monkeypatch.setenv("HPZLAB_CACHE", str(tmp_path))
+    assert env.supported_torch() == [env.BASE_TORCH, "2.10.0"]
+    assert env.base_transformers() == "4.35.2" and env.base_transformers("2.10.0") == "5.24.0"
+    assert env.transformers_dir("5.24.0", "2.10.0") is None
+    with pytest.raises(env.EnvError, match="has transformers 5.24.0 and no other"):
+        env.transformers_dir("4.51.3", "2.10.0")
+    assert set(env.NEEDS_NEWER_TORCH) == {"0.18.3", "0.18.7", "0.18.8", "0.19.8"}
+    assert set(env.NEEDS_NEWER_TORCH) <= set(env.supported_versions())
+    assert not list(tmp_path.iterdir()), "nothing built"
