@@ -63,7 +63,7 @@ std::optional<ElemRange> secondary_copy(const ShardLayout& l, CopyBounds bounds,
       // v0.14.4 PP:1688-1696, v0.17.6 PP:1798-1809: sec_numel is clamped to 0, but
       // one_dim_param.narrow(0, secondary_start, 0) still raises where secondary_start lies
       // past the parameter's end (torch's narrow() checks start <= size; issue 6659, a [32]
-      // parameter at world 2048, hpZ 16; fixed by PR 8210 after 0.17.6). The hidden-12 model
+      // parameter at world 2048, hpZ 16; fixed by PR 8210 in 0.19.5). The hidden-12 model
       // recorded as every rank raised so on ranks 7 and 15 with 0.14.4 (2026-11-26).
       if (sec.begin > numel) return std::nullopt;
       return l.valid(sec);
@@ -848,6 +848,7 @@ class RankBuilder {
   void run_hook(const Hook& h);
   void fetch_sub_module(int module, bool forward);
   void release_sub_module(int module);
+  void release_backward_leftovers();
   void release_param(int p);
   void partition(int p);
   void gather_blocking(int p);
@@ -894,9 +895,12 @@ class RankBuilder {
    *  model's own lm_head weight, which only zero.Init ever sees; DsParam::orphan). */
   std::vector<int> optimized_;
   std::vector<Handle> handles_;
+  /** __active_backward_submodules (COORD:160 at 0.19.8): modules whose backward fetch ran and
+   *  whose post-backward hook has not, in the order recorded. */
+  std::vector<int> active_backward_;
 
   // PartitionedParameterCoordinator (COORD:78-130).
-  // COORD:94 at v0.13.4 starts in RECORD; from v0.16.0 the trace starts INVALID (COORD:98 at
+  // COORD:94 at v0.13.4 starts in RECORD; from v0.15.4 (PR 6662) the trace starts INVALID (COORD:98 at
   // v0.17.6) and the first reset_step turns it to RECORD.
   enum class Trace { kInvalid, kRecord, kComplete } trace_ = Trace::kRecord;
   std::vector<int> submodule_order_;
@@ -1782,6 +1786,26 @@ void RankBuilder::release_sub_module(int module) {
   }
 }
 
+// release_backward_leftovers (COORD:554-566 at 0.19.8, PR 8148 in v0.19.3), from the stage-3
+// optimizer's backward_epilogue (S3:3068), after the engine's allreduce_gradients: the modules
+// whose post-backward hook never ran, last recorded first, each parameter but a persistent one
+// released as that hook would have.
+void RankBuilder::release_backward_leftovers() {
+  purpose_ = Purpose::kParamRelease;
+  while (!active_backward_.empty()) {
+    const int m = active_backward_.back();
+    active_backward_.pop_back();
+    for (const int p : md_.modules[m].params) {
+      ps_[p].active.erase(m);
+      if (md_.params[p].persist) continue;
+      const LabelId saved = label_;
+      label_ = module_label_[m];
+      release_param(p);
+      label_ = saved;
+    }
+  }
+}
+
 void RankBuilder::release_param(int p) {
   if (ps_[p].status == Status::kAvailable && ps_[p].active.empty()) {
     partition(p);
@@ -2073,9 +2097,16 @@ void RankBuilder::run_hook(const Hook& h) {
       release_sub_module(h.module);
       break;
     case Ev::kPreBwd:
+      // COORD:340-341 at 0.19.8: a backward fetch records the module, once, in
+      // __active_backward_submodules (insertion order).
+      if (std::find(active_backward_.begin(), active_backward_.end(), h.module) ==
+          active_backward_.end()) {
+        active_backward_.push_back(h.module);
+      }
       fetch_sub_module(h.module, false);
       break;
     case Ev::kPostBwd:
+      std::erase(active_backward_, h.module);  // COORD:524
       purpose_ = Purpose::kParamRelease;
       release_sub_module(h.module);
       break;
@@ -2169,6 +2200,8 @@ RankSchedule RankBuilder::build() {
       reduce_ipg();
       phase_ = Phase::kBackward;
       push(OpKind::kHostStreamSync, srs_, Purpose::kBackwardCompute);
+      if (v_.release_backward_leftovers) release_backward_leftovers();
+      active_backward_.clear();
       if (micro_ == sc_.training.grad_accum - 1) optimizer_step();
     }
     micro_ = 0;
@@ -2183,6 +2216,7 @@ RankSchedule RankBuilder::build() {
 
 RunTraits run_traits(const Scenario& sc) {
   RunTraits t;
+  t.torch = sc.run.torch_version;
   t.grad_accum = sc.training.grad_accum;
   t.family = sc.model.family;
   t.qwz_bf16 = sc.zero.zero_quantized_weights && sc.training.dtype == "bf16";

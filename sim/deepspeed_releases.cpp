@@ -291,11 +291,19 @@ const std::vector<ReleaseRule> kRules = {
     {.id = "accumulate-grad-off-compute-stream",
      .pr = "issue 7898",
      .first = "0.10.0",
-     .what = "with torch 2.10 or newer, autograd runs AccumulateGrad and the gradient hook on a "
-             "stream other than the compute stream (as PR 7897's author reports; not read in "
-             "torch's code here): before v0.18.8 the reduce stream's wait on the default stream "
-             "misses the gradient's write (NaN)",
+     .what = "the gradient hook runs on the stream autograd runs AccumulateGrad on, and before "
+             "v0.18.8 the reduce stream waits on the default stream, not that one: where it is "
+             "not the default stream, the bucket copy reads the gradient before it is written "
+             "(NaN). PR 7897's author reports this for torch >= 2.10. Measured on an H100 with "
+             "torch 2.11 (2026-11-26, tools/gpu-probes/grad-hook-stream.py, "
+             "traces/gpu-probes/): the hook runs on the stream the forward ran on; a forward on "
+             "the default stream keeps it there (no early read in 18 of 18 runs, parameters "
+             "gathered or made on side streams included), a forward under another stream moves "
+             "it, and the default-stream wait then read the gradient early in 9 of 9 runs, the "
+             "current-stream wait (0.18.8) in none. What moves the forward off the default "
+             "stream in the reported runs is not established, so torch >= 2.10 is refused",
      .scope = RuleScope::kUnmodelled,
+     .until = "0.18.8",
      .when = RuleWhen::kTorch,
      .torch_from = "2.10"},
     {.id = "trace-invalidated-on-hook-reregistration",
@@ -312,14 +320,18 @@ const std::vector<ReleaseRule> kRules = {
              "inputs need no gradient: the embedding) are released at the end of every backward, "
              "after the reduction epilogue's synchronize (COORD:554, S3:2742), instead of at the "
              "step",
-     .scope = RuleScope::kUnmodelled},
+     .apply = [](VersionRules& v) { v.release_backward_leftovers = true; }},
     {.id = "secondary-zero-filled",
      .pr = "PR 8210",
      .first = "0.19.5",
      .what = "`ds_secondary_tensor.zero_()` over the whole secondary, then the copy only where "
              "`sec_numel > 0` (PP:1899-1902): a slice that starts past the parameter's end holds "
              "zeros instead of raising (issue 6659), and padding is written",
-     .scope = RuleScope::kUnmodelled},
+     .apply =
+         [](VersionRules& v) {
+           v.zero_fill_secondary = true;
+           v.copy_bounds = CopyBounds::kZeroFilled;
+         }},
     {.id = "qwz-bf16-cast",
      .pr = "PR 8215",
      .first = "0.19.6",
@@ -329,13 +341,26 @@ const std::vector<ReleaseRule> kRules = {
      .scope = RuleScope::kUnmodelled,
      .when = RuleWhen::kQwzBf16},
     {.id = "norm-validity-host-sync",
-     .pr = "0.19.8",
+     .pr = "sdist 0.19.8",
      .first = "0.19.8",
      .what = "the step combines the norm groups and tests the norm with `bool(...)` "
              "(`is_invalid_grad_norm`, S3:2878-2893): a host sync of the compute stream before "
-             "the sub-groups' updates, in bf16 too; `_allgather_params_coalesced` waits on every "
-             "launch handle (PP:2111-2112)",
-     .scope = RuleScope::kUnmodelled},
+             "the sub-groups' updates, in bf16 too",
+     .apply = [](VersionRules& v) { v.norm_validity_sync = true; }},
+    {.id = "blocking-gather-waits-every-handle",
+     .pr = "sdist 0.19.8",
+     .first = "0.19.8",
+     .what = "`_allgather_params_coalesced` (the step's gather of the persistent parameters) "
+             "waits on every launch handle (PP:2111-2112), not only the last (PP:2092 at 0.19.7)",
+     .apply = [](VersionRules& v) { v.wait_every_blocking_handle = true; }},
+    {.id = "broadcasts-as-bytes",
+     .pr = "sdist 0.19.8",
+     .first = "0.19.8",
+     .what = "zero.Init's and the engine's broadcasts send `param.data.view(torch.uint8)` "
+             "(PP:471, 1204; ENG:2054-2061): the same group, root and bytes",
+     .scope = RuleScope::kElsewhere,
+     .where = "a collective's NCCL datatype, which the schedule does not record (it records "
+              "bytes)"},
 };
 
 /** The numbers of "0.13.4"; an empty vector for anything else. */

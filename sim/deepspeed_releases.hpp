@@ -49,11 +49,9 @@ struct VersionRules {
   /// initialize_optimizer_states runs the optimizer step once to create its states (S3:1014 at
   /// v0.13.1); later versions do not.
   bool optimizer_step_at_init = true;
-  /// One coordinator for training and inference (PR 6662, v0.16.0): reset_step runs at the
+  /// One coordinator for training and inference (PR 6662, v0.15.4): reset_step runs at the
   /// start of every forward (PO:248-253 at v0.17.6, the trace starting INVALID) instead of at
-  /// the end of the optimizer's backward (S3:2215 at v0.13.4), and assert_ints_same_as_other_ranks
-  /// first checks the list's length (utils.py:70-84, 104-113 at v0.17.6): a broadcast of the
-  /// length and its `.item()`, then the list's broadcast and one `.item()` per element.
+  /// the end of the optimizer's backward (S3:2215 at v0.13.4).
   bool reset_at_forward_start = false;
   /// `_partition_param_sec`'s copy bounds (PR 5216 in v0.13.5, PR 5652 in v0.14.4).
   CopyBounds copy_bounds = CopyBounds::kLegacy;
@@ -66,6 +64,10 @@ struct VersionRules {
   /// The step tests the gradient norm with `bool(...)` (`is_invalid_grad_norm`), a host sync of
   /// the compute stream before the sub-groups' updates, in bf16 too (S3:2878-2893 at 0.19.8).
   bool norm_validity_sync = false;
+  /// At the end of every backward, after the gradient epilogue, modules whose pre-backward hook
+  /// ran but whose post-backward never does (the embedding) are released (COORD:554-566, S3:3068
+  /// at 0.19.8; PR 8148, v0.19.3), not at the optimizer step.
+  bool release_backward_leftovers = false;
   /// `_allgather_params_coalesced` waits on every launch handle (PP:2111-2112 at 0.19.8), not
   /// only the last (PP:2092 at 0.19.7).
   bool wait_every_blocking_handle = false;

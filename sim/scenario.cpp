@@ -176,6 +176,23 @@ std::string choice_of(const Setting& s, const std::string& key,
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
+/** A torch version as numbers ("2.10", "2.10.0"; a local suffix such as "+cu130" dropped). */
+std::string torch_version_of(const Setting& s, const std::string& key) {
+  std::string value = string_of(s, key);
+  value = value.substr(0, value.find('+'));
+  const bool numbers =
+      !value.empty() && value.front() != '.' && value.back() != '.' &&
+      value.find("..") == std::string::npos &&
+      value.find_first_not_of("0123456789.") == std::string::npos && value.size() <= 16;
+  if (!numbers) {
+    throw InputError(s.where, key,
+                     fmt::format("'{}' is not a torch version (allowed: numbers such as 2.1.2 or "
+                                 "2.10.0)",
+                                 shown(string_of(s, key))));
+  }
+  return value;
+}
+
 /** A DeepSpeed release (sim/deepspeed_releases.hpp) or "latest", as the release it names. Whether
  *  the builder models it is the builder's to say (it names the rule it lacks). */
 std::string deepspeed_release_of(const Setting& s, const std::string& key) {
@@ -298,6 +315,10 @@ const std::vector<KeySpec>& key_specs() {
          sc.run.fill = name == "nan" ? Fill::kNan : name == "stale" ? Fill::kStale : Fill::kZero;
        }},
       {"run", "seed", Kind::kInteger, HPZ_SET(run.seed, seed_of)},
+      {"run", "torch_version", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.run.torch_version = torch_version_of(v, k);
+       }},
       {"run", "steps", Kind::kInteger, HPZ_SET(run.steps, int_of)},
       {"run", "spin_before_copy_us", Kind::kNumber, HPZ_SET(run.spin_before_copy_us, double_of)},
       {"bugs", "skip_secondary_invalidation", Kind::kBool,

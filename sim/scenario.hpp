@@ -147,6 +147,9 @@ struct RunConfig {
   /// copy of a training step (0 = none): the way a reproduction keeps the producer stream busy
   /// so that the race shows even where the compute stream would not back up by itself.
   double spin_before_copy_us = 0;
+  /// The torch the run uses ("" = not said: a torch before 2.10, as the recordings' 2.1.2): a
+  /// release rule may apply only from some torch on (sim/deepspeed_releases.hpp).
+  std::string torch_version;
 };
 
 /** [bugs]: re-introduce the other public hpZ bug classes (all off by default). */

@@ -70,6 +70,23 @@ TEST(DeepSpeedReleases, ReleasesBetweenRecordedOnesTakeTheirEpochsRules) {
   EXPECT_TRUE(v0169.reset_at_forward_start);
   EXPECT_FALSE(v0169.length_broadcast_in_trace_check);
   EXPECT_FALSE(version_rules("0.15.3").reset_at_forward_start);
+  // Past the last recording (0.17.6): the leftovers' release (0.19.3), the zero fill (0.19.5),
+  // the norm's validity sync and every handle waited (0.19.8), each from its release on.
+  const VersionRules v0194 = version_rules("0.19.4");
+  EXPECT_TRUE(v0194.release_backward_leftovers);
+  EXPECT_FALSE(version_rules("0.19.2").release_backward_leftovers);
+  EXPECT_FALSE(v0194.zero_fill_secondary);
+  EXPECT_EQ(v0194.copy_bounds, CopyBounds::kClamped);
+  const VersionRules v0195 = version_rules("0.19.5");
+  EXPECT_TRUE(v0195.zero_fill_secondary);
+  EXPECT_EQ(v0195.copy_bounds, CopyBounds::kZeroFilled);
+  EXPECT_FALSE(v0195.norm_validity_sync);
+  const VersionRules v0198 = version_rules("latest");
+  EXPECT_EQ(v0198.name, "0.19.8");
+  EXPECT_TRUE(v0198.norm_validity_sync);
+  EXPECT_TRUE(v0198.wait_every_blocking_handle);
+  EXPECT_TRUE(v0198.copy_only_on_create);
+  EXPECT_TRUE(v0198.host_sync_after_copy);
   for (const char* same : {"0.13.0", "0.13.3", "0.14.0"}) {
     VersionRules v = version_rules(same);
     v.name.clear();

@@ -25,6 +25,7 @@ struct UserFlags {
   std::string nodes;          ///< --nodes N: cluster.nodes
   std::string gpus_per_node;  ///< --gpus-per-node G: cluster.gpus_per_node
   std::string deepspeed;      ///< --deepspeed VERSION: the DeepSpeed builder at that version
+  std::string torch;          ///< --torch VERSION: run.torch_version
   bool hf_trainer = false;    ///< --hf-trainer: training.hf_trainer ("auto" as the Trainer fills)
 };
 

@@ -25,6 +25,9 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
   sub.add_flag("--hf-trainer", flags.hf_trainer,
                "The run uses the Hugging Face Trainer (or accelerate, axolotl, LLaMA-Factory): "
                "fill the ds_config's \"auto\" values as it does (training.hf_trainer)");
+  sub.add_option("--torch", flags.torch,
+                 "Your torch version (run.torch_version; default: one before 2.10, as the "
+                 "recordings' 2.1.2): DeepSpeed rules that apply only from some torch on");
   if (with_version) {
     sub.add_option("--deepspeed", flags.deepspeed,
                    "Your DeepSpeed version: the schedule it issues, built by the DeepSpeed "
@@ -41,6 +44,7 @@ std::vector<FlagSetting> flag_settings(const UserFlags& flags) {
     out.push_back({"--gpus-per-node", "cluster.gpus_per_node", flags.gpus_per_node});
   }
   if (flags.hf_trainer) out.push_back({"--hf-trainer", "training.hf_trainer", "true"});
+  if (!flags.torch.empty()) out.push_back({"--torch", "run.torch_version", flags.torch});
   if (!flags.deepspeed.empty()) {
     out.push_back({"--deepspeed", "run.builder", "deepspeed"});
     out.push_back({"--deepspeed", "zero.deepspeed_version", flags.deepspeed});
