@@ -2221,6 +2221,10 @@ RunTraits run_traits(const Scenario& sc) {
   t.family = sc.model.family;
   t.qwz_bf16 = sc.zero.zero_quantized_weights && sc.training.dtype == "bf16";
   t.qgz = sc.zero.zero_quantized_gradients;
+  // The stage-3 optimizer's sub-groups at DeepSpeed's default sub_group_size (1e9 elements;
+  // the builder does not read the ds_config's): a rank's partition past it is cut.
+  t.several_sub_groups =
+      parameter_count(sc.model) / static_cast<double>(sc.cluster.world_size()) > 1e9;
   return t;
 }
 

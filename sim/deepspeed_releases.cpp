@@ -91,9 +91,11 @@ const std::vector<ReleaseRule> kRules = {
      .first = "0.10.0",
      .what = "the gradient norm's `.item()` after each sub-group's all-reduce (S3:1578 at "
              "v0.10.0, S3:1689 at v0.12.6): one host sync per sub-group; PR 4436 leaves one "
-             "sync after all of them in v0.13.0",
+             "sync after all of them in v0.13.0 (S3:1969). With one sub-group both are one "
+             "all-reduce and one sync",
      .scope = RuleScope::kUnmodelled,
-     .until = "0.13.0"},
+     .until = "0.13.0",
+     .when = RuleWhen::kSubGroups},
     {.id = "qgz-without-reduce-scatter-fallback",
      .pr = "PR 3784",
      .first = "0.10.0",
@@ -444,6 +446,8 @@ bool rule_applies(const ReleaseRule& rule, const RunTraits& traits) {
       return traits.qwz_bf16;
     case RuleWhen::kQgz:
       return traits.qgz;
+    case RuleWhen::kSubGroups:
+      return traits.several_sub_groups;
   }
   return true;
 }

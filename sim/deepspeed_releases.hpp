@@ -103,6 +103,9 @@ struct RunTraits {
   std::string family;          ///< model.family ("llama", "mixtral", ...)
   bool qwz_bf16 = false;       ///< qwZ on bf16 parameters
   bool qgz = false;            ///< qgZ (zero_quantized_gradients)
+  /// A rank's partition exceeds DeepSpeed's default sub_group_size (1e9 elements), so that the
+  /// stage-3 optimizer cuts it into several sub-groups (S3 _create_fp16_sub_groups).
+  bool several_sub_groups = false;
 };
 
 /** When a rule applies: always, or only to runs with a trait. */
@@ -113,6 +116,7 @@ enum class RuleWhen {
   kTorch,      ///< torch at ReleaseRule::torch_from or newer
   kQwzBf16,    ///< qwZ on bf16 parameters
   kQgz,        ///< qgZ
+  kSubGroups,  ///< a rank's partition in more than one optimizer sub-group
 };
 
 /** A change in DeepSpeed's ZeRO-3 code that alters what is issued, or in what order. */

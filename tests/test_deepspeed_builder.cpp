@@ -553,7 +553,8 @@ TEST(DeepSpeedBuilder, SecondarySlicesPastTheEndFollowEachVersionsCopyBounds) {
   const std::map<std::string, std::string> issue = {
       {"0.13.5", "narrow(): length must be non-negative; issue 5642"},
       {"0.14.4", "narrow(): start out of range; issue 6659"},
-      {"0.17.6", "narrow(): start out of range; issue 6659"}};
+      {"0.17.6", "narrow(): start out of range; issue 6659"},
+      {"0.19.4", "narrow(): start out of range; issue 6659, fixed by PR 8210 in 0.19.5"}};
   for (const auto& [v, why] : issue) {
     Scenario crash = sc;
     crash.zero.deepspeed_version = v;
@@ -572,6 +573,14 @@ TEST(DeepSpeedBuilder, SecondarySlicesPastTheEndFollowEachVersionsCopyBounds) {
       EXPECT_NE(what.find(why), std::string::npos) << what;
     }
   }
+  // 0.19.5 (PR 8210, issue 6659's fix) zero-fills each secondary before its copy and copies
+  // nothing where the slice starts past the end: it builds, and no gather reads an unwritten
+  // byte (padding included) where 0.13.4 read ranks 12-13's unwritten slices.
+  Scenario fixed = sc;
+  fixed.zero.deepspeed_version = "0.19.5";
+  const check::CheckResult r = check::check_schedule(build_schedule(fixed));
+  EXPECT_EQ(r.count(check::FindingKind::kUninitializedRead), 0u);
+  EXPECT_TRUE(r.clean()) << check::TextReporter().render_one(r);
 }
 
 // The IR's accesses cover only meaningful bytes (sim/schedule.hpp): no op reads the padding

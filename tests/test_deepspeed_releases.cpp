@@ -112,7 +112,12 @@ std::string refusal(const std::string& release, const RunTraits& traits = {}) {
 
 TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
   EXPECT_EQ(refusal("0.10.0"), "loss-item-off-boundary-only");
-  EXPECT_EQ(refusal("0.12.6"), "grad-norm-sync-per-sub-group");
+  EXPECT_EQ(refusal("0.12.3"), "blocking-gathers-as-list-all-gather");
+  EXPECT_EQ(refusal("0.12.4"), "");  // one sub-group: one norm all-reduce and sync either way
+  RunTraits big;
+  big.several_sub_groups = true;
+  EXPECT_EQ(refusal("0.12.6", big), "grad-norm-sync-per-sub-group");
+  EXPECT_EQ(refusal("0.13.0", big), "");
   EXPECT_EQ(refusal("0.14.1"), "grad-norm-without-host-sync");
   EXPECT_EQ(refusal("0.14.2"), "grad-norm-without-host-sync");
   EXPECT_EQ(refusal("0.17.2"), "gradient-bucket-never-reset");

@@ -581,14 +581,18 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     // version), named by the verdict's bracket; a finding fails it with the verdict line as the
     // message and the whole report as the text.
     std::size_t failures = 0;
+    std::size_t skipped = 0;
     std::string cases;
     for (std::size_t i = 0; i < checked.size(); ++i) {
       const Checked& c = checked[i];
       const std::string& report = reports[i];
       const std::string first = report.substr(0, report.find('\n'));
+      const std::string name = c.refused.empty() ? check::label_of(c.result)
+                                                 : "DeepSpeed " + releases_label(c.releases);
       cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\">\n",
-                           xml_escaped(c.result.scenario), xml_escaped(check::label_of(c.result)));
+                           xml_escaped(c.result.scenario), xml_escaped(name));
       if (!c.refused.empty()) {
+        ++skipped;
         cases += fmt::format("      <skipped message=\"{}\"/>\n", xml_escaped(c.refused));
       } else if (!c.result.clean()) {
         ++failures;
@@ -600,9 +604,10 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     write_output(opts.junit,
                  fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                              "<testsuites name=\"hpzlab check\" tests=\"{0}\" failures=\"{1}\">\n"
-                             "  <testsuite name=\"hpzlab check\" tests=\"{0}\" failures=\"{1}\">\n"
+                             "  <testsuite name=\"hpzlab check\" tests=\"{0}\" failures=\"{1}\" "
+                             "skipped=\"{3}\">\n"
                              "{2}  </testsuite>\n</testsuites>\n",
-                             checked.size(), failures, cases),
+                             checked.size(), failures, cases, skipped),
                  "--junit");
   }
   if (!opts.sarif.empty()) {

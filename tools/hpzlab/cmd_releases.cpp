@@ -45,6 +45,8 @@ const char* when_name(RuleWhen w) {
       return "with qwZ on bf16";
     case RuleWhen::kQgz:
       return "with qgZ";
+    case RuleWhen::kSubGroups:
+      return "with more than one optimizer sub-group a rank";
   }
   return "";
 }
