@@ -1195,6 +1195,24 @@ void RankBuilder::gather_blocking(int p) {
   ParamState& st = ps_[p];
   const ShardLayout& l = layouts_[p];
   const std::uint64_t shard = l.shard_numel() * dt_;
+  if (v_.sequential_blocking_gather) {
+    // _allgather_params_sequential (PP:1997-2050 at v0.18.5, PR 7661), which a blocking gather
+    // of one parameter takes from v0.18.5 (PP:1618): all_gather_into_tensor from the shard
+    // itself into a flat tensor that becomes the parameter's data (a narrowed view, no copy),
+    // then a device synchronize.
+    st.full = buffer(dp.name + ".full", BufferRole::kFull, static_cast<UnitId>(p),
+                     l.padded_numel() * dt_);
+    unit_ = kNoUnit;
+    alloc(st.full, current_, Purpose::kParamInit);
+    const EventId done = collective(
+        OpKind::kAllGather, world_group_, shard,
+        {part(p, st.primary, l.primary_slice(rank_), AccessMode::kRead, false),
+         {st.full, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
+    wait(current_, done, Purpose::kParamInit);
+    push(OpKind::kHostDeviceSync, kHostStream, Purpose::kParamInit);
+    st.status = Status::kAvailable;
+    return;
+  }
   const BufferId flat =
       buffer(dp.name + ".gather_flat", BufferRole::kScratch, kNoUnit, l.padded_numel() * dt_);
   unit_ = kNoUnit;

@@ -274,6 +274,17 @@ const std::vector<ReleaseRule> kRules = {
              "secondaries after a load (v0.14.3 to v0.18.2) are fixed",
      .scope = RuleScope::kElsewhere,
      .where = kLoadPath},
+    {.id = "sequential-blocking-gather",
+     .pr = "PR 7661",
+     .first = "0.18.5",
+     .what = "a blocking gather of one parameter (init's re-gather of every parameter in "
+             "create_reduce_and_remove_grad_hooks, one persistent parameter at the step) goes "
+             "through `_allgather_params_sequential` (PP:1618, 1997-2050): all_gather_into_tensor "
+             "straight from the shard into a flat tensor that becomes the parameter's data, then "
+             "a device synchronize; before, `_allgather_params` copied the shard into a flat "
+             "buffer and the parameter out of it. The recordings of 0.18.3 and 0.18.7 (torch "
+             "2.10) differ exactly there",
+     .apply = [](VersionRules& v) { v.sequential_blocking_gather = true; }},
     {.id = "leaf-backward-fetch-serialized",
      .pr = "PR 7825",
      .first = "0.18.6",

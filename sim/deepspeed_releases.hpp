@@ -68,6 +68,10 @@ struct VersionRules {
   /// ran but whose post-backward never does (the embedding) are released (COORD:554-566, S3:3068
   /// at 0.19.8; PR 8148, v0.19.3), not at the optimizer step.
   bool release_backward_leftovers = false;
+  /// A blocking gather of one parameter (init's re-gather of every parameter, one persistent
+  /// parameter at the step) takes `_allgather_params_sequential`: no copy into or out of a flat
+  /// buffer, a device synchronize after (PP:1618, 1997-2050 at v0.18.5; PR 7661).
+  bool sequential_blocking_gather = false;
   /// `_allgather_params_coalesced` waits on every launch handle (PP:2111-2112 at 0.19.8), not
   /// only the last (PP:2092 at 0.19.7).
   bool wait_every_blocking_handle = false;

@@ -112,7 +112,9 @@ INSTANTIATE_TEST_SUITE_P(
                     "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4",
                     "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4",
                     "tiny-qwen2-moe-tf4.51-0.13.4", "tiny-deepseek-v2-tf4.57-0.13.4",
-                    "tiny-deepseek-v2-qlora-tf4.57-0.13.4"),
+                    "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
+                    // Releases after 0.17.6 (issue 36), the rules from 0.15.4 on: torch 2.1.2.
+                    "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
