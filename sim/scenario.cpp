@@ -315,12 +315,12 @@ const std::vector<KeySpec>& key_specs() {
          sc.run.fill = name == "nan" ? Fill::kNan : name == "stale" ? Fill::kStale : Fill::kZero;
        }},
       {"run", "seed", Kind::kInteger, HPZ_SET(run.seed, seed_of)},
+      {"run", "steps", Kind::kInteger, HPZ_SET(run.steps, int_of)},
+      {"run", "spin_before_copy_us", Kind::kNumber, HPZ_SET(run.spin_before_copy_us, double_of)},
       {"run", "torch_version", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
          sc.run.torch_version = torch_version_of(v, k);
        }},
-      {"run", "steps", Kind::kInteger, HPZ_SET(run.steps, int_of)},
-      {"run", "spin_before_copy_us", Kind::kNumber, HPZ_SET(run.spin_before_copy_us, double_of)},
       {"bugs", "skip_secondary_invalidation", Kind::kBool,
        HPZ_SET(bugs.skip_secondary_invalidation, bool_of)},
       {"bugs", "checkpoint_load_at_step", Kind::kInteger,

@@ -691,10 +691,21 @@ TEST(DeepSpeedBuilder, QgzGroupsAreDeepSpeeds) {
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
   Scenario sc;
   try {
-    build_deepspeed_schedule(sc, "0.12.0");
+    build_deepspeed_schedule(sc, "0.9.5");  // before ZeRO++
     FAIL() << "accepted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("0.13.4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a DeepSpeed release from 0.10.0 to 0.19.8"),
+              std::string::npos)
+        << e.what();
+  }
+  // A release the builder does not model names the rule it lacks.
+  try {
+    build_deepspeed_schedule(sc, "0.12.0");
+    FAIL() << "accepted";
+  } catch (const ReleaseRefusal& e) {
+    EXPECT_NE(std::string(e.what()).find("lacks rule 'blocking-gathers-as-list-all-gather'"),
+              std::string::npos)
+        << e.what();
   }
 }
 
