@@ -44,6 +44,14 @@ Schedule recording(const std::string& name) {
   return schedule_from_json(nlohmann::json::parse(gunzip(path)), path);
 }
 
+/** The transformers release whose module tree the builder walks for a recording: its own, but
+ *  for transformers 5.24.0 (the recorder's torch 2.10 environment), whose Llama tree is 4.51.3's
+ *  (one rotary_emb in the base model), as the recordings made with it show op for op. */
+std::string builder_transformers(const Schedule& rec) {
+  const std::string tf = rec.source.at("transformers");
+  return tf.rfind("5.", 0) == 0 ? "4.51.3" : tf;
+}
+
 /** The scenario the recording was made with: its model config (read as model.hf_config), the
  *  transformers release that built it and the ds_config the recorder used (all named in its
  *  `source`), DeepSpeed's defaults for the keys that ds_config leaves out. */
@@ -57,7 +65,7 @@ Scenario scenario_of(const Schedule& rec) {
   sc.model =
       load_scenario(test::scenario_path("tiny"),
                     {{"model.hf_config", test::source_dir() + "/" + rec.source.at("hf_config")},
-                     {"model.transformers_version", rec.source.at("transformers")}})
+                     {"model.transformers_version", builder_transformers(rec)}})
           .model;
   sc.training.micro_batch = std::stoi(rec.source.at("micro_batch"));
   sc.training.seq_len = std::stoi(rec.source.at("seq_len"));
@@ -122,6 +130,46 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return n;
     });
+
+// The releases that need torch 2.10 (0.18.3 on) were recorded with transformers 5.24.0, whose
+// LlamaModel the builder does not walk: it waits on the host after the embedding (the causal
+// mask's data-dependent check, before rotary_emb) and checkpoints non-reentrantly by default.
+// Walked as transformers 4.51.3 builds Llama (one rotary_emb in the base model), each recording
+// equals the builder from zero.Init through the first forward's embedding, 0.18.5's sequential
+// blocking gathers at init (0.18.7, 0.18.8, 0.19.8) included, and first differs at that host
+// wait. A builder change that breaks the init of these releases fails here.
+TEST(DeepSpeedBuilder, TorchTwoTenRecordingsEqualTheBuilderUpToTransformersFivesHostWait) {
+  for (const char* name : {"tiny-0.18.2-torch2.10", "tiny-0.18.3-torch2.10",
+                           "tiny-0.18.7-torch2.10", "tiny-0.18.8-torch2.10",
+                           "tiny-0.19.8-torch2.10"}) {
+    const Schedule rec = recording(name);
+    ASSERT_EQ(rec.source.at("transformers"), "5.24.0") << name;
+    Scenario sc = scenario_of(rec);
+    sc.model.transformers_version = "4.51.3";
+    const Schedule built = build_deepspeed_schedule(sc, rec.source.at("deepspeed"));
+    for (const Rank r : {0, rec.world_size - 3}) {
+      const auto expected = project(rec, r, true);
+      const auto actual = project(built, r, true);
+      const std::size_t at = first_difference(expected, actual);
+      ASSERT_NE(at, kEqual) << name << ": equal now; hold it in DeepSpeedBuilderMatches";
+      EXPECT_GT(at, 400u) << name << ", rank " << r << ": "
+                          << first_divergence(expected, "DeepSpeed (recorded)", actual, "builder");
+      EXPECT_EQ(expected[at].line, "host waits for S0") << name << ", rank " << r;
+      EXPECT_NE(expected[at].where.find("step 0 forward"), std::string::npos) << name;
+    }
+  }
+  // The positive control: built as 0.18.4 (before PR 7661's sequential gather), 0.18.7's
+  // recording differs already at init.
+  const Schedule rec = recording("tiny-0.18.7-torch2.10");
+  Scenario sc = scenario_of(rec);
+  sc.model.transformers_version = "4.51.3";
+  const auto expected = project(rec, 0, true);
+  const std::size_t at =
+      first_difference(expected, project(build_deepspeed_schedule(sc, "0.18.4"), 0, true));
+  ASSERT_NE(at, kEqual);
+  EXPECT_LT(at, 400u);
+  EXPECT_NE(expected[at].where.find("init"), std::string::npos) << expected[at].where;
+}
 
 // Findings per kind: (occurrences, groups).
 std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> verdict(
