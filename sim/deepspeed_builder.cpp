@@ -900,8 +900,8 @@ class RankBuilder {
   std::vector<int> active_backward_;
 
   // PartitionedParameterCoordinator (COORD:78-130).
-  // COORD:94 at v0.13.4 starts in RECORD; from v0.15.4 (PR 6662) the trace starts INVALID (COORD:98 at
-  // v0.17.6) and the first reset_step turns it to RECORD.
+  // COORD:94 at v0.13.4 starts in RECORD; from v0.15.4 (PR 6662) the trace starts INVALID (COORD:98
+  // at v0.17.6) and the first reset_step turns it to RECORD.
   enum class Trace { kInvalid, kRecord, kComplete } trace_ = Trace::kRecord;
   std::vector<int> submodule_order_;
   std::vector<TraceEntry> param_order_;
@@ -1204,10 +1204,10 @@ void RankBuilder::gather_blocking(int p) {
                      l.padded_numel() * dt_);
     unit_ = kNoUnit;
     alloc(st.full, current_, Purpose::kParamInit);
-    const EventId done = collective(
-        OpKind::kAllGather, world_group_, shard,
-        {part(p, st.primary, l.primary_slice(rank_), AccessMode::kRead, false),
-         {st.full, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
+    const EventId done =
+        collective(OpKind::kAllGather, world_group_, shard,
+                   {part(p, st.primary, l.primary_slice(rank_), AccessMode::kRead, false),
+                    {st.full, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
     wait(current_, done, Purpose::kParamInit);
     push(OpKind::kHostDeviceSync, kHostStream, Purpose::kParamInit);
     st.status = Status::kAvailable;

@@ -220,9 +220,10 @@ const std::vector<ReleaseRule> kRules = {
     {.id = "one-coordinator-reset-at-forward-start",
      .pr = "PR 6662",
      .first = "0.15.4",
-     .what = "one coordinator for training and inference: reset_step runs at the start of every "
-             "forward (PO:226-230 `_start_of_forward_hook`), the trace starting INVALID (COORD:96), "
-             "instead of at the end of the optimizer's backward (S3:2252 at v0.15.3)",
+     .what =
+         "one coordinator for training and inference: reset_step runs at the start of every "
+         "forward (PO:226-230 `_start_of_forward_hook`), the trace starting INVALID (COORD:96), "
+         "instead of at the end of the optimizer's backward (S3:2252 at v0.15.3)",
      .apply = [](VersionRules& v) { v.reset_at_forward_start = true; }},
     {.id = "prefetch-budget-kept-across-resets",
      .pr = "PR 6726",
@@ -417,14 +418,18 @@ const ReleaseRule* first_unmodelled(const std::string& release, const RunTraits&
 
 }  // namespace
 
-const std::vector<DeepSpeedRelease>& deepspeed_releases() { return kReleases; }
+const std::vector<DeepSpeedRelease>& deepspeed_releases() {
+  return kReleases;
+}
 
 const std::string& latest_deepspeed_release() {
   static const std::string latest = kReleases.back().version;
   return latest;
 }
 
-const std::vector<ReleaseRule>& deepspeed_release_rules() { return kRules; }
+const std::vector<ReleaseRule>& deepspeed_release_rules() {
+  return kRules;
+}
 
 int compare_versions(const std::string& a, const std::string& b) {
   const std::vector<int> x = numbers_of(a);
@@ -490,9 +495,9 @@ const ReleaseRule* missing_rule(const std::string& release, const RunTraits& tra
 }
 
 std::string window_of(const ReleaseRule& rule) {
-  std::string out = *rule.until == '\0' ? fmt::format("from {}", rule.first)
-                                         : fmt::format("{} to the release before {}", rule.first,
-                                                       rule.until);
+  std::string out = *rule.until == '\0'
+                        ? fmt::format("from {}", rule.first)
+                        : fmt::format("{} to the release before {}", rule.first, rule.until);
   if (rule.when == RuleWhen::kTorch) out += fmt::format(", with torch >= {}", rule.torch_from);
   return out;
 }
@@ -566,8 +571,8 @@ std::vector<std::string> expand_deepspeed_versions(const std::string& spec,
     const std::string lo = release_of(part.substr(0, dots));
     const std::string hi = release_of(part.substr(dots + 2));
     if (compare_versions(lo, hi) > 0) {
-      throw InputError("", key, fmt::format("the range '{}' runs backwards (write {}..{})", part,
-                                            hi, lo));
+      throw InputError("", key,
+                       fmt::format("the range '{}' runs backwards (write {}..{})", part, hi, lo));
     }
     for (const DeepSpeedRelease& r : kReleases) {
       if (compare_versions(r.version, lo) >= 0 && compare_versions(r.version, hi) <= 0) {

@@ -102,11 +102,11 @@ enum class RuleScope {
 
 /** What a run has that decides whether a conditional rule applies to it. */
 struct RunTraits {
-  std::string torch;           ///< torch's version, "" = the recordings' (2.1.2)
-  int grad_accum = 1;          ///< gradient_accumulation_steps
-  std::string family;          ///< model.family ("llama", "mixtral", ...)
-  bool qwz_bf16 = false;       ///< qwZ on bf16 parameters
-  bool qgz = false;            ///< qgZ (zero_quantized_gradients)
+  std::string torch;      ///< torch's version, "" = the recordings' (2.1.2)
+  int grad_accum = 1;     ///< gradient_accumulation_steps
+  std::string family;     ///< model.family ("llama", "mixtral", ...)
+  bool qwz_bf16 = false;  ///< qwZ on bf16 parameters
+  bool qgz = false;       ///< qgZ (zero_quantized_gradients)
   /// A rank's partition exceeds DeepSpeed's default sub_group_size (1e9 elements), so that the
   /// stage-3 optimizer cuts it into several sub-groups (S3 _create_fp16_sub_groups).
   bool several_sub_groups = false;
@@ -149,7 +149,8 @@ const std::string& latest_deepspeed_release();
 /** The rules, in the order of their first release. */
 const std::vector<ReleaseRule>& deepspeed_release_rules();
 
-/** -1, 0 or 1 as version `a` is older than, the same as or newer than `b` ("0.13.4" < "0.13.10"). */
+/** -1, 0 or 1 as version `a` is older than, the same as or newer than `b` ("0.13.4" < "0.13.10").
+ */
 int compare_versions(const std::string& a, const std::string& b);
 
 /** Whether `version` is in deepspeed_releases(). */
@@ -181,7 +182,7 @@ std::string releases_label(const std::vector<std::string>& releases);
 
 /** Releases the builder treats alike: consecutive releases under the same rules. */
 struct ReleaseEpoch {
-  std::vector<std::string> releases;  ///< oldest first
+  std::vector<std::string> releases;      ///< oldest first
   std::vector<const ReleaseRule*> rules;  ///< the rules whose first release opens this epoch
   /// Why the builder refuses these releases ("" when it models them): the rule it lacks.
   std::string refused;

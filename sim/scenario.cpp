@@ -180,10 +180,10 @@ const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 std::string torch_version_of(const Setting& s, const std::string& key) {
   std::string value = string_of(s, key);
   value = value.substr(0, value.find('+'));
-  const bool numbers =
-      !value.empty() && value.front() != '.' && value.back() != '.' &&
-      value.find("..") == std::string::npos &&
-      value.find_first_not_of("0123456789.") == std::string::npos && value.size() <= 16;
+  const bool numbers = !value.empty() && value.front() != '.' && value.back() != '.' &&
+                       value.find("..") == std::string::npos &&
+                       value.find_first_not_of("0123456789.") == std::string::npos &&
+                       value.size() <= 16;
   if (!numbers) {
     throw InputError(s.where, key,
                      fmt::format("'{}' is not a torch version (allowed: numbers such as 2.1.2 or "
@@ -201,11 +201,11 @@ std::string deepspeed_release_of(const Setting& s, const std::string& key) {
   if (is_deepspeed_release(release)) return release;
   std::vector<std::string> names;
   for (const DeepSpeedRelease& r : deepspeed_releases()) names.emplace_back(r.version);
-  throw InputError(s.where, key,
-                   fmt::format("unknown value '{}'{} (allowed: a DeepSpeed release from {} to {}, "
-                               "or latest)",
-                               shown(value), did_you_mean(closest(value, names)), names.front(),
-                               names.back()));
+  throw InputError(
+      s.where, key,
+      fmt::format("unknown value '{}'{} (allowed: a DeepSpeed release from {} to {}, "
+                  "or latest)",
+                  shown(value), did_you_mean(closest(value, names)), names.front(), names.back()));
 }
 
 // The transformers releases whose module trees sim/deepspeed_builder.cpp walks (the recorder's
@@ -742,32 +742,61 @@ std::vector<std::string> deepspeed_zero_keys(const std::string& version) {
     const char* dropped = "";  ///< "" = still there in the newest release
   };
   static const ZeroKey kKeys[] = {
-      {"stage"}, {"contiguous_gradients"}, {"reduce_scatter"}, {"reduce_bucket_size"},
-      {"allgather_partitions"}, {"allgather_bucket_size"}, {"overlap_comm"},
-      {"load_from_fp32_weights"}, {"elastic_checkpoint"}, {"offload_param"},
-      {"offload_optimizer"}, {"sub_group_size"}, {"cpu_offload_param"},
-      {"cpu_offload_use_pin_memory"}, {"cpu_offload"}, {"prefetch_bucket_size"},
-      {"stage3_prefetch_bucket_size"}, {"param_persistence_threshold"},
-      {"stage3_param_persistence_threshold"}, {"model_persistence_threshold"},
-      {"stage3_model_persistence_threshold"}, {"max_live_parameters"},
-      {"stage3_max_live_parameters"}, {"max_reuse_distance"}, {"stage3_max_reuse_distance"},
-      {"gather_16bit_weights_on_model_save"}, {"stage3_gather_16bit_weights_on_model_save"},
-      {"stage3_gather_fp16_weights_on_model_save"}, {"ignore_unused_parameters"},
-      {"legacy_stage1"}, {"round_robin_gradients"}, {"zero_hpz_partition_size"},
-      {"zero_quantized_weights"}, {"zero_quantized_gradients"}, {"memory_efficient_linear"},
-      {"mics_shard_size", "0.10.0", "0.19.7"}, {"mics_hierarchical_params_gather", "0.10.0", "0.19.7"},
-      {"pipeline_loading_checkpoint", "0.10.1"}, {"override_module_apply", "0.10.1"},
+      {"stage"},
+      {"contiguous_gradients"},
+      {"reduce_scatter"},
+      {"reduce_bucket_size"},
+      {"allgather_partitions"},
+      {"allgather_bucket_size"},
+      {"overlap_comm"},
+      {"load_from_fp32_weights"},
+      {"elastic_checkpoint"},
+      {"offload_param"},
+      {"offload_optimizer"},
+      {"sub_group_size"},
+      {"cpu_offload_param"},
+      {"cpu_offload_use_pin_memory"},
+      {"cpu_offload"},
+      {"prefetch_bucket_size"},
+      {"stage3_prefetch_bucket_size"},
+      {"param_persistence_threshold"},
+      {"stage3_param_persistence_threshold"},
+      {"model_persistence_threshold"},
+      {"stage3_model_persistence_threshold"},
+      {"max_live_parameters"},
+      {"stage3_max_live_parameters"},
+      {"max_reuse_distance"},
+      {"stage3_max_reuse_distance"},
+      {"gather_16bit_weights_on_model_save"},
+      {"stage3_gather_16bit_weights_on_model_save"},
+      {"stage3_gather_fp16_weights_on_model_save"},
+      {"ignore_unused_parameters"},
+      {"legacy_stage1"},
+      {"round_robin_gradients"},
+      {"zero_hpz_partition_size"},
+      {"zero_quantized_weights"},
+      {"zero_quantized_gradients"},
+      {"memory_efficient_linear"},
+      {"mics_shard_size", "0.10.0", "0.19.7"},
+      {"mics_hierarchical_params_gather", "0.10.0", "0.19.7"},
+      {"pipeline_loading_checkpoint", "0.10.1"},
+      {"override_module_apply", "0.10.1"},
       {"zero_quantized_nontrainable_weights", "0.10.2"},
       {"use_multi_rank_bucket_allreduce", "0.12.4"},
       {"use_all_reduce_for_fetch_params", "0.14.3"},
       {"stage3_use_all_reduce_for_fetch_params", "0.14.3"},
       {"module_granularity_threshold", "0.16.0"},
       {"stage3_module_granularity_threshold", "0.16.0"},
-      {"zeropp_loco_param", "0.16.2", "0.19.8"}, {"log_trace_cache_warnings", "0.16.4"},
-      {"zenflow", "0.17.5"}, {"enable_sanity_checks", "0.17.6"}, {"leaf_module", "0.18.0"},
-      {"allgather_sequential", "0.18.5"}, {"stage3_allgather_sequential", "0.18.5"},
+      {"zeropp_loco_param", "0.16.2", "0.19.8"},
+      {"log_trace_cache_warnings", "0.16.4"},
+      {"zenflow", "0.17.5"},
+      {"enable_sanity_checks", "0.17.6"},
+      {"leaf_module", "0.18.0"},
+      {"allgather_sequential", "0.18.5"},
+      {"stage3_allgather_sequential", "0.18.5"},
       {"save_muon_momentum_buffer_in_memory", "0.18.9"},
-      {"parameter_alignment", "0.19.7"}, {"compute_grad_norm", "0.19.7"},
+      {"parameter_alignment", "0.19.7"},
+      {"compute_grad_norm", "0.19.7"},
   };
   std::vector<std::string> keys;
   for (const ZeroKey& k : kKeys) {

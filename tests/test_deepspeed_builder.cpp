@@ -139,9 +139,9 @@ INSTANTIATE_TEST_SUITE_P(
 // blocking gathers at init (0.18.7, 0.18.8, 0.19.8) included, and first differs at that host
 // wait. A builder change that breaks the init of these releases fails here.
 TEST(DeepSpeedBuilder, TorchTwoTenRecordingsEqualTheBuilderUpToTransformersFivesHostWait) {
-  for (const char* name : {"tiny-0.18.2-torch2.10", "tiny-0.18.3-torch2.10",
-                           "tiny-0.18.7-torch2.10", "tiny-0.18.8-torch2.10",
-                           "tiny-0.19.8-torch2.10"}) {
+  for (const char* name :
+       {"tiny-0.18.2-torch2.10", "tiny-0.18.3-torch2.10", "tiny-0.18.7-torch2.10",
+        "tiny-0.18.8-torch2.10", "tiny-0.19.8-torch2.10"}) {
     const Schedule rec = recording(name);
     ASSERT_EQ(rec.source.at("transformers"), "5.24.0") << name;
     Scenario sc = scenario_of(rec);

@@ -42,16 +42,16 @@ VersionRules anchored(const char* name, bool only_backward, bool on_create, bool
 }
 
 TEST(DeepSpeedReleases, TheFoldGivesBackEveryRecordedRelease) {
-  EXPECT_EQ(version_rules("0.13.1"), anchored("0.13.1", true, true, false, false, true, false,
-                                              true, false, CopyBounds::kLegacy));
+  EXPECT_EQ(version_rules("0.13.1"), anchored("0.13.1", true, true, false, false, true, false, true,
+                                              false, CopyBounds::kLegacy));
   EXPECT_EQ(version_rules("0.13.4"), anchored("0.13.4", false, false, false, true, false, true,
                                               false, false, CopyBounds::kLegacy));
   EXPECT_EQ(version_rules("0.13.5"), anchored("0.13.5", false, false, true, true, false, true,
                                               false, false, CopyBounds::kSecNumel));
-  EXPECT_EQ(version_rules("0.14.4"), anchored("0.14.4", false, true, true, true, false, true,
-                                              false, false, CopyBounds::kClamped));
-  EXPECT_EQ(version_rules("0.17.6"), anchored("0.17.6", false, true, true, true, false, true,
-                                              false, true, CopyBounds::kClamped));
+  EXPECT_EQ(version_rules("0.14.4"), anchored("0.14.4", false, true, true, true, false, true, false,
+                                              false, CopyBounds::kClamped));
+  EXPECT_EQ(version_rules("0.17.6"), anchored("0.17.6", false, true, true, true, false, true, false,
+                                              true, CopyBounds::kClamped));
 }
 
 TEST(DeepSpeedReleases, ReleasesBetweenRecordedOnesTakeTheirEpochsRules) {
@@ -286,16 +286,14 @@ check::CheckResult with_group(check::FindingKind kind, Purpose first, Purpose se
 
 TEST(ReleaseHistory, AFindingsFirstReleaseAndTheReleaseThatFixedIt) {
   const check::CheckResult clean;
-  const check::CheckResult stale = with_group(check::FindingKind::kStaleRead,
-                                              Purpose::kOptimizerStep, Purpose::kPrefetch, 4);
+  const check::CheckResult stale =
+      with_group(check::FindingKind::kStaleRead, Purpose::kOptimizerStep, Purpose::kPrefetch, 4);
   const check::CheckResult race = with_group(
       check::FindingKind::kRace, Purpose::kSecondaryPartitionCopy, Purpose::kPrefetch, 7);
   const std::vector<check::EpochVerdict> epochs = {
       {{"0.12.6"}, nullptr},  // refused
-      {{"0.13.0", "0.13.1"}, &stale},
-      {{"0.13.2"}, &race},
-      {{"0.13.3", "0.13.4"}, &race},
-      {{"0.13.5", "0.14.0"}, &clean},
+      {{"0.13.0", "0.13.1"}, &stale}, {{"0.13.2"}, &race},
+      {{"0.13.3", "0.13.4"}, &race},  {{"0.13.5", "0.14.0"}, &clean},
   };
   const auto h = check::finding_history(epochs);
   ASSERT_EQ(h.size(), 2u);

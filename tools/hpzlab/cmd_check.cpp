@@ -21,8 +21,8 @@
 
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
-#include "sim/check/report.hpp"
 #include "sim/check/release_history.hpp"
+#include "sim/check/report.hpp"
 #include "sim/deepspeed_builder.hpp"
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
@@ -87,8 +87,7 @@ std::vector<MatrixEpoch> epochs_of(const std::vector<std::string>& releases,
       rules = version_rules(v, traits);
       rules->name.clear();  // alike but for the name
     }
-    const bool same =
-        !out.empty() && !record && out.back().missing == missing && previous == rules;
+    const bool same = !out.empty() && !record && out.back().missing == missing && previous == rules;
     if (!same) out.push_back({{}, missing});
     out.back().releases.push_back(v);
     previous = rules;
@@ -98,7 +97,9 @@ std::vector<MatrixEpoch> epochs_of(const std::vector<std::string>& releases,
 
 /** Whether --deepspeed names more than one release: a refused release then gets its line and
  *  the matrix goes on; one release alone is refused in one line (exit 2). */
-bool is_matrix(const std::vector<std::string>& releases) { return releases.size() > 1; }
+bool is_matrix(const std::vector<std::string>& releases) {
+  return releases.size() > 1;
+}
 
 /** The traits of the scenario at `path` that decide the conditional release rules: read with
  *  the newest release named (a ds_config key it does not define: the oldest). */
@@ -113,7 +114,6 @@ RunTraits traits_of(const std::string& path, const CheckOptions& opts,
     return run_traits(load(path, opts.user, o));
   }
 }
-
 
 /** --record: the recording against the DeepSpeed builder's schedule of the same scenario
  *  (sim/projection.hpp); the builder's refusal is the comparison's error. */
@@ -332,11 +332,11 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     std::optional<RecordingComparison> builder;
     if (epoch != nullptr && epoch->missing != nullptr && !opts.record) {
       if (!matrix) version_rules(epoch->releases.front(), run_traits(sc), sc.path);  // throws
-      results.push_back(refused_epoch(sc, *epoch,
-                                      fmt::format("not modelled: the builder lacks rule '{}' ({}, "
-                                                  "from {})",
-                                                  epoch->missing->id, epoch->missing->pr,
-                                                  epoch->missing->first)));
+      results.push_back(refused_epoch(
+          sc, *epoch,
+          fmt::format("not modelled: the builder lacks rule '{}' "
+                      "({}, {})",
+                      epoch->missing->id, epoch->missing->pr, window_of(*epoch->missing))));
       continue;
     }
     if (opts.record) {
@@ -371,9 +371,9 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
   }
   if (matrix && std::all_of(results.begin(), results.end(),
                             [](const Checked& c) { return !c.refused.empty(); })) {
-    throw InputError("", "--deepspeed",
-                     fmt::format("the builder checks none of these releases: {}",
-                                 results.front().refused));
+    throw InputError(
+        "", "--deepspeed",
+        fmt::format("the builder checks none of these releases: {}", results.front().refused));
   }
   progress_bar(total, total,
                fmt::format("{} checked",
@@ -458,9 +458,8 @@ std::string history_text(const std::vector<Checked>& checked, const std::string&
   for (const check::FindingHistory& h : history) {
     std::string spans;
     for (const std::string& s : h.spans) spans += (spans.empty() ? "" : ", ") + s;
-    std::string fixed = h.fixed_in.empty()
-                            ? "not fixed in the newest checked release"
-                            : fmt::format("gone from {} on", h.fixed_in);
+    std::string fixed = h.fixed_in.empty() ? "not fixed in the newest checked release"
+                                           : fmt::format("gone from {} on", h.fixed_in);
     if (!h.unchecked_before_fix.empty()) {
       fixed += fmt::format(" ({} not checked)", h.unchecked_before_fix);
     }
@@ -495,15 +494,15 @@ nlohmann::json releases_json(const std::vector<Checked>& checked) {
   for (const std::string& scenario : scenarios) {
     for (const check::FindingHistory& h :
          check::finding_history(epochs_of_scenario(checked, scenario))) {
-      history.push_back({{"scenario", scenario},
-                         {"signature", h.signature},
-                         {"kind", to_string(h.kind)},
-                         {"in", h.spans},
-                         {"first", h.first},
-                         {"fixed_in", h.fixed_in.empty() ? nlohmann::json(nullptr)
-                                                         : nlohmann::json(h.fixed_in)},
-                         {"unchecked_before_fix", h.unchecked_before_fix},
-                         {"worst_count", h.count}});
+      history.push_back(
+          {{"scenario", scenario},
+           {"signature", h.signature},
+           {"kind", to_string(h.kind)},
+           {"in", h.spans},
+           {"first", h.first},
+           {"fixed_in", h.fixed_in.empty() ? nlohmann::json(nullptr) : nlohmann::json(h.fixed_in)},
+           {"unchecked_before_fix", h.unchecked_before_fix},
+           {"worst_count", h.count}});
     }
   }
   return {{"epochs", epochs}, {"findings", history}};
@@ -587,8 +586,8 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       const Checked& c = checked[i];
       const std::string& report = reports[i];
       const std::string first = report.substr(0, report.find('\n'));
-      const std::string name = c.refused.empty() ? check::label_of(c.result)
-                                                 : "DeepSpeed " + releases_label(c.releases);
+      const std::string name =
+          c.refused.empty() ? check::label_of(c.result) : "DeepSpeed " + releases_label(c.releases);
       cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\">\n",
                            xml_escaped(c.result.scenario), xml_escaped(name));
       if (!c.refused.empty()) {
@@ -625,9 +624,11 @@ void run_check(const CheckOptions& opts, int& exit_code) {
           text += "  " + full.substr(w + 1, full.find('\n', w + 1) - w);
         }
         if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
-        text += note_line(checked[i]);
+        // The scenario's notes once, under its last epoch (they are the same for every
+        // release, but for a one-step note), then its findings across the releases.
         const bool last_of_scenario =
             i + 1 == checked.size() || checked[i + 1].result.scenario != checked[i].result.scenario;
+        if (checked[i].releases.empty() || last_of_scenario) text += note_line(checked[i]);
         if (last_of_scenario) text += history_text(checked, checked[i].result.scenario);
         continue;
       }

@@ -98,8 +98,9 @@ std::string markdown_table() {
     }
     out += fmt::format("| {} | {} | {} |\n", releases_label(e.releases), verdict_of(e), rules);
   }
-  out += "\n## Rules\n\n| rule | PR | releases | applies | the builder | what it changes |\n"
-         "|---|---|---|---|---|---|\n";
+  out +=
+      "\n## Rules\n\n| rule | PR | releases | applies | the builder | what it changes |\n"
+      "|---|---|---|---|---|---|\n";
   for (const ReleaseRule& r : deepspeed_release_rules()) {
     std::string what = r.what;
     if (r.scope == RuleScope::kElsewhere) what += fmt::format(" (only for {})", r.where);
