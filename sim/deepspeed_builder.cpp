@@ -849,6 +849,7 @@ class RankBuilder {
   void fetch_sub_module(int module, bool forward);
   void release_sub_module(int module);
   void release_backward_leftovers();
+  void release_param_as(int p, LabelId label);
   void release_param(int p);
   void partition(int p);
   void gather_blocking(int p);
@@ -1204,10 +1205,9 @@ void RankBuilder::gather_blocking(int p) {
                      l.padded_numel() * dt_);
     unit_ = kNoUnit;
     alloc(st.full, current_, Purpose::kParamInit);
-    const EventId done =
-        collective(OpKind::kAllGather, world_group_, shard,
-                   {part(p, st.primary, l.primary_slice(rank_), AccessMode::kRead, false),
-                    {st.full, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
+    const EventId done = collective(
+        OpKind::kAllGather, world_group_, shard,
+        {shard_read(p, false, rank_), {st.full, AccessMode::kWrite, 0, l.padded_numel() * dt_}});
     wait(current_, done, Purpose::kParamInit);
     push(OpKind::kHostDeviceSync, kHostStream, Purpose::kParamInit);
     st.status = Status::kAvailable;
@@ -1796,10 +1796,7 @@ void RankBuilder::release_sub_module(int module) {
   for (const int p : own) {
     ps_[p].active.erase(module);
     if (rel.count(p)) {
-      const LabelId saved = label_;
-      label_ = module_label_[module];
-      release_param(p);
-      label_ = saved;
+      release_param_as(p, module_label_[module]);
     }
   }
 }
@@ -1816,12 +1813,17 @@ void RankBuilder::release_backward_leftovers() {
     for (const int p : md_.modules[m].params) {
       ps_[p].active.erase(m);
       if (md_.params[p].persist) continue;
-      const LabelId saved = label_;
-      label_ = module_label_[m];
-      release_param(p);
-      label_ = saved;
+      release_param_as(p, module_label_[m]);
     }
   }
+}
+
+// release_param with its ops labelled `label` (the module whose hook releases it, or none).
+void RankBuilder::release_param_as(int p, LabelId label) {
+  const LabelId saved = label_;
+  label_ = label;
+  release_param(p);
+  label_ = saved;
 }
 
 void RankBuilder::release_param(int p) {
@@ -2018,10 +2020,7 @@ void RankBuilder::optimizer_step() {
   purpose_ = Purpose::kParamRelease;
   for (const int p : optimized_) {
     ps_[p].active.clear();
-    const LabelId saved = label_;
-    label_ = kNoLabel;
-    release_param(p);
-    label_ = saved;
+    release_param_as(p, kNoLabel);
   }
   purpose_ = Purpose::kGradNorm;
   const EventId norm = collective(OpKind::kAllReduce, grad_group_, 8, {});

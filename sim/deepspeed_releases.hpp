@@ -162,6 +162,13 @@ std::string canonical_deepspeed_version(const std::string& version);
 /** "0.14.1 to the release before 0.14.3", "from 0.18.0", with the torch it needs if any. */
 std::string window_of(const ReleaseRule& rule);
 
+/** Which runs `rule` applies to, "" for every run: "with gradient accumulation > 1", ... */
+std::string condition_of(const ReleaseRule& rule);
+
+/** Why the builder refuses a release under `rule`, the one wording every refusal uses: "the
+ *  builder lacks rule 'ID' (PR, WINDOW)". */
+std::string lacks_rule(const ReleaseRule& rule);
+
 /** Whether `rule` applies to a run with `traits`. */
 bool rule_applies(const ReleaseRule& rule, const RunTraits& traits);
 
@@ -187,9 +194,6 @@ struct ReleaseEpoch {
   /// Why the builder refuses these releases ("" when it models them): the rule it lacks.
   std::string refused;
   std::string first() const { return releases.front(); }
-  std::string last() const { return releases.back(); }
-  /** "0.13.2-0.13.4", or "0.13.5" for one release. */
-  std::string span() const;
 };
 
 /** The releases grouped into epochs for a run with `traits`, oldest first: a new epoch opens at

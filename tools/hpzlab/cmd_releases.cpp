@@ -31,32 +31,6 @@ const char* scope_name(RuleScope s) {
   return "?";
 }
 
-const char* when_name(RuleWhen w) {
-  switch (w) {
-    case RuleWhen::kAlways:
-      return "";
-    case RuleWhen::kGradAccum:
-      return "with gradient accumulation > 1";
-    case RuleWhen::kMoeLeaf:
-      return "for Mixtral, Qwen2-MoE and Qwen3-MoE";
-    case RuleWhen::kTorch:
-      return "with torch >= ";
-    case RuleWhen::kQwzBf16:
-      return "with qwZ on bf16";
-    case RuleWhen::kQgz:
-      return "with qgZ";
-    case RuleWhen::kSubGroups:
-      return "with more than one optimizer sub-group a rank";
-  }
-  return "";
-}
-
-std::string condition_of(const ReleaseRule& r) {
-  std::string c = when_name(r.when);
-  if (r.when == RuleWhen::kTorch) c += r.torch_from;
-  return c;
-}
-
 std::string verdict_of(const ReleaseEpoch& e) {
   return e.refused.empty() ? "modelled" : "refused: " + e.refused;
 }
