@@ -9,7 +9,6 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <set>
 
 namespace hpz::replay {
 namespace {
@@ -20,13 +19,45 @@ constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 class OrderScheduler {
  public:
   explicit OrderScheduler(const Schedule& s) : s_(s) {
-    for (const RankSchedule& rs : s.ranks) {
+    // Each collective op's members (rank, op index) in its group's rank order, the n-th op of a
+    // group on every member being one collective; computed once, read at every step.
+    std::map<std::pair<GroupId, int>, std::map<Rank, std::uint32_t>> by_ordinal;
+    std::vector<std::vector<int>> ordinal(s.ranks.size());
+    event_count_.assign(s.ranks.size(), 0);
+    event_slot_.resize(s.ranks.size());
+    for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+      const RankSchedule& rs = s.ranks[r];
       std::map<GroupId, int> count;
+      std::map<EventId, std::size_t> dense;
+      ordinal[r].assign(rs.ops.size(), -1);
+      event_slot_[r].assign(rs.ops.size(), -1);
       for (std::size_t i = 0; i < rs.ops.size(); ++i) {
         const Op& op = rs.ops[i];
+        if (op.event != kNoEvent) {
+          // Dense per-rank numbers: an event id can be any int32 in a schedule file.
+          const auto [it, added] = dense.try_emplace(op.event, event_count_[r]);
+          if (added) ++event_count_[r];
+          event_slot_[r][i] = static_cast<std::int32_t>(it->second);
+        }
         if (!is_collective(op.kind)) continue;
-        members_[{op.group, count[op.group]}][rs.rank] = static_cast<std::uint32_t>(i);
-        ordinal_[{rs.rank, static_cast<std::uint32_t>(i)}] = count[op.group]++;
+        by_ordinal[{op.group, count[op.group]}][rs.rank] = static_cast<std::uint32_t>(i);
+        ordinal[r][i] = count[op.group]++;
+      }
+    }
+    members_.resize(s.ranks.size());
+    for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+      const RankSchedule& rs = s.ranks[r];
+      members_[r].resize(rs.ops.size());
+      for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+        if (ordinal[r][i] < 0) continue;
+        const Op& op = rs.ops[i];
+        const auto& found = by_ordinal.at({op.group, ordinal[r][i]});
+        auto& out = members_[r][i];
+        for (const Rank m : s.groups.at(static_cast<std::size_t>(op.group)).ranks) {
+          const auto it = found.find(m);
+          // A member that never issues this collective: it can never be ready.
+          out.emplace_back(m, it == found.end() ? kAbsent : it->second);
+        }
       }
     }
   }
@@ -35,11 +66,11 @@ class OrderScheduler {
     reset();
     std::optional<HoldBack> hold = hold_in;
     ExploredOrder out;
+    std::vector<StreamRef> enabled;
+    std::vector<std::uint32_t> heads;
     for (std::uint64_t step = 0;; ++step) {
       const double t = 2.0 * static_cast<double>(step);
       advance_hosts(t);
-      std::vector<StreamRef> enabled;
-      std::vector<std::uint32_t> heads;
       enabled_heads(hold, enabled, heads);
       if (enabled.empty() && hold && !ran_[hold->rank][hold->until] &&
           !ran_[hold->rank][hold->held]) {
@@ -65,18 +96,20 @@ class OrderScheduler {
     const std::size_t n = s_.ranks.size();
     host_pc_.assign(n, 0);
     fifo_.assign(n, {});
-    events_.assign(n, {});
+    events_.resize(n);
     ran_.assign(n, {});
     timeline_ = Timeline{};
     timeline_.ranks.resize(n);
     for (std::size_t r = 0; r < n; ++r) {
       fifo_[r].resize(s_.ranks[r].streams.size());
+      events_[r].assign(event_count_[r], 0);
       ran_[r].assign(s_.ranks[r].ops.size(), false);
       timeline_.ranks[r].assign(s_.ranks[r].ops.size(), {kNan, kNan, kNan});
     }
   }
 
-  bool host_may_pass(std::size_t r, const Op& op) const {
+  bool host_may_pass(std::size_t r, std::size_t pc) const {
+    const Op& op = s_.ranks[r].ops[pc];
     switch (op.kind) {
       case OpKind::kHostStreamSync:
         return fifo_[r].at(static_cast<std::size_t>(op.stream)).empty();
@@ -84,7 +117,7 @@ class OrderScheduler {
         return std::all_of(fifo_[r].begin(), fifo_[r].end(),
                            [](const auto& q) { return q.empty(); });
       case OpKind::kHostEventSync:
-        return events_[r].count(op.event) != 0;
+        return recorded(r, pc);
       default:
         return true;
     }
@@ -97,7 +130,7 @@ class OrderScheduler {
       for (std::size_t& pc = host_pc_[r]; pc < ops.size(); ++pc) {
         const Op& op = ops[pc];
         if (is_host_sync(op.kind) || op.stream == kHostStream) {
-          if (!host_may_pass(r, op)) break;
+          if (!host_may_pass(r, pc)) break;
           timeline_.ranks[r][pc] = {t, t, t};
           ran_[r][pc] = true;
           continue;
@@ -114,19 +147,20 @@ class OrderScheduler {
     return !q.empty() && q.front() == i;
   }
 
-  /** Fills `out` with the members' ops of the collective op i of rank r; false unless each is
-   *  at the head of its stream. */
-  bool collective_ready(Rank r, std::uint32_t i,
-                        std::vector<std::pair<Rank, std::uint32_t>>& out) const {
-    const Op& op = s_.ranks[static_cast<std::size_t>(r)].ops[i];
-    const auto members = members_.find({op.group, ordinal_.at({r, i})});
-    out.clear();
-    for (const Rank m : s_.groups.at(static_cast<std::size_t>(op.group)).ranks) {
-      const auto it = members->second.find(m);
-      if (it == members->second.end() || !at_head(m, it->second)) return false;
-      out.emplace_back(m, it->second);
+  /** Whether the record of op i's event (rank r) has run. */
+  bool recorded(std::size_t r, std::size_t i) const {
+    const std::int32_t e = event_slot_[r][i];
+    return e >= 0 && events_[r][static_cast<std::size_t>(e)] != 0;
+  }
+
+  /** The members' ops of the collective op i of rank r, if each is at the head of its stream. */
+  const std::vector<std::pair<Rank, std::uint32_t>>* collective_ready(Rank r,
+                                                                      std::uint32_t i) const {
+    const auto& members = members_[static_cast<std::size_t>(r)][i];
+    for (const auto& [m, j] : members) {
+      if (j == kAbsent || !at_head(m, j)) return nullptr;
     }
-    return true;
+    return &members;
   }
 
   bool head_enabled(std::size_t r, std::uint32_t h, const std::optional<HoldBack>& hold) const {
@@ -135,11 +169,11 @@ class OrderScheduler {
     };
     if (held(static_cast<Rank>(r), h)) return false;
     const Op& op = s_.ranks[r].ops[h];
-    if (op.kind == OpKind::kStreamWaitEvent) return events_[r].count(op.event) != 0;
+    if (op.kind == OpKind::kStreamWaitEvent) return recorded(r, h);
     if (!is_collective(op.kind)) return true;
-    std::vector<std::pair<Rank, std::uint32_t>> members;
-    if (!collective_ready(static_cast<Rank>(r), h, members)) return false;
-    return std::none_of(members.begin(), members.end(),
+    const auto* members = collective_ready(static_cast<Rank>(r), h);
+    if (members == nullptr) return false;
+    return std::none_of(members->begin(), members->end(),
                         [&](const auto& m) { return held(m.first, m.second); });
   }
 
@@ -165,7 +199,9 @@ class OrderScheduler {
     ran_[ru][i] = true;
     timeline_.ranks[ru][i].start_s = t;
     timeline_.ranks[ru][i].end_s = t + 1;
-    if (op.kind == OpKind::kEventRecord) events_[ru].insert(op.event);
+    if (op.kind == OpKind::kEventRecord && event_slot_[ru][i] >= 0) {
+      events_[ru][static_cast<std::size_t>(event_slot_[ru][i])] = 1;
+    }
   }
 
   void execute(Rank r, std::uint32_t i, double t) {
@@ -173,17 +209,20 @@ class OrderScheduler {
       run_one(r, i, t);
       return;
     }
-    std::vector<std::pair<Rank, std::uint32_t>> members;
-    collective_ready(r, i, members);
-    for (const auto& [m, j] : members) run_one(m, j, t);
+    const auto* members = collective_ready(r, i);
+    for (const auto& [m, j] : *members) run_one(m, j, t);
   }
 
+  static constexpr std::uint32_t kAbsent = std::numeric_limits<std::uint32_t>::max();
+
   const Schedule& s_;
-  std::map<std::pair<GroupId, int>, std::map<Rank, std::uint32_t>> members_;
-  std::map<std::pair<Rank, std::uint32_t>, int> ordinal_;
+  /// members_[rank][op]: the collective's members (empty for other ops).
+  std::vector<std::vector<std::vector<std::pair<Rank, std::uint32_t>>>> members_;
+  std::vector<std::size_t> event_count_;
+  std::vector<std::vector<std::int32_t>> event_slot_;  // [rank][op]: its event's dense number
   std::vector<std::size_t> host_pc_;
   std::vector<std::vector<std::deque<std::uint32_t>>> fifo_;
-  std::vector<std::set<EventId>> events_;  // records that have run
+  std::vector<std::vector<char>> events_;  // events_[rank][event]: its record has run
   std::vector<std::vector<bool>> ran_;
   Timeline timeline_;
 };
