@@ -62,9 +62,16 @@ def parser() -> argparse.ArgumentParser:
                    help="which ranks DeepSpeed runs as. 'auto' (the default): rank 0, and one "
                    "rank of each other kind where the model's parameters do not divide by the "
                    "world (their padding makes those ranks' slices, and DeepSpeed's code paths, "
-                   "differ); every other rank is written as the copy of its kind's on its own "
-                   "groups. A number: that rank alone, every other rank its copy. 'all': "
-                   "DeepSpeed runs once as each rank")
+                   "differ), and with --load pretrained one rank other than 0 (only rank 0 "
+                   "copies the checkpoint in); every other rank is written as the copy of its "
+                   "kind's on its own groups. A number: that rank alone, every other rank its "
+                   "copy (not with --load pretrained). 'all': DeepSpeed runs once as each rank")
+    p.add_argument("--load", choices=("none", "pretrained"), default="none",
+                   help="what is loaded into the model before deepspeed.initialize: none (the "
+                   "default: zero.Init's own values), or pretrained (a state dict of every "
+                   "parameter, copied in as transformers' from_pretrained does under ZeRO-3: "
+                   "GatheredParameters with modifier_rank=0, rank 0 copies, a broadcast, a "
+                   "repartition; logged in phase checkpoint_load)")
     p.add_argument("--out", required=True, help="where to write the schedule JSON")
     p.add_argument("--verbose", action="store_true", help="DeepSpeed's own INFO logs too")
     p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)
@@ -135,6 +142,10 @@ def validate(args: argparse.Namespace) -> None:
     world = args.nodes * args.gpus_per_node
     if args.rank not in ("all", "auto") and not 0 <= args.rank < world:
         raise InputError(f"--rank: {args.rank} is not a rank of a world of {world}")
+    if args.rank not in ("all", "auto") and args.load == "pretrained":
+        raise InputError(f"--rank {args.rank} with --load pretrained: only rank 0 copies the "
+                         "checkpoint in, so one rank cannot stand for the others; use --rank "
+                         "auto (rank 0 and one other) or all")
     _read_json(args.hf_config, "model config")
     ds = _read_json(args.ds_config, "DeepSpeed config")
     zero = ds.get("zero_optimization", {})
@@ -202,20 +213,22 @@ def _with(argv: list, flag: str, value: str) -> list:
     return out + [flag, value]
 
 
-def rank_kinds(doc: dict) -> list:
+def rank_kinds(doc: dict, rank0_alone: bool = False) -> list:
     """The ranks grouped by what their slices hold: for every unit, how its primary slice and
     its secondary slice meet the parameter's end (slices.own_elements). hpZ groups are blocks of
     consecutive ranks (utils/groups.py:505-530), and a rank's code paths (_partition_param,
     _partition_param_sec, reduce_scatter_coalesced's chunks) depend on these bounds and its
-    groups only, so ranks of one kind issue the same schedule on their own groups. Ascending,
-    rank 0's first."""
+    groups only, so ranks of one kind issue the same schedule on their own groups. With
+    `rank0_alone` (--load pretrained) rank 0 is a kind of its own: only it runs
+    `module._load_from_state_dict` inside GatheredParameters and is the broadcast's source
+    (transformers' ZeRO-3 loader, hpzrec.load). Ascending, rank 0's first."""
     world, hpz = doc["world_size"], max(1, doc["hpz_size"])
     kinds: dict = {}
     for r in range(world):
         key = tuple((own_elements(u["numel"], u["shard_numel"], r),
                      own_elements(u["numel"], u["secondary_numel"], r % hpz)
                      if u["secondary_numel"] else 0) for u in doc["units"])
-        kinds.setdefault(key, []).append(r)
+        kinds.setdefault((rank0_alone and r == 0, key), []).append(r)
     return sorted(kinds.values())
 
 
@@ -278,15 +291,21 @@ def record_ranks(argv: list, args: argparse.Namespace) -> int:
             docs, code = _run_ranks(argv, args, [0], tmp)
             if docs is None:
                 return code
-            kinds = rank_kinds(docs[0])
+            loads = args.load == "pretrained"
+            kinds = rank_kinds(docs[0], rank0_alone=loads)
             firsts = [k[0] for k in kinds]
             recorded = ",".join(map(str, firsts))
             what = f"ranks {recorded} recorded, every other a copy of its kind's"
             if len(kinds) == 1:
                 what = "rank 0 recorded, every other its copy"
             else:
-                print(f"hpzlab record: the model's parameters do not divide by {world} ranks, so "
-                      f"the ranks hold {len(kinds)} kinds of slices; recording ranks "
+                why = (f"the model's parameters do not divide by {world} ranks, so the ranks "
+                       f"hold {len(rank_kinds(docs[0]))} kinds of slices"
+                       if len(rank_kinds(docs[0])) > 1 else "")
+                if loads:
+                    why += ("; " if why else "") + ("only rank 0 copies the checkpoint in "
+                                                    "(--load pretrained)")
+                print(f"hpzlab record: {why}; recording ranks "
                       f"{', '.join(map(str, firsts[1:]))} too (first of each kind)",
                       file=sys.stderr, flush=True)
                 docs, code = _run_ranks(argv, args, firsts, tmp, docs)

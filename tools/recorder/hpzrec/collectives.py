@@ -10,7 +10,8 @@ wrappers replace the calls: they log the collective with the bytes it reads and 
 the outputs with this rank's own data (finite and deterministic; the values mean nothing).
 
 The IR has no broadcast: a broadcast is logged as an all-reduce of the same bytes (every member
-reads and writes the buffer), and a barrier as a 4-byte all-reduce whose wait blocks the host,
+reads and writes the buffer; while a checkpoint is loaded, a rank other than the source only
+writes it, as NCCL's receivers do), and a barrier as a 4-byte all-reduce whose wait blocks the host,
 as ProcessGroupNCCL's barrier does.
 """
 from __future__ import annotations
@@ -150,7 +151,14 @@ def reduce(tensor, dst, op=None, group=None, async_op=False):
 
 
 def broadcast(tensor, src, group=None, async_op=False):
-    return _issue("all_reduce", group, [tensor], [tensor], _nbytes(tensor), async_op)
+    # A rank other than the source receives: NCCL overwrites its buffer without reading it.
+    # Logged so only while a checkpoint is loaded (GatheredParameters.__exit__'s broadcast from
+    # rank 0, hpzrec.load); zero.Init's and DeepSpeed's other broadcasts keep the all-reduce's
+    # read on every rank, which the recordings made before --load carry (docs/record.md).
+    rec = recording.current()
+    receives = rec.ctx.phase == recording.CHECKPOINT_LOAD and rec.rank != src
+    return _issue("all_reduce", group, [] if receives else [tensor], [tensor], _nbytes(tensor),
+                  async_op)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,

@@ -21,7 +21,7 @@ import sys
 import time
 import torch
 
-from . import probes, recording, stand_ins
+from . import load, probes, recording, stand_ins
 
 
 @dataclasses.dataclass
@@ -41,6 +41,9 @@ class Training:
     # non_blocking=True) waits for nothing. On this CPU the batch already sits where DeepSpeed
     # runs, so the recorder logs the wait itself.
     batch_copy: str = "blocking"
+    # "pretrained": a state dict is loaded into the built model before deepspeed.initialize,
+    # as from_pretrained loads a checkpoint under ZeRO-3 (hpzrec.load); "none": no load.
+    load: str = "none"
 
 
 class ConfigError(Exception):
@@ -165,6 +168,11 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
             # a tie_word_embeddings model would train an untied lm_head of its own.
             model.tie_weights()
         probes.name_modules(model)
+        if training.load == "pretrained":
+            # from_pretrained loads the checkpoint after the model is built under zero.Init and
+            # before the Trainer calls deepspeed.initialize
+            load.load_pretrained(model, training.seed)
+            _progress("state dict loaded (as from_pretrained under ZeRO-3)")
         if training.grad_checkpointing:
             model.gradient_checkpointing_enable()
         zero = ds_config.get("zero_optimization", {})

@@ -127,5 +127,22 @@ class OpRecorder(TorchDispatchMode):
                  mem_bytes=self._bytes(seen))
         boolean_index = name in ("index", "index_put_", "index_put") and any(
             t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1:2]))
-        if name in _SYNC_ON_CUDA or boolean_index:
+        if name in _SYNC_ON_CUDA or boolean_index or _from_host_memory(rec, name, args):
             rec.push("host_stream_sync", stream)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _from_host_memory(rec: recording.Recording, name: str, args: tuple) -> bool:
+    """copy_ from a tensor that stands for pageable host memory (a checkpoint's state dict,
+    rec.host_storages) into device memory: PyTorch's copy_kernel_cuda copies with
+    at::cuda::memcpy_and_sync when non_blocking is False (aten/src/ATen/native/cuda/Copy.cu),
+    cudaMemcpyAsync then cudaStreamSynchronize, so the host waits for the current stream. On
+    this CPU every tensor is host memory and nothing waits."""
+    if name != "copy_" or not rec.host_storages or len(args) < 2:
+        return False
+    dst, src = args[0], args[1]
+    return (isinstance(src, torch.Tensor) and _storage(src) in rec.host_storages
+            and _storage(dst) not in rec.host_storages)

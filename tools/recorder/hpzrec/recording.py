@@ -20,6 +20,8 @@ import torch
 # Phases and purposes use the IR's names (sim/schedule.cpp to_string).
 FORWARD, BACKWARD, GRAD_REDUCE, OPTIMIZER, INIT = ("forward", "backward", "grad_reduce",
                                                    "optimizer", "init")
+# The phase, and the purpose, of a checkpoint's load (kPhaseNames and kPurposeNames there).
+CHECKPOINT_LOAD = "checkpoint_load"
 
 READ, WRITE = "r", "w"
 
@@ -97,6 +99,10 @@ class Recording:
         # > 0 while a DeepSpeed function runs whose empty() allocations are padding only
         # (probes.install: reduce_scatter_coalesced)
         self.padding_allocs = 0
+        # Storages that stand for host (CPU) memory in a GPU run: a checkpoint's state dict
+        # (hpzrec.load). A copy_ from one of them into device memory makes the host wait for
+        # the stream on a GPU (ops.py); empty outside a load.
+        self.host_storages: set = set()
 
     # ----- context -------------------------------------------------------------------------
     def label_id(self, name: str) -> int:

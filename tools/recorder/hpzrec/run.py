@@ -120,7 +120,7 @@ def main() -> int:
     training = model.Training(steps=args.steps, micro_batch=micro, seq_len=cli.RECORD_SEQ_LEN,
                               grad_accum=int(ds.get("gradient_accumulation_steps", 1)),
                               grad_checkpointing=args.grad_checkpointing == "on",
-                              batch_copy=args.batch_copy)
+                              batch_copy=args.batch_copy, load=args.load)
     print(f"hpzlab record: DeepSpeed {deepspeed.__version__}, rank {args.rank} of {world}, "
           f"{args.steps} steps", file=sys.stderr, flush=True)
     try:
@@ -144,6 +144,8 @@ def main() -> int:
         "command": "hpzlab record " + " ".join(a for a in sys.argv[1:] if a != "--in-env"),
         "ds_config_used": json.dumps(ds, sort_keys=True),
     }
+    if args.load != "none":  # absent without a load: the recordings made before --load stay
+        source["load"] = args.load
     if probes.missing:
         source["unlabelled"] = ", ".join(probes.missing)
     dtype_bytes = {"bfloat16": 2, "float16": 2}.get(facts["dtype"], 4)
