@@ -63,8 +63,12 @@ def ds_with(**zero) -> dict:
      "zero_optimization.offload_param.device: 'cpu': the recorder runs DeepSpeed on a CPU"),
     ({"extra": ["--transformers", "4.40.0"]},
      "--transformers: unknown version '4.40.0' (supported: 4.35.2, 4.51.3, 4.57.1)"),
+    ({"extra": ["--load", "checkpoint"]},
+     "argument --load: invalid choice: 'checkpoint'"),
+    ({"extra": ["--load", "pretrained", "--rank", "3"]},
+     "--rank 3 with --load pretrained: only rank 0 copies the checkpoint in"),
 ], ids=["version", "needs-newer-torch", "torch", "transformers-of-torch", "missing", "not-json", "stage-2", "hpz-size", "deepspeed-refuses",
-        "hf-size", "hf-type", "nodes", "offload", "transformers"])
+        "hf-size", "hf-type", "nodes", "offload", "transformers", "load", "load-one-rank"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, case, expected):
     kwargs = {}
     for key in ("hf", "ds"):

@@ -315,3 +315,73 @@ def test_a_later_torch_base_is_its_own_environment(tmp_path, monkeypatch):
     assert set(env.NEEDS_NEWER_TORCH) == {"0.18.3", "0.18.7", "0.18.8", "0.19.8"}
     assert set(env.NEEDS_NEWER_TORCH) <= set(env.supported_versions())
     assert not list(tmp_path.iterdir()), "nothing built"
+
+
+def test_with_a_load_rank_0_is_a_kind_of_its_own():
+    """--load pretrained: only rank 0 copies the checkpoint in, so rank_kinds puts it alone and
+    the first other rank of its kind is run too; without a load nothing changes."""
+    from hpzrec import cli
+    even = {"numel": 64, "shard_numel": 16, "secondary_numel": 32}
+    norm = {"numel": 30, "shard_numel": 8, "secondary_numel": 16}
+    doc = {"world_size": 4, "hpz_size": 2, "units": [even]}
+    assert cli.rank_kinds(doc, rank0_alone=True) == [[0], [1, 2, 3]]
+    assert cli.rank_kinds(doc) == [[0, 1, 2, 3]]
+    padded = dict(doc, units=[norm, even])
+    assert cli.rank_kinds(padded, rank0_alone=True) == [[0], [1], [2], [3]]
+
+
+@pytest.mark.parametrize("rank,reads", [(0, True), (1, False)], ids=["source", "receiver"])
+def test_a_loads_broadcast_is_write_only_on_the_receivers(rank, reads):
+    """GatheredParameters' broadcast from rank 0 overwrites the receivers' buffers without
+    reading them; outside a load every member still reads and writes (the recordings made
+    before --load)."""
+    rec = recording.start(rank=rank, world_size=4)
+    t = torch.ones(8)
+    with rec.context(phase=recording.CHECKPOINT_LOAD, purpose=recording.CHECKPOINT_LOAD):
+        collectives.broadcast(t, 0)
+    collectives.broadcast(t, 0)
+    loaded, other = logged(rec, "all_reduce")
+    assert {a[1] for a in loaded.accesses} == ({"r", "w"} if reads else {"w"})
+    assert {a[1] for a in other.accesses} == {"r", "w"}
+    assert loaded.ctx.purpose == "checkpoint_load" and loaded.comm_bytes == 32
+
+
+def test_a_copy_from_the_checkpoints_host_memory_waits_for_the_stream(rec):
+    """copy_ from a state dict (pageable host memory on a GPU run) is memcpy_and_sync; a copy
+    between device tensors, or any copy outside a load, is not."""
+    with ops.OpRecorder(seq_len=23, scale=1.0):
+        host, full = torch.ones(8), torch.zeros(8)
+        full.copy_(host)
+        rec.host_storages = {host.untyped_storage()._cdata}
+        full.copy_(host)
+        full.copy_(full.clone())
+        rec.host_storages = set()
+    kinds = [e.kind for e in rec.entries if e.kind in ("copy", "host_stream_sync")]
+    assert kinds == ["copy", "copy", "host_stream_sync", "copy", "copy"]
+
+
+def test_the_checkpoint_holds_every_tensor_once_with_its_full_shape():
+    """load.state_dict: a tied parameter under its first name only (as save_pretrained writes
+    it), ZeRO-3's placeholders by ds_shape, the same values on every call, meta tensors off
+    rank 0 where transformers 5 loads them so."""
+    from hpzrec import load
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+            self.norm = torch.nn.LayerNorm(4)
+
+    model = Tied()
+    model.norm.weight.data = torch.empty(0)  # a ZeRO-3 placeholder
+    model.norm.weight.ds_shape = torch.Size([4])
+    sd = load.state_dict(model, seed=1, rank=0, meta_off_rank0=False)
+    assert list(sd) == ["embed.weight", "norm.weight", "norm.bias"]
+    assert sd["norm.weight"].shape == (4, ) and sd["embed.weight"].shape == (10, 4)
+    again = load.state_dict(model, seed=1, rank=3, meta_off_rank0=False)
+    assert all(torch.equal(sd[k], again[k]) for k in sd)
+    meta = load.state_dict(model, seed=1, rank=3, meta_off_rank0=True)
+    assert all(t.device.type == "meta" for t in meta.values())
+    assert load.state_dict(model, seed=1, rank=0, meta_off_rank0=True)["embed.weight"].device.type == "cpu"

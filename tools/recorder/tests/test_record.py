@@ -444,3 +444,35 @@ def test_deepspeed_0176_runs_as_a_rank_other_than_0(tmp_path):
 
     assert collectives(nine, 9) == collectives(zero, 0)
     assert len(collectives(nine, 9)) > 100
+
+
+def test_a_pretrained_load_leaves_016s_secondaries_stale_and_not_0134s(tmp_path):
+    """--load pretrained (DeepSpeed issue 7606): rank 0 copies a state dict into each gathered
+    parameter, GatheredParameters broadcasts it and repartitions with has_been_updated=True.
+    0.16.9's _partition_param_sec returns early where a secondary exists (PR 5613, 0.14.3), so
+    step 0's gathers from the secondary hand out zero.Init's weights; 0.13.4's has no such
+    return and rewrites it (its findings are its stock races). Rank 0 and rank 1 are run."""
+    load = record(tmp_path, "0.16.9", None, "--load", "pretrained")
+    doc = load["doc"]
+    assert doc["source"]["load"] == "pretrained" and doc["source"]["recorded_rank"] == "0,1"
+    assert doc["ranks"][5]["like"] == 1
+    for r, own_copy in ((0, True), (1, False)):
+        rank = doc["ranks"][r]
+        ops = [op for op in rank["ops"] if op["phase"] == "checkpoint_load"]
+        assert ops and all(op["step"] == -1 for op in ops)
+        full = {b for b, buf in enumerate(rank["buffers"]) if buf["role"] == "full"}
+        loaded = {rank["buffers"][a[0]]["unit"] for op in ops if op["kind"] == "copy"
+                  and op["purpose"] == "checkpoint_load" for a in op["accesses"]
+                  if a[1] == "w" and a[0] in full}
+        assert loaded == (set(range(len(doc["units"]))) if own_copy else set())
+        casts = [op for op in ops if op["kind"] == "all_reduce"]
+        assert len(casts) == len(doc["units"])
+        assert all({a[1] for a in op["accesses"]} == ({"r", "w"} if own_copy else {"w"})
+                   for op in casts)
+    code, report = check(load["path"])
+    assert code == 1 and kinds(report) == {"stale-read"}
+    assert {f["second"]["step"] for f in report["findings"]} == {0}
+    assert all(f["first"]["phase"] == "checkpoint_load" for f in report["findings"])
+    old = record(tmp_path, "0.13.4", None, "--load", "pretrained")
+    code, report = check(old["path"])
+    assert "stale-read" not in kinds(report)
