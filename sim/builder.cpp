@@ -752,6 +752,13 @@ Schedule build_schedule(const Scenario& sc) {
   check_schedule_size(sc);
   if (sc.run.builder == "deepspeed") return build_deepspeed_schedule(sc, sc.zero.deepspeed_version);
   validate(sc);
+  if (sc.run.load != "none") {
+    throw InputError(sc.path, "run.load",
+                     fmt::format("\"{}\" is DeepSpeed's builder's (allowed with run.builder = "
+                                 "\"coarse\": \"none\"; its load is [bugs] "
+                                 "checkpoint_load_at_step)",
+                                 sc.run.load));
+  }
   const BuildContext ctx(sc);
   Schedule s;
   s.scenario = sc.path;

@@ -851,8 +851,11 @@ class RankBuilder {
   void release_backward_leftovers();
   void release_param_as(int p, LabelId label);
   void release_param(int p);
-  void partition(int p);
+  void partition(int p, bool has_been_updated = false);
   void gather_blocking(int p);
+  void gather_blocking_list(const std::vector<int>& list);
+  void load_pretrained();
+  void load_checkpoint();
   void barrier();
   void world_round_trip(const char* name, std::uint64_t bytes, bool read, Purpose p);
   void gather_persistent();
@@ -1108,6 +1111,7 @@ void RankBuilder::init() {
     first = end;
   }
   unit_ = kNoUnit;
+  if (sc_.run.load == "pretrained") load_pretrained();
   // The stage-3 optimizer's constructor (S3:87-382). _create_fp16_partitions_with_defragmentation
   // (S3:661-700) starts with a barrier and moves every primary shard into one flat buffer
   // (defragment, S3:526-560: each shard copied out, empty_cache(), the flat buffer back on the
@@ -1239,13 +1243,15 @@ void RankBuilder::gather_blocking(int p) {
 
 // param.partition() -> Init._partition (PP:1470-1478): the secondary (PP:1603), then the
 // primary (PP:1483), whose last act is free_param (PP:276) on the current stream.
-void RankBuilder::partition(int p) {
+void RankBuilder::partition(int p, bool has_been_updated) {
   ParamState& st = ps_[p];
   const UnitId saved = unit_;
   unit_ = p;
   if (hpz_ > 1 && st.status == Status::kAvailable) {
     const bool create = !st.has_secondary;
-    if (create || !v_.copy_only_on_create) {
+    // The early return (PP:1611-1613 at v0.13.1, PP:1775 at v0.18.2) skips the copy when a
+    // secondary exists, unless has_been_updated reaches it (VersionRules::secondary_sees_update).
+    if (create || !v_.copy_only_on_create || (has_been_updated && v_.secondary_sees_update)) {
       if (create) {
         alloc(st.secondary, current_, Purpose::kSecondaryAlloc);
         st.has_secondary = true;
@@ -1298,11 +1304,14 @@ void RankBuilder::partition(int p) {
     }
   }
   if (st.status == Status::kAvailable) {
-    if (!st.has_primary) {  // ds_tensor is None: the first partition (PP:1501)
+    // ds_tensor is None (the first partition, PP:1501), or has_been_updated: the full tensor's
+    // slice is copied into the shard (PP:1662-1700 at v0.18.2).
+    if (!st.has_primary || has_been_updated) {
+      const Purpose why = st.has_primary ? purpose_ : Purpose::kParamInit;
+      if (!st.has_primary) alloc(st.primary, current_, Purpose::kParamInit);
       st.has_primary = true;
-      alloc(st.primary, current_, Purpose::kParamInit);
       const ElemRange pri = layouts_[p].primary_slice(rank_);
-      push(OpKind::kCopy, current_, Purpose::kParamInit,
+      push(OpKind::kCopy, current_, why,
            {part(p, st.full, pri, AccessMode::kRead, true),
             part(p, st.primary, pri, AccessMode::kWrite, false)});
     }
@@ -2071,9 +2080,17 @@ void RankBuilder::gather_persistent() {
   if (list.empty()) return;
   const Purpose saved_purpose = purpose_;
   purpose_ = Purpose::kOptimizerStep;
+  gather_blocking_list(list);
+  purpose_ = saved_purpose;
+}
+
+// params[0].all_gather(param_list=params) with async_op false (_all_gather, PP:1593-1629 at
+// v0.18.2): one parameter through _allgather_params (gather_blocking), several through
+// _allgather_params_coalesced.
+void RankBuilder::gather_blocking_list(const std::vector<int>& list) {
+  if (list.empty()) return;
   if (list.size() == 1) {
     gather_blocking(list.front());
-    purpose_ = saved_purpose;
     return;
   }
   for (int p : list) {
@@ -2099,7 +2116,97 @@ void RankBuilder::gather_persistent() {
   }
   push(OpKind::kHostDeviceSync, kHostStream, purpose_);
   for (int p : list) ps_[p].status = Status::kAvailable;
-  purpose_ = saved_purpose;
+}
+
+// run.load = "pretrained": transformers' from_pretrained under zero.Init loads the checkpoint
+// module by module, before deepspeed.initialize (_load_state_dict_into_zero3_model,
+// modeling_utils.py at 4.51.3): a module's own parameters in one GatheredParameters(params,
+// modifier_rank=0) (PP:2333-2348 at v0.18.2): gathered whole, written by rank 0's
+// _load_from_state_dict (a copy from the host), broadcast from rank 0 on the parameter's group
+// (the world, async, each handle waited), then partition(has_been_updated=True). Whether that
+// partition re-copies an existing secondary is issue 7606 (VersionRules::secondary_sees_update).
+void RankBuilder::load_pretrained() {
+  phase_ = Phase::kCheckpointLoad;
+  purpose_ = Purpose::kCheckpointLoad;
+  const int n = static_cast<int>(md_.params.size());
+  for (int first = 0; first < n;) {
+    int end = first + 1;
+    while (end < n && md_.params[end].module >= 0 &&
+           md_.params[end].module == md_.params[first].module) {
+      ++end;
+    }
+    std::vector<int> list;
+    for (int p = first; p < end; ++p) {
+      if (!md_.params[p].orphan) list.push_back(p);  // tied away: not in the state dict's keys
+    }
+    first = end;
+    if (list.empty()) continue;
+    gather_blocking_list(list);
+    if (rank_ == 0) {
+      for (const int p : list) {
+        unit_ = static_cast<UnitId>(p);
+        const std::uint64_t numel = md_.params[p].numel;
+        push(OpKind::kCopy, current_, Purpose::kCheckpointLoad,
+             {part(p, ps_[p].full, {0, numel}, AccessMode::kWrite, true)})
+            .mem_bytes = static_cast<double>(numel * dt_);
+        // A copy from pageable host memory waits for its stream (memcpy_and_sync, PyTorch's
+        // aten/src/ATen/native/cuda/Copy.cu), as the recorder logs it.
+        push(OpKind::kHostStreamSync, current_, Purpose::kCheckpointLoad);
+      }
+    }
+    std::vector<EventId> sent;
+    for (const int p : list) {
+      unit_ = static_cast<UnitId>(p);
+      const std::uint64_t numel = md_.params[p].numel;
+      // A broadcast (logged as an all-reduce, as the recorder logs it): rank 0 sends its
+      // tensor, every other rank's is overwritten unread.
+      std::vector<Access> acc;
+      if (rank_ == 0) acc.push_back(part(p, ps_[p].full, {0, numel}, AccessMode::kRead, true));
+      acc.push_back(part(p, ps_[p].full, {0, numel}, AccessMode::kWrite, true));
+      sent.push_back(collective(OpKind::kAllReduce, world_group_, numel * dt_, std::move(acc)));
+    }
+    for (const EventId e : sent) wait(current_, e, Purpose::kCheckpointLoad);
+    for (const int p : list) partition(p, true);
+  }
+  unit_ = kNoUnit;
+  phase_ = Phase::kInit;
+  purpose_ = Purpose::kParamInit;
+}
+
+// run.load = "checkpoint": engine.load_checkpoint of a ZeRO checkpoint after
+// deepspeed.initialize (engine.py _load_checkpoint, S3:2791-2834, 2993-3000 at v0.18.2):
+// checkpoint_event_prologue partitions every parameter; _rigid_load_state_dict copies the
+// saved fp32 partitions in from the host and the fp16 flat buffers (the primary shards) from
+// them; checkpoint_event_epilogue invalidates the secondaries from v0.18.3 (PR 7707) and
+// gathers the persistent parameters. Nothing re-copies a secondary before it.
+void RankBuilder::load_checkpoint() {
+  phase_ = Phase::kCheckpointLoad;
+  purpose_ = Purpose::kCheckpointLoad;
+  for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
+    if (ps_[p].status == Status::kAvailable) partition(p);
+  }
+  for (const int p : optimized_) {
+    unit_ = static_cast<UnitId>(p);
+    const ElemRange pri = layouts_[p].primary_slice(rank_);
+    push(OpKind::kCopy, s0_, Purpose::kCheckpointLoad,
+         {part(p, ps_[p].primary, pri, AccessMode::kWrite, false)})
+        .mem_bytes = static_cast<double>(layouts_[p].shard_numel() * (4 + dt_));
+  }
+  unit_ = kNoUnit;
+  // The saved partitions are host tensors (torch.load to the CPU): pageable copies that the
+  // host waits for.
+  push(OpKind::kHostStreamSync, s0_, Purpose::kCheckpointLoad);
+  if (v_.invalidate_after_checkpoint_load) {
+    for (const int p : optimized_) {
+      if (!ps_[p].has_secondary) continue;
+      unit_ = static_cast<UnitId>(p);
+      free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
+      ps_[p].has_secondary = false;
+      ps_[p].secondary_ready = kNoEvent;
+    }
+    unit_ = kNoUnit;
+  }
+  gather_persistent();
 }
 
 void RankBuilder::run_hook(const Hook& h) {
@@ -2184,6 +2291,7 @@ RankSchedule RankBuilder::build() {
     out_.streams.push_back({"S_rs"});
     srs_ = static_cast<StreamId>(out_.streams.size() - 1);
   }
+  if (sc_.run.load == "checkpoint") load_checkpoint();
   std::uint64_t total = 0;
   for (const DsParam& p : md_.params) total += p.numel;
   std::uint64_t shards = 0;  // every gradient's padded chunk (reduce_ipg)

@@ -47,10 +47,6 @@ const std::vector<DeepSpeedRelease> kReleases = {
 // (docs/deepspeed-releases.md). Each modelled one changes VersionRules from the state before it;
 // the state before the first is VersionRules's defaults, v0.13.0-v0.13.1's behaviour. A rule
 // with `until` holds from `first` up to the release before `until`.
-constexpr const char* kLoadPath =
-    "a model or checkpoint load after zero.Init (from_pretrained's GatheredParameters with "
-    "modifier_rank, Module.apply, load_checkpoint), which the builder's and the recorder's "
-    "schedules leave out: both build the model from its config";
 const std::vector<ReleaseRule> kRules = {
     // v0.10.0 to v0.12.6: ZeRO++ (PR 3784) as it first shipped, before the state the builder
     // starts from.
@@ -145,7 +141,9 @@ const std::vector<ReleaseRule> kRules = {
              "PP:1611-1613 at v0.13.1 removed), invalidated after every optimizer step (S3:1990), "
              "and the coordinator gathers parameters with and without a secondary in separate "
              "calls (COORD:449): the copy on the compute stream and the prefetched hpZ gather on "
-             "another are unordered (issue 5059). PR 5104 drops the optimizer step at init",
+             "another are unordered (issue 5059); `_partition` stops passing has_been_updated to "
+             "it (PP:1473), harmless while every release copies. PR 5104 drops the optimizer "
+             "step at init",
      .apply =
          [](VersionRules& v) {
            v.secondary_only_backward = false;
@@ -153,6 +151,7 @@ const std::vector<ReleaseRule> kRules = {
            v.invalidate_after_step = true;
            v.split_by_secondary = true;
            v.optimizer_step_at_init = false;
+           v.secondary_sees_update = false;
          }},
     {.id = "no-loss-item-in-backward",
      .pr = "PR 5135",
@@ -270,11 +269,15 @@ const std::vector<ReleaseRule> kRules = {
      .pr = "PR 7707",
      .first = "0.18.3",
      .what = "`_partition` passes `has_been_updated` again (PP:1635), so a load through "
-             "GatheredParameters(modifier_rank) or Module.apply re-copies the secondary, and "
-             "checkpoint_event_epilogue invalidates the secondaries (S3:3027): issue 7606's stale "
-             "secondaries after a load (v0.14.3 to v0.18.2) are fixed",
-     .scope = RuleScope::kElsewhere,
-     .where = kLoadPath},
+             "GatheredParameters(modifier_rank) (from_pretrained under zero.Init) re-copies the "
+             "secondary, and checkpoint_event_epilogue invalidates the secondaries after "
+             "load_checkpoint (S3:3027): issue 7606's stale secondaries after a load (v0.14.3 to "
+             "v0.18.2; `run.load`) are fixed",
+     .apply =
+         [](VersionRules& v) {
+           v.secondary_sees_update = true;
+           v.invalidate_after_checkpoint_load = true;
+         }},
     {.id = "sequential-blocking-gather",
      .pr = "PR 7661",
      .first = "0.18.5",

@@ -75,6 +75,14 @@ struct VersionRules {
   /// `_allgather_params_coalesced` waits on every launch handle (PP:2111-2112 at 0.19.8), not
   /// only the last (PP:2092 at 0.19.7).
   bool wait_every_blocking_handle = false;
+  /// Init._partition passes has_been_updated to `_partition_param_sec` (PP:1295 at v0.10.0,
+  /// PP:1635 at v0.18.3; not at PP:1473 at v0.13.2): a partition after a load
+  /// (GatheredParameters(modifier_rank) exits with has_been_updated=True) re-copies an existing
+  /// secondary. PR 4906 (v0.13.2) stopped passing it; PR 7707 (v0.18.3) passes it again.
+  bool secondary_sees_update = true;
+  /// checkpoint_event_epilogue invalidates the secondaries after a checkpoint load (S3:3027 at
+  /// v0.18.3, PR 7707).
+  bool invalidate_after_checkpoint_load = false;
 
   bool operator==(const VersionRules&) const = default;
 };

@@ -120,22 +120,28 @@ json recorder_ds_config(const Scenario& sc) {
 }
 
 std::vector<std::string> recorder_args(const Scenario& sc) {
-  return {"--nodes",
-          std::to_string(sc.cluster.nodes),
-          "--gpus-per-node",
-          std::to_string(sc.cluster.gpus_per_node),
-          "--deepspeed",
-          sc.zero.deepspeed_version,
-          "--transformers",
-          transformers_version_of(sc.model),
-          "--steps",
-          std::to_string(sc.run.steps),
-          "--micro-batch",
-          std::to_string(sc.training.micro_batch),
-          "--seq-len",
-          std::to_string(sc.training.seq_len),
-          "--grad-checkpointing",
-          sc.training.grad_checkpointing ? "on" : "off"};
+  std::vector<std::string> args = {"--nodes",
+                                   std::to_string(sc.cluster.nodes),
+                                   "--gpus-per-node",
+                                   std::to_string(sc.cluster.gpus_per_node),
+                                   "--deepspeed",
+                                   sc.zero.deepspeed_version,
+                                   "--transformers",
+                                   transformers_version_of(sc.model),
+                                   "--steps",
+                                   std::to_string(sc.run.steps),
+                                   "--micro-batch",
+                                   std::to_string(sc.training.micro_batch),
+                                   "--seq-len",
+                                   std::to_string(sc.training.seq_len),
+                                   "--grad-checkpointing",
+                                   sc.training.grad_checkpointing ? "on" : "off"};
+  // run.load (issue 7606): the recorder loads a checkpoint as from_pretrained does.
+  if (sc.run.load != "none") {
+    args.push_back("--load");
+    args.push_back(sc.run.load);
+  }
+  return args;
 }
 
 }  // namespace hpz

@@ -176,6 +176,7 @@ std::string choice_of(const Setting& s, const std::string& key,
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
+const std::vector<std::string> kLoadNames = {"none", "pretrained", "checkpoint"};
 /** A torch version as numbers ("2.10", "2.10.0"; a local suffix such as "+cu130" dropped). */
 std::string torch_version_of(const Setting& s, const std::string& key) {
   std::string value = string_of(s, key);
@@ -320,6 +321,10 @@ const std::vector<KeySpec>& key_specs() {
       {"run", "torch_version", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
          sc.run.torch_version = torch_version_of(v, k);
+       }},
+      {"run", "load", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.run.load = choice_of(v, k, kLoadNames);
        }},
       {"bugs", "skip_secondary_invalidation", Kind::kBool,
        HPZ_SET(bugs.skip_secondary_invalidation, bool_of)},

@@ -150,6 +150,12 @@ struct RunConfig {
   /// The torch the run uses ("" = not said: a torch before 2.10, as the recordings' 2.1.2): a
   /// release rule may apply only from some torch on (sim/deepspeed_releases.hpp).
   std::string torch_version;
+  /// What writes the weights after zero.Init and before step 0 (DeepSpeed builder):
+  /// "none" (the model as built from its config), "pretrained" (transformers' from_pretrained:
+  /// each module's weights loaded on rank 0 inside GatheredParameters(modifier_rank=0), before
+  /// deepspeed.initialize) or "checkpoint" (engine.load_checkpoint of a ZeRO checkpoint after
+  /// it: the primary shards written). Issue 7606.
+  std::string load = "none";
 };
 
 /** [bugs]: re-introduce the other public hpZ bug classes (all off by default). */

@@ -46,6 +46,11 @@ std::string schedule_summary(const Scenario& sc, const Schedule& s) {
     out += fmt::format("repro      a {} us spin kernel on S0 ahead of every secondary copy\n",
                        sc.run.spin_before_copy_us);
   }
+  if (sc.run.load == "pretrained") {
+    out += "load       from_pretrained: each module's weights loaded on rank 0 after zero.Init\n";
+  } else if (sc.run.load == "checkpoint") {
+    out += "load       load_checkpoint: a ZeRO checkpoint's shards loaded before step 0\n";
+  }
   out += fmt::format(
       "cluster    {} node(s) x {} {}; NVLink {} GB/s per GPU; {} x {} Gbit/s NIC per node\n",
       c.nodes, c.gpus_per_node, c.gpu.name, c.nvlink_gbytes_per_s, c.nics_per_node, c.nic_gbps);

@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -87,6 +88,9 @@ Scenario scenario_of(const Schedule& rec) {
   sc.zero.stage3_max_reuse_distance =
       z.value("stage3_max_reuse_distance", std::int64_t{1'000'000'000});
   sc.zero.reduce_bucket_size = z.value("reduce_bucket_size", std::int64_t{500'000'000});
+  if (const auto load = rec.source.find("load"); load != rec.source.end()) {
+    sc.run.load = load->second;  // recorded with --load (issue 7606)
+  }
   return sc;
 }
 
@@ -122,7 +126,9 @@ INSTANTIATE_TEST_SUITE_P(
                     "tiny-qwen2-moe-tf4.51-0.13.4", "tiny-deepseek-v2-tf4.57-0.13.4",
                     "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
                     // Releases after 0.17.6 (issue 36), the rules from 0.15.4 on: torch 2.1.2.
-                    "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2"),
+                    "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2",
+                    // from_pretrained's load after zero.Init (issue 7606).
+                    "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
@@ -141,7 +147,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DeepSpeedBuilder, TorchTwoTenRecordingsEqualTheBuilderUpToTransformersFivesHostWait) {
   for (const char* name :
        {"tiny-0.18.2-torch2.10", "tiny-0.18.3-torch2.10", "tiny-0.18.7-torch2.10",
-        "tiny-0.18.8-torch2.10", "tiny-0.19.8-torch2.10"}) {
+        "tiny-0.18.8-torch2.10", "tiny-0.19.8-torch2.10", "tiny-0.18.2-torch2.10-pretrained",
+        "tiny-0.18.3-torch2.10-pretrained"}) {
     const Schedule rec = recording(name);
     ASSERT_EQ(rec.source.at("transformers"), "5.24.0") << name;
     Scenario sc = scenario_of(rec);
@@ -250,7 +257,12 @@ TEST_P(DeepSpeedBuilderMatches, CheckerVerdict) {
   // (docs/deepspeed-builder.md).
   const bool mixtral = rec.source.at("hf_config").find("mixtral") != std::string::npos;
   EXPECT_EQ(races, v == "0.13.4" && hpz && overlap && !mixtral) << GetParam();
-  EXPECT_EQ(got.count(check::FindingKind::kStaleRead) > 0, v == "0.13.1") << GetParam();
+  // Stale: 0.13.1's step (issue 4851), or a from_pretrained load from 0.14.3 to 0.18.2 (7606).
+  const auto load = rec.source.find("load");
+  const bool loaded_7606 =
+      load != rec.source.end() && load->second == "pretrained" && (v == "0.16.9" || v == "0.18.2");
+  EXPECT_EQ(got.count(check::FindingKind::kStaleRead) > 0, v == "0.13.1" || loaded_7606)
+      << GetParam();
 }
 
 TEST(DeepSpeedBuilder, ScenarioKeyTakesEveryReleaseAndLatest) {
@@ -327,6 +339,64 @@ TEST(DeepSpeedBuilder, StockRacesWhereTheFixesAndLaterVersionsDoNot) {
   Scenario no_hpz = stock;
   no_hpz.zero.zero_hpz_partition_size = 1;  // no secondary to read
   EXPECT_EQ(races(no_hpz, "0.13.4"), 0u);
+}
+
+/** The findings of one kind the checker finds in a schedule, and the earliest step of one. */
+std::pair<std::uint64_t, int> findings(const Schedule& s, check::FindingKind kind) {
+  const check::CheckResult r = check::check_schedule(s);
+  std::uint64_t n = 0;
+  int first = std::numeric_limits<int>::max();
+  for (const check::FindingGroup& g : r.groups) {
+    if (g.example.kind != kind) continue;
+    n += g.count;
+    first = std::min(first, g.example.second.step);
+  }
+  return {n, first};
+}
+
+// Issue 7606: a load after zero.Init leaves the secondaries stale from v0.14.3 (PR 5613's early
+// return, has_been_updated not passed) to v0.18.2; PR 7707 (v0.18.3) re-copies them on a
+// from_pretrained load and invalidates them after load_checkpoint. Before v0.13.2 the
+// pretrained load's partition re-copied them (has_been_updated passed) and v0.13.2-v0.14.2
+// copy on every partition (0.14.1-0.14.2 are not modelled), but nothing touched them on a
+// checkpoint load before v0.18.3: the first gather that reads one (step 0's backward before
+// v0.13.2, its forward from v0.13.2) reads the weights from before the load. Event-wait removes
+// 0.13.2-0.13.4's race, so only this bug shows.
+TEST(DeepSpeedBuilder, LoadsLeaveSecondariesStaleWhereIssue7606Says) {
+  Scenario sc = unrecorded_llama();
+  sc.run.variant = Variant::kEventWait;
+  sc.run.steps = 1;
+  const auto stale = [&](const char* load, const char* version) {
+    Scenario l = sc;
+    l.run.load = load;
+    return findings(build_deepspeed_schedule(l, version), check::FindingKind::kStaleRead);
+  };
+  for (const char* v : {"0.13.5", "0.14.3", "0.16.9", "0.18.2", "0.18.3", "0.19.8"}) {
+    EXPECT_EQ(stale("none", v).first, 0u) << "no load, " << v;
+  }
+  for (const char* v : {"0.14.3", "0.16.9", "0.18.2"}) {
+    const auto [n, step] = stale("pretrained", v);
+    EXPECT_GT(n, 0u) << "from_pretrained, " << v;
+    EXPECT_EQ(step, 0) << "the first step reads the weights zero.Init made, " << v;
+  }
+  for (const char* v : {"0.12.6", "0.13.1", "0.13.4", "0.13.5", "0.14.0", "0.18.3", "0.19.8"}) {
+    EXPECT_EQ(stale("pretrained", v).first, 0u) << "from_pretrained, " << v;
+  }
+  for (const char* v : {"0.12.6", "0.13.4", "0.13.5", "0.14.3", "0.18.2"}) {
+    const auto [n, step] = stale("checkpoint", v);
+    EXPECT_GT(n, 0u) << "load_checkpoint, " << v;
+    EXPECT_EQ(step, 0) << v;
+  }
+  for (const char* v : {"0.18.3", "0.19.8"}) {
+    EXPECT_EQ(stale("checkpoint", v).first, 0u) << "load_checkpoint, " << v;
+  }
+  // The load is in the schedule: rank 0 writes every parameter, and everyone receives it.
+  Scenario l = sc;
+  l.run.load = "pretrained";
+  const Schedule s = build_deepspeed_schedule(l, "0.18.3");
+  std::size_t writes = 0;
+  for (const Op& op : s.ranks.at(0).ops) writes += op.purpose == Purpose::kCheckpointLoad;
+  EXPECT_GT(writes, s.units.size());
 }
 
 /** A schedule's parameter names and the elements they hold together. */

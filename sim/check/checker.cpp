@@ -483,7 +483,11 @@ void Checker::track_versions(RankState& rs, std::uint32_t index, const Op& op) {
     b.last_writer = index;
     if (!versioned(buf.role) || buf.unit < 0 || buf.unit >= units) continue;
     const std::uint32_t copied = read_version(buf.unit, a.buffer);
-    if (buf.role == BufferRole::kPrimary && copied == 0) {
+    // New data: a primary shard written from nothing of its unit (the optimizer, a checkpoint's
+    // shards), or a load writing the whole parameter (from_pretrained on rank 0, and its
+    // broadcast on the others).
+    const bool loaded = buf.role == BufferRole::kFull && op.purpose == Purpose::kCheckpointLoad;
+    if ((buf.role == BufferRole::kPrimary || loaded) && copied == 0) {
       if (std::find(bumped.begin(), bumped.end(), buf.unit) == bumped.end()) {
         ++rs.unit_version[buf.unit];
         bumped.push_back(buf.unit);

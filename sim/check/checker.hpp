@@ -33,11 +33,12 @@
 //    (whatever the allocator's fill). A buffer accessed without a kAlloc is taken as allocated
 //    and unwritten at the start. kAlloc and kFree delimit lifetimes; they are not accesses.
 //  - stale-read: every write to a kPrimary buffer of unit u bumps u's version on that rank
-//    (init, optimizer step, checkpoint load). Any other write of a unit's kFull, kSecondary or
-//    kQuantized buffer takes the oldest version among the unit's buffers the op read (the
-//    current version when it read none). A read of a kSecondary buffer whose version is older
-//    than its unit's current version is stale (DeepSpeed issues 4851 and 7606). Versions follow
-//    host order; ordering problems are the race rule's business.
+//    (init, optimizer step, checkpoint load), as does a kCheckpointLoad op writing the unit's
+//    kFull from nothing of the unit (a pretrained model's weights). Any other write of a unit's
+//    kFull, kSecondary or kQuantized buffer takes the oldest version among the unit's buffers the
+//    op read (the current version when it read none). A read of a kSecondary buffer whose version
+//    is older than its unit's current version is stale (DeepSpeed issues 4851 and 7606). Versions
+//    follow host order; ordering problems are the race rule's business.
 //  - collective-mismatch: the members of a group disagree on the (kind, comm_bytes) of their
 //    k-th collective, or some never issue it (DeepSpeed issue 5030). Reported once per group, at
 //    the first differing position.

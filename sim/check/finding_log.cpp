@@ -180,11 +180,12 @@ void FindingLog::stale(Rank r, std::uint32_t primary_write, std::uint32_t copy, 
   f.bytes = buf.bytes;
   const std::string taken =
       copy == kNoOp ? std::string("earlier") : "by " + describe_short(label(r, copy));
+  const bool loaded = f.first.purpose == Purpose::kCheckpointLoad;
   f.detail = fmt::format(
-      "{} reads the secondary shard {}, taken {}; {} has since written new weights into the "
-      "primary "
-      "shard, so the gather hands out the old weights",
-      describe_short(f.second), buf.name, taken, describe_short(f.first));
+      "{} reads the secondary shard {}, taken {}; {} has since written new weights {}, so the "
+      "gather hands out the old weights",
+      describe_short(f.second), buf.name, taken, describe_short(f.first),
+      loaded ? "(a load)" : "into the primary shard");
   f.fix = fmt::format(
       "invalidate (free) the secondary shard of {} after {} so the next forward "
       "re-partitions it from the new weights",

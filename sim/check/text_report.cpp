@@ -110,9 +110,11 @@ std::string describe_group(const FindingGroup& g) {
     out += fmt::format("  expected: {}\n", describe(f.first));
     out += fmt::format("  but:      {}\n", describe(f.second));
   } else {
-    const char* first_role = f.kind == FindingKind::kRace        ? "first: "
-                             : f.kind == FindingKind::kStaleRead ? "primary written by:"
-                                                                 : "allocated by:";
+    const bool loaded = f.first.purpose == Purpose::kCheckpointLoad;
+    const char* first_role = f.kind == FindingKind::kRace ? "first: "
+                             : f.kind == FindingKind::kStaleRead
+                                 ? (loaded ? "weights loaded by:" : "primary written by:")
+                                 : "allocated by:";
     out += fmt::format("  {} {}\n", first_role, describe(f.first));
     out += fmt::format("  {} {}\n",
                        f.kind == FindingKind::kRace ? "second:" : "read by:", describe(f.second));

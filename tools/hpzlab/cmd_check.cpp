@@ -206,6 +206,11 @@ Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
                      "true cannot be recorded: the recorder runs DeepSpeed on a CPU, where the "
                      "host memory it offloads to and the GPU's memory are one (allowed: false)");
   }
+  if (sc.run.load == "checkpoint") {
+    throw InputError(sc.path, "run.load",
+                     "checkpoint cannot be recorded yet: the recorder loads weights as "
+                     "from_pretrained does, not a ZeRO checkpoint (allowed: none, pretrained)");
+  }
   const std::string v = sc.zero.deepspeed_version;
   const std::string hf = (dir / (v + "-config.json")).string();
   const std::string ds = (dir / (v + "-ds_config.json")).string();

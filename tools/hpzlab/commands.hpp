@@ -27,6 +27,7 @@ struct UserFlags {
   std::string deepspeed;      ///< --deepspeed VERSION: the DeepSpeed builder at that version
   std::string torch;          ///< --torch VERSION: run.torch_version
   bool hf_trainer = false;    ///< --hf-trainer: training.hf_trainer ("auto" as the Trainer fills)
+  bool from_config = false;   ///< --from-config: run.load = none (trained from scratch)
 };
 
 /** Binds --ds-config, --hf-config, --nodes, --gpus-per-node, --hf-trainer (and --deepspeed VERSION
@@ -34,7 +35,7 @@ struct UserFlags {
 void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version);
 
 /** The keys the flags set, in the order load_scenario applies them. */
-std::vector<FlagSetting> flag_settings(const UserFlags& flags);
+std::vector<FlagSetting> flag_settings(const UserFlags& flags, bool one_command);
 
 /** Whether any of the user's files was given (the scenario file is then optional). */
 bool has_user_files(const UserFlags& flags);

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -25,6 +26,10 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
   sub.add_flag("--hf-trainer", flags.hf_trainer,
                "The run uses the Hugging Face Trainer (or accelerate, axolotl, LLaMA-Factory): "
                "fill the ds_config's \"auto\" values as it does (training.hf_trainer)");
+  sub.add_flag("--from-config", flags.from_config,
+               "The model is trained from its config, from scratch (run.load = none); without "
+               "it the one-command form fine-tunes: the weights loaded after zero.Init as "
+               "from_pretrained loads them (run.load = pretrained)");
   sub.add_option("--torch", flags.torch,
                  "Your torch version (run.torch_version; default: one before 2.10, as the "
                  "recordings' 2.1.2): DeepSpeed rules that apply only from some torch on");
@@ -35,9 +40,15 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
   }
 }
 
-std::vector<FlagSetting> flag_settings(const UserFlags& flags) {
+std::vector<FlagSetting> flag_settings(const UserFlags& flags, bool one_command) {
   std::vector<FlagSetting> out;
   if (!flags.hf_config.empty()) out.push_back({"--hf-config", "model.hf_config", flags.hf_config});
+  // A Hugging Face model is fine-tuned from its checkpoint unless the user says otherwise.
+  if (flags.from_config) {
+    out.push_back({"--from-config", "run.load", "none"});
+  } else if (one_command && !flags.hf_config.empty()) {
+    out.push_back({"--hf-config", "run.load", "pretrained"});
+  }
   if (!flags.ds_config.empty()) out.push_back({"--ds-config", "zero.ds_config", flags.ds_config});
   if (!flags.nodes.empty()) out.push_back({"--nodes", "cluster.nodes", flags.nodes});
   if (!flags.gpus_per_node.empty()) {
@@ -93,7 +104,19 @@ Scenario load(const std::string& scenario, const UserFlags& flags,
         "", "scenario",
         "is required (a scenario file, or your own --hf-config FILE --ds-config FILE)");
   }
-  return load_scenario(scenario, overrides, flag_settings(flags));
+  // The one-command form fine-tunes (run.load = pretrained) on the DeepSpeed builder, the only
+  // one that models a load: not where --set names the coarse builder.
+  const bool coarse = std::any_of(overrides.begin(), overrides.end(), [](const Override& o) {
+    return o.first == "run.builder" && o.second == "coarse";
+  });
+  const bool fine_tune = scenario.empty() && !coarse;
+  Scenario sc = load_scenario(scenario, overrides, flag_settings(flags, fine_tune));
+  if (fine_tune && !flags.from_config && sc.run.load == "pretrained") {
+    sc.notes.push_back(
+        "run.load = pretrained: the weights loaded after zero.Init as from_pretrained loads "
+        "them (fine-tuning); --from-config for a model trained from its config");
+  }
+  return sc;
 }
 
 Scenario load(const ScenarioOptions& opts) {
