@@ -308,8 +308,9 @@ class DataEngine {
     if (dst == nullptr) return {};
     const Access* src = find(r, o, AccessMode::kRead);
     const auto [db, dn] = range(*dst);
-    if (src == nullptr) {  // a checkpoint load writes the primary shard from storage
-      const std::uint64_t first = layouts_[o.unit].primary_slice(r).begin + db;
+    if (src == nullptr) {  // a load writes the primary shard, or the whole parameter, from storage
+      const bool whole = role(r, dst->buffer) == BufferRole::kFull;
+      const std::uint64_t first = whole ? db : layouts_[o.unit].primary_slice(r).begin + db;
       return {{dst->buffer, db, d_.checkpoint(r, o.unit, first, dn)}};
     }
     return {{dst->buffer, db, read_access(r, *src, t, dn)}};
@@ -497,11 +498,13 @@ class DataEngine {
     const std::vector<const Access*> writes = accesses(r, o, AccessMode::kWrite);
     if (writes.empty()) return {};
     std::vector<Write<Chunk>> out;
-    if (reads.empty()) {  // a checkpoint load writes the primary shard from storage
+    if (reads.empty()) {  // a load writes the primary shard, or the whole parameter, from storage
       const Access& w = *writes.front();
       const std::uint64_t es = esize(r, w.buffer);
       if (o.unit == kNoUnit) return {};
-      const std::uint64_t first = layouts_[o.unit].primary_slice(r).begin + w.offset / es;
+      const bool whole = role(r, w.buffer) == BufferRole::kFull;
+      const std::uint64_t first =
+          (whole ? 0 : layouts_[o.unit].primary_slice(r).begin) + w.offset / es;
       return {{w.buffer, w.offset / es, d_.checkpoint(r, o.unit, first, w.bytes / es)}};
     }
     if (reads.size() == writes.size() && o.kind == OpKind::kCopy) {
@@ -556,8 +559,15 @@ class DataEngine {
     if (moves_no_data(o)) return {};
     const std::uint64_t es = esize(r, dst.buffer);
     const Access* own = find(r, o, AccessMode::kRead);
-    if (own == nullptr || esize(r, own->buffer) != es) return {};  // qwZ's scales
+    // A broadcast is an all-reduce that only its root sends to (a load's, DeepSpeed builder):
+    // the other members receive without reading.
+    if (own == nullptr && o.kind != OpKind::kAllReduce) return {};
+    if (own != nullptr && esize(r, own->buffer) != es) return {};  // qwZ's scales
     const std::uint64_t begin = dst.offset / es, end = begin + dst.bytes / es;
+    if (own == nullptr && o.purpose == Purpose::kCheckpointLoad && o.unit != kNoUnit) {
+      // The load's weights, as the root read them: this rank's unit has new weights too.
+      return {{dst.buffer, begin, d_.checkpoint(r, o.unit, begin, end - begin)}};
+    }
     std::vector<Write<Chunk>> out;
     switch (o.kind) {
       case OpKind::kAllGather:
@@ -579,11 +589,18 @@ class DataEngine {
             {dst.buffer, begin, Domain::slice(sum, 0, std::min(Domain::size(sum), end - begin))}};
       }
       case OpKind::kAllReduce: {
-        Chunk sum = inst.sends[0].at(0);
-        for (std::size_t k = 1; k < inst.members.size(); ++k)
-          Domain::accumulate(sum, inst.sends[k].at(0));
+        std::optional<Chunk> sum;
+        for (std::size_t k = 0; k < inst.members.size(); ++k) {
+          if (inst.sends[k].empty()) continue;  // a broadcast's receiver
+          if (!sum) {
+            sum = inst.sends[k][0];
+          } else {
+            Domain::accumulate(*sum, inst.sends[k][0]);
+          }
+        }
+        if (!sum) return {};
         return {
-            {dst.buffer, begin, Domain::slice(sum, 0, std::min(Domain::size(sum), end - begin))}};
+            {dst.buffer, begin, Domain::slice(*sum, 0, std::min(Domain::size(*sum), end - begin))}};
       }
       default:  // all-to-all: only qgZ's, in the gradient reduction
         return {};
