@@ -38,6 +38,9 @@ VersionRules anchored(const char* name, bool only_backward, bool on_create, bool
   v.reset_at_forward_start = reset_at_forward;
   v.length_broadcast_in_trace_check = reset_at_forward;  // one field then
   v.copy_bounds = bounds;
+  // Added with the load (issue 7606), which those rows did not model: 0.13.1's _partition
+  // passes has_been_updated to _partition_param_sec, 0.13.2 to 0.18.2 do not (PP:1473).
+  v.secondary_sees_update = std::string(name) == "0.13.1";
   return v;
 }
 

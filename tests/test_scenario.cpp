@@ -565,7 +565,7 @@ TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
   const std::string far = load_error("[run]\ncolour = 1\n");
   EXPECT_HAS(far,
              "run.colour: unknown key (allowed in [run]: variant, builder, fill, seed, steps, "
-             "spin_before_copy_us, torch_version)");
+             "spin_before_copy_us, torch_version, load)");
 }
 
 TEST_F(ScenarioFile, WrongTypes) {
