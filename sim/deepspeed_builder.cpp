@@ -1249,7 +1249,7 @@ void RankBuilder::partition(int p, bool has_been_updated) {
   unit_ = p;
   if (hpz_ > 1 && st.status == Status::kAvailable) {
     const bool create = !st.has_secondary;
-    // The early return (PP:1611-1613 at v0.13.1, PP:1775 at v0.18.2) skips the copy when a
+    // The early return (PP:1611-1613 at v0.13.1, PP:1772-1773 at v0.18.2) skips the copy when a
     // secondary exists, unless has_been_updated reaches it (VersionRules::secondary_sees_update).
     if (create || !v_.copy_only_on_create || (has_been_updated && v_.secondary_sees_update)) {
       if (create) {
