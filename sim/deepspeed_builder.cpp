@@ -856,6 +856,8 @@ class RankBuilder {
   void gather_blocking_list(const std::vector<int>& list);
   void load_pretrained();
   void load_checkpoint();
+  int module_group_end(int first) const;
+  void invalidate_secondaries();
   void barrier();
   void world_round_trip(const char* name, std::uint64_t bytes, bool read, Purpose p);
   void gather_persistent();
@@ -1068,11 +1070,7 @@ void RankBuilder::init() {
   // converted one by one by zero.Init's _post_init_method (PP:1064-1110, named_parameters order).
   const int n = static_cast<int>(md_.params.size());
   for (int first = 0; first < n;) {
-    int end = first + 1;
-    while (end < n && md_.params[end].module >= 0 &&
-           md_.params[end].module == md_.params[first].module) {
-      ++end;
-    }
+    const int end = module_group_end(first);
     purpose_ = Purpose::kParamInit;
     std::vector<Access> made;
     double bytes = 0;
@@ -2053,16 +2051,32 @@ void RankBuilder::optimizer_step() {
   }
   unit_ = kNoUnit;
   gather_persistent();
-  if (v_.invalidate_after_step) {
-    for (const int p : optimized_) {
-      if (!ps_[p].has_secondary) continue;
-      unit_ = static_cast<UnitId>(p);
-      free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
-      ps_[p].has_secondary = false;
-      ps_[p].secondary_ready = kNoEvent;
-    }
-    unit_ = kNoUnit;
+  if (v_.invalidate_after_step) invalidate_secondaries();
+}
+
+// invalidate_secondary_tensor (S3:568-572 at v0.18.2): every optimized parameter's secondary
+// dropped, freed on the compute stream.
+void RankBuilder::invalidate_secondaries() {
+  for (const int p : optimized_) {
+    if (!ps_[p].has_secondary) continue;
+    unit_ = static_cast<UnitId>(p);
+    free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
+    ps_[p].has_secondary = false;
+    ps_[p].secondary_ready = kNoEvent;
   }
+  unit_ = kNoUnit;
+}
+
+// The parameters from `first` that zero.Init converts, and from_pretrained loads, together:
+// those of one module, consecutive in named_parameters order.
+int RankBuilder::module_group_end(int first) const {
+  const int n = static_cast<int>(md_.params.size());
+  int end = first + 1;
+  while (end < n && md_.params[end].module >= 0 &&
+         md_.params[end].module == md_.params[first].module) {
+    ++end;
+  }
+  return end;
 }
 
 // _post_step (S3:1984-1986): persistent_parameters[0].all_gather(persistent_parameters), a
@@ -2130,11 +2144,7 @@ void RankBuilder::load_pretrained() {
   purpose_ = Purpose::kCheckpointLoad;
   const int n = static_cast<int>(md_.params.size());
   for (int first = 0; first < n;) {
-    int end = first + 1;
-    while (end < n && md_.params[end].module >= 0 &&
-           md_.params[end].module == md_.params[first].module) {
-      ++end;
-    }
+    const int end = module_group_end(first);
     std::vector<int> list;
     for (int p = first; p < end; ++p) {
       if (!md_.params[p].orphan) list.push_back(p);  // tied away: not in the state dict's keys
@@ -2196,16 +2206,7 @@ void RankBuilder::load_checkpoint() {
   // The saved partitions are host tensors (torch.load to the CPU): pageable copies that the
   // host waits for.
   push(OpKind::kHostStreamSync, s0_, Purpose::kCheckpointLoad);
-  if (v_.invalidate_after_checkpoint_load) {
-    for (const int p : optimized_) {
-      if (!ps_[p].has_secondary) continue;
-      unit_ = static_cast<UnitId>(p);
-      free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
-      ps_[p].has_secondary = false;
-      ps_[p].secondary_ready = kNoEvent;
-    }
-    unit_ = kNoUnit;
-  }
+  if (v_.invalidate_after_checkpoint_load) invalidate_secondaries();
   gather_persistent();
 }
 

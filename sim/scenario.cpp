@@ -1558,12 +1558,29 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
     name = text(*ds) + " + " + text(*hf);
   }
   for (const Override& override : overrides) collect_override(override, settings);
+  // The one-command form fine-tunes: the Hugging Face model's weights loaded after zero.Init as
+  // from_pretrained loads them, unless a flag (--from-config) or --set names run.load, or --set
+  // names the coarse builder, which models no load.
+  bool fine_tune = false;
+  if (path.empty() && find_setting(settings, "run.load") == nullptr) {
+    const Setting* builder = find_setting(settings, "run.builder");
+    const auto* b = builder != nullptr ? std::get_if<std::string>(&builder->raw) : nullptr;
+    if (b == nullptr || *b != "coarse") {
+      collect_override({"run.load", "pretrained"}, settings, "--hf-config");
+      fine_tune = true;
+    }
+  }
   Origins origins;
   Scenario scenario = build(name, settings, origins);
   check_scenario(scenario, [&](const std::string& key) {
     const auto it = origins.find(key);
     return it == origins.end() ? name : it->second;
   });
+  if (fine_tune) {
+    scenario.notes.push_back(
+        "run.load = pretrained: the weights loaded after zero.Init as from_pretrained loads "
+        "them (fine-tuning); --from-config for a model trained from its config");
+  }
   return scenario;
 }
 

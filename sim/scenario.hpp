@@ -217,7 +217,8 @@ struct FlagSetting {
 /** As above, with keys set by flags: the file's keys, then the flags', then `overrides` (--set),
  *  each later one winning. `path` may be "" (no scenario file: every key at its documented
  *  default), in which case the flags must name the model (model.hf_config) and the ds_config,
- *  and the scenario is named after those two files. */
+ *  the scenario is named after those two files, and run.load is "pretrained" (fine-tuning, with
+ *  a note) unless a flag or an override sets it or names the coarse builder. */
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides,
                        const std::vector<FlagSetting>& flags);
 

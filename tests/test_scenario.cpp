@@ -840,6 +840,23 @@ TEST_F(ScenarioFile, OneCommandFormReadsTheUsersFilesOnTheDefaults) {
   EXPECT_EQ(s.zero.zero_hpz_partition_size, 4);
   EXPECT_FALSE(s.zero.overlap_comm);
   EXPECT_EQ(s.training.micro_batch, 2);
+  // Fine-tuning by default (with a note), unless a flag or --set says otherwise.
+  EXPECT_EQ(s.run.load, "pretrained");
+  EXPECT_NE(
+      std::find_if(s.notes.begin(), s.notes.end(),
+                   [](const std::string& n) { return n.rfind("run.load = pretrained", 0) == 0; }),
+      s.notes.end());
+  EXPECT_EQ(
+      load_scenario("", {{"run.builder", "coarse"}},
+                    {{"--hf-config", "model.hf_config", hf}, {"--ds-config", "zero.ds_config", ds}})
+          .run.load,
+      "none");
+  EXPECT_EQ(load_scenario("", {},
+                          {{"--hf-config", "model.hf_config", hf},
+                           {"--ds-config", "zero.ds_config", ds},
+                           {"--from-config", "run.load", "none"}})
+                .run.load,
+            "none");
   // Both files are needed without a scenario; a flag's bad value names the flag.
   EXPECT_HAS(error_of([&] {
                load_scenario("", {}, {{"--hf-config", "model.hf_config", hf}});

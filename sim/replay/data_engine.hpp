@@ -303,16 +303,22 @@ class DataEngine {
     d_.alloc(r, fresh, alloc_prev_[r][k], static_cast<Fill>(o.fill), n);
   }
 
+  // A write that reads nothing: a load writes the primary shard, or the whole parameter, from
+  // storage; elements [at, at + n) of buffer b.
+  std::vector<Write<Chunk>> from_storage(Rank r, const Op& o, BufferId b, std::uint64_t at,
+                                         std::uint64_t n) {
+    if (o.unit == kNoUnit) return {};
+    const bool whole = role(r, b) == BufferRole::kFull;
+    const std::uint64_t first = (whole ? 0 : layouts_[o.unit].primary_slice(r).begin) + at;
+    return {{b, at, d_.checkpoint(r, o.unit, first, n)}};
+  }
+
   std::vector<Write<Chunk>> copy(Rank r, const Op& o, double t) {
     const Access* dst = find(r, o, AccessMode::kWrite);
     if (dst == nullptr) return {};
     const Access* src = find(r, o, AccessMode::kRead);
     const auto [db, dn] = range(*dst);
-    if (src == nullptr) {  // a load writes the primary shard, or the whole parameter, from storage
-      const bool whole = role(r, dst->buffer) == BufferRole::kFull;
-      const std::uint64_t first = whole ? db : layouts_[o.unit].primary_slice(r).begin + db;
-      return {{dst->buffer, db, d_.checkpoint(r, o.unit, first, dn)}};
-    }
+    if (src == nullptr) return from_storage(r, o, dst->buffer, db, dn);
     return {{dst->buffer, db, read_access(r, *src, t, dn)}};
   }
 
@@ -498,14 +504,10 @@ class DataEngine {
     const std::vector<const Access*> writes = accesses(r, o, AccessMode::kWrite);
     if (writes.empty()) return {};
     std::vector<Write<Chunk>> out;
-    if (reads.empty()) {  // a load writes the primary shard, or the whole parameter, from storage
+    if (reads.empty()) {
       const Access& w = *writes.front();
       const std::uint64_t es = esize(r, w.buffer);
-      if (o.unit == kNoUnit) return {};
-      const bool whole = role(r, w.buffer) == BufferRole::kFull;
-      const std::uint64_t first =
-          (whole ? 0 : layouts_[o.unit].primary_slice(r).begin) + w.offset / es;
-      return {{w.buffer, w.offset / es, d_.checkpoint(r, o.unit, first, w.bytes / es)}};
+      return from_storage(r, o, w.buffer, w.offset / es, w.bytes / es);
     }
     if (reads.size() == writes.size() && o.kind == OpKind::kCopy) {
       for (std::size_t i = 0; i < reads.size(); ++i) {

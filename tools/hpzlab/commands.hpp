@@ -35,7 +35,7 @@ struct UserFlags {
 void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version);
 
 /** The keys the flags set, in the order load_scenario applies them. */
-std::vector<FlagSetting> flag_settings(const UserFlags& flags, bool one_command);
+std::vector<FlagSetting> flag_settings(const UserFlags& flags);
 
 /** Whether any of the user's files was given (the scenario file is then optional). */
 bool has_user_files(const UserFlags& flags);

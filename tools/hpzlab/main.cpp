@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -40,15 +39,11 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
   }
 }
 
-std::vector<FlagSetting> flag_settings(const UserFlags& flags, bool one_command) {
+std::vector<FlagSetting> flag_settings(const UserFlags& flags) {
   std::vector<FlagSetting> out;
   if (!flags.hf_config.empty()) out.push_back({"--hf-config", "model.hf_config", flags.hf_config});
-  // A Hugging Face model is fine-tuned from its checkpoint unless the user says otherwise.
-  if (flags.from_config) {
-    out.push_back({"--from-config", "run.load", "none"});
-  } else if (one_command && !flags.hf_config.empty()) {
-    out.push_back({"--hf-config", "run.load", "pretrained"});
-  }
+  // Without it the one-command form fine-tunes (load_scenario).
+  if (flags.from_config) out.push_back({"--from-config", "run.load", "none"});
   if (!flags.ds_config.empty()) out.push_back({"--ds-config", "zero.ds_config", flags.ds_config});
   if (!flags.nodes.empty()) out.push_back({"--nodes", "cluster.nodes", flags.nodes});
   if (!flags.gpus_per_node.empty()) {
@@ -104,19 +99,7 @@ Scenario load(const std::string& scenario, const UserFlags& flags,
         "", "scenario",
         "is required (a scenario file, or your own --hf-config FILE --ds-config FILE)");
   }
-  // The one-command form fine-tunes (run.load = pretrained) on the DeepSpeed builder, the only
-  // one that models a load: not where --set names the coarse builder.
-  const bool coarse = std::any_of(overrides.begin(), overrides.end(), [](const Override& o) {
-    return o.first == "run.builder" && o.second == "coarse";
-  });
-  const bool fine_tune = scenario.empty() && !coarse;
-  Scenario sc = load_scenario(scenario, overrides, flag_settings(flags, fine_tune));
-  if (fine_tune && !flags.from_config && sc.run.load == "pretrained") {
-    sc.notes.push_back(
-        "run.load = pretrained: the weights loaded after zero.Init as from_pretrained loads "
-        "them (fine-tuning); --from-config for a model trained from its config");
-  }
-  return sc;
+  return load_scenario(scenario, overrides, flag_settings(flags));
 }
 
 Scenario load(const ScenarioOptions& opts) {

@@ -299,9 +299,9 @@ def record_ranks(argv: list, args: argparse.Namespace) -> int:
             if len(kinds) == 1:
                 what = "rank 0 recorded, every other its copy"
             else:
+                slices = len(rank_kinds(docs[0])) if loads else len(kinds)
                 why = (f"the model's parameters do not divide by {world} ranks, so the ranks "
-                       f"hold {len(rank_kinds(docs[0]))} kinds of slices"
-                       if len(rank_kinds(docs[0])) > 1 else "")
+                       f"hold {slices} kinds of slices" if slices > 1 else "")
                 if loads:
                     why += ("; " if why else "") + ("only rank 0 copies the checkpoint in "
                                                     "(--load pretrained)")

@@ -46,8 +46,6 @@ import torch
 
 from . import probes, recording
 
-CHOICES = ("none", "pretrained")
-
 
 def state_dict(model: torch.nn.Module, seed: int, rank: int, meta_off_rank0: bool) -> dict:
     """A checkpoint of the model: deterministic values (a seeded generator, scaled as
