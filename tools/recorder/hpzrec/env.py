@@ -6,7 +6,9 @@ Layout under the cache (HPZLAB_CACHE, else $XDG_CACHE_HOME/hpzlab, else ~/.cache
   recorder/base-torch-<torch>-<digest>/   a second venv with requirements/base-torch-<torch>.txt
                                    (a later torch and its transformers, `--torch`), for the
                                    DeepSpeed releases that need a torch newer than 2.1
-  recorder/deepspeed-<version>-<digest>/   DeepSpeed itself (pip --target), one per version
+  recorder/deepspeed-<version>-<digest>/   DeepSpeed itself (pip --target), one per version,
+                                   with any other pin of its requirements file (pydantic 1
+                                   for 0.10.0 to 0.11.1)
   recorder/deepspeed-<version>-torch<torch>-<digest>/   the same, installed by the later venv
                                    (its setup.py imports torch and DeepSpeed)
   recorder/transformers-<version>-<digest>/  a later transformers (and the tokenizers it needs),
@@ -99,8 +101,10 @@ def _digest(path: pathlib.Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
-def _run(cmd: list, what: str, log: pathlib.Path) -> None:
+def _run(cmd: list, what: str, log: pathlib.Path, pythonpath: str | None = None) -> None:
     env = dict(os.environ, DS_BUILD_OPS="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     with open(log, "w") as out:
         result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     if result.returncode != 0:
@@ -178,11 +182,51 @@ def deepspeed_dir(version: str, torch: str = BASE_TORCH) -> pathlib.Path:
     python = base_env(torch) / "bin" / "python"
 
     def build(tmp: pathlib.Path) -> None:
-        _run([str(python), "-m", "pip", "install", "--no-cache-dir", "--no-deps",
-              "--no-build-isolation", "--require-hashes", "--target", str(tmp), "-r", str(req)],
-             f"deepspeed {version}", tmp.parent / f"deepspeed-{version}{tag}-install.log")
+        log = tmp.parent / f"deepspeed-{version}{tag}-install.log"
+        # A requirements file may pin, besides DeepSpeed, a package the base has in a version
+        # that release cannot import: 0.10.0 to 0.11.1 require pydantic<2.0.0
+        # (requirements/requirements.txt at v0.11.0) and read pydantic 1's FieldInfo.required
+        # when imported (runtime/config_utils.py:116 at v0.11.0, from the class body of
+        # zero.Init, runtime/zero/partition_parameters.py:725), which the base's pydantic 2
+        # lacks. Those go into the same target first, and DeepSpeed's setup.py, which imports
+        # DeepSpeed, sees them there (the target is first on the path when recording too).
+        deepspeed_req, others = _split_requirements(req)
+        if others:
+            extra = tmp.parent / f"{tmp.name}-others.txt"
+            extra.write_text(others)
+            try:
+                _run([str(python), "-m", "pip", "install", "--no-cache-dir", "--no-deps",
+                      "--require-hashes", "--target", str(tmp), "-r", str(extra)],
+                     f"deepspeed {version}'s pins besides DeepSpeed", log)
+            finally:
+                extra.unlink()
+            req_now = tmp.parent / f"{tmp.name}-deepspeed.txt"
+            req_now.write_text(deepspeed_req)
+        else:
+            req_now = req
+        try:
+            _run([str(python), "-m", "pip", "install", "--no-cache-dir", "--no-deps",
+                  "--no-build-isolation", "--require-hashes", "--target", str(tmp), "-r",
+                  str(req_now)], f"deepspeed {version}", log,
+                 pythonpath=str(tmp) if others else None)
+        finally:
+            if req_now != req:
+                req_now.unlink()
 
     return _build_once(target, build)
+
+
+def _split_requirements(req: pathlib.Path) -> tuple[str, str]:
+    """A lock.py file cut in two: DeepSpeed's entry, and every other pin's (hash lines kept)."""
+    deepspeed, others, current = [], [], None
+    for line in req.read_text().splitlines(keepends=True):
+        if line.startswith("#"):
+            continue
+        if line.strip() and not line[0].isspace():
+            current = deepspeed if line.lower().startswith("deepspeed==") else others
+        if current is not None:
+            current.append(line)
+    return "".join(deepspeed), "".join(others)
 
 
 def transformers_dir(version: str, torch: str = BASE_TORCH) -> pathlib.Path | None:

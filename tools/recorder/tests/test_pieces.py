@@ -317,6 +317,20 @@ def test_a_later_torch_base_is_its_own_environment(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir()), "nothing built"
 
 
+def test_pins_besides_deepspeed_are_split_off():
+    """DeepSpeed 0.10.0 to 0.11.1 need pydantic 1 (the base has 2): their requirements files pin
+    it beside DeepSpeed, installed into the same target before DeepSpeed's setup.py runs. The
+    later files pin DeepSpeed alone."""
+    from hpzrec import env
+    deepspeed, others = env._split_requirements(env.REQUIREMENTS / "deepspeed-0.11.0.txt")
+    assert deepspeed.startswith("deepspeed==0.11.0 \\\n    --hash=sha256:")
+    assert deepspeed.count("--hash=") == 1 and "pydantic" not in deepspeed
+    assert others.startswith("pydantic==1.10.13 \\\n") and "deepspeed" not in others
+    assert others.count("--hash=") > 1
+    deepspeed, others = env._split_requirements(env.REQUIREMENTS / "deepspeed-0.14.4.txt")
+    assert deepspeed.startswith("deepspeed==0.14.4 ") and others == ""
+
+
 def test_with_a_load_rank_0_is_a_kind_of_its_own():
     """--load pretrained: only rank 0 copies the checkpoint in, so rank_kinds puts it alone and
     the first other rank of its kind is run too; without a load nothing changes."""
