@@ -174,6 +174,18 @@ def make_accelerator(devices_per_node: int):
                 return None
             return super().create_op_builder(class_name)
 
+        def memory_stats(self, device_index=None):
+            """A dict, as CUDA's torch.cuda.memory_stats() is. DeepSpeed 0.10.0's CPU
+            accelerator answers an int (the RSS, accelerator/cpu_accelerator.py:139-140 at
+            v0.10.0), which its own stage-3 step subscripts after every step
+            (runtime/zero/stage3.py:1894-1895 at v0.10.0, `memory_stats["num_alloc_retries"]`:
+            TypeError); from 0.10.1 the CPU accelerator answers a dict and the step reads it
+            with .get (stage3.py:1880 at v0.10.1). Where the CPU accelerator answers an int,
+            the answer is a GPU's without allocator cache flushes; a dict is passed on as it
+            is. Nothing is issued either way (a host-side read)."""
+            stats = super().memory_stats(device_index)
+            return stats if isinstance(stats, dict) else {"num_alloc_retries": 0}
+
         def is_bf16_supported(self) -> bool:
             return True
 
