@@ -857,6 +857,8 @@ class RankBuilder {
   void load_pretrained();
   void load_checkpoint();
   int module_group_end(int first) const;
+  std::uint64_t sub_groups() const;
+  void overflow_check();
   void invalidate_secondaries();
   void barrier();
   void world_round_trip(const char* name, std::uint64_t bytes, bool read, Purpose p);
@@ -1142,14 +1144,9 @@ void RankBuilder::init() {
   barrier();
   if (v_.optimizer_step_at_init) {
     // initialize_optimizer_states ran the optimizer once per sub-group (S3:1014-1015 at v0.13.1)
-    // to create its states; _create_fp16_sub_groups (S3:903-926) cuts a rank's partition into
-    // sub_group_size pieces (DeepSpeed's default 1e9 elements). The recorder's AdamW logs a host
-    // sync per step, as in optimizer_step().
-    std::uint64_t partition = 0;
-    for (const int p : optimized_) partition += layouts_[p].shard_numel();
-    const std::uint64_t sub_groups =
-        std::max<std::uint64_t>(1, (partition + 999'999'999) / 1'000'000'000);
-    for (std::uint64_t g = 0; g < sub_groups; ++g) {
+    // to create its states (sub_groups()). The recorder's AdamW logs a host sync per step, as
+    // in optimizer_step().
+    for (std::uint64_t g = 0; g < sub_groups(); ++g) {
       push(OpKind::kKernel, s0_, Purpose::kParamInit);
       push(OpKind::kHostStreamSync, s0_, Purpose::kParamInit);
     }
@@ -1253,6 +1250,14 @@ void RankBuilder::partition(int p, bool has_been_updated) {
       if (create) {
         alloc(st.secondary, current_, Purpose::kSecondaryAlloc);
         st.has_secondary = true;
+      } else if (has_been_updated && v_.secondary_realloc_on_update) {
+        // Up to v0.13.1 an update makes the secondary anew: torch.empty, then the assignment
+        // drops the old one (PP:1619-1632 at v0.13.1).
+        const BufferId old = st.secondary;
+        st.secondary = buffer(md_.params[p].name + ".secondary", BufferRole::kSecondary, unit_,
+                              layouts_[p].secondary_numel() * dt_);
+        alloc(st.secondary, current_, Purpose::kSecondaryAlloc);
+        free(old, current_, Purpose::kSecondaryAlloc);
       }
       const int pos = rank_ % hpz_;
       if (v_.zero_fill_secondary) {
@@ -1897,7 +1902,8 @@ void RankBuilder::grad_ready(int p) {
   // __add_grad_to_ipg_bucket (S3:1230-1245): a gradient that fits is moved into the flat
   // bucket; one that does not (a vocabulary-sized embedding above reduce_bucket_size) stays
   // where it is and is reduced from there, alone.
-  if (ipg_elems_ + numel <= bucket) {
+  // v0.10.0-v0.10.3 compare with `<` (S3:1088 at v0.10.0).
+  if (v_.bucket_strict_bound ? ipg_elems_ + numel < bucket : ipg_elems_ + numel <= bucket) {
     push(OpKind::kCopy, srs_, Purpose::kGradReduce,
          {{ps_[p].grad, AccessMode::kRead, 0, numel * dt_},
           {ipg_buffer_, AccessMode::kWrite, ipg_elems_ * dt_, numel * dt_}})
@@ -1928,7 +1934,8 @@ void RankBuilder::reduce_ipg() {
   if (sc_.zero.zero_quantized_gradients && sc_.cluster.nodes > 1) {
     reduce_quantized();
   } else {
-    const std::uint64_t bytes = ipg_elems_ * dt_;
+    std::uint64_t bytes = 0;
+    for (const int p : ipg_params_) bytes += md_.params[p].numel * dt_;
     // __avg_scatter_grads hands the bucket's gradients as a list to reduce_scatter_coalesced
     // (S3:1330-1343; coalesced_collectives.py 84-150 at v0.13.4), which pads each tensor to
     // ceil(numel / world) elements a rank, a primary shard's size: this rank's output is the
@@ -1938,8 +1945,9 @@ void RankBuilder::reduce_ipg() {
     std::vector<Access> acc;
     bool in_bucket = true;
     for (const int p : ipg_params_) in_bucket = in_bucket && ipg_grad_[p].buffer == ipg_buffer_;
-    if (in_bucket) {
-      acc.push_back({ipg_buffer_, AccessMode::kRead, 0, bytes});
+    if (in_bucket) {  // consecutive in the flat buffer, from the first one's offset
+      acc.push_back({ipg_buffer_, AccessMode::kRead, ipg_grad_.at(ipg_params_.front()).offset,
+                     bytes});
     } else {
       for (const int p : ipg_params_) acc.push_back(ipg_grad_[p]);
     }
@@ -1951,7 +1959,7 @@ void RankBuilder::reduce_ipg() {
   current_ = saved_stream;
   ipg_params_.clear();
   ipg_grad_.clear();
-  ipg_elems_ = 0;
+  if (!v_.bucket_count_never_reset) ipg_elems_ = 0;
   phase_ = saved;
 }
 
@@ -2029,10 +2037,27 @@ void RankBuilder::optimizer_step() {
     ps_[p].active.clear();
     release_param_as(p, kNoLabel);
   }
+  if (sc_.training.dtype == "fp16" || v_.overflow_check_every_dtype) overflow_check();
   purpose_ = Purpose::kGradNorm;
   const EventId norm = collective(OpKind::kAllReduce, grad_group_, 8, {});
   wait(current_, norm, Purpose::kGradNorm);
-  push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);  // the norm's .item()
+  switch (v_.grad_norm_sync) {
+    case NormSync::kAfterNorm:  // math.sqrt of the norm tensor
+      push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
+      break;
+    case NormSync::kWhenClipping:
+      // unscale_and_clip_grads's `if clip > 1` on a device tensor, once per sub-group before
+      // its update (S3:2109-2118 at v0.14.2). Nothing but the sub-groups' updates, on S0, lies
+      // between them, so they are issued together.
+      if (sc_.training.gradient_clipping > 0) {
+        for (std::uint64_t g = 0; g < sub_groups(); ++g) {
+          push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
+        }
+      }
+      break;
+    case NormSync::kNone:
+      break;
+  }
   // 0.19.8: is_invalid_grad_norm's bool() of the combined norm (S3:2878-2893).
   if (v_.norm_validity_sync) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
   // The recorder runs torch's AdamW in place of FusedAdam (a CUDA kernel); its step logs one
@@ -2065,6 +2090,28 @@ void RankBuilder::invalidate_secondaries() {
     ps_[p].secondary_ready = kNoEvent;
   }
   unit_ = kNoUnit;
+}
+
+// _overflow_check_and_loss_scale_update -> has_overflow (S3:2696-2730 at v0.19.5, S3:2016-2049
+// at v0.11.1): the inf/nan tracker and its uint8 clone on S_rs, read from the gradient
+// partitions; the default stream waits for S_rs; a 1-byte MAX all-reduce over the gradients'
+// group from the current stream, waited for there; `overflow_gpu[0].item()`. A step without an
+// overflow goes on (the skipped step is data-dependent and not modelled).
+void RankBuilder::overflow_check() {
+  purpose_ = Purpose::kGradNorm;
+  push(OpKind::kKernel, srs_, Purpose::kGradNorm, {{grad_shard_, AccessMode::kRead, 0, 0}});
+  wait_stream(s0_, srs_, Purpose::kGradNorm);
+  const EventId done = collective(OpKind::kAllReduce, grad_group_, 1, {});
+  wait(current_, done, Purpose::kGradNorm);
+  push(OpKind::kHostStreamSync, current_, Purpose::kGradNorm);
+}
+
+// _create_fp16_sub_groups (S3:903-926) cuts a rank's partition into sub_group_size pieces
+// (DeepSpeed's default 1e9 elements; the builder does not read the ds_config's).
+std::uint64_t RankBuilder::sub_groups() const {
+  std::uint64_t partition = 0;
+  for (const int p : optimized_) partition += layouts_[p].shard_numel();
+  return std::max<std::uint64_t>(1, (partition + 999'999'999) / 1'000'000'000);
 }
 
 // The parameters from `first` that zero.Init converts, and from_pretrained loads, together:
@@ -2215,7 +2262,10 @@ void RankBuilder::run_hook(const Hook& h) {
   switch (h.ev) {
     case Ev::kPreFwd:
       // fetch_sub_module(forward=True) (PO:452); v0.13.1 passes torch.is_grad_enabled().
-      fetch_sub_module(h.module, v_.secondary_only_backward ? h.grad_enabled : true);
+      // v0.10.0-v0.10.1 pass forward=True (PO:494 at v0.10.0).
+      fetch_sub_module(h.module, v_.secondary_only_backward && v_.forward_passes_grad_enabled
+                                     ? h.grad_enabled
+                                     : true);
       break;
     case Ev::kPostFwd:
       purpose_ = Purpose::kParamRelease;
@@ -2273,7 +2323,11 @@ void RankBuilder::run_hook(const Hook& h) {
           static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len * sc_.model.vocab *
           4.0;
       phase_ = Phase::kBackward;
-      if (v_.loss_item_in_backward) push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);
+      // v0.10.0 logs it only off the accumulation boundary (ENG:1881-1884 at v0.10.0).
+      if (v_.loss_item_in_backward &&
+          !(v_.loss_item_off_boundary_only && micro_ == sc_.training.grad_accum - 1)) {
+        push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);
+      }
       break;
   }
 }

@@ -56,30 +56,51 @@ const std::vector<ReleaseRule> kRules = {
      .what = "engine.backward logs `loss.mean().item()` only on micro-steps that are not a "
              "gradient-accumulation boundary (ENG:1884 at v0.10.0): no host sync before the "
              "backward of a step's last micro-batch",
-     .scope = RuleScope::kUnmodelled,
+     .apply = [](VersionRules& v) { v.loss_item_off_boundary_only = true; },
      .until = "0.10.1"},
+    {.id = "loss-item-every-micro-step",
+     .pr = "PR 4030",
+     .first = "0.10.1",
+     .what = "`self.losses += loss.mean().item()` on every micro-step (ENG:1870 at v0.10.1): the "
+             "host sync before each backward that the builder starts from",
+     .apply = [](VersionRules& v) { v.loss_item_off_boundary_only = false; }},
     {.id = "forward-gathers-never-use-secondary",
      .pr = "PR 3784",
      .first = "0.10.0",
      .what = "every forward gather, no_grad ones too (reentrant checkpointing's first forward), "
              "gathers the primary over the world; only backward gathers read the secondary "
              "(PO:494, 516 at v0.10.0). PR 4232 lets no-grad forwards use it in v0.10.2",
-     .scope = RuleScope::kUnmodelled,
+     .apply = [](VersionRules& v) { v.forward_passes_grad_enabled = false; },
      .until = "0.10.2"},
+    {.id = "no-grad-forward-uses-secondary",
+     .pr = "PR 4232",
+     .first = "0.10.2",
+     .what = "the pre-forward hook passes forward=torch.is_grad_enabled() (PO:505 at v0.10.2): a "
+             "forward under no_grad (reentrant checkpointing's first) gathers from the secondary",
+     .apply = [](VersionRules& v) { v.forward_passes_grad_enabled = true; }},
     {.id = "gradient-bucket-strict-bound",
      .pr = "PR 3784",
      .first = "0.10.0",
      .what = "a gradient that exactly fills the bucket is not copied into the contiguous buffer "
-             "(`<`, S3:1119 before PR 4321 made it `<=` in v0.11.0)",
-     .scope = RuleScope::kUnmodelled,
+             "(`<`, S3:1088 at v0.10.0, S3:1108 at v0.10.3) and is reduced from where it is",
+     .apply = [](VersionRules& v) { v.bucket_strict_bound = true; },
      .until = "0.11.0"},
+    {.id = "gradient-bucket-inclusive-bound",
+     .pr = "PR 4321",
+     .first = "0.11.0",
+     .what = "`<=`: a gradient that exactly fills the bucket is copied into it (S3:1119)",
+     .apply = [](VersionRules& v) { v.bucket_strict_bound = false; }},
     {.id = "blocking-gathers-as-list-all-gather",
      .pr = "PR 3784",
      .first = "0.10.0",
-     .what = "`_allgather_params` (init, a single persistent parameter at the step) issues a "
-             "list all_gather and copies out of NCCL's buffer; PR 4705 makes it "
-             "all_gather_into_tensor in v0.12.4 (PP:1818)",
-     .scope = RuleScope::kUnmodelled,
+     .what = "`_allgather_params` (zero.Init's gather of each parameter, a single persistent "
+             "parameter at the step) issues a list all_gather into narrowed views of its flat "
+             "buffer (PP:1818 at v0.12.3); PR 4705 makes it all_gather_into_tensor in v0.12.4. "
+             "Its accesses are the same; ProcessGroupNCCL's copy out of its own flattened "
+             "output (allgather's post-hook, on the NCCL stream inside the collective) is part "
+             "of the collective in the IR, as in the recordings (tiny-0.10.0 to tiny-0.12.3: "
+             "one all_gather writing 16 slices of one buffer)",
+     .apply = [](VersionRules&) {},
      .until = "0.12.4"},
     {.id = "grad-norm-sync-per-sub-group",
      .pr = "PR 3784",
@@ -100,6 +121,20 @@ const std::vector<ReleaseRule> kRules = {
      .scope = RuleScope::kUnmodelled,
      .until = "0.13.2",
      .when = RuleWhen::kQgz},
+    {.id = "overflow-check-every-dtype",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "the step checks for overflow in bf16 and fp32 too (S3:1799 at v0.10.0, "
+             "`check_overflow` unconditional): the inf/nan tracker on S_rs, the default stream "
+             "waits for S_rs, a 1-byte MAX all-reduce and its `.item()`, every step. PR 4512 "
+             "restricts it to fp16 in v0.11.2 (S3:1847); fp16 keeps it in every release",
+     .apply = [](VersionRules& v) { v.overflow_check_every_dtype = true; },
+     .until = "0.11.2"},
+    {.id = "overflow-check-fp16-only",
+     .pr = "PR 4512",
+     .first = "0.11.2",
+     .what = "`if self.dtype == torch.float16: self.check_overflow()` (S3:1847)",
+     .apply = [](VersionRules& v) { v.overflow_check_every_dtype = false; }},
     {.id = "invalidate-after-step-early",
      .pr = "PR 3784",
      .first = "0.10.0",
@@ -142,7 +177,8 @@ const std::vector<ReleaseRule> kRules = {
              "and the coordinator gathers parameters with and without a secondary in separate "
              "calls (COORD:449): the copy on the compute stream and the prefetched hpZ gather on "
              "another are unordered (issue 5059); `_partition` stops passing has_been_updated to "
-             "it (PP:1473), harmless while every release copies. PR 5104 drops the optimizer "
+             "it (PP:1473), harmless while every release copies, and an existing secondary is "
+             "kept rather than made anew before the copy (PP:1613). PR 5104 drops the optimizer "
              "step at init",
      .apply =
          [](VersionRules& v) {
@@ -152,6 +188,7 @@ const std::vector<ReleaseRule> kRules = {
            v.split_by_secondary = true;
            v.optimizer_step_at_init = false;
            v.secondary_sees_update = false;
+           v.secondary_realloc_on_update = false;
          }},
     {.id = "no-loss-item-in-backward",
      .pr = "PR 5135",
@@ -178,10 +215,16 @@ const std::vector<ReleaseRule> kRules = {
      .first = "0.14.1",
      .what = "the gradient norm stays on the device (S3:2030 `torch.norm(torch.stack(...))`): no "
              "host sync after the norm's all-reduces; with gradient_clipping, `if clip > 1` on a "
-             "device tensor syncs once per sub-group inside the step (S3:2114). Reverted by PR "
+             "device tensor syncs once per sub-group before its update (S3:2114). Reverted by PR "
              "5461 in v0.14.3",
-     .scope = RuleScope::kUnmodelled,
+     .apply = [](VersionRules& v) { v.grad_norm_sync = NormSync::kWhenClipping; },
      .until = "0.14.3"},
+    {.id = "grad-norm-host-sync-restored",
+     .pr = "PR 5461",
+     .first = "0.14.3",
+     .what = "`get_global_norm` (runtime/utils.py:305-312) sums the norms and takes `math.sqrt`: "
+             "one host sync after the norm's all-reduces again (S3:2030)",
+     .apply = [](VersionRules& v) { v.grad_norm_sync = NormSync::kAfterNorm; }},
     {.id = "secondary-copy-only-when-updated",
      .pr = "PR 5613",
      .first = "0.14.3",
@@ -203,11 +246,8 @@ const std::vector<ReleaseRule> kRules = {
      .what = "the norm and the clipping run on the device (S3:2031 `torch.linalg.norm`, S3:2115 "
              "`torch.clamp`): no host sync is left on the norm's path. The recordings agree: "
              "0.15.4, 0.16.9, 0.17.6 and 0.18.2 hold one host sync of the compute stream in the "
-             "step where 0.13.4's hold two. The builder still issues the norm's sync for every "
-             "release; the comparison does not see it (it folds host waits with only kernels "
-             "between them, here the optimizer's own kernels on the compute stream, which the "
-             "later sync orders as well), and no verdict depends on it",
-     .apply = [](VersionRules&) {}},
+             "step (the recorder's AdamW) where 0.13.4's hold two",
+     .apply = [](VersionRules& v) { v.grad_norm_sync = NormSync::kNone; }},
     {.id = "in-flight-cleanup-at-reset",
      .pr = "PR 6557",
      .first = "0.15.3",
@@ -245,11 +285,17 @@ const std::vector<ReleaseRule> kRules = {
     {.id = "gradient-bucket-never-reset",
      .pr = "PR 6993",
      .first = "0.17.2",
-     .what = "the IPG bucket's element count is never reset (S3:1301, 1337): after the first "
-             "bucket every gradient is reduced alone, one reduce_scatter_coalesced each without "
-             "the flat-buffer copy. Fixed by PR 7418 in v0.17.3",
-     .scope = RuleScope::kUnmodelled,
+     .what = "the IPG bucket's element count is never reset (S3:1301, 1337; nor across "
+             "steps): after the first bucket every gradient is reduced alone, one "
+             "reduce_scatter_coalesced each without the flat-buffer copy. Fixed by PR 7418 in "
+             "v0.17.3",
+     .apply = [](VersionRules& v) { v.bucket_count_never_reset = true; },
      .until = "0.17.3"},
+    {.id = "gradient-bucket-reset",
+     .pr = "PR 7418",
+     .first = "0.17.3",
+     .what = "`bucket.elements = 0` after each reduction again (S3:1338)",
+     .apply = [](VersionRules& v) { v.bucket_count_never_reset = false; }},
     {.id = "trace-check-broadcasts-length",
      .pr = "PR 7525",
      .first = "0.17.6",

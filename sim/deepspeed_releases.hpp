@@ -25,6 +25,19 @@ enum class CopyBounds {
   kZeroFilled,
 };
 
+/** Where the optimizer step waits on the host for the gradient norm (sim/deepspeed_builder.cpp,
+ *  optimizer_step). */
+enum class NormSync {
+  /// v0.13.0 - v0.14.0 and v0.14.3 - v0.14.4: `math.sqrt` of the norm tensor after the norm's
+  /// all-reduce (S3:1969 at v0.13.4; get_global_norm, runtime/utils.py:312 at v0.14.3)
+  kAfterNorm,
+  /// v0.14.1 - v0.14.2 (PR 5256): the norm stays a device tensor; only gradient clipping's
+  /// `if clip > 1` syncs, once per sub-group before its update (S3:2114 at v0.14.2)
+  kWhenClipping,
+  /// v0.14.5 on (PR 5504): `torch.linalg.norm` and `torch.clamp` on the device, no sync
+  kNone,
+};
+
 /** What the DeepSpeed builder does differently from one release to the next on the hpZ path:
  *  the fold of the modelled rules (ReleaseRule::apply) up to a release. */
 struct VersionRules {
@@ -64,6 +77,30 @@ struct VersionRules {
   /// The step tests the gradient norm with `bool(...)` (`is_invalid_grad_norm`), a host sync of
   /// the compute stream before the sub-groups' updates, in bf16 too (S3:2878-2893 at 0.19.8).
   bool norm_validity_sync = false;
+  /// Where the step waits on the host for the gradient norm (NormSync).
+  NormSync grad_norm_sync = NormSync::kAfterNorm;
+  /// `__reduce_and_partition_ipg_grads` clears the bucket's parameters but not its element
+  /// count (S3:1337 at v0.17.2, PR 6993; reset again by PR 7418 in v0.17.3): once a bucket has
+  /// been reduced, no gradient fits any more, none is copied into the flat buffer, and each is
+  /// reduced alone at the next one's hook.
+  bool bucket_count_never_reset = false;
+  /// engine.backward logs `loss.mean().item()` only off a gradient-accumulation boundary
+  /// (ENG:1884 at v0.10.0): no host sync before the backward of a step's last micro-batch.
+  bool loss_item_off_boundary_only = false;
+  /// The pre-forward hook passes forward=torch.is_grad_enabled() (PO:505 at v0.10.2, PR 4232);
+  /// v0.10.0-v0.10.1 pass forward=True (PO:494), so no forward gather uses the secondary.
+  bool forward_passes_grad_enabled = true;
+  /// A gradient is copied into the flat bucket only if it leaves room (`<`, S3:1088 at
+  /// v0.10.0); `<=` from v0.11.0 (PR 4321).
+  bool bucket_strict_bound = false;
+  /// The step's overflow check (has_overflow: the tracker on S_rs, the default stream waits for
+  /// it, a 1-byte MAX all-reduce, `.item()`) runs whatever the dtype (S3:1799 at v0.10.0); from
+  /// v0.11.2 (PR 4512) only for fp16 (S3:1847).
+  bool overflow_check_every_dtype = false;
+  /// `_partition_param_sec` with has_been_updated makes a new secondary (`torch.empty`, the old
+  /// one dropped) before its copy (PP:1619-1632 at v0.13.1); from v0.13.2 (PR 4906) it keeps
+  /// the existing one (`if param.ds_secondary_tensor is None`, PP:1613).
+  bool secondary_realloc_on_update = true;
   /// At the end of every backward, after the gradient epilogue, modules whose pre-backward hook
   /// ran but whose post-backward never does (the embedding) are released (COORD:554-566, S3:3068
   /// at 0.19.8; PR 8148, v0.19.3), not at the optimizer step.

@@ -272,6 +272,8 @@ const std::vector<KeySpec>& key_specs() {
       {"training", "grad_checkpointing", Kind::kBool,
        HPZ_SET(training.grad_checkpointing, bool_of)},
       {"training", "hf_trainer", Kind::kBool, HPZ_SET(training.hf_trainer, bool_of)},
+      {"training", "gradient_clipping", Kind::kNumber,
+       HPZ_SET(training.gradient_clipping, double_of)},
       {"training", "dtype", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
          sc.training.dtype = choice_of(v, k, kDtypeNames);
@@ -897,6 +899,28 @@ void apply_ds_precision(Scenario& sc, const json& config, const std::string& fil
   }
 }
 
+/** The ds_config's gradient_clipping (DeepSpeed's get_gradient_clipping, runtime/config.py:
+ *  a number, default 0.0); "auto" is the HF Trainer's max_grad_norm, 1.0 by default, as
+ *  transformers fills it (integrations/deepspeed.py, trainer_config_process). */
+void apply_ds_clipping(Scenario& sc, const json& config, const std::string& file,
+                       Origins& origins) {
+  const auto it = config.find("gradient_clipping");
+  if (it == config.end()) return;
+  if (it->is_string() && it->get<std::string>() == "auto") {
+    sc.training.gradient_clipping = 1.0;
+    sc.notes.push_back(fmt::format(
+        "ds_config {}: gradient_clipping is \"auto\": 1.0, the HF Trainer's default "
+        "max_grad_norm (set training.gradient_clipping with --set if the run gives another)",
+        file));
+  } else if (it->is_number()) {
+    sc.training.gradient_clipping = it->get<double>();
+  } else {
+    throw InputError(file, "gradient_clipping",
+                     "expected a number (0 for none) or \"auto\", got " + shown_json(*it));
+  }
+  origins["training.gradient_clipping"] = file;
+}
+
 /** A zero_optimization key given as "auto": filled as the HF Trainer fills it when the run uses
  *  it (training.hf_trainer), else DeepSpeed's default kept; a note either way. The Trainer fills
  *  three keys from the model's hidden size h at ZeRO-3 (transformers 4.35.2
@@ -950,7 +974,8 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
                                            "gradient_accumulation_steps",
                                            "bf16",
                                            "bfloat16",
-                                           "fp16"};
+                                           "fp16",
+                                           "gradient_clipping"};
   for (const auto& [name, value] : config.items()) {
     if (read_here.count(name) == 0) ignored.push_back(name);
   }
@@ -972,6 +997,7 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
                     batch.auto_keys.size() == 1 ? "it" : "them"));
   }
   apply_ds_precision(scenario, config, file, origins);
+  apply_ds_clipping(scenario, config, file, origins);
   const json zero = config.value("zero_optimization", json::object());
   if (!zero.is_object()) {
     throw InputError(file, "zero_optimization", "expected an object, got " + shown_json(zero));
@@ -1415,6 +1441,10 @@ void check_training(const TrainingConfig& t, const WhereOf& where_of) {
   at_least(t.seq_len, 1, where_of, "training.seq_len");
   at_least(t.micro_batch, 1, where_of, "training.micro_batch");
   at_least(t.grad_accum, 1, where_of, "training.grad_accum");
+  require(std::isfinite(t.gradient_clipping) && t.gradient_clipping >= 0, where_of,
+          "training.gradient_clipping",
+          fmt::format("{} is not a clipping norm (allowed: a number >= 0; 0 for none)",
+                      t.gradient_clipping));
   require(std::find(kDtypeNames.begin(), kDtypeNames.end(), t.dtype) != kDtypeNames.end(), where_of,
           "training.dtype", "unknown value '" + t.dtype + "'" + allowed(kDtypeNames));
 }

@@ -105,6 +105,9 @@ struct TrainingConfig {
   /// alike): a ds_config's "auto" values are filled as it fills them, from the model's hidden
   /// size; otherwise "auto" keeps DeepSpeed's default. A note says which, either way.
   bool hf_trainer = false;
+  /// The ds_config's `gradient_clipping` (DeepSpeed's default 0.0, none): whether the optimizer
+  /// step clips, which decides a host sync in DeepSpeed 0.14.1-0.14.2 (NormSync).
+  double gradient_clipping = 0.0;
 
   int dtype_bytes() const { return dtype == "fp32" ? 4 : 2; }
 };

@@ -8,12 +8,14 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
@@ -128,7 +130,11 @@ INSTANTIATE_TEST_SUITE_P(
                     // Releases after 0.17.6 (issue 36), the rules from 0.15.4 on: torch 2.1.2.
                     "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2",
                     // from_pretrained's load after zero.Init (issue 7606).
-                    "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained"),
+                    "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained",
+                    // The releases before 0.13 and the epochs of one or two releases (issue
+                    // 36): each rule of docs/deepspeed-releases.md that changes what they issue.
+                    "tiny-0.10.0", "tiny-0.10.1", "tiny-0.10.3", "tiny-0.11.0", "tiny-0.12.3",
+                    "tiny-0.12.6", "tiny-0.14.2", "tiny-0.17.2"),
     [](const testing::TestParamInfo<const char*>& p) {
       std::string n = p.param;
       for (char& c : n) {
@@ -136,6 +142,83 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return n;
     });
+
+// The projection leaves the gradient bucket's copies out (they write no parameter): where each
+// lands in the flat buffer, step by step, is held equal here. 0.17.2 never resets the bucket's
+// element count (PR 6993), so step 1's gradients land after step 0's; 0.16.9 starts again at 0.
+// The bucket is the buffer the first gradient is copied into on S_rs.
+std::vector<std::pair<int, std::uint64_t>> bucket_copies(const Schedule& s) {
+  const RankSchedule& rs = s.ranks.at(0);
+  std::vector<std::pair<int, std::uint64_t>> out;
+  BufferId bucket = kNoBuffer;
+  for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+    const Op& o = rs.ops[i];
+    if (o.kind != OpKind::kCopy || o.stream < 0 || rs.streams[o.stream].name != "S_rs" ||
+        o.access_count != 2) {
+      continue;
+    }
+    const Access& to = rs.accesses[o.access_begin + 1];
+    if (bucket == kNoBuffer) bucket = to.buffer;
+    if (to.buffer == bucket) out.emplace_back(o.step, to.offset);
+  }
+  return out;
+}
+
+TEST(DeepSpeedBuilder, GradientBucketOffsetsFollowEachRelease) {
+  for (const char* name : {"tiny-0.17.2", "tiny-0.16.9"}) {
+    const Schedule rec = recording(name);
+    const Schedule built = build_deepspeed_schedule(scenario_of(rec), rec.source.at("deepspeed"));
+    const auto expected = bucket_copies(rec);
+    EXPECT_GT(expected.size(), 40u) << name;
+    EXPECT_EQ(bucket_copies(built), expected) << name;
+  }
+  // The control: 0.17.2's step 1 starts where step 0 ended, 0.16.9's at 0.
+  const auto never_reset = bucket_copies(recording("tiny-0.17.2"));
+  const auto reset = bucket_copies(recording("tiny-0.16.9"));
+  ASSERT_EQ(never_reset.size(), reset.size());
+  EXPECT_NE(never_reset, reset);
+}
+
+// Each rule of the releases before 0.13 and of 0.14.2 shows in its recording: the release after
+// it (the rule's end) built on the same scenario differs from the recording.
+TEST(DeepSpeedBuilder, EachOldRuleIsNeededByItsRecording) {
+  const std::vector<std::pair<const char*, const char*>> pairs = {
+      {"tiny-0.10.0", "0.10.1"},  // loss-item-off-boundary-only
+      {"tiny-0.10.1", "0.10.3"},  // forward-gathers-never-use-secondary, invalidate-after-step
+      {"tiny-0.11.0", "0.11.2"},  // overflow-check-every-dtype
+      {"tiny-0.14.2", "0.14.3"},  // grad-norm-without-host-sync
+  };
+  for (const auto& [name, next] : pairs) {
+    const Schedule rec = recording(name);
+    const Schedule built = build_deepspeed_schedule(scenario_of(rec), next);
+    EXPECT_NE(first_difference(project(rec, 0, true), project(built, 0, true)), kEqual)
+        << name << " built as " << next;
+  }
+}
+
+/** Host syncs of rank 0 in optimizer step `step`. */
+int step_host_syncs(const Schedule& s, int step) {
+  int n = 0;
+  for (const Op& o : s.ranks.at(0).ops) {
+    n += o.kind == OpKind::kHostStreamSync && o.phase == Phase::kOptimizer && o.step == step;
+  }
+  return n;
+}
+
+// 0.14.1-0.14.2 keep the norm on the device: only gradient clipping's `if clip > 1` waits for
+// it (S3:2114 at v0.14.2). tiny-0.14.2's ds_config does not clip.
+TEST(DeepSpeedBuilder, GradientClippingAloneSyncsTheNormIn0142) {
+  Scenario sc = scenario_of(recording("tiny-0.14.2"));
+  ASSERT_EQ(sc.training.gradient_clipping, 0.0);
+  auto syncs = [&](const char* release, double clip) {
+    sc.training.gradient_clipping = clip;
+    return step_host_syncs(build_deepspeed_schedule(sc, release), 0);
+  };
+  EXPECT_EQ(syncs("0.14.2", 1.0), syncs("0.14.2", 0.0) + 1);
+  // 0.14.4 waits after the norm, clipping or not; 0.14.5 (PR 5504) does not.
+  EXPECT_EQ(syncs("0.14.4", 1.0), syncs("0.14.4", 0.0));
+  EXPECT_EQ(syncs("0.14.5", 0.0), syncs("0.14.4", 0.0) - 1);
+}
 
 // The releases that need torch 2.10 (0.18.3 on) were recorded with transformers 5.24.0, whose
 // LlamaModel the builder does not walk: it waits on the host after the embedding (the causal
