@@ -9,11 +9,14 @@ __all_gather_params 423; partition_parameters.py: free_param 276, _partition_par
 _partition_param_sec 1603; stage3.py: invalidate_secondary_tensor 464,
 reduce_independent_p_g_buckets_and_remove_grads 1213, __reduce_and_partition_ipg_grads 1249;
 comm/coalesced_collectives.py: reduce_scatter_coalesced 82, whose padding it marks).
-A function a version lacks is skipped, and the recording says so.
+A function a version lacks is skipped, and the recording says so. Frees are logged by the
+wrappers of free_param and invalidate_secondary_tensor, and, up to 0.13.1, where
+_partition_param_sec drops a secondary it replaces (_free_when_dropped).
 """
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -70,6 +73,45 @@ def _own(param, shard, place: int) -> Optional[int]:
     if shard is None or shard.numel() == 0:
         return None
     return max(0, own_elements(int(param.ds_numel), shard.numel(), place))
+
+
+def _free_when_dropped(param) -> Optional[weakref.finalize]:
+    """Logs the free of the parameter's secondary where its last reference goes.
+
+    Up to v0.13.1, `_partition_param_sec(param, has_been_updated=True)` on an AVAILABLE
+    parameter that has a secondary makes a new one (`torch.empty`,
+    runtime/zero/partition_parameters.py:1620 at v0.13.1, :1567 at v0.12.3) and assigns it to
+    `param.ds_secondary_tensor` (:1631; :1578), which drops the only reference to the old one:
+    on a GPU the caching allocator takes its block back right there, on the current stream,
+    after the new one's allocation and before the copy into it (:1647; :1594). The recorder
+    holds no tensor (lifetimes and claims are storage addresses and byte ranges), so a
+    finalizer on the old tensor runs inside that assignment: the free is logged between the
+    alloc and the copy, in the order DeepSpeed issues them, without repeating DeepSpeed's own
+    test of when it replaces the secondary. Purpose secondary_alloc, as the alloc's (ir.py) and
+    as sim/deepspeed_builder.cpp issues the free; phase and step the context's. From v0.13.2
+    the secondary is made only `if param.ds_secondary_tensor is None` (:1614 at v0.13.4): the
+    old one stays, the finalizer never runs and the caller detaches it, so nothing is logged.
+    Returns the finalizer, or None where there is no secondary the recording knows."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    if getattr(param, "ds_status", None) is not ZeroParamStatus.AVAILABLE:
+        return None
+    rec = recording.current()
+    unit = unit_of(param)
+    old = getattr(param, "ds_secondary_tensor", None)
+    if old is None or unit < 0 or old.untyped_storage()._cdata not in rec.live:
+        return None
+    span = rec.byte_range(old)
+    if span is None:
+        return None
+    life = rec.lifetime_of(old)
+
+    def free() -> None:
+        with rec.context(unit=unit, purpose="secondary_alloc"):
+            rec.push("free", rec.current_stream, lifetime=life, region=span)
+
+    finalizer = weakref.finalize(old, free)  # `free` holds no reference to `old`
+    finalizer.atexit = False
+    return finalizer
 
 
 def claim_all(params: Iterable) -> None:
@@ -177,8 +219,14 @@ def install() -> None:
     def partition_sec(original):
         def wrapper(self, param, *args, **kwargs):
             rec = recording.current()
+            updated = kwargs.get("has_been_updated", args[1] if len(args) > 1 else False)
             with rec.context(purpose="secondary_partition_copy", unit=unit_of(param)):
-                out = original(self, param, *args, **kwargs)
+                replaced = _free_when_dropped(param) if updated else None
+                try:
+                    out = original(self, param, *args, **kwargs)
+                finally:
+                    if replaced is not None:
+                        replaced.detach()  # still held (kept, as from 0.13.2): not freed
             claim_param(param)
             return out
         return wrapper

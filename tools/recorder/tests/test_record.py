@@ -479,3 +479,38 @@ def test_a_pretrained_load_leaves_016s_secondaries_stale_and_not_0134s(tmp_path)
     old = record(tmp_path, "0.13.4", None, "--load", "pretrained")
     code, report = check(old["path"])
     assert "stale-read" not in kinds(report)
+
+
+def test_0131s_pretrained_load_frees_the_old_secondary_between_alloc_and_copy(tmp_path):
+    """Up to 0.13.1, the load's repartition (has_been_updated=True) makes each secondary anew:
+    torch.empty, the assignment that drops zero.Init's secondary, then the copy
+    (partition_parameters.py:1620, 1631, 1647 at v0.13.1). The recorder logs the old one's free
+    where the assignment drops it: alloc new, free old, copy into new, back to back on one
+    stream, as sim/deepspeed_builder.cpp issues them (purpose secondary_alloc)."""
+    doc = record(tmp_path, "0.13.1", None, "--load", "pretrained")["doc"]
+    for r in (0, 1):
+        rank = doc["ranks"][r]
+        ops = [op for op in rank["ops"] if op["phase"] == "checkpoint_load"]
+        for u in range(len(doc["units"])):
+            sec = [b for b, buf in enumerate(rank["buffers"])
+                   if buf["role"] == "secondary" and buf.get("unit") == u]
+            assert len(sec) == 2, (r, u)  # zero.Init's and the load's
+            old, new = sec
+            at = [i for i, op in enumerate(ops)
+                  if op.get("buffer") in sec or any(a[0] in sec for a in op.get("accesses", []))]
+            seq = [(ops[i]["kind"], ops[i].get("buffer", ops[i].get("accesses", [[None]])[0][0]))
+                   for i in at]
+            assert [(k, b) for k, b in seq if k in ("alloc", "free")] == [("alloc", new),
+                                                                          ("free", old)]
+            i = next(i for i in at if ops[i]["kind"] == "alloc")
+            alloc, free, copy = ops[i], ops[i + 1], ops[i + 2]
+            assert free["kind"] == "free" and free["buffer"] == old
+            assert copy["kind"] == "copy" and [new, "w"] in [a[:2] for a in copy["accesses"]]
+            assert alloc["purpose"] == free["purpose"] == "secondary_alloc"
+            assert alloc["stream"] == free["stream"] == copy["stream"]
+            assert alloc["unit"] == free["unit"] == u
+    # the stale reads of step 1 (issue 4851) and nothing else
+    out = tmp_path / "s.json"
+    out.write_text(json.dumps(doc))
+    code, report = check(out)
+    assert code == 1 and kinds(report) == {"stale-read"}
