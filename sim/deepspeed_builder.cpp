@@ -2351,10 +2351,11 @@ RankSchedule RankBuilder::build() {
   for (const DsParam& p : md_.params) total += p.numel;
   std::uint64_t shards = 0;  // every gradient's padded chunk (reduce_ipg)
   for (const ShardLayout& l : layouts_) shards += l.shard_numel();
-  ipg_buffer_ = buffer(
-      "ipg_bucket", BufferRole::kScratch, kNoUnit,
-      std::min<std::uint64_t>(total, static_cast<std::uint64_t>(sc_.zero.reduce_bucket_size)) *
-          dt_);
+  // DeepSpeed's bucket holds reduce_bucket_size elements (S3:540); no more than the model's are
+  // ever written, but where 0.17.2's count runs on from step to step (bucket_count_never_reset).
+  const auto bucket = static_cast<std::uint64_t>(sc_.zero.reduce_bucket_size);
+  ipg_buffer_ = buffer("ipg_bucket", BufferRole::kScratch, kNoUnit,
+                       (v_.bucket_count_never_reset ? bucket : std::min(total, bucket)) * dt_);
   grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit, shards * dt_);
   const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {

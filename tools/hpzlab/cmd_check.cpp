@@ -9,14 +9,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sim/builder.hpp"
@@ -318,8 +323,9 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
       temporary.reset(new std::filesystem::path(record_dir));
     }
   }
-  std::vector<Checked> results;
-  for (std::size_t i = 0; i < n; ++i) {
+  // One job: its scenario loaded, its schedule recorded or built, and checked. `progress`: the
+  // job shows its own progress (one job at a time).
+  auto run_job = [&](std::size_t i, bool progress) -> Checked {
     const MatrixEpoch* epoch = jobs[i].epoch ? &*jobs[i].epoch : nullptr;
     Scenario sc;
     try {
@@ -329,8 +335,7 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
       if (!matrix) throw;
       Scenario named;
       named.path = jobs[i].path;
-      results.push_back(refused_epoch(named, *epoch, e.what()));
-      continue;
+      return refused_epoch(named, *epoch, e.what());
     }
     const std::string& path = sc.path;
     Schedule schedule;
@@ -338,9 +343,15 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     // A release the builder does not model: its line in a matrix; alone, the build below refuses
     // it in one line.
     if (matrix && epoch != nullptr && epoch->missing != nullptr && !opts.record) {
-      results.push_back(refused_epoch(sc, *epoch, "not modelled: " + lacks_rule(*epoch->missing)));
-      continue;
+      return refused_epoch(sc, *epoch, "not modelled: " + lacks_rule(*epoch->missing));
     }
+    const auto shown = [&](double at, const std::string& what, const std::function<void()>& fn) {
+      if (progress) {
+        run_showing_progress(at, total, what, fn);
+      } else {
+        fn();
+      }
+    };
     if (opts.record) {
       try {
         schedule = record_schedule(sc, record_dir);
@@ -352,24 +363,61 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
       builder = compare_with_builder(sc, schedule);
     } else {
       try {
-        run_showing_progress(static_cast<double>(i), total,
-                             progress_what(i, n, "building the schedule of", path),
-                             [&] { schedule = build_schedule(sc); });
+        shown(static_cast<double>(i), progress_what(i, n, "building the schedule of", path),
+              [&] { schedule = build_schedule(sc); });
       } catch (const ReleaseRefusal& e) {
         // DeepSpeed itself raises on this configuration: that release's line says so.
         if (!matrix) throw;
-        results.push_back(refused_epoch(sc, *epoch, e.what()));
-        continue;
+        return refused_epoch(sc, *epoch, e.what());
       }
       if (epoch != nullptr) schedule.source["deepspeed"] = releases_label(epoch->releases);
     }
     check::CheckResult result;
-    run_showing_progress(static_cast<double>(i) + 0.5, total, progress_what(i, n, "checking", path),
-                         [&] { result = check::check_schedule(schedule); });
-    results.push_back({std::move(result), opts.record ? step_count(schedule) : sc.run.steps,
-                       opts.record, !opts.record && sc.run.builder == "coarse", sc.notes,
-                       std::move(builder), epoch ? epoch->releases : std::vector<std::string>{},
-                       ""});
+    shown(static_cast<double>(i) + 0.5, progress_what(i, n, "checking", path),
+          [&] { result = check::check_schedule(schedule); });
+    return {std::move(result), opts.record ? step_count(schedule) : sc.run.steps,
+            opts.record, !opts.record && sc.run.builder == "coarse", sc.notes,
+            std::move(builder), epoch ? epoch->releases : std::vector<std::string>{},
+            ""};
+  };
+  std::vector<Checked> results;
+  if (opts.record || n == 1) {
+    for (std::size_t i = 0; i < n; ++i) results.push_back(run_job(i, true));
+  } else {
+    // Several built schedules (a matrix of releases, several scenarios): built and checked on
+    // every core, a job each, the results in the jobs' order whatever order they finish in. A
+    // job's error is rethrown in that order too, as the serial loop would have met it.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const std::size_t workers = std::min<std::size_t>(n, cores);
+    std::vector<std::optional<Checked>> slots(n);
+    std::vector<std::exception_ptr> errors(n);
+    std::atomic<std::size_t> next{0}, done{0};
+    std::vector<std::thread> pool;
+    for (std::size_t w = 0; w < workers; ++w) {
+      pool.emplace_back([&] {
+        for (std::size_t i; (i = next.fetch_add(1)) < n;) {
+          try {
+            slots[i] = run_job(i, false);
+          } catch (...) {
+            errors[i] = std::current_exception();
+          }
+          done.fetch_add(1);
+        }
+      });
+    }
+    while (done.load() < n) {
+      if (progress_on()) {
+        progress_bar(static_cast<double>(done.load()), total,
+                     fmt::format("building and checking {} schedules on {} cores ({} done)", n,
+                                 workers, done.load()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    for (std::thread& t : pool) t.join();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (errors[i]) std::rethrow_exception(errors[i]);
+      results.push_back(std::move(*slots[i]));
+    }
   }
   if (matrix && std::all_of(results.begin(), results.end(),
                             [](const Checked& c) { return !c.refused.empty(); })) {
