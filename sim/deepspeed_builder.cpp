@@ -1946,8 +1946,8 @@ void RankBuilder::reduce_ipg() {
     bool in_bucket = true;
     for (const int p : ipg_params_) in_bucket = in_bucket && ipg_grad_[p].buffer == ipg_buffer_;
     if (in_bucket) {  // consecutive in the flat buffer, from the first one's offset
-      acc.push_back({ipg_buffer_, AccessMode::kRead, ipg_grad_.at(ipg_params_.front()).offset,
-                     bytes});
+      acc.push_back(
+          {ipg_buffer_, AccessMode::kRead, ipg_grad_.at(ipg_params_.front()).offset, bytes});
     } else {
       for (const int p : ipg_params_) acc.push_back(ipg_grad_[p]);
     }

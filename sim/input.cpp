@@ -1,6 +1,7 @@
 #include "sim/input.hpp"
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
@@ -137,6 +138,41 @@ std::string read_input_file(const std::string& path, const std::string& where,
   text.resize(static_cast<std::size_t>(in.gcount()));
   if (in.bad()) throw InputError(where, key, what + ": read error");
   return text;
+}
+
+std::string gunzipped_input(std::string bytes, const std::string& file, const std::string& what) {
+  if (bytes.size() < 2 || static_cast<unsigned char>(bytes[0]) != 0x1f ||
+      static_cast<unsigned char>(bytes[1]) != 0x8b) {
+    return bytes;
+  }
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {  // 16: a gzip header, not zlib's
+    throw InputError(file, "", what + ": cannot start zlib");
+  }
+  z.next_in = reinterpret_cast<Bytef*>(bytes.data());
+  z.avail_in = static_cast<uInt>(bytes.size());  // at most kMaxInputBytes, read_input_file's cap
+  std::string out;
+  char chunk[1 << 16];
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    z.next_out = reinterpret_cast<Bytef*>(chunk);
+    z.avail_out = sizeof chunk;
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      const std::string why = rc == Z_BUF_ERROR ? "truncated" : (z.msg ? z.msg : "corrupt");
+      inflateEnd(&z);
+      throw InputError(file, "", fmt::format("{}: gzip data {}", what, why));
+    }
+    out.append(chunk, sizeof chunk - z.avail_out);
+    if (out.size() > kMaxInputBytes) {
+      inflateEnd(&z);
+      throw InputError(file, "",
+                       fmt::format("{}: inflates to more than {} MiB (allowed: at most {} MiB)",
+                                   what, kMaxInputBytes >> 20, kMaxInputBytes >> 20));
+    }
+  }
+  inflateEnd(&z);
+  return out;
 }
 
 json parse_json_input(const std::string& text, const std::string& file, const std::string& what) {

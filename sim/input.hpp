@@ -24,6 +24,11 @@ inline constexpr std::size_t kMaxJsonDepth = 64;
 std::string read_input_file(const std::string& path, const std::string& where,
                             const std::string& key, const std::string& what);
 
+/** `bytes` as read, or, where they start with gzip's magic (1f 8b: a `.json.gz` recording, as
+ *  traces/deepspeed/ keeps them), decompressed. Throws InputError naming `file` for a corrupt or
+ *  truncated stream and for one that inflates past kMaxInputBytes. */
+std::string gunzipped_input(std::string bytes, const std::string& file, const std::string& what);
+
 /** `text` (the content of `file`) parsed as JSON. Throws InputError naming `file` for malformed
  *  JSON (nlohmann's position, prefixed by `what`, e.g. "malformed JSON"), a NUL byte, nesting
  *  deeper than kMaxJsonDepth, a number beyond a double's range and a key given twice in one

@@ -619,7 +619,9 @@ Schedule schedule_from_json(const json& j, const std::string& where) {
 }
 
 Schedule read_schedule_file(const std::string& path) {
-  const std::string text = read_input_file(path, path, "", "cannot read this schedule file");
+  // A recording as traces/deepspeed/ keeps it (.json.gz) reads as it is.
+  const std::string text = gunzipped_input(
+      read_input_file(path, path, "", "cannot read this schedule file"), path, "schedule file");
   return schedule_from_json(parse_json_input(text, path, "not valid JSON"), path);
 }
 

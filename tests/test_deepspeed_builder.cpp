@@ -350,8 +350,7 @@ TEST_P(DeepSpeedBuilderMatches, CheckerVerdict) {
   const bool loaded_7606 =
       load != rec.source.end() && load->second == "pretrained" && (v == "0.16.9" || v == "0.18.2");
   const bool step_4851 = compare_versions(v, "0.10.3") >= 0 && compare_versions(v, "0.13.1") <= 0;
-  EXPECT_EQ(got.count(check::FindingKind::kStaleRead) > 0, step_4851 || loaded_7606)
-      << GetParam();
+  EXPECT_EQ(got.count(check::FindingKind::kStaleRead) > 0, step_4851 || loaded_7606) << GetParam();
 }
 
 TEST(DeepSpeedBuilder, ScenarioKeyTakesEveryReleaseAndLatest) {

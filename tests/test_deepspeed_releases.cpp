@@ -146,7 +146,8 @@ std::string refusal(const std::string& release, const RunTraits& traits = {}) {
 
 TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
   // Every release is modelled on the default run (one sub-group, no qgZ, torch 2.1.2).
-  for (const DeepSpeedRelease& r : deepspeed_releases()) EXPECT_EQ(refusal(r.version), "") << r.version;
+  for (const DeepSpeedRelease& r : deepspeed_releases())
+    EXPECT_EQ(refusal(r.version), "") << r.version;
   EXPECT_EQ(refusal("0.12.4"), "");  // one sub-group: one norm all-reduce and sync either way
   RunTraits big;
   big.several_sub_groups = true;

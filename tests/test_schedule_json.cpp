@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
@@ -528,6 +530,27 @@ TEST(ScheduleNames, EveryEnumNameParsesBackToItself) {
   EXPECT_EQ(to_string(Purpose::kOther), "other");
   EXPECT_EQ(to_string(Purpose::kHostThrottle), "host_throttle");
   EXPECT_EQ(to_string(OpKind::kHostEventSync), "host_event_sync");
+}
+
+// A recording as traces/deepspeed/ keeps it (gzip'd) reads as the JSON it holds; a truncated one
+// is one line naming the file.
+TEST(ScheduleJson, AGzippedScheduleReadsAsItsJson) {
+  const std::string json = test::source_dir() + "/tests/fuzz/schedule_json/host-event-sync.json";
+  const std::string gz = json + ".gz";
+  EXPECT_EQ(schedule_to_json(read_schedule_file(gz)), schedule_to_json(read_schedule_file(json)));
+  std::ifstream in(gz, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::filesystem::path cut = std::filesystem::temp_directory_path() / "hpzlab-cut.json.gz";
+  std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  try {
+    read_schedule_file(cut.string());
+    ADD_FAILURE() << "a truncated gzip stream was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("hpzlab-cut.json.gz: schedule file: gzip data truncated"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(cut);
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -375,9 +375,13 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts) {
     check::CheckResult result;
     shown(static_cast<double>(i) + 0.5, progress_what(i, n, "checking", path),
           [&] { result = check::check_schedule(schedule); });
-    return {std::move(result), opts.record ? step_count(schedule) : sc.run.steps,
-            opts.record, !opts.record && sc.run.builder == "coarse", sc.notes,
-            std::move(builder), epoch ? epoch->releases : std::vector<std::string>{},
+    return {std::move(result),
+            opts.record ? step_count(schedule) : sc.run.steps,
+            opts.record,
+            !opts.record && sc.run.builder == "coarse",
+            sc.notes,
+            std::move(builder),
+            epoch ? epoch->releases : std::vector<std::string>{},
             ""};
   };
   std::vector<Checked> results;
