@@ -1209,12 +1209,66 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
     }
     apply_ds_config(scenario, *ds, origins, batch, version, hf_trainer);
   }
-  // The user's ds_config and HF config set some keys above; a key given in the scenario or with
-  // --set overrides them, and says so (issue 17: nothing overridden silently).
+  // The user's ds_config and HF config set some keys above. A key given with --set (or a flag)
+  // overrides them, and says so (issue 17: nothing overridden silently). A scenario file's key
+  // overrides a file the scenario itself names; a file the user named on the command line
+  // (--ds-config, --hf-config, --set zero.ds_config=...) wins over the scenario file's keys,
+  // which fill only what it leaves (issue 35), with a note for each key that gave way.
   const Origins from_files = origins;
+  std::set<std::string> user_files;
+  for (const char* key : {"zero.ds_config", "model.hf_config"}) {
+    const Setting* file = find_setting(settings, key);
+    if (file == nullptr || !from_command_line(*file)) continue;
+    user_files.insert(key == std::string("zero.ds_config") ? scenario.zero.ds_config
+                                                           : scenario.model.hf_config);
+  }
+  // The batch keys the ds_config sets are reconciled after this loop (reconcile_batch).
+  const bool ds_sets_batch = user_files.count(scenario.zero.ds_config) != 0 &&
+                             (batch.train_batch || batch.micro || batch.accum);
   for (const KeySpec& spec : key_specs()) {
     const Setting* setting = find_setting(settings, spec.dotted());
     if (!setting || !spec.apply) continue;
+    if (!from_command_line(*setting)) {
+      const auto file = from_files.find(spec.dotted());
+      const bool batch_key =
+          spec.dotted() == "training.micro_batch" || spec.dotted() == "training.grad_accum";
+      // What the scenario's key would make of the scenario: a note only where it differs.
+      Scenario probe = scenario;
+      spec.apply(probe, *setting, spec.dotted());
+      if (file != from_files.end() && user_files.count(file->second) != 0) {
+        if (!(probe == scenario)) {
+          scenario.notes.push_back(fmt::format(
+              "{} = {} in {} gives way to {} (your file wins over the scenario's keys; --set {}= "
+              "to force it)",
+              spec.dotted(), describe(setting->raw), setting->where, file->second, spec.dotted()));
+        }
+        continue;
+      }
+      if (batch_key && ds_sets_batch) {
+        const std::optional<std::int64_t> given =
+            spec.dotted() == "training.micro_batch" ? batch.micro : batch.accum;
+        const int mine = spec.dotted() == "training.micro_batch" ? probe.training.micro_batch
+                                                                 : probe.training.grad_accum;
+        if (!given || *given != mine) {
+          scenario.notes.push_back(fmt::format(
+              "{} = {} in {} gives way to {}'s batch keys (your file wins over the scenario's "
+              "keys; --set {}= to force it)",
+              spec.dotted(), describe(setting->raw), setting->where, scenario.zero.ds_config,
+              spec.dotted()));
+        }
+        continue;
+      }
+      // A ZeRO key the user's ds_config leaves out: the scenario's value fills it, which
+      // DeepSpeed running that file would not (its default instead): said once per key.
+      const bool zero_key = spec.section == "zero" && spec.dotted() != "zero.ds_config" &&
+                            spec.dotted() != "zero.deepspeed_version";
+      if (zero_key && user_files.count(scenario.zero.ds_config) != 0 && !(probe == scenario)) {
+        scenario.notes.push_back(fmt::format(
+            "{} = {} from {}: your ds_config {} does not set it, so the scenario's value fills it "
+            "(DeepSpeed itself would take its default)",
+            spec.dotted(), describe(setting->raw), setting->where, scenario.zero.ds_config));
+      }
+    }
     spec.apply(scenario, *setting, spec.dotted());
     origins[spec.dotted()] = setting->where;
     if (const auto it = from_files.find(spec.dotted()); it != from_files.end()) {

@@ -30,6 +30,7 @@ struct GpuSpec {
   double peak_flops = 0;       ///< dense bf16 FLOP/s
   double hbm_bytes_per_s = 0;  ///< HBM bandwidth, bytes/s
   double memory_bytes = 0;     ///< device memory, bytes
+  bool operator==(const GpuSpec&) const = default;
 };
 
 /** [cluster]: nodes, GPUs and the links between them. */
@@ -44,6 +45,7 @@ struct ClusterConfig {
   double internode_latency_us = 10;  ///< one-way latency between nodes, microseconds
 
   int world_size() const { return nodes * gpus_per_node; }
+  bool operator==(const ClusterConfig&) const = default;
 };
 
 /** [model]: a decoder-only transformer (Llama / Falcon shape). */
@@ -92,6 +94,7 @@ struct ModelConfig {
   /// families it has, 4.57.1 for DeepSeek-V2, else 4.51.3). The coarse builder has no module
   /// tree and ignores it.
   std::string transformers_version = "auto";
+  bool operator==(const ModelConfig&) const = default;
 };
 
 /** [training]: the batch and the numeric format. */
@@ -110,6 +113,7 @@ struct TrainingConfig {
   double gradient_clipping = 0.0;
 
   int dtype_bytes() const { return dtype == "fp32" ? 4 : 2; }
+  bool operator==(const TrainingConfig&) const = default;
 };
 
 /** [zero]: the DeepSpeed ZeRO-3 / ZeRO++ keys, under their DeepSpeed names and defaults. */
@@ -133,6 +137,7 @@ struct ZeroConfig {
   /// The DeepSpeed version whose hpZ behaviour the `deepspeed` builder issues (run.builder).
   std::string deepspeed_version = "0.13.4";
   std::string ds_config;  ///< the DeepSpeed config JSON the keys were read from ("" = none)
+  bool operator==(const ZeroConfig&) const = default;
 };
 
 /** [run]: which variant to build and how to run it. */
@@ -159,6 +164,7 @@ struct RunConfig {
   /// deepspeed.initialize) or "checkpoint" (engine.load_checkpoint of a ZeRO checkpoint after
   /// it: the primary shards written). Issue 7606.
   std::string load = "none";
+  bool operator==(const RunConfig&) const = default;
 };
 
 /** [bugs]: re-introduce the other public hpZ bug classes (all off by default). */
@@ -174,6 +180,7 @@ struct BugConfig {
   /// DeepSpeed issue 5030: this rank believes no secondary exists and gathers over the world
   /// while its hpZ peers gather over the hpZ group (-1 = all ranks agree).
   int secondary_mismatch_rank = -1;
+  bool operator==(const BugConfig&) const = default;
 };
 
 /** [sim]: the timing engine's model parameters (`hpzlab sim`, docs/timing.md). */
@@ -188,6 +195,7 @@ struct SimConfig {
   std::string network_model = "CM02";     ///< SimGrid network model: CM02 | LV08
   double bandwidth_factor = 0.97;         ///< SimGrid network/bandwidth-factor
   double latency_factor = 1.0;            ///< SimGrid network/latency-factor
+  bool operator==(const SimConfig&) const = default;
 };
 
 /** One experiment. */
@@ -201,6 +209,7 @@ struct Scenario {
   BugConfig bugs;
   SimConfig sim;                   ///< timing-engine parameters
   std::vector<std::string> notes;  ///< informational notes from loading (ignored ds_config keys)
+  bool operator==(const Scenario&) const = default;
 };
 
 /** A `--set key=value` override, e.g. {"zero.overlap_comm", "false"}. */

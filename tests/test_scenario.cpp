@@ -319,6 +319,41 @@ TEST(ModelFiles, SetOverridesTheDeepSpeedConfig) {
   EXPECT_FALSE(s.zero.offload_param);
 }
 
+// Issue 35: a ds_config the user names on the command line wins over the scenario file's keys,
+// which fill only what it leaves, a note for each; --set beats both; a ds_config the scenario
+// itself names is overridden by the scenario's keys, as before.
+TEST_F(ScenarioFile, TheUsersDeepSpeedConfigWinsOverTheScenariosKeys) {
+  const std::string ds =
+      write("ds.json",
+            R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3,
+          "overlap_comm": false, "zero_hpz_partition_size": 2}})");
+  const std::string scenario = write("s.toml", with_model(R"([training]
+micro_batch = 4
+[zero]
+overlap_comm = true
+zero_quantized_weights = true
+)"));
+  const Scenario s = load_scenario(scenario, {{"zero.ds_config", ds}});
+  EXPECT_FALSE(s.zero.overlap_comm);
+  EXPECT_EQ(s.training.micro_batch, 2);
+  EXPECT_TRUE(s.zero.zero_quantized_weights);  // the file leaves it: the scenario fills it
+  auto noted = [&](const Scenario& sc, const std::string& part) {
+    return std::any_of(sc.notes.begin(), sc.notes.end(),
+                       [&](const std::string& n) { return n.find(part) != std::string::npos; });
+  };
+  EXPECT_TRUE(noted(s, "zero.overlap_comm = true in " + scenario + " gives way to " + ds));
+  EXPECT_TRUE(noted(s, "training.micro_batch = 4 in " + scenario + " gives way to " + ds));
+  EXPECT_TRUE(noted(s, "zero.zero_quantized_weights = true from " + scenario + ": your ds_config " +
+                           ds + " does not set it"));
+  // --set beats the file.
+  EXPECT_TRUE(load_scenario(scenario, {{"zero.ds_config", ds}, {"zero.overlap_comm", "true"}})
+                  .zero.overlap_comm);
+  // Named by the scenario itself, the file is overridden by the scenario's keys.
+  const std::string own = write("own.toml", with_model("[zero]\nds_config = \"ds.json\"\n"
+                                                       "overlap_comm = true\n"));
+  EXPECT_TRUE(load_scenario(own, {}).zero.overlap_comm);
+}
+
 TEST_F(ScenarioFile, MalformedAndMissingJsonNameTheFile) {
   fs::copy_file(kData / "malformed.json", dir_ / "ds.json");
   const std::string malformed = load_error("[zero]\nds_config = \"ds.json\"\n");
@@ -871,8 +906,9 @@ TEST_F(ScenarioFile, OneCommandFormReadsTheUsersFilesOnTheDefaults) {
              "--nodes: cluster.nodes: must be at least 1");
 }
 
-TEST_F(ScenarioFile, PrecedenceFilesThenScenarioKeysThenSet) {
-  // The flags' files sit under the scenario's own keys (with a note); --set wins over both.
+TEST_F(ScenarioFile, PrecedenceScenarioKeysThenFilesThenSet) {
+  // The flags' files win over the scenario's own keys (with a note; issue 35, until 2026-11-27
+  // the other way round); --set wins over both.
   const std::string ds = write("ds.json", R"({"zero_optimization": {"stage": 3,
       "overlap_comm": false, "zero_hpz_partition_size": 2}})");
   const std::string path = write(
@@ -880,11 +916,11 @@ TEST_F(ScenarioFile, PrecedenceFilesThenScenarioKeysThenSet) {
   const std::vector<FlagSetting> flags = {{"--ds-config", "zero.ds_config", ds},
                                           {"--nodes", "cluster.nodes", "2"}};
   Scenario s = load_scenario(path, {}, flags);
-  EXPECT_TRUE(s.zero.overlap_comm);              // the scenario's key over the user's file
+  EXPECT_FALSE(s.zero.overlap_comm);             // the user's file over the scenario's key
   EXPECT_EQ(s.zero.zero_hpz_partition_size, 2);  // the file's, the scenario is silent
   EXPECT_EQ(s.cluster.nodes, 2);                 // the flag, given on the command line
   EXPECT_TRUE(std::any_of(s.notes.begin(), s.notes.end(), [&](const std::string& n) {
-    return n.find("zero.overlap_comm from " + path + " overrides the value " + ds) !=
+    return n.find("zero.overlap_comm = true in " + path + " gives way to " + ds) !=
            std::string::npos;
   }));
   s = load_scenario(path, {{"zero.overlap_comm", "false"}, {"cluster.nodes", "1"}}, flags);

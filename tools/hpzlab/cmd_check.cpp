@@ -501,6 +501,27 @@ std::vector<check::EpochVerdict> epochs_of_scenario(const std::vector<Checked>& 
   return out;
 }
 
+/** The releases whose schedule the checker found clean, consecutive clean epochs joined into
+ *  one run ("0.13.5-0.14.2"); refused and unclean epochs break a run. */
+std::vector<std::string> clean_runs(const std::vector<check::EpochVerdict>& epochs) {
+  std::vector<std::string> runs;
+  std::string first, last;
+  const auto close = [&] {
+    if (!first.empty()) runs.push_back(first == last ? first : first + "-" + last);
+    first.clear();
+  };
+  for (const check::EpochVerdict& e : epochs) {
+    if (e.result != nullptr && e.result->clean()) {
+      if (first.empty()) first = e.releases.front();
+      last = e.releases.back();
+    } else {
+      close();
+    }
+  }
+  close();
+  return runs;
+}
+
 /** Under a scenario's matrix of more than one epoch: each kind of finding with the releases that
  *  have it, the first that has it and the first that does not any more. */
 std::string history_text(const std::vector<Checked>& checked, const std::string& scenario) {
@@ -519,6 +540,21 @@ std::string history_text(const std::vector<Checked>& checked, const std::string&
     }
     out += fmt::format("    {}: in {}; {}\n", h.signature, spans, fixed);
   }
+  // The remedy at the user's level: the releases this configuration is clean on.
+  const std::vector<std::string> runs = clean_runs(epochs);
+  out += runs.empty()
+             ? "  clean in: none of the checked releases\n"
+             : fmt::format("  clean in: {} (the releases to run this on)\n", fmt::join(runs, ", "));
+  // Where to read each finding explained: its ops, the edge that is missing, the fix.
+  std::vector<std::string> firsts;
+  for (const check::FindingHistory& h : history) {
+    const std::string first = h.spans.front().substr(0, h.spans.front().find('-'));
+    if (std::find(firsts.begin(), firsts.end(), first) == firsts.end()) firsts.push_back(first);
+  }
+  out += fmt::format(
+      "  each finding explained (its ops, the missing edge, what fixes it): check one release "
+      "alone, --deepspeed {}\n",
+      fmt::join(firsts, " or --deepspeed "));
   return out;
 }
 
@@ -545,7 +581,10 @@ nlohmann::json releases_json(const std::vector<Checked>& checked) {
     epochs.push_back(std::move(e));
   }
   nlohmann::json history = nlohmann::json::array();
+  nlohmann::json clean_in = nlohmann::json::array();
   for (const std::string& scenario : scenarios) {
+    clean_in.push_back(
+        {{"scenario", scenario}, {"releases", clean_runs(epochs_of_scenario(checked, scenario))}});
     for (const check::FindingHistory& h :
          check::finding_history(epochs_of_scenario(checked, scenario))) {
       history.push_back(
@@ -559,7 +598,7 @@ nlohmann::json releases_json(const std::vector<Checked>& checked) {
            {"worst_count", h.count}});
     }
   }
-  return {{"epochs", epochs}, {"findings", history}};
+  return {{"epochs", epochs}, {"findings", history}, {"clean_in", clean_in}};
 }
 
 void run_check(const CheckOptions& opts, int& exit_code) {
@@ -667,12 +706,16 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     write_output(opts.sarif, check::SarifReporter(version()).render(results), "--sarif");
   }
   if (text_out) {
+    // More than one release: a line per epoch. One release (--deepspeed X) is explained in full,
+    // as without --deepspeed (issue 35: the explanation was lost there).
+    const bool matrix = !opts.deepspeed.empty() && opts.schedule.empty() &&
+                        is_matrix(expand_deepspeed_versions(opts.deepspeed, "--deepspeed"));
     std::string text;
     for (std::size_t i = 0; i < checked.size(); ++i) {
       const std::string& full = reports[i];
-      if (!opts.deepspeed.empty()) {
+      if (matrix) {
         // The version matrix: each version's verdict line and, when something was found, the
-        // worst group's line (what and where); `hpzlab check` without --deepspeed explains it.
+        // worst group's line (what and where); one release alone explains it (below).
         text += full.substr(0, full.find('\n') + 1);
         if (const auto w = full.find("\nWorst: "); w != std::string::npos) {
           text += "  " + full.substr(w + 1, full.find('\n', w + 1) - w);
@@ -687,7 +730,9 @@ void run_check(const CheckOptions& opts, int& exit_code) {
         continue;
       }
       if (i > 0) text += "\n";
-      text += full + note_line(checked[i]);
+      text += full;
+      if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
+      text += note_line(checked[i]);
     }
     // Which DeepSpeed a verdict of the coarse builder stands for, once: it is not the schedule
     // of the user's version (docs/deepspeed-builder.md).
