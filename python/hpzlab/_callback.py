@@ -43,16 +43,18 @@ def _on_train_begin(self, args, state, control, **kwargs):
     ds_config = _ds_config_of(args)
     if ds_config is None:  # not a DeepSpeed run: nothing for hpzlab to check
         return None
-    world = getattr(args, "world_size", None)
-    self.result = preflight(ds_config=ds_config, model=kwargs.get("model"),
-                            world_size=int(world) if world else None, hf_trainer=True,
-                            all_ranks=True, **self.preflight_kwargs)
+    options = dict(self.preflight_kwargs)
+    world = getattr(args, "world_size", None)  # TrainingArguments.world_size
+    options.setdefault("world_size", int(world) if world else None)
+    options.setdefault("hf_trainer", True)
+    options.setdefault("all_ranks", True)  # the Trainer's state said this is rank 0
+    self.result = preflight(ds_config=ds_config, model=kwargs.get("model"), **options)
     return None
 
 
 def _init(self, *, action: str = "warn", **preflight_kwargs: Any) -> None:
     """action: "warn" or "raise" (preflight's); other keywords go to hpzlab.preflight
-    (gpus_per_node, from_config, versions, timeout)."""
+    (gpus_per_node, world_size over args.world_size, from_config, versions, timeout)."""
     self.preflight_kwargs = dict(preflight_kwargs, action=action)
     self.result = None
 

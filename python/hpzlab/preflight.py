@@ -8,6 +8,7 @@ initialized torch.distributed every process runs it.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import re
@@ -164,13 +165,16 @@ def finding_sentence(finding: Finding) -> str:
 
 
 def _message(result: CheckResult) -> str:
-    seen = set()
-    sentences = []
+    # One sentence per kind of finding (signature): its groups' counts and layers together.
+    merged: Dict[str, Finding] = {}
     for f in result.findings:
-        if f.signature in seen:
+        if f.signature not in merged:
+            merged[f.signature] = dataclasses.replace(f, layers=list(f.layers))
             continue
-        seen.add(f.signature)
-        sentences.append(finding_sentence(f))
+        m = merged[f.signature]
+        m.count += f.count
+        m.layers = sorted(set(m.layers) | set(f.layers))
+    sentences = [finding_sentence(f) for f in merged.values()]
     if not sentences:  # findings the JSON did not list: say what the counts say
         counts = ", ".join(f"{n} {k}" for v in result.verdicts for k, n in v.counts.items())
         sentences.append(f"hpzlab: this config has ordering bugs ({counts})")

@@ -212,6 +212,9 @@ class TestPreflight(unittest.TestCase):
         self.assertIn("hpZ race", message)
         self.assertIn("upgrade DeepSpeed to 0.18.3 or later", message)
         self.assertIn("zero_hpz_partition_size to 1", message)
+        # One sentence for the kind, with all its groups' findings.
+        self.assertEqual(message.count("hpZ race"), 1)
+        self.assertIn(f"({result.verdicts[0].counts['race']} times, layers 0-1)", message)
         # The run's shape and the installed releases reached the program.
         argv = result.argv
         for flag, value in (("--nodes", "2"), ("--gpus-per-node", "8"),
