@@ -56,40 +56,37 @@ const std::vector<ReleaseRule> kRules = {
      .what = "engine.backward logs `loss.mean().item()` only on micro-steps that are not a "
              "gradient-accumulation boundary (ENG:1884 at v0.10.0): no host sync before the "
              "backward of a step's last micro-batch",
-     .apply = [](VersionRules& v) { v.loss_item_off_boundary_only = true; },
-     .until = "0.10.1"},
+     .apply = [](VersionRules& v) { v.loss_item_off_boundary_only = true; }},
     {.id = "loss-item-every-micro-step",
      .pr = "PR 4030",
      .first = "0.10.1",
      .what = "`self.losses += loss.mean().item()` on every micro-step (ENG:1870 at v0.10.1): the "
              "host sync before each backward that the builder starts from",
-     .apply = [](VersionRules& v) { v.loss_item_off_boundary_only = false; }},
+     .ends = "loss-item-off-boundary-only"},
     {.id = "forward-gathers-never-use-secondary",
      .pr = "PR 3784",
      .first = "0.10.0",
      .what = "every forward gather, no_grad ones too (reentrant checkpointing's first forward), "
              "gathers the primary over the world; only backward gathers read the secondary "
              "(PO:494, 516 at v0.10.0). PR 4232 lets no-grad forwards use it in v0.10.2",
-     .apply = [](VersionRules& v) { v.forward_passes_grad_enabled = false; },
-     .until = "0.10.2"},
+     .apply = [](VersionRules& v) { v.forward_passes_grad_enabled = false; }},
     {.id = "no-grad-forward-uses-secondary",
      .pr = "PR 4232",
      .first = "0.10.2",
      .what = "the pre-forward hook passes forward=torch.is_grad_enabled() (PO:505 at v0.10.2): a "
              "forward under no_grad (reentrant checkpointing's first) gathers from the secondary",
-     .apply = [](VersionRules& v) { v.forward_passes_grad_enabled = true; }},
+     .ends = "forward-gathers-never-use-secondary"},
     {.id = "gradient-bucket-strict-bound",
      .pr = "PR 3784",
      .first = "0.10.0",
      .what = "a gradient that exactly fills the bucket is not copied into the contiguous buffer "
              "(`<`, S3:1088 at v0.10.0, S3:1108 at v0.10.3) and is reduced from where it is",
-     .apply = [](VersionRules& v) { v.bucket_strict_bound = true; },
-     .until = "0.11.0"},
+     .apply = [](VersionRules& v) { v.bucket_strict_bound = true; }},
     {.id = "gradient-bucket-inclusive-bound",
      .pr = "PR 4321",
      .first = "0.11.0",
      .what = "`<=`: a gradient that exactly fills the bucket is copied into it (S3:1119)",
-     .apply = [](VersionRules& v) { v.bucket_strict_bound = false; }},
+     .ends = "gradient-bucket-strict-bound"},
     {.id = "blocking-gathers-as-list-all-gather",
      .pr = "PR 3784",
      .first = "0.10.0",
@@ -128,26 +125,24 @@ const std::vector<ReleaseRule> kRules = {
              "`check_overflow` unconditional): the inf/nan tracker on S_rs, the default stream "
              "waits for S_rs, a 1-byte MAX all-reduce and its `.item()`, every step. PR 4512 "
              "restricts it to fp16 in v0.11.2 (S3:1847); fp16 keeps it in every release",
-     .apply = [](VersionRules& v) { v.overflow_check_every_dtype = true; },
-     .until = "0.11.2"},
+     .apply = [](VersionRules& v) { v.overflow_check_every_dtype = true; }},
     {.id = "overflow-check-fp16-only",
      .pr = "PR 4512",
      .first = "0.11.2",
      .what = "`if self.dtype == torch.float16: self.check_overflow()` (S3:1847)",
-     .apply = [](VersionRules& v) { v.overflow_check_every_dtype = false; }},
+     .ends = "overflow-check-every-dtype"},
     {.id = "invalidate-after-step-early",
      .pr = "PR 3784",
      .first = "0.10.0",
      .what = "`invalidate_secondary_tensor()` in `_post_step` (S3:1822 at v0.10.0); PR 4288 "
              "comments it out in v0.10.3 (issue 4851's stale secondaries)",
-     .apply = [](VersionRules& v) { v.invalidate_after_step = true; },
-     .until = "0.10.3"},
+     .apply = [](VersionRules& v) { v.invalidate_after_step = true; }},
     {.id = "no-invalidation-after-step",
      .pr = "PR 4288",
      .first = "0.10.3",
      .what = "the step no longer frees the secondaries (S3:1858 at v0.10.3, commented out): a "
              "gather after the step reads the secondary copied before it, stale (issue 4851)",
-     .apply = [](VersionRules& v) { v.invalidate_after_step = false; }},
+     .ends = "invalidate-after-step-early"},
     {.id = "per-dtype-coalesced-gather",
      .pr = "PR 4647",
      .first = "0.12.3",
@@ -217,14 +212,13 @@ const std::vector<ReleaseRule> kRules = {
              "host sync after the norm's all-reduces; with gradient_clipping, `if clip > 1` on a "
              "device tensor syncs once per sub-group before its update (S3:2114). Reverted by PR "
              "5461 in v0.14.3",
-     .apply = [](VersionRules& v) { v.grad_norm_sync = NormSync::kWhenClipping; },
-     .until = "0.14.3"},
+     .apply = [](VersionRules& v) { v.grad_norm_sync = NormSync::kWhenClipping; }},
     {.id = "grad-norm-host-sync-restored",
      .pr = "PR 5461",
      .first = "0.14.3",
      .what = "`get_global_norm` (runtime/utils.py:305-312) sums the norms and takes `math.sqrt`: "
              "one host sync after the norm's all-reduces again (S3:2030)",
-     .apply = [](VersionRules& v) { v.grad_norm_sync = NormSync::kAfterNorm; }},
+     .ends = "grad-norm-without-host-sync"},
     {.id = "secondary-copy-only-when-updated",
      .pr = "PR 5613",
      .first = "0.14.3",
@@ -289,13 +283,12 @@ const std::vector<ReleaseRule> kRules = {
              "steps): after the first bucket every gradient is reduced alone, one "
              "reduce_scatter_coalesced each without the flat-buffer copy. Fixed by PR 7418 in "
              "v0.17.3",
-     .apply = [](VersionRules& v) { v.bucket_count_never_reset = true; },
-     .until = "0.17.3"},
+     .apply = [](VersionRules& v) { v.bucket_count_never_reset = true; }},
     {.id = "gradient-bucket-reset",
      .pr = "PR 7418",
      .first = "0.17.3",
      .what = "`bucket.elements = 0` after each reduction again (S3:1338)",
-     .apply = [](VersionRules& v) { v.bucket_count_never_reset = false; }},
+     .ends = "gradient-bucket-never-reset"},
     {.id = "trace-check-broadcasts-length",
      .pr = "PR 7525",
      .first = "0.17.6",
@@ -450,10 +443,23 @@ std::string release_list_hint() {
                      kReleases.front().version, kReleases.back().version);
 }
 
-/** Whether `rule` holds in `release` (from its first release to the one before `until`). */
+}  // namespace
+
+std::string until_of(const ReleaseRule& rule) {
+  if (*rule.until != '\0') return rule.until;
+  for (const ReleaseRule& r : kRules) {
+    if (std::string(r.ends) == rule.id) return r.first;
+  }
+  return "";
+}
+
+namespace {
+
+/** Whether `rule` holds in `release` (from its first release to the one before until_of). */
 bool holds_in(const ReleaseRule& rule, const std::string& release) {
+  const std::string until = until_of(rule);
   return compare_versions(rule.first, release) <= 0 &&
-         (*rule.until == '\0' || compare_versions(release, rule.until) < 0);
+         (until.empty() || compare_versions(release, until) < 0);
 }
 
 }  // namespace
@@ -522,8 +528,7 @@ VersionRules version_rules(const std::string& release, const RunTraits& traits,
   }
   VersionRules out;
   for (const ReleaseRule& r : kRules) {
-    if (compare_versions(r.first, v) > 0) continue;
-    if (r.scope == RuleScope::kModelled && r.apply != nullptr) r.apply(out);
+    if (r.scope == RuleScope::kModelled && r.apply != nullptr && holds_in(r, v)) r.apply(out);
   }
   out.name = v;
   return out;
@@ -563,9 +568,9 @@ std::string lacks_rule(const ReleaseRule& rule) {
 }
 
 std::string window_of(const ReleaseRule& rule) {
-  std::string out = *rule.until == '\0'
-                        ? fmt::format("from {}", rule.first)
-                        : fmt::format("{} to the release before {}", rule.first, rule.until);
+  const std::string until = until_of(rule);
+  std::string out = until.empty() ? fmt::format("from {}", rule.first)
+                                  : fmt::format("{} to the release before {}", rule.first, until);
   if (rule.when == RuleWhen::kTorch) out += ", " + condition_of(rule);
   return out;
 }
@@ -593,7 +598,7 @@ std::vector<ReleaseEpoch> deepspeed_epochs(const RunTraits& traits) {
     bool ends = false;
     for (const ReleaseRule& r : kRules) {
       if (r.first == std::string(rel.version)) opening.push_back(&r);
-      ends = ends || r.until == std::string(rel.version);
+      ends = ends || until_of(r) == rel.version;
     }
     const ReleaseRule* missing = missing_rule(rel.version, traits);
     const std::string refused = missing ? lacks_rule(*missing) : "";

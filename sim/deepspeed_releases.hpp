@@ -177,9 +177,14 @@ struct ReleaseRule {
   RuleScope scope = RuleScope::kModelled;
   void (*apply)(VersionRules&) = nullptr;  ///< kModelled: the change to the builder's rules
   const char* where = "";  ///< kElsewhere: the path it changes and why the builder never takes it
-  /// The first release that no longer has it ("" = every release from `first` on); for a
-  /// kUnmodelled rule, the releases from `until` on are not refused for it.
+  /// The first release that no longer has it ("" = every release from `first` on, or until a
+  /// rule that `ends` it); for a kUnmodelled rule, the releases from `until` on are not refused
+  /// for it. A modelled rule's `apply` is folded in only where it holds (until_of).
   const char* until = "";
+  /// The id of an earlier rule this change undoes: that rule holds up to the release before this
+  /// one's `first` (its `until` is then ""); this one changes the schedule back, so has no
+  /// `apply` of its own.
+  const char* ends = "";
   RuleWhen when = RuleWhen::kAlways;  ///< which runs it applies to
   const char* torch_from = "";        ///< RuleWhen::kTorch: the first torch it applies to
 };
@@ -193,6 +198,10 @@ const std::string& latest_deepspeed_release();
 
 /** The rules, in the order of their first release. */
 const std::vector<ReleaseRule>& deepspeed_release_rules();
+
+/** The first release that no longer has `rule`: its `until`, or the first release of the rule
+ *  that `ends` it ("" when neither). */
+std::string until_of(const ReleaseRule& rule);
 
 /** -1, 0 or 1 as version `a` is older than, the same as or newer than `b` ("0.13.4" < "0.13.10").
  */

@@ -1232,41 +1232,42 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
       const auto file = from_files.find(spec.dotted());
       const bool batch_key =
           spec.dotted() == "training.micro_batch" || spec.dotted() == "training.grad_accum";
-      // What the scenario's key would make of the scenario: a note only where it differs.
-      Scenario probe = scenario;
-      spec.apply(probe, *setting, spec.dotted());
-      if (file != from_files.end() && user_files.count(file->second) != 0) {
-        if (!(probe == scenario)) {
-          scenario.notes.push_back(fmt::format(
-              "{} = {} in {} gives way to {} (your file wins over the scenario's keys; --set {}= "
-              "to force it)",
-              spec.dotted(), describe(setting->raw), setting->where, file->second, spec.dotted()));
-        }
-        continue;
-      }
-      if (batch_key && ds_sets_batch) {
-        const std::optional<std::int64_t> given =
-            spec.dotted() == "training.micro_batch" ? batch.micro : batch.accum;
-        const int mine = spec.dotted() == "training.micro_batch" ? probe.training.micro_batch
-                                                                 : probe.training.grad_accum;
-        if (!given || *given != mine) {
-          scenario.notes.push_back(fmt::format(
-              "{} = {} in {} gives way to {}'s batch keys (your file wins over the scenario's "
-              "keys; --set {}= to force it)",
-              spec.dotted(), describe(setting->raw), setting->where, scenario.zero.ds_config,
-              spec.dotted()));
-        }
-        continue;
-      }
       // A ZeRO key the user's ds_config leaves out: the scenario's value fills it, which
       // DeepSpeed running that file would not (its default instead): said once per key.
       const bool zero_key = spec.section == "zero" && spec.dotted() != "zero.ds_config" &&
                             spec.dotted() != "zero.deepspeed_version";
-      if (zero_key && user_files.count(scenario.zero.ds_config) != 0 && !(probe == scenario)) {
-        scenario.notes.push_back(fmt::format(
-            "{} = {} from {}: your ds_config {} does not set it, so the scenario's value fills it "
-            "(DeepSpeed itself would take its default)",
-            spec.dotted(), describe(setting->raw), setting->where, scenario.zero.ds_config));
+      const bool file_wins = file != from_files.end() && user_files.count(file->second) != 0;
+      const bool batch_wins = !file_wins && batch_key && ds_sets_batch;
+      const bool fills =
+          !file_wins && !batch_wins && zero_key && user_files.count(scenario.zero.ds_config) != 0;
+      if (file_wins || batch_wins || fills) {
+        // What the scenario's key would make of the scenario: a note only where it differs.
+        Scenario probe = scenario;
+        spec.apply(probe, *setting, spec.dotted());
+        const auto gives_way = [&](const std::string& winner) {
+          scenario.notes.push_back(fmt::format(
+              "{} = {} in {} gives way to {} (your file wins over the scenario's keys; --set {}= "
+              "to force it)",
+              spec.dotted(), describe(setting->raw), setting->where, winner, spec.dotted()));
+        };
+        if (file_wins) {
+          if (!(probe == scenario)) gives_way(file->second);
+          continue;
+        }
+        if (batch_wins) {
+          const std::optional<std::int64_t> given =
+              spec.dotted() == "training.micro_batch" ? batch.micro : batch.accum;
+          const int mine = spec.dotted() == "training.micro_batch" ? probe.training.micro_batch
+                                                                   : probe.training.grad_accum;
+          if (!given || *given != mine) gives_way(scenario.zero.ds_config + "'s batch keys");
+          continue;
+        }
+        if (!(probe == scenario)) {
+          scenario.notes.push_back(fmt::format(
+              "{} = {} from {}: your ds_config {} does not set it, so the scenario's value fills "
+              "it (DeepSpeed itself would take its default)",
+              spec.dotted(), describe(setting->raw), setting->where, scenario.zero.ds_config));
+        }
       }
     }
     spec.apply(scenario, *setting, spec.dotted());

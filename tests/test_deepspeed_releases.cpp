@@ -198,9 +198,47 @@ TEST(DeepSpeedReleases, TheTableRunsFromZeroPlusPlusToTheNewestOnPyPI) {
     if (*rule.until != '\0') {
       EXPECT_LT(compare_versions(rule.first, rule.until), 0) << rule.id;
     }
-    EXPECT_EQ(rule.scope == RuleScope::kModelled, rule.apply != nullptr) << rule.id;
+    // A modelled rule changes the builder's rules, or ends an earlier one that did.
+    EXPECT_EQ(rule.scope == RuleScope::kModelled, rule.apply != nullptr || *rule.ends != '\0')
+        << rule.id;
+    EXPECT_FALSE(rule.apply != nullptr && *rule.ends != '\0') << rule.id;
     EXPECT_EQ(rule.scope == RuleScope::kElsewhere, *rule.where != '\0') << rule.id;
   }
+}
+
+// A rule that ends another (`ends`) names an earlier modelled rule with no `until` of its own,
+// and only one rule ends each; the ended rule holds up to the release before the ending one's
+// first, and the builder's rules change back there (loss.item() every micro-step from 0.10.1,
+// PR 4030; the fp16-only overflow check from 0.11.2, PR 4512).
+TEST(DeepSpeedReleases, ARuleThatEndsAnotherClosesItsWindow) {
+  const auto& rules = deepspeed_release_rules();
+  int ending = 0;
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    if (*rules[i].ends == '\0') continue;
+    ++ending;
+    int named = 0;
+    for (std::size_t j = 0; j < rules.size(); ++j) {
+      if (rules[j].id != std::string(rules[i].ends)) continue;
+      ++named;
+      EXPECT_LT(j, i) << rules[i].id;
+      EXPECT_TRUE(rules[j].apply != nullptr) << rules[j].id;
+      EXPECT_STREQ(rules[j].until, "") << rules[j].id;
+      EXPECT_EQ(until_of(rules[j]), rules[i].first) << rules[j].id;
+    }
+    EXPECT_EQ(named, 1) << rules[i].id;
+    for (std::size_t k = 0; k < rules.size(); ++k) {
+      if (k != i) {
+        EXPECT_STRNE(rules[k].ends, rules[i].ends) << rules[k].id;
+      }
+    }
+  }
+  EXPECT_EQ(ending, 7);
+  EXPECT_TRUE(version_rules("0.10.0").loss_item_off_boundary_only);
+  EXPECT_FALSE(version_rules("0.10.1").loss_item_off_boundary_only);
+  EXPECT_TRUE(version_rules("0.11.1").overflow_check_every_dtype);
+  EXPECT_FALSE(version_rules("0.11.2").overflow_check_every_dtype);
+  EXPECT_EQ(version_rules("0.14.2").grad_norm_sync, NormSync::kWhenClipping);
+  EXPECT_EQ(version_rules("0.14.3").grad_norm_sync, NormSync::kAfterNorm);
 }
 
 TEST(DeepSpeedReleases, VersionSpecsExpandToReleases) {

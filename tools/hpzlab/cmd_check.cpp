@@ -264,13 +264,13 @@ Checked refused_epoch(const Scenario& sc, const MatrixEpoch& epoch, const std::s
   return c;
 }
 
-std::vector<Checked> check_scenarios(const CheckOptions& opts) {
+std::vector<Checked> check_scenarios(const CheckOptions& opts,
+                                     const std::vector<std::string>& releases) {
   if (opts.scenarios.empty() && !has_user_files(opts.user)) {
     throw InputError("", "scenario",
                      "is required (a scenario file, your own --hf-config FILE --ds-config FILE, "
                      "or --schedule FILE)");
   }
-  const std::vector<std::string> releases = releases_of(opts);
   const bool matrix = is_matrix(releases);
   // Without --deepspeed each scenario once; with it, each scenario under each epoch of releases,
   // built by the DeepSpeed builder as the epoch's first release (the version matrix).
@@ -548,8 +548,9 @@ std::string history_text(const std::vector<Checked>& checked, const std::string&
   // Where to read each finding explained: its ops, the edge that is missing, the fix.
   std::vector<std::string> firsts;
   for (const check::FindingHistory& h : history) {
-    const std::string first = h.spans.front().substr(0, h.spans.front().find('-'));
-    if (std::find(firsts.begin(), firsts.end(), first) == firsts.end()) firsts.push_back(first);
+    if (std::find(firsts.begin(), firsts.end(), h.first) == firsts.end()) {
+      firsts.push_back(h.first);
+    }
   }
   out += fmt::format(
       "  each finding explained (its ops, the missing edge, what fixes it): check one release "
@@ -612,8 +613,13 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   std::vector<std::string> inputs = opts.scenarios;
   inputs.insert(inputs.end(), {opts.schedule, opts.user.ds_config, opts.user.hf_config});
   check_outputs({{opts.json, "--json"}, {opts.junit, "--junit"}, {opts.sarif, "--sarif"}}, inputs);
-  const std::vector<Checked> checked =
-      opts.schedule.empty() ? check_scenarios(opts) : std::vector<Checked>{check_file(opts)};
+  // --deepspeed's releases, read once: they decide the jobs and whether the text is a matrix.
+  const std::vector<std::string> releases =
+      opts.schedule.empty() ? releases_of(opts) : std::vector<std::string>{};
+  const bool matrix = is_matrix(releases);
+  const std::vector<Checked> checked = opts.schedule.empty()
+                                           ? check_scenarios(opts, releases)
+                                           : std::vector<Checked>{check_file(opts)};
   std::vector<check::CheckResult> results;
   for (const Checked& c : checked) {
     if (c.refused.empty()) results.push_back(c.result);
@@ -708,8 +714,6 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   if (text_out) {
     // More than one release: a line per epoch. One release (--deepspeed X) is explained in full,
     // as without --deepspeed (issue 35: the explanation was lost there).
-    const bool matrix = !opts.deepspeed.empty() && opts.schedule.empty() &&
-                        is_matrix(expand_deepspeed_versions(opts.deepspeed, "--deepspeed"));
     std::string text;
     for (std::size_t i = 0; i < checked.size(); ++i) {
       const std::string& full = reports[i];

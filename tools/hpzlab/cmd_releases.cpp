@@ -78,6 +78,7 @@ std::string markdown_table() {
   for (const ReleaseRule& r : deepspeed_release_rules()) {
     std::string what = r.what;
     if (r.scope == RuleScope::kElsewhere) what += fmt::format(" (only for {})", r.where);
+    if (*r.ends != '\0') what += fmt::format(" (ends `{}`)", r.ends);
     out += fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", r.id, r.pr, window_of(r),
                        condition_of(r).empty() ? "always" : condition_of(r), scope_name(r.scope),
                        what);
@@ -96,14 +97,16 @@ nlohmann::json json_table() {
   }
   nlohmann::json rules = nlohmann::json::array();
   for (const ReleaseRule& r : deepspeed_release_rules()) {
-    rules.push_back({{"id", r.id},
-                     {"pr", r.pr},
-                     {"first", r.first},
-                     {"until", *r.until ? nlohmann::json(r.until) : nlohmann::json(nullptr)},
-                     {"applies", condition_of(r).empty() ? "always" : condition_of(r)},
-                     {"scope", scope_name(r.scope)},
-                     {"what", r.what},
-                     {"where", r.where}});
+    rules.push_back(
+        {{"id", r.id},
+         {"pr", r.pr},
+         {"first", r.first},
+         {"until", until_of(r).empty() ? nlohmann::json(nullptr) : nlohmann::json(until_of(r))},
+         {"ends", *r.ends ? nlohmann::json(r.ends) : nlohmann::json(nullptr)},
+         {"applies", condition_of(r).empty() ? "always" : condition_of(r)},
+         {"scope", scope_name(r.scope)},
+         {"what", r.what},
+         {"where", r.where}});
   }
   nlohmann::json epochs = nlohmann::json::array();
   for (const ReleaseEpoch& e : deepspeed_epochs()) {
