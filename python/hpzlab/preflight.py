@@ -129,7 +129,7 @@ def _rank() -> int:
     return int(dist.get_rank()) if dist is not None else 0
 
 
-# --- one sentence per finding ----------------------------------------------------------------------
+# --- one sentence per finding ------------------------------------------------------------------
 
 # The README's "You got a finding: what now" table, by the finding's two purposes.
 _REMEDIES = {
@@ -200,7 +200,8 @@ def preflight(engine: Any = None, *, ds_config: Any = None, model: Any = None,
     else $WORLD_SIZE. gpus_per_node: default $LOCAL_WORLD_SIZE, else torch.cuda.device_count().
     action: "warn" (warnings.warn an HpzlabWarning, one sentence per kind of finding: its cause
     and remedy; a run hpzlab cannot check is a warning too, and None is returned) or "raise"
-    (HpzlabPreflightError on a finding, HpzlabError when hpzlab cannot check the run). hf_trainer / from_config: as for check.
+    (HpzlabPreflightError on a finding, HpzlabError when hpzlab cannot check the run).
+    hf_trainer / from_config: as for check.
     versions / version_lookup: the installed {"deepspeed", "torch", "transformers"} versions
     (default: importlib.metadata), given for tests or another environment. Runs on rank 0 only
     when torch.distributed is initialized (others return None at once) unless all_ranks.

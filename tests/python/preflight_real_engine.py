@@ -50,7 +50,8 @@ def trainer() -> None:
                                                TrainerState)
 
     import hpzlab  # noqa: PLC0415
-    config = transformers.LlamaConfig(**json.loads((REPO / "tests/data/ci/config.json").read_text()))
+    tiny = json.loads((REPO / "tests/data/ci/config.json").read_text())
+    config = transformers.LlamaConfig(**tiny)
     model = transformers.LlamaForCausalLM(config)
     ds = json.loads((REPO / "tests/data/ci/ds_config-racy.json").read_text())
     args = types.SimpleNamespace(hf_deepspeed_config=types.SimpleNamespace(config=ds),
