@@ -92,7 +92,7 @@ class ReleaseVerdict:
     schedule), whether it was checked (False: the builder refused it, `refused` says why),
     whether it is clean, the counts per finding kind and its findings."""
 
-    release: str
+    release: Optional[str]  # None: a scenario checked without a release (the coarse builder)
     scenario: str
     epoch: List[str]
     checked: bool
@@ -134,7 +134,7 @@ class CheckResult:
             return {v.release: v for v in self.verdicts}
         return {(v.scenario, v.release): v for v in self.verdicts}
 
-    def verdict(self, release: str, scenario: Optional[str] = None) -> ReleaseVerdict:
+    def verdict(self, release: Optional[str], scenario: Optional[str] = None) -> ReleaseVerdict:
         """The verdict on `release` (of `scenario`, or the first scenario that has it)."""
         for v in self.verdicts:
             if v.release == release and (scenario is None or v.scenario == scenario):
@@ -233,7 +233,7 @@ def _check_result(doc: Dict[str, Any], text: str, returncode: int,
             findings.extend(mine)
             counts = {kind: n for kind, n in s.get("counts", {}).items() if n}
             verdicts.append(ReleaseVerdict(
-                release=release or "", scenario=s.get("scenario", ""),
+                release=release, scenario=s.get("scenario", ""),
                 epoch=[release] if release else [], checked=True, clean=bool(s.get("clean")),
                 counts=counts, findings=mine))
     clean_in = {c.get("scenario", ""): list(c.get("releases", []))
