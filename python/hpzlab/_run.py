@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import tempfile
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -340,13 +341,19 @@ def _one_command_args(tmp: pathlib.Path, *, ds_config, hf_config, nodes, gpus_pe
 
 
 def _error_line(stderr: str, returncode: int) -> str:
+    """The program's one line (`hpzlab: error: ...`, exit 2); for a crash, what killed it."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for line in reversed(lines):
         if line.startswith("hpzlab: error:") or line.startswith("hpzlab: internal error"):
             return line
-    if lines:
-        return lines[-1]
-    return f"hpzlab exited with status {returncode} and said nothing"
+    if returncode < 0:
+        try:
+            how = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-returncode}"
+    else:
+        how = f"exited with status {returncode}"
+    return f"hpzlab {how}" + (f": {lines[-1]}" if lines else " and said nothing")
 
 
 def _run(subcommand: str, args: List[str], json_path: pathlib.Path,

@@ -145,6 +145,23 @@ class TestCheck(unittest.TestCase):
             hpzlab.check(ds_config="nope.json", hf_config=TINY)
 
 
+    def test_a_crash_or_an_internal_error_raises(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for body, expected, rc in (
+                    ('echo "hpzlab: internal error (please report): x" >&2; exit 70',
+                     "hpzlab: internal error (please report): x", 70),
+                    ('echo "double free" >&2; kill -ABRT $$',
+                     "hpzlab killed by SIGABRT: double free", -6)):
+                fake = pathlib.Path(tmp) / "hpzlab"
+                fake.write_text(f"#!/bin/sh\n{body}\n")
+                fake.chmod(0o755)
+                with mock.patch.dict(os.environ, {"HPZLAB_BINARY": str(fake)}):
+                    with self.assertRaises(hpzlab.HpzlabError) as caught:
+                        hpzlab.check(ds_config=RACY, hf_config=TINY)
+                self.assertEqual((str(caught.exception), caught.exception.returncode),
+                                 (expected, rc))
+
+
 class TestSim(unittest.TestCase):
     def test_sim_of_the_racy_config(self):
         s = hpzlab.sim(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
