@@ -1148,7 +1148,7 @@ void RankBuilder::init() {
     // in optimizer_step().
     for (std::uint64_t g = 0; g < sub_groups(); ++g) {
       push(OpKind::kKernel, s0_, Purpose::kParamInit);
-      push(OpKind::kHostStreamSync, s0_, Purpose::kParamInit);
+      if (sc_.run.as_recorded) push(OpKind::kHostStreamSync, s0_, Purpose::kParamInit);
     }
   }
   barrier();
@@ -2060,11 +2060,12 @@ void RankBuilder::optimizer_step() {
   }
   // 0.19.8: is_invalid_grad_norm's bool() of the combined norm (S3:2878-2893).
   if (v_.norm_validity_sync) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
-  // The recorder runs torch's AdamW in place of FusedAdam (a CUDA kernel); its step logs one
-  // more host sync of S0, which the builder issues too so that both stay comparable
-  // (docs/record.md: every .item() is logged as a sync on the CPU).
+  // The recorder runs torch's AdamW in place of FusedAdam (a CUDA kernel that reads nothing
+  // back); its step logs one more host sync of S0 (docs/record.md: every .item() is logged as a
+  // sync on the CPU), issued only to compare with a recording (RunConfig::as_recorded): a GPU
+  // run has no such sync, and it would order what the optimizer's step leaves unordered.
   push(OpKind::kKernel, s0_, Purpose::kOptimizerStep, {{grad_shard_, AccessMode::kRead, 0, 0}});
-  push(OpKind::kHostStreamSync, s0_, Purpose::kOptimizerStep);
+  if (sc_.run.as_recorded) push(OpKind::kHostStreamSync, s0_, Purpose::kOptimizerStep);
   for (const int p : optimized_) {
     unit_ = static_cast<UnitId>(p);
     const ElemRange pri = layouts_[p].primary_slice(rank_);

@@ -164,6 +164,12 @@ struct RunConfig {
   /// deepspeed.initialize) or "checkpoint" (engine.load_checkpoint of a ZeRO checkpoint after
   /// it: the primary shards written). Issue 7606.
   std::string load = "none";
+  /// Not a scenario key: set by code that compares the DeepSpeed builder with a recording. The
+  /// recorder runs on a CPU, where DeepSpeed steps torch's AdamW instead of FusedAdam (a CUDA
+  /// kernel that reads nothing back), and logs each `.item()` of AdamW's step as a host sync
+  /// (docs/record.md). On a GPU there is no such sync; with this set the builder issues it, as
+  /// the recording has it.
+  bool as_recorded = false;
   bool operator==(const RunConfig&) const = default;
 };
 

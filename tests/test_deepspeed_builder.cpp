@@ -93,6 +93,7 @@ Scenario scenario_of(const Schedule& rec) {
   if (const auto load = rec.source.find("load"); load != rec.source.end()) {
     sc.run.load = load->second;  // recorded with --load (issue 7606)
   }
+  sc.run.as_recorded = true;  // the recorder's AdamW logs a host sync per step
   return sc;
 }
 

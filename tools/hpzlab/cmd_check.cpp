@@ -125,7 +125,9 @@ RunTraits traits_of(const std::string& path, const CheckOptions& opts,
 RecordingComparison compare_with_builder(const Scenario& sc, const Schedule& rec) {
   Schedule built;
   try {
-    built = build_schedule(sc);
+    Scenario as_recorded = sc;
+    as_recorded.run.as_recorded = true;  // the recorder's AdamW and its logged .item()
+    built = build_schedule(as_recorded);
   } catch (const InputError& e) {
     RecordingComparison out;
     out.ranks = recorded_ranks(rec);
