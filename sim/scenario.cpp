@@ -542,6 +542,29 @@ ModelConfig read_hf_config(const Setting& s) {
                      fmt::format("'{}' is an architecture hpzlab does not model (allowed: {})",
                                  shown(type), joined(types)));
   }
+  // The head: hpzlab builds the causal-LM model (an lm_head of vocab_size x hidden_size). A
+  // config saved from another head (GPT2ForSequenceClassification's `score`, a bare LlamaModel)
+  // has other parameters, and is refused by name rather than counted as the LM.
+  if (const auto arch = config.find("architectures"); arch != config.end() && !arch->is_null()) {
+    if (!arch->is_array() || arch->empty() || !(*arch)[0].is_string()) {
+      throw InputError(
+          file, "architectures",
+          "expected a list of class names, e.g. [\"LlamaForCausalLM\"], got " + shown_json(*arch));
+    }
+    const std::string head = (*arch)[0].get<std::string>();
+    const auto ends_with = [&](const std::string& tail) {
+      return head.size() >= tail.size() &&
+             head.compare(head.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (!ends_with("ForCausalLM") && head != "GPT2LMHeadModel") {
+      throw InputError(
+          file, "architectures",
+          fmt::format("'{}' is a head hpzlab does not model (allowed: a causal-LM head, "
+                      "...ForCausalLM or GPT2LMHeadModel, which has lm_head); remove the key if "
+                      "your training script loads the model with AutoModelForCausalLM",
+                      shown(head)));
+    }
+  }
   const bool falcon = type == "falcon" || type == "RefinedWeb" || type == "RefinedWebModel";
   ModelConfig model;
   model.name = file;
@@ -573,7 +596,15 @@ ModelConfig read_hf_config(const Setting& s) {
   model.ffn = *ffn;
   std::optional<int> kv =
       hf_int(config, file, {"num_key_value_heads", "num_kv_heads", "n_head_kv"});
-  const bool new_arch = falcon && hf_bool(config, file, "new_decoder_architecture", false);
+  // A RefinedWeb / RefinedWebModel config (tiiuae's custom code, before Falcon was in
+  // transformers) has no new_decoder_architecture: transformers' conversion of such a checkpoint
+  // sets it exactly when n_head_kv is given (models/falcon/convert_custom_code_checkpoint.py,
+  // transformers 4.33 on), as Falcon-40B's (RefinedWeb, ln_attn and ln_mlp) against
+  // Falcon-7B's (RefinedWebModel, one input_layernorm).
+  const bool legacy_falcon = type == "RefinedWeb" || type == "RefinedWebModel";
+  const bool new_arch = falcon && hf_bool(config, file, "new_decoder_architecture",
+                                          legacy_falcon && config.contains("n_head_kv") &&
+                                              !config.at("n_head_kv").is_null());
   if (!kv && falcon && !new_arch && hf_bool(config, file, "multi_query", true)) {
     kv = 1;  // Falcon-7B: multi-query attention, one key/value head (FalconConfig's default)
   }

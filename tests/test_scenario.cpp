@@ -1009,6 +1009,38 @@ TEST(HuggingFaceFamilies, ParameterCountsAreTransformers) {
   EXPECT_EQ(n, 20);
 }
 
+// Falcon's first configs (RefinedWeb, RefinedWebModel) count as transformers' conversion of them
+// does: Falcon-40B's n_head_kv means the new decoder layout (ln_attn and ln_mlp in every layer,
+// 983,040 parameters that were missing), Falcon-7B's multi-query layout stays one layernorm.
+TEST(HuggingFaceFamilies, RefinedWebConfigsCountAsTheirConversion) {
+  const auto count = [](const fs::path& config) {
+    return parameter_count(
+        load_scenario("", {},
+                      {{"--hf-config", "model.hf_config", config.string()},
+                       {"--ds-config", "zero.ds_config", (kData / "ds_config.json").string()}})
+            .model);
+  };
+  EXPECT_EQ(count(kData / "hf" / "legacy" / "falcon-40b-refinedweb.json"),
+            count(kData / "hf" / "falcon-40b.json"));
+  EXPECT_EQ(count(kData / "hf" / "falcon-40b.json"), 41303293952.0);  // counts.txt
+  EXPECT_EQ(count(kData / "hf" / "legacy" / "falcon-7b-refinedwebmodel.json"),
+            count(kData / "hf" / "falcon-7b.json"));
+}
+
+// A config saved from a head other than the causal LM is refused by name, not counted as one.
+TEST(HuggingFaceFamilies, AHeadOtherThanTheCausalLMIsRefusedByName) {
+  const std::string file = (kData / "hf" / "legacy" / "gpt2-sequence-classification.json").string();
+  const std::string message = error_of([&] {
+    load_scenario("", {},
+                  {{"--hf-config", "model.hf_config", file},
+                   {"--ds-config", "zero.ds_config", (kData / "ds_config.json").string()}});
+  });
+  EXPECT_NE(message.find(file + ": architectures: 'GPT2ForSequenceClassification' is a head"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("allowed: a causal-LM head"), std::string::npos) << message;
+}
+
 TEST(HuggingFaceFamilies, ExpertsAreUnitsOfTheirOwn) {
   const auto hf = [](const std::string& name) {
     return load_scenario(

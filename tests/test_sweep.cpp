@@ -220,6 +220,35 @@ TEST(SweepPlan, ReproRunsOncePerPointAndIsPartOfThePlan) {
   EXPECT_EQ(plan_from_json(plan.to_json()).repro, false);
 }
 
+// The one-command form (issue 35): no scenario file, the user's files and cluster flags; every
+// child gets the flags, the plan keeps them for --resume, and validation loads them.
+TEST(SweepPlan, OneCommandFlagsReachEveryChildAndThePlan) {
+  Plan plan;
+  plan.flags = {{"--hf-config", "model.hf_config", "tools/recorder/tests/data/llama-tiny.json"},
+                {"--ds-config", "zero.ds_config", "tools/recorder/tests/data/ds-hpz8.json"},
+                {"--nic-gbps", "cluster.nic_gbps", "25"}};
+  plan.flag_args = {"--hf-config", "tools/recorder/tests/data/llama-tiny.json",
+                    "--ds-config", "tools/recorder/tests/data/ds-hpz8.json",
+                    "--nic-gbps",  "25"};
+  plan.axes = {parse_axis("cluster.nodes=1,2")};
+  plan.variants = {variant_spec("stock")};
+  EXPECT_EQ(
+      plan.sim_args(1, 0, "f.json"),
+      (Values{"sim", "--hf-config", "tools/recorder/tests/data/llama-tiny.json", "--ds-config",
+              "tools/recorder/tests/data/ds-hpz8.json", "--nic-gbps", "25", "--set",
+              "cluster.nodes=2", "--set", "run.variant=stock", "--runs", "1", "--json", "f.json"}));
+  EXPECT_EQ(plan.repro_args(0, "o.json").at(1), "--hf-config");
+  const Plan back = plan_from_json(plan.to_json());
+  EXPECT_EQ(back.flag_args, plan.flag_args);
+  ASSERT_EQ(back.flags.size(), 3u);
+  EXPECT_EQ(back.flags[2].key, "cluster.nic_gbps");
+  EXPECT_NO_THROW(validate(plan));
+  plan.flags[2].value = "fast";  // a bad flag value is reported before anything runs
+  EXPECT_THROW(validate(plan), InputError);
+  plan.flags.clear();
+  EXPECT_FALSE(plan.to_json().contains("flags"));  // sweep.json as before the flags existed
+}
+
 TEST(SweepTable, AppendResumeAndSortedFinish) {
   const Plan plan = two_by_three();
   const std::string dir = temp_dir("table");

@@ -53,7 +53,23 @@ replay::Mode replay_mode(const std::string& mode, const Scenario& sc, const std:
 namespace {
 
 /** The four variants of the scenario; exit 0 when both fixes match no-hpz. */
-replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay::ReproOptions ro,
+/** Whether a stock run went bad first in its last step with that step's loss still good: the
+ *  bite reached the weights through the step's update, and only the next step's loss shows it. */
+bool bite_unseen_in_the_loss(const replay::ReproResult& r) {
+  for (const replay::VariantRepro& v : r.variants) {
+    if (v.name != "stock") continue;
+    for (std::size_t i = 0; i < v.runs.size() && i < v.first_bad.size(); ++i) {
+      const std::vector<replay::StepRecord>& steps = v.runs[i].steps;
+      if (!steps.empty() && v.first_bad[i] == static_cast<int>(steps.size()) - 1 &&
+          steps.back().loss_health == replay::Health::kGood) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario& sc, replay::ReproOptions ro,
                                    int& exit_code) {
   if (o.steps) sc.run.steps = *o.steps;
   ro.mode = replay_mode(o.mode, sc, sc.path);
@@ -61,6 +77,18 @@ replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario sc, replay
     progress_bar(done, total, fmt::format("{}/{} replays (4 variants x --runs)", done, total));
   };
   replay::ReproResult r = replay::run_repro(sc, ro);
+  // A bite in the last step shows in the weights only (its loss was computed before it): without
+  // --steps, one more step is replayed so that the default shows what the bite does to the loss
+  // (issue 35: `repro scenarios/llama2-7b.toml` read "final loss good" for its 2 steps).
+  if (!o.steps && bite_unseen_in_the_loss(r)) {
+    const int asked = sc.run.steps;
+    sc.run.steps = asked + 1;
+    sc.notes.push_back(fmt::format(
+        "run.steps = {} (the scenario's {} and one more): the weights went bad in step {}, the "
+        "last, and only the next step's loss shows what they do (--steps {} keeps the scenario's)",
+        asked + 1, asked, asked - 1, asked));
+    r = replay::run_repro(sc, ro);
+  }
   bool fixes_ok = true;
   bool hangs = false;
   for (const auto& v : r.variants) {
@@ -154,7 +182,7 @@ void run_repro_cmd(const ReproCliOptions& o, int& exit_code) {
                 inputs_of(o.common));
   replay::ReproOptions ro;
   ro.runs = o.runs;
-  const Scenario sc = load(o.common);
+  Scenario sc = load(o.common);
   const replay::ReproResult r = o.common.schedule.empty() ? repro_variants(o, sc, ro, exit_code)
                                                           : repro_file(o, sc, ro, exit_code);
   if (!o.common.json.empty())

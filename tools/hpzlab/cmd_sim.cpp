@@ -50,7 +50,14 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   if (!opts.trace.empty())
     write_output(opts.trace, time::TraceReporter().render(schedule, result), "--trace");
   if (opts.scenario.json != "-") {
-    const std::string text = time::ConsoleReporter().render(schedule, result) + notes_text(sc);
+    // The hardware every number above assumed (issue 35: sim never said).
+    const ClusterConfig& c = sc.cluster;
+    const std::string cluster = fmt::format(
+        "  cluster            {} nodes x {} GPUs ({}), {} x {:g} Gbit/s NIC per node, NVLink {:g} "
+        "GB/s per GPU (--gpu, --nic-gbps, --nics-per-node, --nvlink-gbytes-per-s)\n",
+        c.nodes, c.gpus_per_node, c.gpu.name, c.nics_per_node, c.nic_gbps, c.nvlink_gbytes_per_s);
+    const std::string text =
+        time::ConsoleReporter().render(schedule, result) + cluster + notes_text(sc);
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
   exit_code = result.mean.hung ? kExitFindings : kExitOk;

@@ -37,13 +37,15 @@ struct SweepCliOptions {
   bool repro = false;   ///< --repro: `hpzlab repro` once per point, its columns in each row
   std::string emit;     ///< --emit DIR: write the commands instead of running them
   std::string collect;  ///< --collect DIR: the table from what emitted commands wrote
+  UserFlags user;       ///< --ds-config, --hf-config, --nodes, ... (the one-command form)
 };
 
 std::vector<sweep::VariantSpec> variants_of(const SweepCliOptions& opts) {
   if (opts.variants.empty()) {
     std::vector<Override> overrides;
     for (const std::string& s : opts.sets) overrides.push_back(parse_override(s));
-    return {sweep::variant_spec(to_string(load_scenario(opts.scenario, overrides).run.variant))};
+    return {sweep::variant_spec(
+        to_string(load_scenario(opts.scenario, overrides, flag_settings(opts.user)).run.variant))};
   }
   std::vector<sweep::VariantSpec> specs;
   std::string rest = opts.variants + ",";
@@ -61,6 +63,8 @@ std::vector<sweep::VariantSpec> variants_of(const SweepCliOptions& opts) {
 sweep::Plan plan_of(const SweepCliOptions& opts) {
   sweep::Plan plan;
   plan.scenario = opts.scenario;
+  plan.flags = flag_settings(opts.user);
+  plan.flag_args = flag_args(opts.user);
   plan.sets = opts.sets;
   for (const std::string& v : opts.vary) plan.axes.push_back(sweep::parse_axis(v));
   plan.variants = variants_of(opts);
@@ -133,8 +137,10 @@ void run_sweep(const SweepCliOptions& opts, int& exit_code) {
     collect_sweep(opts, exit_code);
     return;
   }
-  if (opts.scenario.empty()) {
-    throw InputError("", "scenario", "missing (allowed: a scenario file, or --collect DIR)");
+  if (opts.scenario.empty() && !has_user_files(opts.user)) {
+    throw InputError("", "scenario",
+                     "missing (allowed: a scenario file, your own --hf-config FILE --ds-config "
+                     "FILE, or --collect DIR)");
   }
   require_at_least("--runs", opts.runs, 1);
   require_at_least("--jobs", opts.jobs, 0);
@@ -181,8 +187,11 @@ void setup_sweep(CLI::App& app, int& exit_code) {
       "sweep",
       "What-if study: `hpzlab sim` at every point of the cross product of --vary values, once "
       "per variant, in child processes; one table of results in DIR (docs/sweep.md)");
-  CLI::Option* scenario = sub->add_option("scenario", opts->scenario,
-                                          "Scenario file (TOML), e.g. scenarios/llama2-7b.toml");
+  CLI::Option* scenario = sub->add_option(
+      "scenario", opts->scenario,
+      "Scenario file (TOML), e.g. scenarios/llama2-7b.toml; optional with --hf-config FILE "
+      "--ds-config FILE");
+  add_user_flags(*sub, opts->user, true);
   CLI::Option* set =
       sub->add_option("--set", opts->sets,
                       "Override a scenario key at every point, e.g. --set run.steps=2 (repeatable)")

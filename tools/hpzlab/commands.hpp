@@ -24,6 +24,10 @@ struct UserFlags {
   std::string hf_config;      ///< --hf-config FILE: model.hf_config
   std::string nodes;          ///< --nodes N: cluster.nodes
   std::string gpus_per_node;  ///< --gpus-per-node G: cluster.gpus_per_node
+  std::string gpu;            ///< --gpu PRESET: cluster.gpu
+  std::string nic_gbps;       ///< --nic-gbps X: cluster.nic_gbps
+  std::string nics_per_node;  ///< --nics-per-node N: cluster.nics_per_node
+  std::string nvlink;         ///< --nvlink-gbytes-per-s X: cluster.nvlink_gbytes_per_s
   std::string deepspeed;      ///< --deepspeed VERSION: the DeepSpeed builder at that version
   std::string torch;          ///< --torch VERSION: run.torch_version
   bool hf_trainer = false;    ///< --hf-trainer: training.hf_trainer ("auto" as the Trainer fills)
@@ -36,6 +40,10 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version);
 
 /** The keys the flags set, in the order load_scenario applies them. */
 std::vector<FlagSetting> flag_settings(const UserFlags& flags);
+
+/** The flags as a child process is given them, e.g. {"--ds-config", "ds.json", "--hf-trainer"}
+ *  (`sweep` runs `hpzlab sim` with them). */
+std::vector<std::string> flag_args(const UserFlags& flags);
 
 /** Whether any of the user's files was given (the scenario file is then optional). */
 bool has_user_files(const UserFlags& flags);

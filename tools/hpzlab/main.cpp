@@ -2,12 +2,14 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/scenario.hpp"
 #include "sim/schedule_json.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -22,6 +24,15 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
   sub.add_option("--nodes", flags.nodes, "Nodes of the cluster: cluster.nodes (default 2)");
   sub.add_option("--gpus-per-node", flags.gpus_per_node,
                  "GPUs (ranks) per node: cluster.gpus_per_node (default 8)");
+  // The cluster's hardware (issue 35: "what if our network were 100 Gbit/s" in one flag).
+  sub.add_option("--gpu", flags.gpu,
+                 "The GPU: cluster.gpu, a preset (a100-80g, the default; h100-sxm; h200)");
+  sub.add_option("--nic-gbps", flags.nic_gbps,
+                 "Bandwidth of one inter-node NIC in Gbit/s: cluster.nic_gbps (default 12.5)");
+  sub.add_option("--nics-per-node", flags.nics_per_node,
+                 "NICs per node: cluster.nics_per_node (default 1)");
+  sub.add_option("--nvlink-gbytes-per-s", flags.nvlink,
+                 "NVLink bandwidth of one GPU in GB/s: cluster.nvlink_gbytes_per_s (default 600)");
   sub.add_flag("--hf-trainer", flags.hf_trainer,
                "The run uses the Hugging Face Trainer (or accelerate, axolotl, LLaMA-Factory): "
                "fill the ds_config's \"auto\" values as it does (training.hf_trainer)");
@@ -49,12 +60,40 @@ std::vector<FlagSetting> flag_settings(const UserFlags& flags) {
   if (!flags.gpus_per_node.empty()) {
     out.push_back({"--gpus-per-node", "cluster.gpus_per_node", flags.gpus_per_node});
   }
+  if (!flags.gpu.empty()) out.push_back({"--gpu", "cluster.gpu", flags.gpu});
+  if (!flags.nic_gbps.empty()) out.push_back({"--nic-gbps", "cluster.nic_gbps", flags.nic_gbps});
+  if (!flags.nics_per_node.empty()) {
+    out.push_back({"--nics-per-node", "cluster.nics_per_node", flags.nics_per_node});
+  }
+  if (!flags.nvlink.empty()) {
+    out.push_back({"--nvlink-gbytes-per-s", "cluster.nvlink_gbytes_per_s", flags.nvlink});
+  }
   if (flags.hf_trainer) out.push_back({"--hf-trainer", "training.hf_trainer", "true"});
   if (!flags.torch.empty()) out.push_back({"--torch", "run.torch_version", flags.torch});
   if (!flags.deepspeed.empty()) {
     out.push_back({"--deepspeed", "run.builder", "deepspeed"});
     out.push_back({"--deepspeed", "zero.deepspeed_version", flags.deepspeed});
   }
+  return out;
+}
+
+std::vector<std::string> flag_args(const UserFlags& flags) {
+  std::vector<std::string> out;
+  const auto valued = [&](const char* flag, const std::string& value) {
+    if (!value.empty()) out.insert(out.end(), {flag, value});
+  };
+  valued("--hf-config", flags.hf_config);
+  if (flags.from_config) out.emplace_back("--from-config");
+  valued("--ds-config", flags.ds_config);
+  valued("--nodes", flags.nodes);
+  valued("--gpus-per-node", flags.gpus_per_node);
+  valued("--gpu", flags.gpu);
+  valued("--nic-gbps", flags.nic_gbps);
+  valued("--nics-per-node", flags.nics_per_node);
+  valued("--nvlink-gbytes-per-s", flags.nvlink);
+  if (flags.hf_trainer) out.emplace_back("--hf-trainer");
+  valued("--torch", flags.torch);
+  valued("--deepspeed", flags.deepspeed);
   return out;
 }
 
@@ -195,14 +234,47 @@ void check_subcommand_name(const CLI::App& app, int argc, char** argv) {
                   suggestion ? fmt::format("; did you mean '{}'?", *suggestion) : "", allowed));
 }
 
+/** CLI11's parse error in the program's one-line form: the subcommand, what is wrong and, for an
+ *  option no subcommand option is named, the closest one (CLI11's own message is two lines
+ *  without `hpzlab: error:`; issue 35). */
+std::string parse_error_line(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
+  const CLI::App* sub = nullptr;
+  for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (argc > 1 && s->get_name() == argv[1]) sub = s;
+  }
+  std::string what = e.what();
+  for (char& c : what) {
+    if (c == '\n') c = ' ';
+  }
+  if (sub == nullptr) return what;
+  std::vector<std::string> names;
+  for (const CLI::Option* o : sub->get_options()) {
+    for (const std::string& n : o->get_lnames()) names.push_back(n);
+  }
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) continue;
+    const std::string name = arg.substr(2, arg.find('=') - 2);
+    if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+    const std::optional<std::string> near = closest_name(name, names);
+    return fmt::format("{}: unknown option '--{}'{} (`hpzlab {} --help` lists its options)",
+                       sub->get_name(), name,
+                       near ? fmt::format("; did you mean '--{}'?", *near) : "", sub->get_name());
+  }
+  return fmt::format("{}: {} (`hpzlab {} --help` lists its options)", sub->get_name(), what,
+                     sub->get_name());
+}
+
 }  // namespace hpz::cli
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "hpzlab: simulator and race-reproduction harness for ZeRO++ hierarchical partitioning "
-      "(hpZ).\nEvery subcommand but `compare` (which takes two JSON files), `record` (which "
-      "takes the recorder's own options) and `order --check/--update` (which take golden files) "
-      "takes a scenario file first; see scenarios/README.md."};
+      "hpzlab: finds the ordering bugs of DeepSpeed ZeRO-3 with ZeRO++ hierarchical "
+      "partitioning (hpZ), times them and replays what they do.\nTwo forms: your own files, "
+      "`hpzlab check --ds-config ds_config.json --hf-config config.json --nodes 2 "
+      "--gpus-per-node 8 --deepspeed 0.13.4` (every flag: `hpzlab check --help`), or a scenario "
+      "file first, `hpzlab sim scenarios/llama2-7b.toml` (scenarios/README.md); `compare` takes "
+      "two JSON files, `record` the recorder's options, `order --check/--update` golden files."};
   app.require_subcommand(1);
   app.set_version_flag("--version", hpz::cli::version_line(),
                        "Print the program name and version, and exit");
@@ -229,7 +301,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    std::fprintf(stderr, "hpzlab: error: %s\n",
+                 hpz::cli::parse_error_line(app, e, argc, argv).c_str());
     return hpz::kExitBadInput;
   } catch (const hpz::InputError& e) {
     hpz::cli::end_progress_line();

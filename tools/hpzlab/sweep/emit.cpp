@@ -51,6 +51,7 @@ std::pair<nlohmann::json, std::string> collected_repro(const std::string& dir, s
 
 /** DIR/scenario.toml when the scenario loads from there, else the original's absolute path. */
 std::string scenario_for_commands(const Plan& plan, const fs::path& dir) {
+  if (plan.scenario.empty()) return "";  // the one-command form: the flags name the files
   const fs::path copy = dir / "scenario.toml";
   std::error_code ec;
   fs::copy_file(plan.scenario, copy, fs::copy_options::overwrite_existing, ec);
@@ -58,7 +59,7 @@ std::string scenario_for_commands(const Plan& plan, const fs::path& dir) {
     try {
       std::vector<Override> sets;
       for (const std::string& s : plan.sets) sets.push_back(parse_override(s));
-      load_scenario(copy.string(), sets);
+      load_scenario(copy.string(), sets, plan.flags);
       return copy.string();
     } catch (const InputError&) {
       // It names a file (hf_config, ds_config) by a path relative to where it was.
@@ -86,6 +87,13 @@ std::size_t emit(const Plan& plan, const std::string& dir, const std::string& pr
   if (ec) throw InputError(dir, "--emit", "cannot create this directory: " + ec.message());
   Plan emitted = plan;
   emitted.scenario = scenario_for_commands(plan, root);
+  // The files the flags name, by absolute path: the commands may run anywhere.
+  for (std::size_t i = 0; i + 1 < emitted.flag_args.size(); ++i) {
+    const std::string& flag = emitted.flag_args[i];
+    if (flag == "--ds-config" || flag == "--hf-config") {
+      emitted.flag_args[i + 1] = fs::absolute(emitted.flag_args[i + 1]).lexically_normal().string();
+    }
+  }
   std::string commands;
   std::size_t n = 0;
   const auto add = [&](const std::vector<std::string>& args, const std::string& out) {

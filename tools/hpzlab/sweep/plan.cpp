@@ -125,7 +125,7 @@ void load_with(const Plan& plan, const Override& extra, const char* where) {
   std::vector<Override> overrides = base_overrides(plan);
   overrides.push_back(extra);
   try {
-    load_scenario(plan.scenario, overrides);
+    load_scenario(plan.scenario, overrides, plan.flags);
   } catch (const InputError& e) {
     throw InputError(where, extra.first + "=" + extra.second,
                      without_set_prefix(e.what(), extra.first));
@@ -153,7 +153,7 @@ bool loads_with_other_axes(const Plan& plan, std::size_t k, const std::string& v
       rest /= axis.values.size();
     }
     try {
-      load_scenario(plan.scenario, overrides);
+      load_scenario(plan.scenario, overrides, plan.flags);
       return true;
     } catch (const InputError&) {
       // try the next combination
@@ -228,7 +228,9 @@ std::vector<Override> Plan::overrides(std::size_t point, std::size_t variant) co
 
 std::vector<std::string> Plan::sim_args(std::size_t point, std::size_t variant,
                                         const std::string& json_path) const {
-  std::vector<std::string> args = {"sim", scenario};
+  std::vector<std::string> args = {"sim"};
+  if (!scenario.empty()) args.push_back(scenario);
+  args.insert(args.end(), flag_args.begin(), flag_args.end());
   for (const auto& [key, value] : overrides(point, variant)) {
     args.push_back("--set");
     args.push_back(key + "=" + value);
@@ -238,7 +240,9 @@ std::vector<std::string> Plan::sim_args(std::size_t point, std::size_t variant,
 }
 
 std::vector<std::string> Plan::repro_args(std::size_t point, const std::string& json_path) const {
-  std::vector<std::string> args = {"repro", scenario};
+  std::vector<std::string> args = {"repro"};
+  if (!scenario.empty()) args.push_back(scenario);
+  args.insert(args.end(), flag_args.begin(), flag_args.end());
   std::vector<Override> all = base_overrides(*this);
   const std::vector<std::string> values = values_at(point);
   for (std::size_t i = 0; i < axes.size(); ++i) all.emplace_back(axes[i].key, values[i]);
@@ -253,6 +257,13 @@ std::vector<std::string> Plan::repro_args(std::size_t point, const std::string& 
 nlohmann::json Plan::to_json() const {
   nlohmann::json j = {{"scenario", scenario}, {"sets", sets}, {"runs", runs}};
   if (repro) j["repro"] = true;  // absent without --repro: sweep.json as before
+  if (!flags.empty()) {          // absent without the one-command flags, as before
+    j["flag_args"] = flag_args;
+    j["flags"] = nlohmann::json::array();
+    for (const FlagSetting& f : flags) {
+      j["flags"].push_back({{"flag", f.flag}, {"key", f.key}, {"value", f.value}});
+    }
+  }
   j["vary"] = nlohmann::json::array();
   for (const Axis& a : axes) j["vary"].push_back({{"key", a.key}, {"values", a.values}});
   j["variants"] = nlohmann::json::array();
@@ -267,6 +278,13 @@ Plan plan_from_json(const nlohmann::json& j) {
     plan.sets = j.at("sets").get<std::vector<std::string>>();
     plan.runs = j.at("runs").get<int>();
     plan.repro = j.value("repro", false);
+    if (j.contains("flags")) {
+      plan.flag_args = j.at("flag_args").get<std::vector<std::string>>();
+      for (const nlohmann::json& f : j.at("flags")) {
+        plan.flags.push_back({f.at("flag").get<std::string>(), f.at("key").get<std::string>(),
+                              f.at("value").get<std::string>()});
+      }
+    }
     for (const nlohmann::json& a : j.at("vary")) {
       plan.axes.push_back(
           {a.at("key").get<std::string>(), a.at("values").get<std::vector<std::string>>()});
@@ -281,7 +299,7 @@ Plan plan_from_json(const nlohmann::json& j) {
 }
 
 void validate(const Plan& plan) {
-  load_scenario(plan.scenario, base_overrides(plan));
+  load_scenario(plan.scenario, base_overrides(plan), plan.flags);
   // The cross product, counted without overflow.
   double simulations = static_cast<double>(plan.variants.size());
   for (const Axis& axis : plan.axes) simulations *= static_cast<double>(axis.values.size());

@@ -39,7 +39,12 @@ VariantSpec variant_spec(const std::string& name);
 
 /** A whole sweep. Points are numbered in the cross product's order, the last axis fastest. */
 struct Plan {
-  std::string scenario;           ///< the scenario file, as given
+  std::string scenario;  ///< the scenario file, as given ("" = the one-command form)
+  /// The one-command flags (--ds-config FILE, --nodes N, ...: issue 35) as the keys they set,
+  /// applied after the scenario's keys and before --set, as `hpzlab sim` applies them ...
+  std::vector<FlagSetting> flags;
+  /// ... and as each child is given them, e.g. {"--ds-config", "ds.json", "--hf-trainer"}.
+  std::vector<std::string> flag_args;
   std::vector<std::string> sets;  ///< --set key=value, applied first
   std::vector<Axis> axes;         ///< --vary, in the order given
   std::vector<VariantSpec> variants;
