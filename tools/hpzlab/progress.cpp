@@ -1,8 +1,11 @@
 #include <fmt/format.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <string>
 
@@ -13,6 +16,16 @@ namespace {
 
 bool line_open = false;  ///< a bar is drawn and its line not ended
 
+/** Standard error's terminal width in columns, else $COLUMNS, else 80. */
+int terminal_columns() {
+  winsize ws{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS"); c != nullptr && std::atoi(c) > 0) {
+    return std::atoi(c);
+  }
+  return 80;
+}
+
 }  // namespace
 
 bool progress_on() {
@@ -21,12 +34,18 @@ bool progress_on() {
 
 void progress_bar(double done, int total, const std::string& what) {
   if (!progress_on() || total <= 0) return;
-  constexpr int kWidth = 30;
-  const int filled = static_cast<int>(done * kWidth / total);
+  // The line fits the terminal (issue 35: 160-179 columns on an 80-column one wrapped, and each
+  // redraw then left a line behind): the bar shrinks to a quarter of it, the text is cut.
+  const int columns = terminal_columns();
+  const int width = std::clamp(columns / 4, 5, 30);
+  const int filled = std::clamp(static_cast<int>(done * width / total), 0, width);
+  const std::size_t room =
+      static_cast<std::size_t>(std::max(columns - width - 4, 4));  // "[", "] ", the last column
+  const std::string text = what.size() <= room ? what : what.substr(0, room - 3) + "...";
   // \033[K clears what a longer line drawn before left behind.
   std::fprintf(stderr, "\r[%s%s] %s\033[K",
                std::string(static_cast<std::size_t>(filled), '#').c_str(),
-               std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(), what.c_str());
+               std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), text.c_str());
   line_open = done < total;
   if (!line_open) std::fprintf(stderr, "\n");
 }
