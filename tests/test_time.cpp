@@ -271,6 +271,32 @@ TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {
   EXPECT_GT(host_stalls, 0);
 }
 
+// --trace-ranks / --trace-steps (issue 35): only the chosen ranks' tracks and the chosen steps'
+// slices, and no arrow to a hidden op.
+TEST(Simulate, TraceFilterShowsOnlyTheChosenRanksAndSteps) {
+  const Scenario sc = scenario("tiny.toml", {{"run.variant", "host-sync"}});
+  const Schedule schedule = build_schedule(sc);
+  const SimResult r = simulate(sc, schedule, {});
+  const auto all = nlohmann::json::parse(TraceReporter().render(schedule, r));
+  const auto some = nlohmann::json::parse(TraceReporter(TraceFilter{{1}, {1}}).render(schedule, r));
+  std::set<int> pids;
+  int slices = 0, all_step1_rank1 = 0;
+  for (const auto& e : some.at("traceEvents")) {
+    pids.insert(e.at("pid").get<int>());
+    if (e.at("ph") == "X") {
+      ++slices;
+      EXPECT_EQ(e.at("args").at("step"), 1);
+    }
+  }
+  for (const auto& e : all.at("traceEvents")) {
+    if (e.at("ph") == "X" && e.at("pid") == 1 && e.at("args").at("step") == 1) ++all_step1_rank1;
+  }
+  EXPECT_EQ(pids, std::set<int>{1});  // rank 1's tracks, slices and arrows only
+  EXPECT_GT(slices, 0);
+  EXPECT_EQ(slices, all_step1_rank1);
+  EXPECT_LT(some.at("traceEvents").size(), all.at("traceEvents").size());
+}
+
 /** One "X" event of a trace, in whole nanoseconds as a viewer reads them. */
 struct TraceSlice {
   std::int64_t start = 0, end = 0;

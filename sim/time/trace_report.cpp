@@ -125,8 +125,15 @@ std::int64_t last_ns(const Span& span) {
   return span.end_ns - 1;
 }
 
-void name_tracks(const Schedule& s, TraceWriter& w) {
+/** Whether `list` is empty (everything) or holds `x`. */
+template <typename T>
+bool chosen(const std::vector<T>& list, T x) {
+  return list.empty() || std::find(list.begin(), list.end(), x) != list.end();
+}
+
+void name_tracks(const Schedule& s, const TraceFilter& filter, TraceWriter& w) {
   for (const RankSchedule& rs : s.ranks) {
+    if (!chosen(filter.ranks, rs.rank)) continue;
     w.meta(rs.rank, 0, "process_name", fmt::format("rank {}", rs.rank));
     w.meta(rs.rank, 0, "thread_name", "host");
     for (std::size_t i = 0; i < rs.streams.size(); ++i) {
@@ -200,7 +207,16 @@ void rendezvous_flows(const Schedule& s, const std::vector<std::vector<Span>>& s
 
 std::string TraceReporter::render(const Schedule& s, const SimResult& r) const {
   TraceWriter w;
-  const std::vector<std::vector<Span>> spans = spans_of(s, r);
+  std::vector<std::vector<Span>> spans = spans_of(s, r);
+  // The filter hides the ops of other ranks and steps: every slice, arrow and race mark below
+  // draws only what is shown, so an arrow to a hidden op is left out with it.
+  for (const RankSchedule& rs : s.ranks) {
+    auto& span = spans[static_cast<std::size_t>(rs.rank)];
+    const bool rank_in = chosen(filter_.ranks, rs.rank);
+    for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+      if (!rank_in || !chosen(filter_.steps, rs.ops[i].step)) span[i].shown = false;
+    }
+  }
   std::set<std::pair<Rank, std::uint32_t>> hot;
   std::vector<std::pair<RaceInstance, Manifestation>> bitten;
   for (const RaceInstance& race : r.race_instances) {
@@ -210,7 +226,7 @@ std::string TraceReporter::render(const Schedule& s, const SimResult& r) const {
     hot.insert({race.rank, race.second});
     bitten.emplace_back(race, m);
   }
-  name_tracks(s, w);
+  name_tracks(s, filter_, w);
   slices(s, r, spans, hot, w);
   event_flows(s, spans, w);
   rendezvous_flows(s, spans, w);
