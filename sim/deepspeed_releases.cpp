@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
+#include <string>
 
 #include "sim/error.hpp"
 
@@ -447,10 +449,16 @@ std::string release_list_hint() {
 
 std::string until_of(const ReleaseRule& rule) {
   if (*rule.until != '\0') return rule.until;
-  for (const ReleaseRule& r : kRules) {
-    if (std::string(r.ends) == rule.id) return r.first;
-  }
-  return "";
+  // Which rule ends which, read once from the table (version_rules asks per rule and release).
+  static const std::map<std::string, std::string> ended_at = [] {
+    std::map<std::string, std::string> out;
+    for (const ReleaseRule& r : kRules) {
+      if (*r.ends != '\0') out.emplace(r.ends, r.first);
+    }
+    return out;
+  }();
+  const auto it = ended_at.find(rule.id);
+  return it == ended_at.end() ? "" : it->second;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 #include <vector>
 
@@ -192,6 +193,25 @@ std::string shown_json(const json& value) {
   std::string out;
   render(value, 0, out);
   return shown(out);
+}
+
+std::string gzipped(const std::string& text) {
+  z_stream z{};
+  // 16 + MAX_WBITS: a gzip header and trailer, not zlib's (gunzipped_input reads them back).
+  if (deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+    throw std::runtime_error("zlib: deflateInit2 failed");
+  }
+  std::string out(deflateBound(&z, static_cast<uLong>(text.size())), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&z, Z_FINISH);
+  const uLong written = z.total_out;
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) throw std::runtime_error("zlib: deflate did not finish");
+  out.resize(written);
+  return out;
 }
 
 }  // namespace hpz

@@ -29,6 +29,10 @@ std::string read_input_file(const std::string& path, const std::string& where,
  *  truncated stream and for one that inflates past kMaxInputBytes. */
 std::string gunzipped_input(std::string bytes, const std::string& file, const std::string& what);
 
+/** `text` as a gzip stream (zlib, level 6), e.g. for `--trace FILE.gz`; gunzipped_input reads
+ *  it back. */
+std::string gzipped(const std::string& text);
+
 /** `text` (the content of `file`) parsed as JSON. Throws InputError naming `file` for malformed
  *  JSON (nlohmann's position, prefixed by `what`, e.g. "malformed JSON"), a NUL byte, nesting
  *  deeper than kMaxJsonDepth, a number beyond a double's range and a key given twice in one

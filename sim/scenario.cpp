@@ -552,11 +552,7 @@ ModelConfig read_hf_config(const Setting& s) {
           "expected a list of class names, e.g. [\"LlamaForCausalLM\"], got " + shown_json(*arch));
     }
     const std::string head = (*arch)[0].get<std::string>();
-    const auto ends_with = [&](const std::string& tail) {
-      return head.size() >= tail.size() &&
-             head.compare(head.size() - tail.size(), tail.size(), tail) == 0;
-    };
-    if (!ends_with("ForCausalLM") && head != "GPT2LMHeadModel") {
+    if (!head.ends_with("ForCausalLM") && head != "GPT2LMHeadModel") {
       throw InputError(
           file, "architectures",
           fmt::format("'{}' is a head hpzlab does not model (allowed: a causal-LM head, "

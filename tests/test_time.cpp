@@ -245,6 +245,25 @@ TEST(Simulate, SeveralRunsAverageTheTimesAndSumTheRacesAndSaySo) {
             std::string::npos);
 }
 
+// What a "what if" answer supposed (issue 35): the console and the JSON name the cluster the
+// times assume, as the scenario and its flags set it.
+TEST(Simulate, ConsoleAndJsonStateTheClusterTheTimesAssume) {
+  const Scenario sc =
+      scenario("tiny.toml", {{"cluster.nic_gbps", "37.5"}, {"cluster.nics_per_node", "2"}});
+  const Schedule schedule = build_schedule(sc);
+  const SimResult r = simulate(sc, schedule, {});
+  const std::string text = ConsoleReporter().render(schedule, r);
+  EXPECT_NE(text.find(fmt::format("cluster            {} nodes x {} GPUs ({}), 2 x 37.5 Gbit/s NIC",
+                                  sc.cluster.nodes, sc.cluster.gpus_per_node, sc.cluster.gpu.name)),
+            std::string::npos)
+      << text;
+  const auto j = nlohmann::json::parse(JsonReporter().render(schedule, r)).at("cluster");
+  EXPECT_EQ(j.at("nic_gbps").get<double>(), 37.5);
+  EXPECT_EQ(j.at("nics_per_node").get<int>(), 2);
+  EXPECT_EQ(j.at("nodes").get<int>(), sc.cluster.nodes);
+  EXPECT_EQ(j.at("gpu").get<std::string>(), sc.cluster.gpu.name);
+}
+
 TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {
   const Scenario sc = scenario("tiny.toml", {{"run.variant", "host-sync"}});
   const Schedule schedule = build_schedule(sc);

@@ -147,8 +147,9 @@ class CheckResult:
 @dataclasses.dataclass
 class SimResult:
     """What `hpzlab sim` said: the step time, tokens/s per node, exposed communication, which
-    races manifested in how many runs (`races`), and the whole JSON (`json`); `hung` when a
-    simulated run never finished (exit 1)."""
+    races manifested in how many runs (`races`), the hardware the times assume (`cluster`: nodes,
+    gpus_per_node, gpu, nic_gbps, ...), and the whole JSON (`json`); `hung` when a simulated run
+    never finished (exit 1)."""
 
     scenario: str
     variant: str
@@ -161,6 +162,7 @@ class SimResult:
     races: List[Dict[str, Any]]
     runs: List[Dict[str, Any]]
     hung: bool
+    cluster: Dict[str, Any]
     notes: List[str]
     text: str
     returncode: int
@@ -259,7 +261,8 @@ def _sim_result(doc: Dict[str, Any], text: str, returncode: int, argv: List[str]
                      exposed_comm_s=float(doc.get("exposed_comm_s", 0.0)),
                      races_manifested=int(doc.get("races_manifested", 0)),
                      races=list(doc.get("races", [])), runs=list(doc.get("runs", [])),
-                     hung=bool(doc.get("hung", False)), notes=list(doc.get("notes", [])),
+                     hung=bool(doc.get("hung", False)), cluster=dict(doc.get("cluster", {})),
+                     notes=list(doc.get("notes", [])),
                      text=text, returncode=returncode, json=doc, argv=argv)
 
 
@@ -309,10 +312,21 @@ def _releases_arg(deepspeed: Union[None, str, Iterable[str]]) -> Optional[str]:
     return ",".join(str(v) for v in deepspeed)
 
 
-def _one_command_args(tmp: pathlib.Path, *, ds_config, hf_config, nodes, gpus_per_node,
-                      deepspeed, torch, hf_trainer, from_config, scenario, overrides,
+# The keyword arguments check() and sim() share, as the one-command flags they become
+# (tools/hpzlab/main.cpp's UserFlags): (keyword, flag). `deepspeed` may be a list; a bool is a
+# switch.
+_ONE_COMMAND_FLAGS: Tuple[Tuple[str, str], ...] = (
+    ("nodes", "--nodes"), ("gpus_per_node", "--gpus-per-node"), ("deepspeed", "--deepspeed"),
+    ("torch", "--torch"), ("gpu", "--gpu"), ("nic_gbps", "--nic-gbps"),
+    ("nics_per_node", "--nics-per-node"), ("nvlink_gbytes_per_s", "--nvlink-gbytes-per-s"),
+    ("hf_trainer", "--hf-trainer"), ("from_config", "--from-config"))
+
+
+def _one_command_args(tmp: pathlib.Path, given: Mapping[str, Any], *,
                       many_scenarios: bool) -> List[str]:
+    """The program's arguments for the one-command keywords in `given` (a call's locals)."""
     args: List[str] = []
+    scenario = given.get("scenario")
     if scenario is not None:
         if isinstance(scenario, (str, os.PathLike)):
             args.append(os.fspath(scenario))
@@ -320,24 +334,28 @@ def _one_command_args(tmp: pathlib.Path, *, ds_config, hf_config, nodes, gpus_pe
             args += [os.fspath(s) for s in scenario]
         else:
             raise TypeError("scenario: one path")
-    if ds_config is not None:
-        args += ["--ds-config", _config_file(ds_config, "ds_config.json", tmp)]
-    if hf_config is not None:
-        args += ["--hf-config", _config_file(hf_config, "config.json", tmp)]
-    if nodes is not None:
-        args += ["--nodes", str(nodes)]
-    if gpus_per_node is not None:
-        args += ["--gpus-per-node", str(gpus_per_node)]
-    releases = _releases_arg(deepspeed)
-    if releases is not None:
-        args += ["--deepspeed", releases]
-    if torch is not None:
-        args += ["--torch", str(torch)]
-    if hf_trainer:
-        args.append("--hf-trainer")
-    if from_config:
-        args.append("--from-config")
-    return args + _set_args(overrides)
+    if given.get("ds_config") is not None:
+        args += ["--ds-config", _config_file(given["ds_config"], "ds_config.json", tmp)]
+    if given.get("hf_config") is not None:
+        args += ["--hf-config", _config_file(given["hf_config"], "config.json", tmp)]
+    for keyword, flag in _ONE_COMMAND_FLAGS:
+        value = given.get(keyword)
+        if isinstance(value, bool):
+            args += [flag] if value else []
+        elif keyword == "deepspeed" and value is not None:
+            args += [flag, _releases_arg(value)]
+        elif value is not None:
+            args += [flag, str(value)]
+    return args + _set_args(given.get("set"))
+
+
+def _call(subcommand: str, given: Mapping[str, Any], extra: List[str],
+          timeout: Optional[float], *,
+          many_scenarios: bool) -> Tuple[Dict[str, Any], str, int, List[str]]:
+    with tempfile.TemporaryDirectory(prefix="hpzlab-") as tmp_name:
+        tmp = pathlib.Path(tmp_name)
+        args = _one_command_args(tmp, given, many_scenarios=many_scenarios) + extra
+        return _run(subcommand, args, tmp / f"{subcommand}.json", timeout)
 
 
 def _error_line(stderr: str, returncode: int) -> str:
@@ -380,6 +398,8 @@ def check(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike
           nodes: Optional[int] = None, gpus_per_node: Optional[int] = None,
           deepspeed: Union[None, str, Iterable[str]] = "0.13.4", torch: Optional[str] = None,
           hf_trainer: bool = False, from_config: bool = False,
+          gpu: Optional[str] = None, nic_gbps: Optional[float] = None,
+          nics_per_node: Optional[int] = None, nvlink_gbytes_per_s: Optional[float] = None,
           scenario: Union[None, PathLike, Sequence[PathLike]] = None,
           set: Union[None, Mapping[str, Any], Iterable[str]] = None,  # noqa: A002 (the flag's name)
           timeout: Optional[float] = None) -> CheckResult:
@@ -389,19 +409,15 @@ def check(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike
     to_dict()). nodes, gpus_per_node: the cluster; None leaves the program's default (2 x 8) or
     the scenario's. deepspeed: a release, several ("0.13.4,0.13.5" or a list), a range
     ("0.13.0..0.19.8"), "latest" or "all"; None with a scenario that names its own. torch: the
-    run's torch version. hf_trainer: the run uses the HF Trainer (its "auto" values filled as it
+    run's torch version. gpu, nic_gbps, nics_per_node, nvlink_gbytes_per_s: the hardware (a GPU
+    preset, one NIC's Gbit/s, NICs per node, NVLink GB/s per GPU); None keeps the scenario's.
+    hf_trainer: the run uses the HF Trainer (its "auto" values filled as it
     fills them). from_config: the model is trained from its config (not fine-tuned). scenario: a
     scenario file (or several). set: scenario keys to override, {"zero.overlap_comm": False} or
     ["zero.overlap_comm=false"]. Raises HpzlabError with the program's one-line message on bad
     input.
     """
-    with tempfile.TemporaryDirectory(prefix="hpzlab-") as tmp_name:
-        tmp = pathlib.Path(tmp_name)
-        args = _one_command_args(tmp, ds_config=ds_config, hf_config=hf_config, nodes=nodes,
-                                 gpus_per_node=gpus_per_node, deepspeed=deepspeed, torch=torch,
-                                 hf_trainer=hf_trainer, from_config=from_config,
-                                 scenario=scenario, overrides=set, many_scenarios=True)
-        doc, text, rc, argv = _run("check", args, tmp / "check.json", timeout)
+    doc, text, rc, argv = _call("check", locals(), [], timeout, many_scenarios=True)
     return _check_result(doc, text, rc, argv)
 
 
@@ -409,6 +425,8 @@ def sim(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike] 
         nodes: Optional[int] = None, gpus_per_node: Optional[int] = None,
         deepspeed: Optional[str] = "0.13.4", torch: Optional[str] = None,
         hf_trainer: bool = False, from_config: bool = False,
+        gpu: Optional[str] = None, nic_gbps: Optional[float] = None,
+        nics_per_node: Optional[int] = None, nvlink_gbytes_per_s: Optional[float] = None,
         scenario: Optional[PathLike] = None,
         set: Union[None, Mapping[str, Any], Iterable[str]] = None,  # noqa: A002
         runs: Optional[int] = None, trace: Optional[PathLike] = None,
@@ -421,17 +439,12 @@ def sim(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike] 
     """
     if deepspeed is not None and not isinstance(deepspeed, str):
         raise TypeError("sim: deepspeed is one release")
-    with tempfile.TemporaryDirectory(prefix="hpzlab-") as tmp_name:
-        tmp = pathlib.Path(tmp_name)
-        args = _one_command_args(tmp, ds_config=ds_config, hf_config=hf_config, nodes=nodes,
-                                 gpus_per_node=gpus_per_node, deepspeed=deepspeed, torch=torch,
-                                 hf_trainer=hf_trainer, from_config=from_config,
-                                 scenario=scenario, overrides=set, many_scenarios=False)
-        if runs is not None:
-            args += ["--runs", str(runs)]
-        if trace is not None:
-            args += ["--trace", os.fspath(trace)]
-        if op_times:
-            args.append("--op-times")
-        doc, text, rc, argv = _run("sim", args, tmp / "sim.json", timeout)
+    extra: List[str] = []
+    if runs is not None:
+        extra += ["--runs", str(runs)]
+    if trace is not None:
+        extra += ["--trace", os.fspath(trace)]
+    if op_times:
+        extra.append("--op-times")
+    doc, text, rc, argv = _call("sim", locals(), extra, timeout, many_scenarios=False)
     return _sim_result(doc, text, rc, argv)

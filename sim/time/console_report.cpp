@@ -92,6 +92,12 @@ std::string ConsoleReporter::render(const Schedule& s, const SimResult& r) const
       "{} transfers, {} execs\n",
       r.network_model, r.bandwidth_factor, r.latency_factor, r.collective_model, r.stats.transfers,
       r.stats.execs);
+  // The hardware every number above assumed (issue 35: sim never said).
+  const ClusterConfig& c = r.cluster;
+  out += fmt::format(
+      "  cluster            {} nodes x {} GPUs ({}), {} x {:g} Gbit/s NIC per node, NVLink {:g} "
+      "GB/s per GPU (--gpu, --nic-gbps, --nics-per-node, --nvlink-gbytes-per-s)\n",
+      c.nodes, c.gpus_per_node, c.gpu.name, c.nics_per_node, c.nic_gbps, c.nvlink_gbytes_per_s);
   return out;
 }
 

@@ -121,6 +121,17 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
 
 std::string JsonReporter::render(const Schedule& schedule, const SimResult& r) const {
   nlohmann::json j = to_json(schedule, r, op_times_);
+  // The hardware the times assumed (issue 35: a "what if" answer must say what it supposed).
+  // Here and not in to_json: `hpzlab real` times the GPU it ran on, not this cluster.
+  const ClusterConfig& c = r.cluster;
+  j["cluster"] = {{"nodes", c.nodes},
+                  {"gpus_per_node", c.gpus_per_node},
+                  {"gpu", c.gpu.name},
+                  {"nics_per_node", c.nics_per_node},
+                  {"nic_gbps", c.nic_gbps},
+                  {"nvlink_gbytes_per_s", c.nvlink_gbytes_per_s},
+                  {"internode_latency_us", c.internode_latency_us},
+                  {"nvlink_latency_us", c.nvlink_latency_us}};
   j["notes"] = notes_;
   return j.dump(2) + "\n";
 }

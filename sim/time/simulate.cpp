@@ -138,6 +138,7 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   result.variant = schedule.variant;
   result.world_size = schedule.world_size;
   result.nodes = scenario.cluster.nodes;
+  result.cluster = scenario.cluster;
   result.steps = scenario.run.steps;
   result.spin_before_copy_us = scenario.run.spin_before_copy_us;
   result.collective_model = scenario.sim.collective_model;

@@ -65,6 +65,7 @@ struct SimResult {
   std::string variant;
   int world_size = 0;
   int nodes = 0;
+  ClusterConfig cluster;           ///< the hardware every time assumed (--gpu, --nic-gbps, ...)
   int steps = 0;                   ///< steps in the schedule; the last one is measured
   double spin_before_copy_us = 0;  ///< run.spin_before_copy_us: a reproduction's spin kernels
   std::string collective_model;    ///< fine | coarse

@@ -175,6 +175,17 @@ class TestSim(unittest.TestCase):
         self.assertTrue(s.races)
         self.assertIn("step time", s.text)
 
+    def test_a_faster_network_is_the_cluster_the_times_assume(self):
+        slow = hpzlab.sim(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
+                          deepspeed="0.13.5")
+        fast = hpzlab.sim(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
+                          deepspeed="0.13.5", nic_gbps=400, nics_per_node=2)
+        self.assertEqual((fast.cluster["nic_gbps"], fast.cluster["nics_per_node"]), (400, 2))
+        self.assertNotEqual(slow.cluster["nic_gbps"], 400)
+        self.assertIn("--nic-gbps", fast.argv)
+        self.assertIn("2 x 400 Gbit/s NIC per node", fast.text)
+        self.assertLess(fast.step_time_s, slow.step_time_s)
+
 
 class FakeDeepSpeedConfig:
     """DeepSpeedConfig's one attribute preflight reads: the parsed dict (runtime/config.py)."""

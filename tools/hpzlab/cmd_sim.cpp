@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/simulate.hpp"
 #include "tools/hpzlab/commands.hpp"
@@ -96,14 +97,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
     write_output(opts.trace, gz ? gzipped(trace) : trace, "--trace");
   }
   if (opts.scenario.json != "-") {
-    // The hardware every number above assumed (issue 35: sim never said).
-    const ClusterConfig& c = sc.cluster;
-    const std::string cluster = fmt::format(
-        "  cluster            {} nodes x {} GPUs ({}), {} x {:g} Gbit/s NIC per node, NVLink {:g} "
-        "GB/s per GPU (--gpu, --nic-gbps, --nics-per-node, --nvlink-gbytes-per-s)\n",
-        c.nodes, c.gpus_per_node, c.gpu.name, c.nics_per_node, c.nic_gbps, c.nvlink_gbytes_per_s);
-    const std::string text =
-        time::ConsoleReporter().render(schedule, result) + cluster + notes_text(sc);
+    const std::string text = time::ConsoleReporter().render(schedule, result) + notes_text(sc);
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
   exit_code = result.mean.hung ? kExitFindings : kExitOk;

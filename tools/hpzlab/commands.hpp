@@ -120,9 +120,6 @@ void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<std
  *  cannot. */
 void write_output(const std::string& path, const std::string& text, const std::string& flag);
 
-/** `text` as a gzip stream (zlib, level 6), e.g. for `--trace FILE.gz`. */
-std::string gzipped(const std::string& text);
-
 /** True when progress is shown: standard error is a terminal. */
 bool progress_on();
 

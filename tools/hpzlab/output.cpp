@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -126,25 +125,6 @@ void check_outputs(const std::vector<OutputFile>& outputs, const std::vector<std
     check_writable(out);
     seen.push_back(&out);
   }
-}
-
-std::string gzipped(const std::string& text) {
-  z_stream z{};
-  // 16 + MAX_WBITS: a gzip header and trailer, not zlib's (sim/input.cpp reads them back).
-  if (deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
-    throw std::runtime_error("zlib: deflateInit2 failed");
-  }
-  std::string out(deflateBound(&z, static_cast<uLong>(text.size())), '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  z.avail_in = static_cast<uInt>(text.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  const int rc = deflate(&z, Z_FINISH);
-  const uLong written = z.total_out;
-  deflateEnd(&z);
-  if (rc != Z_STREAM_END) throw std::runtime_error("zlib: deflate did not finish");
-  out.resize(written);
-  return out;
 }
 
 void write_output(const std::string& path, const std::string& text, const std::string& flag) {
