@@ -869,6 +869,9 @@ class RankBuilder {
   Access shard_read(int p, bool use_secondary, int rank_in_group) const;
   std::uint64_t lay_out_partition(Handle& h, bool use_secondary) const;
   void wait_handle(int h);
+  /// PR 8215's casts around qwZ's quantizer (rule qwz-bf16-cast): from 0.19.6, for parameters
+  /// that are not fp16 (`param.to(dtype=torch.half)` is no copy for an fp16 one).
+  bool half_cast() const { return v_.qwz_half_cast && sc_.training.dtype != "fp16"; }
   std::set<int> params_to_release(int module, int step_id);
   void reset_step();
   void grad_ready(int p);
@@ -1655,21 +1658,37 @@ void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
   const std::uint64_t groups = quantizer_groups(partition_sz, what);
   const BufferId q =
       buffer("quantize.out", BufferRole::kQuantized, kNoUnit, partition_sz + groups * 4);
+  BufferId cat = kNoBuffer;
   if (h.coalesced) {
     // torch.cat of the shards, then the quantize kernel on it.
-    const BufferId cat = buffer("allgather.cat", BufferRole::kScratch, kNoUnit, partition_sz * dt);
+    cat = buffer("allgather.cat", BufferRole::kScratch, kNoUnit, partition_sz * dt);
     alloc(cat, current_, purpose_);
     src.push_back({cat, AccessMode::kWrite, 0, partition_sz * dt});
     push(OpKind::kCopy, current_, purpose_, src).mem_bytes =
         2.0 * static_cast<double>(partition_sz * dt);
     src = {{cat, AccessMode::kRead, 0, partition_sz * dt}};
   }
+  // From 0.19.6 (PR 8215) CUDAQuantizer.quantize first casts a parameter that is not fp16 to an
+  // fp16 temporary (PP:890 at 0.19.8), which the kernel reads and which is dropped when quantize
+  // returns, before the caller drops its torch.cat.
+  BufferId half = kNoBuffer;
+  std::uint64_t kernel_in = partition_sz * dt;
+  if (half_cast()) {
+    half = buffer("quantize.fp16", BufferRole::kScratch, kNoUnit, partition_sz * 2);
+    alloc(half, current_, purpose_);
+    src.push_back({half, AccessMode::kWrite, 0, partition_sz * 2});
+    push(OpKind::kCopy, current_, purpose_, src).mem_bytes =
+        static_cast<double>(partition_sz * dt + partition_sz * 2);
+    src = {{half, AccessMode::kRead, 0, partition_sz * 2}};
+    kernel_in = partition_sz * 2;
+  }
   alloc(q, current_, purpose_);
   src.push_back({q, AccessMode::kWrite, 0, partition_sz + groups * 4});
   push(OpKind::kQuantize, current_, purpose_, src).mem_bytes =
-      static_cast<double>(partition_sz * dt + partition_sz + groups * 4);
+      static_cast<double>(kernel_in + partition_sz + groups * 4);
+  if (half != kNoBuffer) free(half, current_, purpose_);
   // The torch.cat was quantize()'s argument only: dropped when it returns (PP:1283-1290).
-  if (h.coalesced) free(src.front().buffer, current_, purpose_);
+  if (h.coalesced) free(cat, current_, purpose_);
   h.sbuf = buffer("allgather.scales", BufferRole::kScratch, kNoUnit, groups * 4 * group_size);
   // The scales' buffer is made before the values' gather when several are gathered (PP:1292),
   // after it for one (PP:1234-1239).
@@ -1704,10 +1723,20 @@ void RankBuilder::wait_handle(int hid) {
     const std::uint64_t total = per_rank * static_cast<std::uint64_t>(h.group_size);
     BufferId out = kNoBuffer;
     std::uint64_t out_bytes = 0;
+    std::uint64_t out_elem = dt;  // the kernel's output element: fp16 where a cast follows
     if (h.coalesced) {
       out = h.flat = buffer("allgather.dequantized", BufferRole::kScratch, kNoUnit, total * dt);
       h.flat_stream = current_;
       out_bytes = total * dt;
+      alloc(out, current_, Purpose::kFetchWait);
+    } else if (half_cast()) {
+      // From 0.19.6 (PR 8215): dequantize(..., dtype=param.dtype) writes the kernel's fp16
+      // output, then casts it to the parameter's dtype; the fp16 tensor is dropped at the
+      // reassignment (PP:727-730, 896-901 at 0.19.8).
+      const std::uint64_t numel = md_.params[h.params[0]].numel;
+      out = buffer("dequantize.fp16", BufferRole::kScratch, kNoUnit, numel * 2);
+      out_bytes = numel * 2;
+      out_elem = 2;
       alloc(out, current_, Purpose::kFetchWait);
     } else {
       const int p = h.params[0];
@@ -1721,10 +1750,20 @@ void RankBuilder::wait_handle(int hid) {
     const UnitId saved = unit_;
     unit_ = h.params[0];
     push(OpKind::kDequantize, current_, Purpose::kParamFetch,
-         {{h.qbuf, AccessMode::kRead, 0, std::min(total, out_bytes / dt)},
+         {{h.qbuf, AccessMode::kRead, 0, std::min(total, out_bytes / out_elem)},
           {h.sbuf, AccessMode::kRead, 0, out_.buffers[h.sbuf].bytes},
           {out, AccessMode::kWrite, 0, out_bytes}})
         .mem_bytes = static_cast<double>(total + out_bytes);
+    if (!h.coalesced && half_cast()) {
+      const int p = h.params[0];
+      const std::uint64_t numel = md_.params[p].numel;
+      alloc(ps_[p].full, current_, Purpose::kFetchWait);
+      push(OpKind::kCopy, current_, Purpose::kParamFetch,
+           {{out, AccessMode::kRead, 0, numel * 2},
+            {ps_[p].full, AccessMode::kWrite, 0, numel * dt}})
+          .mem_bytes = static_cast<double>(numel * 2 + numel * dt);
+      free(out, current_, Purpose::kFetchWait);
+    }
     unit_ = saved;
   }
   if (h.coalesced) {
@@ -2401,7 +2440,7 @@ RunTraits run_traits(const Scenario& sc) {
   t.torch = sc.run.torch_version;
   t.grad_accum = sc.training.grad_accum;
   t.family = sc.model.family;
-  t.qwz_bf16 = sc.zero.zero_quantized_weights && sc.training.dtype == "bf16";
+  t.qwz_non_fp16 = sc.zero.zero_quantized_weights && sc.training.dtype != "fp16";
   t.qgz = sc.zero.zero_quantized_gradients;
   // The stage-3 optimizer's sub-groups at DeepSpeed's default sub_group_size (1e9 elements;
   // the builder does not read the ds_config's): a rank's partition past it is cut.

@@ -393,11 +393,27 @@ const std::vector<ReleaseRule> kRules = {
     {.id = "qwz-bf16-cast",
      .pr = "PR 8215",
      .first = "0.19.6",
-     .what = "qwZ's quantizer casts bf16 to fp16 first and dequantizes back to the parameter's "
-             "dtype (PP:882-890): a cast kernel and an fp16 temporary on the all-gather stream per "
-             "quantized gather",
-     .scope = RuleScope::kUnmodelled,
-     .when = RuleWhen::kQwzBf16},
+     .what = "qwZ's quantizer casts a parameter that is not fp16 to fp16 before the kernel "
+             "(PP:890: an fp16 temporary and a cast kernel on the gather's stream, freed when "
+             "quantize returns), and a single parameter's wait dequantizes to fp16 and casts back "
+             "to the parameter's dtype (PP:727-730, 896-901). The coalesced wait is as before: "
+             "its fp16 flat tensor is sliced and each parameter's torch.cat cast with "
+             ".to(ds_tensor.dtype) (PP:795), which the builder issues as one copy in every "
+             "release",
+     .apply = [](VersionRules& v) { v.qwz_half_cast = true; },
+     .when = RuleWhen::kQwzNonFp16},
+    {.id = "qwz-quantizer-reads-half",
+     .pr = "PR 3784",
+     .first = "0.10.0",
+     .what = "qwZ's quantize kernel reads its input through a __half pointer whatever its dtype "
+             "(csrc/quantization/pt_binding.cpp:96) and dequantize writes fp16 (:113, 390): a bf16 "
+             "shard's bits are read as fp16 numbers, so every qwZ gather delivers wrong weights "
+             "(an fp32 shard: half of its bytes), and a parameter gathered alone becomes an fp16 "
+             "tensor that the bf16 forward rejects with a dtype error (issues 3992, 4852, 7775). "
+             "Fixed by PR 8215 in v0.19.6 (rule qwz-bf16-cast)",
+     .scope = RuleScope::kDefect,
+     .until = "0.19.6",
+     .when = RuleWhen::kQwzNonFp16},
     {.id = "norm-validity-host-sync",
      .pr = "sdist 0.19.8",
      .first = "0.19.8",
@@ -512,8 +528,8 @@ bool rule_applies(const ReleaseRule& rule, const RunTraits& traits) {
              traits.family == "qwen3_moe";
     case RuleWhen::kTorch:
       return !traits.torch.empty() && compare_versions(traits.torch, rule.torch_from) >= 0;
-    case RuleWhen::kQwzBf16:
-      return traits.qwz_bf16;
+    case RuleWhen::kQwzNonFp16:
+      return traits.qwz_non_fp16;
     case RuleWhen::kQgz:
       return traits.qgz;
     case RuleWhen::kSubGroups:
@@ -542,6 +558,16 @@ VersionRules version_rules(const std::string& release, const RunTraits& traits,
   return out;
 }
 
+std::vector<const ReleaseRule*> known_defects(const std::string& release, const RunTraits& traits) {
+  std::vector<const ReleaseRule*> out;
+  for (const ReleaseRule& r : kRules) {
+    if (r.scope == RuleScope::kDefect && holds_in(r, release) && rule_applies(r, traits)) {
+      out.push_back(&r);
+    }
+  }
+  return out;
+}
+
 const ReleaseRule* missing_rule(const std::string& release, const RunTraits& traits) {
   for (const ReleaseRule& r : kRules) {
     if (r.scope == RuleScope::kUnmodelled && holds_in(r, release) && rule_applies(r, traits)) {
@@ -561,8 +587,8 @@ std::string condition_of(const ReleaseRule& rule) {
       return "for Mixtral, Qwen2-MoE and Qwen3-MoE";
     case RuleWhen::kTorch:
       return fmt::format("with torch >= {}", rule.torch_from);
-    case RuleWhen::kQwzBf16:
-      return "with qwZ on bf16";
+    case RuleWhen::kQwzNonFp16:
+      return "with qwZ on bf16 or fp32 parameters";
     case RuleWhen::kQgz:
       return "with qgZ";
     case RuleWhen::kSubGroups:

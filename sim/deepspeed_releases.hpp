@@ -120,6 +120,9 @@ struct VersionRules {
   /// checkpoint_event_epilogue invalidates the secondaries after a checkpoint load (S3:3027 at
   /// v0.18.3, PR 7707).
   bool invalidate_after_checkpoint_load = false;
+  /// CUDAQuantizer casts a parameter that is not fp16 to fp16 before the quantize kernel, and a
+  /// single parameter's dequantized fp16 back to its dtype (PP:890, 896-901 at 0.19.8; PR 8215).
+  bool qwz_half_cast = false;
 
   bool operator==(const VersionRules&) const = default;
 };
@@ -143,15 +146,19 @@ enum class RuleScope {
   kModelled,    ///< the builder models it (ReleaseRule::apply)
   kElsewhere,   ///< it changes only a path the builder's schedules never take (ReleaseRule::where)
   kUnmodelled,  ///< it changes the builder's schedules and is not modelled: refused from `first`
+  /// A DeepSpeed bug that is not an ordering bug (wrong values computed on one stream), which the
+  /// checker cannot find in a schedule: the verdict names it where it holds and applies
+  /// (known_defects), and a check counts it as a finding.
+  kDefect,
 };
 
 /** What a run has that decides whether a conditional rule applies to it. */
 struct RunTraits {
-  std::string torch;      ///< torch's version, "" = the recordings' (2.1.2)
-  int grad_accum = 1;     ///< gradient_accumulation_steps
-  std::string family;     ///< model.family ("llama", "mixtral", ...)
-  bool qwz_bf16 = false;  ///< qwZ on bf16 parameters
-  bool qgz = false;       ///< qgZ (zero_quantized_gradients)
+  std::string torch;          ///< torch's version, "" = the recordings' (2.1.2)
+  int grad_accum = 1;         ///< gradient_accumulation_steps
+  std::string family;         ///< model.family ("llama", "mixtral", ...)
+  bool qwz_non_fp16 = false;  ///< qwZ on parameters that are not fp16 (bf16, fp32)
+  bool qgz = false;           ///< qgZ (zero_quantized_gradients)
   /// A rank's partition exceeds DeepSpeed's default sub_group_size (1e9 elements), so that the
   /// stage-3 optimizer cuts it into several sub-groups (S3 _create_fp16_sub_groups).
   bool several_sub_groups = false;
@@ -160,12 +167,12 @@ struct RunTraits {
 /** When a rule applies: always, or only to runs with a trait. */
 enum class RuleWhen {
   kAlways,
-  kGradAccum,  ///< gradient accumulation over more than one micro-step
-  kMoeLeaf,    ///< Mixtral, Qwen2-MoE or Qwen3-MoE, whose sparse blocks are z3 leaf modules
-  kTorch,      ///< torch at ReleaseRule::torch_from or newer
-  kQwzBf16,    ///< qwZ on bf16 parameters
-  kQgz,        ///< qgZ
-  kSubGroups,  ///< a rank's partition in more than one optimizer sub-group
+  kGradAccum,   ///< gradient accumulation over more than one micro-step
+  kMoeLeaf,     ///< Mixtral, Qwen2-MoE or Qwen3-MoE, whose sparse blocks are z3 leaf modules
+  kTorch,       ///< torch at ReleaseRule::torch_from or newer
+  kQwzNonFp16,  ///< qwZ on parameters that are not fp16 (bf16 or fp32)
+  kQgz,         ///< qgZ
+  kSubGroups,   ///< a rank's partition in more than one optimizer sub-group
 };
 
 /** A change in DeepSpeed's ZeRO-3 code that alters what is issued, or in what order. */
@@ -232,6 +239,11 @@ bool rule_applies(const ReleaseRule& rule, const RunTraits& traits);
 VersionRules version_rules(const std::string& release, const RunTraits& traits = {},
                            const std::string& where = "",
                            const std::string& key = "zero.deepspeed_version");
+
+/** The DeepSpeed defects (RuleScope::kDefect) in `release` for a run with `traits`: bugs that are
+ *  not of the checker's kinds, named in the verdict (`release` must be a release). */
+std::vector<const ReleaseRule*> known_defects(const std::string& release,
+                                              const RunTraits& traits = {});
 
 /** The rule that keeps the builder from modelling `release` for a run with `traits`, nullptr
  *  when it models it (`release` must be a release). */

@@ -184,6 +184,32 @@ TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
       InputError);
 }
 
+// qwZ on parameters that are not fp16: DeepSpeed's quantize kernel reads them as fp16 in every
+// release before 0.19.6 (csrc/quantization/pt_binding.cpp:96; issues 3992, 7775), a defect the
+// verdict names; from 0.19.6 (PR 8215) they are cast first, which the builder models. An fp16
+// run has neither.
+TEST(DeepSpeedReleases, QwzOffFp16IsADefectUntil0196AndCastFrom0196) {
+  const auto defects = [](const std::string& release, const RunTraits& t) {
+    std::vector<std::string> ids;
+    for (const ReleaseRule* r : known_defects(release, t)) ids.push_back(r->id);
+    return ids;
+  };
+  RunTraits qwz;
+  qwz.qwz_non_fp16 = true;
+  const std::vector<std::string> reads_half = {"qwz-quantizer-reads-half"};
+  EXPECT_EQ(defects("0.10.0", qwz), reads_half);
+  EXPECT_EQ(defects("0.13.4", qwz), reads_half);
+  EXPECT_EQ(defects("0.19.5", qwz), reads_half);
+  EXPECT_TRUE(defects("0.19.6", qwz).empty());
+  EXPECT_TRUE(defects("0.13.4", RunTraits{}).empty());
+  EXPECT_EQ(refusal("0.19.6", qwz), "");
+  EXPECT_EQ(refusal("latest", qwz), "");
+  EXPECT_FALSE(version_rules("0.19.5", qwz).qwz_half_cast);
+  EXPECT_TRUE(version_rules("0.19.6", qwz).qwz_half_cast);
+  // A defect changes no schedule: the builder's rules are those of the same release without it.
+  EXPECT_EQ(version_rules("0.13.4", qwz), version_rules("0.13.4"));
+}
+
 TEST(DeepSpeedReleases, TheTableRunsFromZeroPlusPlusToTheNewestOnPyPI) {
   const auto& r = deepspeed_releases();
   EXPECT_EQ(std::string(r.front().version), "0.10.0");  // PR 3784, ZeRO++

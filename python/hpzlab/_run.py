@@ -91,7 +91,9 @@ class Finding:
 class ReleaseVerdict:
     """The verdict on one DeepSpeed release: its epoch (the releases that issue the same
     schedule), whether it was checked (False: the builder refused it, `refused` says why),
-    whether it is clean, the counts per finding kind and its findings."""
+    whether it is clean, the counts per finding kind, its findings, and the known DeepSpeed
+    defects of that release on this run (`defects`: rule ids such as
+    "qwz-quantizer-reads-half", bugs that are not ordering bugs; a defect makes it unclean)."""
 
     release: Optional[str]  # None: a scenario checked without a release (the coarse builder)
     scenario: str
@@ -101,6 +103,7 @@ class ReleaseVerdict:
     counts: Dict[str, int]
     refused: Optional[str] = None
     findings: List[Finding] = dataclasses.field(default_factory=list)
+    defects: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -228,17 +231,21 @@ def _check_result(doc: Dict[str, Any], text: str, returncode: int,
                     release=release, scenario=epoch.get("scenario", ""),
                     epoch=list(epoch.get("releases", [])), checked=bool(epoch.get("checked")),
                     clean=bool(epoch.get("clean")), counts=dict(epoch.get("counts", {})),
-                    refused=epoch.get("refused"), findings=mine))
+                    refused=epoch.get("refused"), findings=mine,
+                    defects=list(epoch.get("defects", []))))
     else:
         for s, raws in zip(scenarios, per_schedule):
             release = (s.get("source") or {}).get("deepspeed")
             mine = [_finding(f, release) for f in raws]
             findings.extend(mine)
             counts = {kind: n for kind, n in s.get("counts", {}).items() if n}
+            defects = [d.get("rule", "") for d in doc.get("defects", [])
+                       if d.get("scenario") == s.get("scenario")]
             verdicts.append(ReleaseVerdict(
                 release=release, scenario=s.get("scenario", ""),
-                epoch=[release] if release else [], checked=True, clean=bool(s.get("clean")),
-                counts=counts, findings=mine))
+                epoch=[release] if release else [], checked=True,
+                clean=bool(s.get("clean")) and not defects, counts=counts, findings=mine,
+                defects=defects))
     clean_in = {c.get("scenario", ""): list(c.get("releases", []))
                 for c in (releases or {}).get("clean_in", [])}
     return CheckResult(clean=bool(doc.get("clean")) and returncode == 0, returncode=returncode,

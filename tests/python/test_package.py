@@ -126,6 +126,26 @@ class TestCheck(unittest.TestCase):
         self.assertTrue(r.clean, r.text)
         self.assertEqual(r.returncode, 0)
 
+    def test_a_known_deepspeed_defect_makes_a_release_unclean(self):
+        # qwZ on bf16: DeepSpeed's quantizer reads the shard as fp16 before 0.19.6 (PR 8215).
+        ds = copy.deepcopy(RACY)
+        ds["zero_optimization"]["zero_quantized_weights"] = True
+        ds["bf16"] = {"enabled": True}
+        ds.pop("fp16", None)
+        hf = json.loads((DATA / "llama-tiny-h128.json").read_text())
+        r = hpzlab.check(ds_config=ds, hf_config=hf, nodes=2, gpus_per_node=2,
+                         deepspeed="0.19.5,0.19.6")
+        old, new = r.verdict("0.19.5"), r.verdict("0.19.6")
+        self.assertEqual(old.defects, ["qwz-quantizer-reads-half"])
+        self.assertFalse(old.clean)
+        self.assertEqual((new.defects, new.clean), ([], True))
+        self.assertEqual(r.returncode, 1)
+        one = hpzlab.check(ds_config=ds, hf_config=hf, nodes=2, gpus_per_node=2,
+                           deepspeed="0.19.5")
+        self.assertEqual(one.verdict("0.19.5").defects, ["qwz-quantizer-reads-half"])
+        self.assertFalse(one.clean or one.verdict("0.19.5").clean)
+        self.assertIn("DeepSpeed defect `qwz-quantizer-reads-half`", one.text)
+
     def test_a_bad_key_raises_the_programs_one_line(self):
         ds = copy.deepcopy(RACY)
         ds["zero_optimization"]["zero_hpz_partition_sizee"] = 8

@@ -167,7 +167,30 @@ struct Checked {
   /** Not checked: why the builder refused these releases (a rule it lacks, or DeepSpeed raising
    *  on this configuration); `result` then holds only the scenario's name. */
   std::string refused;
+  /** The DeepSpeed defects of this release on this run (known_defects): not the checker's
+   *  kinds, but findings all the same (the exit status, `clean`, JUnit). */
+  std::vector<const ReleaseRule*> defects;
+
+  /** Checked, nothing found and no known defect: a release to run this on. */
+  bool clean() const { return refused.empty() && result.clean() && defects.empty(); }
 };
+
+/** The defects DeepSpeed `sc.zero.deepspeed_version` has on `sc` (none for the coarse builder,
+ *  which stands for no one release). */
+std::vector<const ReleaseRule*> defects_of(const Scenario& sc) {
+  if (sc.run.builder != "deepspeed") return {};
+  return known_defects(canonical_deepspeed_version(sc.zero.deepspeed_version), run_traits(sc));
+}
+
+/** A defect under a verdict: one line in a matrix, its whole description for one release. */
+std::string defect_line(const ReleaseRule& r, bool whole) {
+  const std::string until = until_of(r);
+  const std::string fixed = until.empty() ? "not fixed yet" : "fixed in " + until;
+  return whole ? fmt::format("  DeepSpeed defect `{}` ({}, {}), not an ordering bug: {}\n", r.id,
+                             r.pr, fixed, r.what)
+               : fmt::format("  DeepSpeed defect `{}` ({}): {} (`hpzlab releases` says what)\n",
+                             r.id, condition_of(r), fixed);
+}
 
 /** Scenario i of n on the progress bar (a terminal only): building its schedule fills the
  *  first half of its share, checking it the second (neither reports how far it got). */
@@ -384,7 +407,8 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
             sc.notes,
             std::move(builder),
             epoch ? epoch->releases : std::vector<std::string>{},
-            ""};
+            "",
+            defects_of(sc)};
   };
   std::vector<Checked> results;
   if (opts.record || n == 1) {
@@ -462,7 +486,7 @@ Checked check_file(const CheckOptions& opts) {
     result = on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
   });
   progress_bar(1, 1, opts.schedule + " checked");
-  return {std::move(result), step_count(schedule), true, false, {}, std::nullopt, {}, ""};
+  return {std::move(result), step_count(schedule), true, false, {}, std::nullopt, {}, "", {}};
 }
 
 /** A clean verdict on one step says nothing about the hpZ race: DeepSpeed copies the secondary
@@ -503,19 +527,22 @@ std::vector<check::EpochVerdict> epochs_of_scenario(const std::vector<Checked>& 
   return out;
 }
 
-/** The releases whose schedule the checker found clean, consecutive clean epochs joined into
- *  one run ("0.13.5-0.14.2"); refused and unclean epochs break a run. */
-std::vector<std::string> clean_runs(const std::vector<check::EpochVerdict>& epochs) {
+/** The releases of `scenario`'s matrix that are clean (Checked::clean: no finding, no known
+ *  defect), consecutive clean epochs joined into one run ("0.13.5-0.14.2"); refused and unclean
+ *  epochs break a run. */
+std::vector<std::string> clean_runs(const std::vector<Checked>& checked,
+                                    const std::string& scenario) {
   std::vector<std::string> runs;
   std::string first, last;
   const auto close = [&] {
     if (!first.empty()) runs.push_back(first == last ? first : first + "-" + last);
     first.clear();
   };
-  for (const check::EpochVerdict& e : epochs) {
-    if (e.result != nullptr && e.result->clean()) {
-      if (first.empty()) first = e.releases.front();
-      last = e.releases.back();
+  for (const Checked& c : checked) {
+    if (c.releases.empty() || c.result.scenario != scenario) continue;
+    if (c.clean()) {
+      if (first.empty()) first = c.releases.front();
+      last = c.releases.back();
     } else {
       close();
     }
@@ -524,14 +551,38 @@ std::vector<std::string> clean_runs(const std::vector<check::EpochVerdict>& epoc
   return runs;
 }
 
+/** Each known defect in `scenario`'s matrix with the checked releases that have it. */
+std::string defects_history(const std::vector<Checked>& checked, const std::string& scenario) {
+  std::vector<std::pair<const ReleaseRule*, std::vector<std::string>>> seen;
+  for (const Checked& c : checked) {
+    if (c.result.scenario != scenario || !c.refused.empty()) continue;
+    for (const ReleaseRule* r : c.defects) {
+      auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& p) { return p.first == r; });
+      if (it == seen.end()) it = seen.insert(seen.end(), {r, {}});
+      it->second.insert(it->second.end(), c.releases.begin(), c.releases.end());
+    }
+  }
+  std::string out;
+  for (const auto& [r, releases] : seen) {
+    const std::string until = until_of(*r);
+    out += fmt::format("    DeepSpeed defect `{}` ({}): in {}; {}\n", r->id, r->pr,
+                       releases_label(releases),
+                       until.empty() ? "not fixed yet" : "fixed in " + until);
+  }
+  return out;
+}
+
 /** Under a scenario's matrix of more than one epoch: each kind of finding with the releases that
  *  have it, the first that has it and the first that does not any more. */
 std::string history_text(const std::vector<Checked>& checked, const std::string& scenario) {
   const std::vector<check::EpochVerdict> epochs = epochs_of_scenario(checked, scenario);
   if (epochs.size() < 2) return "";
   const std::vector<check::FindingHistory> history = check::finding_history(epochs);
-  if (history.empty()) return "  across these releases: nothing found in any checked release\n";
-  std::string out = "  across these releases:\n";
+  const std::string defects = defects_history(checked, scenario);
+  if (history.empty() && defects.empty()) {
+    return "  across these releases: nothing found in any checked release\n";
+  }
+  std::string out = "  across these releases:\n" + defects;
   for (const check::FindingHistory& h : history) {
     std::string spans;
     for (const std::string& s : h.spans) spans += (spans.empty() ? "" : ", ") + s;
@@ -543,7 +594,7 @@ std::string history_text(const std::vector<Checked>& checked, const std::string&
     out += fmt::format("    {}: in {}; {}\n", h.signature, spans, fixed);
   }
   // The remedy at the user's level: the releases this configuration is clean on.
-  const std::vector<std::string> runs = clean_runs(epochs);
+  const std::vector<std::string> runs = clean_runs(checked, scenario);
   out += runs.empty()
              ? "  clean in: none of the checked releases\n"
              : fmt::format("  clean in: {} (the releases to run this on)\n", fmt::join(runs, ", "));
@@ -554,6 +605,7 @@ std::string history_text(const std::vector<Checked>& checked, const std::string&
       firsts.push_back(h.first);
     }
   }
+  if (firsts.empty()) return out;
   out += fmt::format(
       "  each finding explained (its ops, the missing edge, what fixes it): check one release "
       "alone, --deepspeed {}\n",
@@ -574,8 +626,11 @@ nlohmann::json releases_json(const std::vector<Checked>& checked) {
     nlohmann::json e = {{"scenario", c.result.scenario},
                         {"releases", c.releases},
                         {"checked", c.refused.empty()},
-                        {"clean", c.refused.empty() && c.result.clean()}};
+                        {"clean", c.clean()}};
     if (!c.refused.empty()) e["refused"] = c.refused;
+    nlohmann::json defects = nlohmann::json::array();
+    for (const ReleaseRule* r : c.defects) defects.push_back(r->id);
+    e["defects"] = defects;
     nlohmann::json counts = nlohmann::json::object();
     for (const check::FindingKind k : check::kAllKinds) {
       if (c.refused.empty() && c.result.count(k) > 0) counts[to_string(k)] = c.result.count(k);
@@ -586,8 +641,7 @@ nlohmann::json releases_json(const std::vector<Checked>& checked) {
   nlohmann::json history = nlohmann::json::array();
   nlohmann::json clean_in = nlohmann::json::array();
   for (const std::string& scenario : scenarios) {
-    clean_in.push_back(
-        {{"scenario", scenario}, {"releases", clean_runs(epochs_of_scenario(checked, scenario))}});
+    clean_in.push_back({{"scenario", scenario}, {"releases", clean_runs(checked, scenario)}});
     for (const check::FindingHistory& h :
          check::finding_history(epochs_of_scenario(checked, scenario))) {
       history.push_back(
@@ -644,6 +698,27 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     }
     if (any_coarse) notes.push_back(coarse_note);
     j["notes"] = notes;
+    // Known DeepSpeed defects (RuleScope::kDefect): findings the checker cannot make, so the
+    // verdict is not clean where one applies.
+    nlohmann::json defects = nlohmann::json::array();
+    for (const Checked& c : checked) {
+      for (const ReleaseRule* r : c.defects) {
+        const std::string until = until_of(*r);
+        // One release checked alone: the builder's schedule names it (source.deepspeed).
+        const auto named = c.result.source.find("deepspeed");
+        defects.push_back(
+            {{"scenario", c.result.scenario},
+             {"releases", !c.releases.empty()              ? c.releases
+                          : named != c.result.source.end() ? std::vector<std::string>{named->second}
+                                                           : std::vector<std::string>{}},
+             {"rule", r->id},
+             {"pr", r->pr},
+             {"fixed_in", until.empty() ? nlohmann::json(nullptr) : nlohmann::json(until)},
+             {"what", r->what}});
+      }
+    }
+    j["defects"] = defects;
+    if (!defects.empty()) j["clean"] = false;
     nlohmann::json builders = nlohmann::json::array();
     for (const Checked& c : checked) {
       if (!c.builder) continue;
@@ -694,7 +769,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       if (!c.refused.empty()) {
         ++skipped;
         cases += fmt::format("      <skipped message=\"{}\"/>\n", xml_escaped(c.refused));
-      } else if (!c.result.clean()) {
+      } else if (!c.clean()) {
         ++failures;
         cases += fmt::format("      <failure message=\"{}\" type=\"hpzlab.finding\">{}</failure>\n",
                              xml_escaped(first), xml_escaped(report));
@@ -726,6 +801,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
         if (const auto w = full.find("\nWorst: "); w != std::string::npos) {
           text += "  " + full.substr(w + 1, full.find('\n', w + 1) - w);
         }
+        for (const ReleaseRule* r : checked[i].defects) text += defect_line(*r, false);
         if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
         // The scenario's notes once, under its last epoch (they are the same for every
         // release, but for a one-step note), then its findings across the releases.
@@ -737,6 +813,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       }
       if (i > 0) text += "\n";
       text += full;
+      for (const ReleaseRule* r : checked[i].defects) text += defect_line(*r, true);
       if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
       text += note_line(checked[i]);
     }
@@ -747,6 +824,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   }
   bool clean = true;
   for (const auto& r : results) clean = clean && r.clean();
+  for (const Checked& c : checked) clean = clean && c.defects.empty();
   exit_code = clean ? kExitOk : kExitFindings;
 }
 

@@ -27,6 +27,8 @@ const char* scope_name(RuleScope s) {
       return "not on the builder's paths";
     case RuleScope::kUnmodelled:
       return "NOT MODELLED";
+    case RuleScope::kDefect:
+      return "a DeepSpeed defect, named in the verdict";
   }
   return "?";
 }
@@ -63,7 +65,10 @@ std::string markdown_table() {
       "not model is refused by name (`check --deepspeed` prints it on that release's line and "
       "goes on), never approximated. Rules marked *not on the builder's paths* change a path "
       "the builder's schedules never take (said why); conditional rules refuse only the runs "
-      "they apply to.\n\n## Epochs (a dense model: no gradient accumulation, qwZ or qgZ, "
+      "they apply to. Rules marked *a DeepSpeed defect* are bugs of another kind than the "
+      "checker's (wrong values computed on one stream): `check` names each on the verdict of a "
+      "release it applies to and counts it as a finding.\n\n## Epochs (a dense model: no gradient "
+      "accumulation, qwZ or qgZ, "
       "torch 2.1.2)\n\n| releases | the builder | rules that open the epoch |\n|---|---|---|\n";
   for (const ReleaseEpoch& e : deepspeed_epochs()) {
     std::string rules;

@@ -117,7 +117,11 @@ class QuantizerKernels:
         # 8 / bits (csrc/quantization/pt_binding.cpp:120-122 at v0.13.4): a single parameter's
         # gather hands it the int8 buffer viewed in the parameter's shape
         # (partition_parameters.py:1242) and gets the parameter's shape back.
-        # One kernel writes the result in the parameter's dtype, as the CUDA kernel does.
+        # One kernel writes the result in the parameter's dtype. The CUDA binding writes fp16
+        # whatever the parameter's dtype (`dequantize<__half>`, pt_binding.cpp:113, 390), and its
+        # quantize reads the input as fp16 (:96): on bf16 DeepSpeed computes wrong weights before
+        # 0.19.6 (hpzlab's rule qwz-quantizer-reads-half). This stand-in is a quantizer that
+        # works, so a bf16 run records the schedule to the end instead of failing on a dtype.
         shape = list(quantized.shape)
         shape[-1] *= 8 // bits
         out = torch.empty(shape, dtype=self.dtype)
