@@ -1923,7 +1923,8 @@ void RankBuilder::reset_step() {
   queue_.assign(param_order_.begin(), param_order_.end());
   most_recent_.clear();
   step_id_ = 0;
-  n_available_ = 0;
+  // 0.16.0-0.16.7 keep the count across resets (PR 6726); release_and_reset_all zeroes it.
+  if (!v_.available_kept_across_reset) n_available_ = 0;
 }
 
 // The gradient hook (S3:1213-1245): S_rs waits for the compute stream, the gradient is copied
@@ -2076,6 +2077,10 @@ void RankBuilder::optimizer_step() {
     ps_[p].active.clear();
     release_param_as(p, kNoLabel);
   }
+  // release_and_reset_all's own reset, 0.16.0-0.16.7 only (COORD:432 at v0.16.0; PR 7258 moved
+  // it back into reset_step). Elsewhere the count runs on, below zero after a reset, as
+  // DeepSpeed's does.
+  if (v_.available_kept_across_reset) n_available_ = 0;
   if (sc_.training.dtype == "fp16" || v_.overflow_check_every_dtype) overflow_check();
   purpose_ = Purpose::kGradNorm;
   const EventId norm = collective(OpKind::kAllReduce, grad_group_, 8, {});

@@ -263,12 +263,14 @@ const std::vector<ReleaseRule> kRules = {
     {.id = "prefetch-budget-kept-across-resets",
      .pr = "PR 6726",
      .first = "0.16.0",
-     .what = "`__n_available_params` is kept across reset_step and zeroed only in "
-             "release_and_reset_all (COORD:432): with parameters still gathered at a reset, the "
-             "prefetch budget shrinks. Reverted by PR 7258 in v0.16.8",
-     .scope = RuleScope::kUnmodelled,
-     .until = "0.16.8",
-     .when = RuleWhen::kGradAccum},
+     .what =
+         "`__n_available_params` is kept across reset_step and zeroed only in "
+         "release_and_reset_all (COORD:432 at v0.16.0): parameters still gathered at a reset (the "
+         "ones a backward leaves gathered, between the micro-steps of gradient accumulation) "
+         "shrink the next prefetch budget (max_params_to_prefetch, COORD:381 at v0.16.4). Reverted "
+         "by PR 7258 in v0.16.8",
+     .apply = [](VersionRules& v) { v.available_kept_across_reset = true; },
+     .until = "0.16.8"},
     {.id = "post-accumulate-grad-hook",
      .pr = "PR 6773",
      .first = "0.16.3",

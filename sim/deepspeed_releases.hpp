@@ -123,6 +123,10 @@ struct VersionRules {
   /// CUDAQuantizer casts a parameter that is not fp16 to fp16 before the quantize kernel, and a
   /// single parameter's dequantized fp16 back to its dtype (PP:890, 896-901 at 0.19.8; PR 8215).
   bool qwz_half_cast = false;
+  /// reset_step keeps `__n_available_params`; only release_and_reset_all zeroes it (COORD:432
+  /// at v0.16.0, PR 6726; reverted by PR 7258 in v0.16.8): parameters still gathered at a reset
+  /// (between the micro-steps of gradient accumulation) shrink the next prefetch budget.
+  bool available_kept_across_reset = false;
 
   bool operator==(const VersionRules&) const = default;
 };

@@ -153,13 +153,15 @@ TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
   big.several_sub_groups = true;
   EXPECT_EQ(refusal("0.12.6", big), "grad-norm-sync-per-sub-group");
   EXPECT_EQ(refusal("0.13.0", big), "");
-  // Conditional rules: gradient accumulation, the MoE families DeepSpeed makes leaf modules,
-  // qgZ before its reduce_scatter fallback, torch 2.10.
+  // Conditional rules: the MoE families DeepSpeed makes leaf modules, qgZ before its
+  // reduce_scatter fallback, torch 2.10. Gradient accumulation on 0.16.0-0.16.7 is modelled
+  // (prefetch-budget-kept-across-resets, held to tiny-0.16.4-accum-2).
   RunTraits accum;
   accum.grad_accum = 2;
   EXPECT_EQ(refusal("0.16.0"), "");
-  EXPECT_EQ(refusal("0.16.0", accum), "prefetch-budget-kept-across-resets");
-  EXPECT_EQ(refusal("0.16.8", accum), "");
+  EXPECT_EQ(refusal("0.16.0", accum), "");
+  EXPECT_TRUE(version_rules("0.16.4", accum).available_kept_across_reset);
+  EXPECT_FALSE(version_rules("0.16.8", accum).available_kept_across_reset);
   RunTraits mixtral;
   mixtral.family = "mixtral";
   EXPECT_EQ(refusal("0.17.6", mixtral), "");
@@ -320,15 +322,15 @@ TEST(DeepSpeedReleases, EpochsCoverEveryReleaseOnceAndOpenAtEachRule) {
 
 TEST(DeepSpeedReleases, TheBuilderRefusesAReleaseByItsMissingRule) {
   Scenario sc = load_scenario(test::scenario_path("tiny"), {{"run.builder", "deepspeed"},
-                                                            {"zero.deepspeed_version", "0.16.0"},
-                                                            {"training.grad_accum", "2"}});
+                                                            {"zero.deepspeed_version", "0.17.6"},
+                                                            {"run.torch_version", "2.10.0"}});
   try {
-    build_deepspeed_schedule(sc, "0.16.0");
-    ADD_FAILURE() << "0.16.0 was built with gradient accumulation";
+    build_deepspeed_schedule(sc, "0.17.6");
+    ADD_FAILURE() << "0.17.6 was built for torch 2.10";
   } catch (const ReleaseRefusal& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed 0.16.0 is not modelled yet: the "
-                        "builder lacks rule 'prefetch-budget-kept-across-resets' (PR 6726"),
+    EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed 0.17.6 is not modelled yet: the "
+                        "builder lacks rule 'accumulate-grad-off-compute-stream' (issue 7898"),
               std::string::npos)
         << what;
   }
