@@ -2023,7 +2023,19 @@ void RankBuilder::reduce_quantized() {
     const Access grad = ipg_grad_.at(p);
     const std::uint64_t shard = layouts_[p].shard_numel() * dt;
     const Access out{grad_shard_, AccessMode::kWrite, 0, shard};
-    if (dp.rows == 0 || dp.numel % (2 * static_cast<std::uint64_t>(world_)) != 0) {
+    const bool divides = dp.numel % (2 * static_cast<std::uint64_t>(world_)) == 0;
+    if (dp.rows != 0 && !divides && v_.qgz_no_fallback) {
+      // Before 0.13.2 such a gradient goes to the all-to-all too, which cannot split it
+      // (coalesced_collectives.py:41-46 at v0.13.1; PR 5056).
+      throw ReleaseRefusal(
+          sc_.path, "zero.deepspeed_version",
+          fmt::format("DeepSpeed {} raises at qgZ's all-to-all of the gradient of {} ({} "
+                      "elements, not a multiple of 2 x world = {}: PR 5056 falls back to "
+                      "reduce_scatter from 0.13.2); allowed: 0.13.2 or later, another world, or "
+                      "zero_quantized_gradients off",
+                      v_.name, dp.name, dp.numel, 2 * world_));
+    }
+    if (dp.rows == 0 || !divides) {
       // reduce_scatter_coalesced (84-150): the (padded) flat tensor divided, then one
       // reduce-scatter whose output is this rank's chunk.
       push(OpKind::kKernel, srs_, Purpose::kGradReduce, {grad}).mem_bytes =

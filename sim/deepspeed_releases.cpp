@@ -114,11 +114,23 @@ const std::vector<ReleaseRule> kRules = {
     {.id = "qgz-without-reduce-scatter-fallback",
      .pr = "PR 3784",
      .first = "0.10.0",
-     .what = "qgZ sends every gradient through its two-stage all-to-all; PR 5056 sends those "
-             "whose size does not divide by twice the world through reduce_scatter from v0.13.2 "
-             "(CC:46)",
-     .scope = RuleScope::kUnmodelled,
+     .what = "qgZ sends every 2-D gradient through its two-stage all-to-all (CC:41-46 at "
+             "v0.13.1); one whose size does not divide by twice the world cannot be split so, and "
+             "DeepSpeed raises there (PR 5056's description), which the builder says in one "
+             "line. PR 5056 sends those through reduce_scatter from v0.13.2 (CC:46). Held to "
+             "recordings of 0.10.3 and 0.13.1 with qgZ",
+     .apply = [](VersionRules& v) { v.qgz_no_fallback = true; },
      .until = "0.13.2",
+     .when = RuleWhen::kQgz},
+    {.id = "qgz-reduction-sized-for-16-gpus",
+     .pr = "PR 4085",
+     .first = "0.10.0",
+     .what = "qgZ's quantized_reduction sizes its output for 16 GPUs a node whatever the node "
+             "has (csrc/quantization/pt_binding.cpp:204 at v0.10.0, `gpu_per_node = 16`), so the "
+             "inter-node all-to-all moves other sizes; PR 4085 passes the node's size from "
+             "v0.10.1",
+     .scope = RuleScope::kUnmodelled,
+     .until = "0.10.1",
      .when = RuleWhen::kQgz},
     {.id = "overflow-check-every-dtype",
      .pr = "PR 3784",

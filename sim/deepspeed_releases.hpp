@@ -127,6 +127,10 @@ struct VersionRules {
   /// at v0.16.0, PR 6726; reverted by PR 7258 in v0.16.8): parameters still gathered at a reset
   /// (between the micro-steps of gradient accumulation) shrink the next prefetch budget.
   bool available_kept_across_reset = false;
+  /// qgZ's all_to_all_quant_reduce has no reduce_scatter fallback for a 2-D gradient whose size
+  /// does not divide by 2 x world (coalesced_collectives.py:41-46 at v0.13.1): the all-to-all
+  /// of such a gradient cannot be done, and DeepSpeed raises (PR 5056 adds the fallback).
+  bool qgz_no_fallback = false;
 
   bool operator==(const VersionRules&) const = default;
 };

@@ -118,15 +118,15 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-0.13.4", "tiny-0.13.4-overlap-off", "tiny-0.13.4-hpz-off", "tiny-0.13.4-prefetch-0",
         "tiny-0.13.4-max-live-3000", "tiny-0.13.4-max-live-30000",
         "tiny-0.13.4-max-live-1000000000", "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
-        "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny128-0.13.4-qwz", "tiny-0.16.4-accum-2",
-        "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4", "tiny-0.17.6", "tiny-0.13.4-tied",
-        "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
-        "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "tiny-gpt2-0.13.4-bucket-5000",
-        "tiny-gptneox-0.13.4-bucket-5000", "tiny-0.13.4-one-node", "llama2-7b-0.13.4",
-        "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4", "tiny-qwen3-tf4.51-0.13.4",
-        "tiny-gemma-tf4.51-0.13.4", "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4",
-        "tiny-qwen2-moe-tf4.51-0.13.4", "tiny-deepseek-v2-tf4.57-0.13.4",
-        "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
+        "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny-0.13.1-qgz", "tiny-0.10.3-qgz",
+        "tiny128-0.13.4-qwz", "tiny-0.16.4-accum-2", "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4",
+        "tiny-0.17.6", "tiny-0.13.4-tied", "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4",
+        "tiny-falcon7b-0.13.4", "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4",
+        "tiny-gpt2-0.13.4-bucket-5000", "tiny-gptneox-0.13.4-bucket-5000", "tiny-0.13.4-one-node",
+        "llama2-7b-0.13.4", "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4",
+        "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4", "tiny-phi3-tf4.51-0.13.4",
+        "tiny-mixtral-tf4.51-0.13.4", "tiny-qwen2-moe-tf4.51-0.13.4",
+        "tiny-deepseek-v2-tf4.57-0.13.4", "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
         // Releases after 0.17.6 (issue 36), the rules from 0.15.4 on: torch 2.1.2.
         "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2",
         // from_pretrained's load after zero.Init (issue 7606).
@@ -937,6 +937,30 @@ TEST(DeepSpeedBuilder, QgzGroupsAreDeepSpeeds) {
   // reduce-scatter (coalesced_collectives.py:46-53, DeepSpeed PR 5056).
   EXPECT_EQ(kinds("3"), std::make_tuple(3, 2, false));
   EXPECT_EQ(kinds("1"), std::make_tuple(1, 0, false));
+}
+
+// qgZ before 0.13.2 sends every 2-D gradient to its all-to-all (coalesced_collectives.py:41-46
+// at v0.13.1), which cannot split one whose size is not a multiple of 2 x world: DeepSpeed
+// raises, and the builder says so in one line. 0.13.2 (PR 5056) reduce-scatters it instead.
+// Where every gradient divides, 0.13.1 is built (held to tiny-0.13.1-qgz and tiny-0.10.3-qgz).
+TEST(DeepSpeedBuilder, QgzBefore0132RaisesOnAGradientTheAllToAllCannotSplit) {
+  Scenario sc = unrecorded_llama();
+  sc.zero.zero_quantized_gradients = true;
+  EXPECT_NO_THROW(build_deepspeed_schedule(sc, "0.13.1"));
+  sc.model.hidden = 100;  // 4 heads of 25
+  sc.model.ffn = 250;     // 25,000 elements an MLP matrix, 5,000 k_proj: not multiples of 16
+  try {
+    build_deepspeed_schedule(sc, "0.13.1");
+    ADD_FAILURE() << "0.13.1 built";
+  } catch (const ReleaseRefusal& e) {
+    // The first of the first bucket by ds_id that does not divide: k_proj, 50 x 100.
+    EXPECT_NE(std::string(e.what()).find("DeepSpeed 0.13.1 raises at qgZ's all-to-all of the "
+                                         "gradient of model.layers.0.self_attn.k_proj.weight "
+                                         "(5000 elements, not a multiple of 2 x world = 16"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(build_deepspeed_schedule(sc, "0.13.2"));
 }
 
 TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {

@@ -45,6 +45,8 @@ VersionRules anchored(const char* name, bool only_backward, bool on_create, bool
   // And PR 5504's norm on the device (0.14.5), whose sync the rows issued and the comparison
   // folded.
   if (compare_versions(name, "0.14.5") >= 0) v.grad_norm_sync = NormSync::kNone;
+  // And qgZ's missing reduce_scatter fallback before 0.13.2 (PR 5056), which only refuses.
+  v.qgz_no_fallback = compare_versions(name, "0.13.2") < 0;
   return v;
 }
 
@@ -168,7 +170,11 @@ TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
   EXPECT_EQ(refusal("0.18.2", mixtral), "default-moe-leaf-modules");
   RunTraits qgz;
   qgz.qgz = true;
-  EXPECT_EQ(refusal("0.13.1", qgz), "qgz-without-reduce-scatter-fallback");
+  EXPECT_EQ(refusal("0.10.0", qgz), "qgz-reduction-sized-for-16-gpus");
+  EXPECT_EQ(refusal("0.10.1", qgz), "");  // the missing fallback is modelled: 0.10.3, 0.13.1
+  EXPECT_EQ(refusal("0.13.1", qgz), "");
+  EXPECT_TRUE(version_rules("0.13.1", qgz).qgz_no_fallback);
+  EXPECT_FALSE(version_rules("0.13.2", qgz).qgz_no_fallback);
   EXPECT_EQ(refusal("0.13.4", qgz), "");
   RunTraits torch210;
   torch210.torch = "2.10.0";
