@@ -71,7 +71,8 @@ std::vector<std::string> inputs_of(const ScenarioOptions& opts);
 std::string notes_text(const Scenario& scenario);
 
 /** Loads the scenario (or, without one, the user's files on the defaults) with the flags and
- *  overrides; throws InputError, also when neither a scenario nor the user's files are given. */
+ *  overrides; throws InputError, also when neither a scenario nor the user's files are given.
+ *  A known DeepSpeed defect of the scenario's release on it (known_defects) is one more note. */
 Scenario load(const ScenarioOptions& opts);
 
 /** As load(), for one scenario path of several (`check`), with the flags and overrides given. */

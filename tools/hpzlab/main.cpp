@@ -8,6 +8,8 @@
 #include <exception>
 
 #include "sim/builder.hpp"
+#include "sim/deepspeed_builder.hpp"
+#include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule_json.hpp"
@@ -144,7 +146,25 @@ Scenario load(const std::string& scenario, const UserFlags& flags,
 Scenario load(const ScenarioOptions& opts) {
   std::vector<Override> overrides;
   for (const auto& s : opts.sets) overrides.push_back(parse_override(s));
-  return load(opts.scenario, opts.user, overrides);
+  Scenario sc = load(opts.scenario, opts.user, overrides);
+  // A DeepSpeed defect of this release on this run (not an ordering bug: no schedule, timing or
+  // taint replay shows it) is said under every engine's output; `check` names it under its
+  // verdict and counts it as a finding.
+  if (sc.run.builder == "deepspeed") {
+    const std::string v = canonical_deepspeed_version(sc.zero.deepspeed_version);
+    if (is_deepspeed_release(v)) {
+      for (const ReleaseRule* r : known_defects(v, run_traits(sc))) {
+        const std::string until = until_of(*r);
+        sc.notes.push_back(fmt::format(
+            "DeepSpeed {} has the defect `{}` on this run ({}; {}, {}): not an ordering bug, so "
+            "this output does not show it (`hpzlab check` names it, `hpzlab releases` says what "
+            "it does)",
+            v, r->id, condition_of(*r), r->pr,
+            until.empty() ? "not fixed yet" : "fixed in " + until));
+      }
+    }
+  }
+  return sc;
 }
 
 std::string source_dir() {

@@ -38,8 +38,8 @@ def ds_with(**zero) -> dict:
 @pytest.mark.parametrize("case,expected", [
     ({"extra": ["--deepspeed", "0.12.0"]},
      "--deepspeed: unknown version '0.12.0' (supported: 0.10.0, 0.10.1, 0.10.3, 0.11.0, 0.12.3, "
-     "0.12.6, 0.13.1, 0.13.4, 0.13.5, 0.14.2, 0.14.4, 0.15.4, 0.16.9, 0.17.2, 0.17.6, 0.18.2, "
-     "0.18.3, 0.18.7, 0.18.8, 0.19.8)"),
+     "0.12.6, 0.13.1, 0.13.4, 0.13.5, 0.14.2, 0.14.4, 0.15.4, 0.16.4, 0.16.9, 0.17.2, 0.17.6, "
+     "0.18.2, 0.18.3, 0.18.7, 0.18.8, 0.19.8)"),
     ({"extra": ["--deepspeed", "0.18.7"]},
      "--deepspeed 0.18.7 does not run on torch 2.1.2: runtime/zero/linear.py:35 calls "
      "torch.amp.custom_fwd (torch 2.4)"),
