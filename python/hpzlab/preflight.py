@@ -175,6 +175,14 @@ def _message(result: CheckResult) -> str:
         m.count += f.count
         m.layers = sorted(set(m.layers) | set(f.layers))
     sentences = [finding_sentence(f) for f in merged.values()]
+    # Known DeepSpeed defects (not ordering bugs; docs/ci.md): one sentence each.
+    for d in result.json.get("defects", []):
+        releases = ", ".join(d.get("releases", [])) or "this"
+        fixed = d.get("fixed_in")
+        sentences.append(
+            f"hpzlab: DeepSpeed {releases} with this config has the defect {d.get('rule')} "
+            f"({d.get('pr')}), not an ordering bug: {d.get('what', '')}; "
+            + (f"upgrade DeepSpeed to {fixed} or later." if fixed else "no release fixes it yet."))
     if not sentences:  # findings the JSON did not list: say what the counts say
         counts = ", ".join(f"{n} {k}" for v in result.verdicts for k, n in v.counts.items())
         sentences.append(f"hpzlab: this config has ordering bugs ({counts})")

@@ -145,6 +145,12 @@ class TestCheck(unittest.TestCase):
         self.assertEqual(one.verdict("0.19.5").defects, ["qwz-quantizer-reads-half"])
         self.assertFalse(one.clean or one.verdict("0.19.5").clean)
         self.assertIn("DeepSpeed defect `qwz-quantizer-reads-half`", one.text)
+        # The preflight's warning says it, with the release that fixes it.
+        message = sys.modules["hpzlab.preflight"]._message(one)
+        self.assertIn("DeepSpeed 0.19.5 with this config has the defect qwz-quantizer-reads-half",
+                      message)
+        self.assertIn("upgrade DeepSpeed to 0.19.6 or later.", message)
+        self.assertNotIn("ordering bugs ()", message)
 
     def test_a_bad_key_raises_the_programs_one_line(self):
         ds = copy.deepcopy(RACY)
