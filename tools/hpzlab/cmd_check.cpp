@@ -761,7 +761,13 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     for (std::size_t i = 0; i < checked.size(); ++i) {
       const Checked& c = checked[i];
       const std::string& report = reports[i];
-      const std::string first = report.substr(0, report.find('\n'));
+      // The failure's message: the verdict line, or for a schedule the checker found clean, the
+      // defect that fails it (a line saying "clean" would not say why the case failed).
+      std::string first = report.substr(0, report.find('\n'));
+      if (c.refused.empty() && c.result.clean() && !c.defects.empty()) {
+        const std::string line = defect_line(*c.defects.front(), false);
+        first = line.substr(2, line.size() - 3);  // without the indent and the newline
+      }
       const std::string name =
           c.refused.empty() ? check::label_of(c.result) : "DeepSpeed " + releases_label(c.releases);
       cases += fmt::format("    <testcase classname=\"{}\" name=\"{}\">\n",
