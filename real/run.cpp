@@ -12,6 +12,7 @@
 #include "real/store.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/error.hpp"
+#include "sim/replay/data_engine.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/time/races.hpp"
 
@@ -265,17 +266,17 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   std::optional<Schedule> unfolded;
   if (has_strided_accesses(given)) unfolded = unfold_strided(given);
   const Schedule& schedule = unfolded ? *unfolded : given;
-  // The DeepSpeed builder's schedules (coalesced and quantized gathers through shared scratch
-  // buffers, one NCCL stream per group) have not run on a GPU yet. The executor's plan and its
-  // tensor comparison were written for the coarse builder's units; refused rather than tried.
-  if (scenario.run.builder == "deepspeed") {
-    throw InputError(scenario.path, "run.builder",
-                     "hpzlab real does not run the DeepSpeed builder's schedules yet (not tried "
-                     "on a GPU); use run.builder = \"coarse\", as scenarios/race-1gpu.toml does");
-  }
   // --compute real: the tiny model's real math where the numeric replay can run the model,
   // cuBLAS GEMMs of the layer shapes otherwise.
-  const bool model = options.compute == "real" && model_math_unfit(scenario).empty();
+  // The tiny model's math follows the coarse builder's units; DeepSpeed's own schedule (byte
+  // ranges, per-Linear parameters, coalesced gathers) runs spin kernels or GEMMs.
+  const bool by_ranges = replay::replays_by_ranges(schedule);
+  if (options.compute == "real" && by_ranges && model_math_unfit(scenario).empty()) {
+    throw InputError("", "--compute",
+                     "the tiny model's real math runs only the coarse builder's schedules "
+                     "(run.builder = \"coarse\"); on DeepSpeed's own schedule use --compute spin");
+  }
+  const bool model = options.compute == "real" && !by_ranges && model_math_unfit(scenario).empty();
   const Plan plan = make_plan(scenario, schedule, model);
   RealResult out;
   out.ranks = schedule.world_size;

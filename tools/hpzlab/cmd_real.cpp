@@ -67,7 +67,7 @@ std::string render_losses(const real::RealResult& r) {
 
 std::string render_text(const Schedule& schedule, const real::RealResult& r) {
   std::string s = fmt::format("hpzlab real: {} ({}), variant {}, {}\n", schedule.scenario, r.device,
-                              schedule.variant, r.mode);
+                              schedule_label(schedule.variant, schedule.source), r.mode);
   if (r.reference_hung) {
     return s + fmt::format("reference run: {}\n", r.reference_hang);
   }

@@ -1,0 +1,268 @@
+// The plan of a DeepSpeed builder's schedule: every access followed by its byte range, as the
+// data replay follows it (sim/replay/data_engine.hpp, "By ranges"), so that the executor moves
+// the data the replay moves and a race the replay shows corrupts the same elements on a GPU.
+//  - a copy moves its i-th read into its i-th write, or its reads one after another into its
+//    one write (torch.cat); a copy with no read writes the checkpoint pattern; qwZ's quantize
+//    and dequantize are one-for-one pass-throughs of int8 elements (a kQuantized buffer holds
+//    one element per byte);
+//  - an all-gather places member k's send at k x comm_bytes of its write; a reduce-scatter
+//    sums the members' k-th chunk into member k; an all-reduce sums what its members send (a
+//    broadcast: only the root sends);
+//  - the gradient reduction moves no data (its bucket's bytes do not say which parameter's
+//    they are); instead each bucket copy keeps the rank's gradient of its unit in a slot of
+//    the plan's own, and each optimizer step subtracts 1/16 of the sum over ranks of that
+//    gradient's primary slice from the primary shard, as DeepSpeed partitions each gradient
+//    (the replay's reduced_gradient).
+#include <fmt/format.h>
+
+#include "real/plan_builder.hpp"
+
+namespace hpz::real::detail {
+
+SlotId PlanBuilder::extra_slot(Rank r, std::uint64_t elements) {
+  RankPlan& rp = plan_.ranks[r];
+  rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(elements, 1)});
+  return static_cast<SlotId>(rp.slots.size() - 1);
+}
+
+SlotId PlanBuilder::staging_for(Rank r, StreamId stream, std::uint64_t elements) {
+  const auto [it, fresh] = staging_of_.try_emplace({r, stream}, 0);
+  if (fresh) it->second = extra_slot(r, elements);
+  return it->second;
+}
+
+void PlanBuilder::effects_by_ranges(Rank r, const Op& o, PlanOp& po) {
+  switch (o.kind) {
+    case OpKind::kCopy: {
+      const int src = find(r, o, AccessMode::kRead);
+      const bool gradient =
+          o.phase == Phase::kGradReduce && src >= 0 &&
+          role(r, s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(src)].buffer) ==
+              BufferRole::kGradFull;
+      if (gradient) take_gradient(r, o, po);
+      if (!moves_no_data(o)) gather_into(r, o, po);
+      return;
+    }
+    case OpKind::kQuantize:
+      if (!moves_no_data(o)) gather_into(r, o, po);
+      return;
+    case OpKind::kDequantize: {
+      const int src = find(r, o, AccessMode::kRead);
+      const int dst = find(r, o, AccessMode::kWrite);
+      if (moves_no_data(o) || src < 0 || dst < 0) return;
+      const Span s = span(r, o, static_cast<std::uint32_t>(src));
+      const Span d = span(r, o, static_cast<std::uint32_t>(dst));
+      po.actions.push_back({Action::Kind::kCopy, d.loc, std::min(s.n, d.n), {s.loc}});
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+// The data replay's gather_into, action for action.
+void PlanBuilder::gather_into(Rank r, const Op& o, PlanOp& po) {
+  using K = Action::Kind;
+  std::vector<std::uint32_t> reads, writes;
+  for (std::uint32_t k = 0; k < o.access_count; ++k) {
+    const Access& a = s_.ranks[r].accesses[o.access_begin + k];
+    (a.mode == AccessMode::kRead ? reads : writes).push_back(k);
+  }
+  if (writes.empty()) return;
+  const auto buffer = [&](std::uint32_t k) {
+    return s_.ranks[r].accesses[o.access_begin + k].buffer;
+  };
+  if (reads.empty()) {  // from storage: the checkpoint's values of the unit
+    if (o.unit == kNoUnit) return;
+    const Span d = span(r, o, writes.front());
+    const bool whole = role(r, buffer(writes.front())) == BufferRole::kFull;
+    Action a{K::kPattern, d.loc, d.n, {}};
+    a.salt = kCheckpointSalt;
+    a.unit = o.unit;
+    a.pattern_base = (whole ? 0 : layouts_[o.unit].primary_slice(r).begin) + d.loc.elem;
+    po.actions.push_back(a);
+    return;
+  }
+  if (reads.size() == writes.size() && o.kind == OpKind::kCopy) {
+    for (std::size_t i = 0; i < reads.size(); ++i) {
+      if (esize(r, buffer(reads[i])) != esize(r, buffer(writes[i]))) continue;
+      const Span s = span(r, o, reads[i]);
+      const Span d = span(r, o, writes[i]);
+      po.actions.push_back({K::kCopy, d.loc, std::min(s.n, d.n), {s.loc}});
+    }
+    return;
+  }
+  const Span w = span(r, o, writes.front());
+  const std::uint64_t wes = esize(r, buffer(writes.front()));
+  const std::uint64_t capacity = w.n;
+  std::uint64_t read_elems = 0, buffer_elems = 0;
+  for (std::uint32_t k : reads) {
+    const std::uint64_t es = esize(r, buffer(k));
+    read_elems += span(r, o, k).n;
+    buffer_elems += s_.ranks[r].buffers[buffer(k)].bytes / es;
+  }
+  // Reads covering less than the write keep their buffer's place in the concatenation.
+  const bool by_buffer = read_elems != capacity && buffer_elems == capacity;
+  std::uint64_t at = 0;
+  for (std::uint32_t k : reads) {
+    const std::uint64_t es = esize(r, buffer(k));
+    const Span s = span(r, o, k);
+    const std::uint64_t pos = by_buffer ? at + s.loc.elem : at;
+    at += by_buffer ? s_.ranks[r].buffers[buffer(k)].bytes / es : s.n;
+    if (pos >= capacity || (o.kind == OpKind::kCopy && es != wes)) continue;
+    Loc dst = w.loc;
+    dst.elem += pos;
+    po.actions.push_back({K::kCopy, dst, std::min(s.n, capacity - pos), {s.loc}});
+  }
+}
+
+// A bucket copy: the rank's gradient of the unit into its gradient slot (summed over the
+// micro-steps of a step).
+void PlanBuilder::take_gradient(Rank r, const Op& o, PlanOp& po) {
+  using K = Action::Kind;
+  const int src = find(r, o, AccessMode::kRead);
+  const BufferId b = s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(src)].buffer;
+  const UnitId u = s_.ranks[r].buffers[b].unit;
+  if (u == kNoUnit) return;
+  const Span s = span(r, o, static_cast<std::uint32_t>(src));
+  const auto [it, fresh] = grad_slot_.try_emplace({r, u});
+  GradSlot& g = it->second;
+  if (fresh) g.slot = extra_slot(r, s.loc.elem + s.n);
+  g.n = std::max(g.n, s.loc.elem + s.n);
+  RankPlan& rp = plan_.ranks[r];
+  rp.slots[g.slot].elements = std::max(rp.slots[g.slot].elements, g.n);
+  const Loc into{r, g.slot, s.loc.elem};
+  if (g.step != o.step) {
+    po.actions.push_back({K::kCopy, into, s.n, {s.loc}});
+  } else {
+    po.actions.push_back({K::kSum, into, s.n, {into, s.loc}});
+  }
+  g.step = o.step;
+}
+
+void PlanBuilder::optimizer_by_ranges(Rank r, const Op& o, PlanOp& po) {
+  const int p = find_role(r, o, AccessMode::kWrite, BufferRole::kPrimary);
+  if (p < 0 || o.unit == kNoUnit) return;
+  pending_steps_.push_back({r, &po, o.unit, span(r, o, static_cast<std::uint32_t>(p))});
+}
+
+// Every rank's gradient slots are known: each optimizer step sums the ranks' gradients of its
+// unit over its primary slice (in rank order) into the rank's scratch slot and subtracts 1/16
+// of it from the primary shard.
+void PlanBuilder::reduced_gradients() {
+  using K = Action::Kind;
+  std::map<Rank, SlotId> scratch;
+  for (const PendingStep& st : pending_steps_) {
+    const std::uint64_t first =
+        layouts_[st.unit].primary_slice(st.rank).begin + st.primary.loc.elem;
+    std::uint64_t n = st.primary.n;
+    std::vector<Loc> src;
+    for (std::size_t k = 0; k < s_.ranks.size(); ++k) {
+      const auto it = grad_slot_.find({static_cast<Rank>(k), st.unit});
+      if (it == grad_slot_.end() || first >= it->second.n) continue;
+      n = std::min(n, it->second.n - first);
+      src.push_back({static_cast<Rank>(k), it->second.slot, first});
+    }
+    if (src.empty() || n == 0) continue;
+    auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
+    if (fresh) sit->second = extra_slot(st.rank, n);
+    RankPlan& rp = plan_.ranks[st.rank];
+    rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, n);
+    const Loc sum{st.rank, sit->second, 0};
+    st.op->actions.push_back({K::kSum, sum, n, src});
+    Action x{K::kAxpy, st.primary.loc, n, {sum}};
+    x.scale = -0.0625F;
+    st.op->actions.push_back(x);
+  }
+}
+
+// The data replay's receive_by_ranges, action for action.
+void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const Span& d,
+                                    const std::vector<std::vector<Span>>& in) {
+  using K = Action::Kind;
+  const auto [r, i] = inst.members[m];
+  const Op& o = s_.ranks[r].ops[i];
+  PlanOp& po = plan_.ranks[r].ops[i];
+  if (moves_no_data(o)) return;
+  const int dst = find(r, o, AccessMode::kWrite);
+  const BufferId db = s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(dst)].buffer;
+  const std::uint64_t es = esize(r, db);
+  const int own = find(r, o, AccessMode::kRead);
+  // A broadcast is an all-reduce that only its root sends to (a load's).
+  if (own < 0 && o.kind != OpKind::kAllReduce) return;
+  if (own >= 0 &&
+      esize(r, s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(own)].buffer) !=
+          es) {
+    return;  // qwZ's scales
+  }
+  const std::uint64_t begin = d.loc.elem, end = begin + d.n;
+  if (own < 0 && o.purpose == Purpose::kCheckpointLoad && o.unit != kNoUnit) {
+    const bool whole = role(r, db) == BufferRole::kFull;
+    Action a{K::kPattern, d.loc, d.n, {}};
+    a.salt = kCheckpointSalt;
+    a.unit = o.unit;
+    a.pattern_base = (whole ? 0 : layouts_[o.unit].primary_slice(r).begin) + begin;
+    po.actions.push_back(a);
+    return;
+  }
+  const std::uint64_t members = inst.members.size();
+  switch (o.kind) {
+    case OpKind::kAllGather: {
+      const std::uint64_t count = o.comm_bytes / es;
+      bool fits = count > 0 && begin + members * count <= plan_.ranks[r].slots[d.loc.slot].elements;
+      for (std::size_t k = 0; k < members; ++k) {
+        fits = fits && !in[k].empty() && in[k][0].n >= count;
+        if (in[k].empty()) continue;
+        const std::uint64_t pos = begin + k * count;
+        if (pos >= end) continue;
+        po.actions.push_back(
+            {K::kCopy, {r, d.loc.slot, pos}, std::min(in[k][0].n, end - pos), {in[k][0].loc}});
+      }
+      if (fits) {
+        po.native.kind = NativeCollective::Kind::kAllGather;
+        po.native.recv = {r, d.loc.slot, begin};
+        po.native.count = count;
+      }
+      // Every gather's result is compared with the reference's.
+      po.is_gather_probe = true;
+      po.probe = d.loc;
+      po.probe_n = d.n;
+      ++plan_.probes;
+      return;
+    }
+    case OpKind::kReduceScatter: {
+      const std::uint64_t n = o.comm_bytes / es, from = m * n;
+      Action x{K::kSum, d.loc, std::min(n, end - begin), {}};
+      for (const std::vector<Span>& snd : in) {
+        if (snd.empty() || snd[0].n <= from) return;
+        Loc l = snd[0].loc;
+        l.elem += from;
+        x.src.push_back(l);
+        x.n = std::min(x.n, snd[0].n - from);
+      }
+      if (in[m][0].n >= members * n) {
+        po.native.kind = NativeCollective::Kind::kReduceScatter;
+        po.native.count = n;
+      }
+      return finish_reduce(r, o.stream, po, std::move(x), {});
+    }
+    case OpKind::kAllReduce: {
+      Action x{K::kSum, d.loc, d.n, {}};
+      for (const std::vector<Span>& snd : in) {
+        if (snd.empty()) continue;  // a broadcast's receiver
+        x.src.push_back(snd[0].loc);
+        x.n = std::min(x.n, snd[0].n);
+      }
+      if (x.src.empty()) return;
+      if (x.src.size() == members) {
+        po.native.kind = NativeCollective::Kind::kAllReduce;
+        po.native.count = x.n;
+      }
+      return finish_reduce(r, o.stream, po, std::move(x), {});
+    }
+    default:  // all-to-all: only qgZ's, in the gradient reduction
+      return;
+  }
+}
+
+}  // namespace hpz::real::detail
