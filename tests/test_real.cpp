@@ -634,7 +634,7 @@ TEST(RealDeepSpeed, OneGpuScenarioFitsAnH100) {
   const Plan plan = make_plan(sc, s);
   const double gib = static_cast<double>(peak_bytes_estimate(plan, s)) / (1 << 30);
   EXPECT_GT(gib, 1.0);
-  EXPECT_LT(gib, 70.0) << gib << " GiB";
+  EXPECT_LT(gib, 0.8 * 79.0) << gib << " GiB";  // run.cpp refuses more than 80% of the device
 }
 
 // On a GPU (skipped without one): the serialized GPU run of DeepSpeed's schedule moves the data
