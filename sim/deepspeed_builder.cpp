@@ -2466,6 +2466,13 @@ RunTraits run_traits(const Scenario& sc) {
   return t;
 }
 
+std::vector<const ReleaseRule*> scenario_defects(const Scenario& sc) {
+  if (sc.run.builder != "deepspeed") return {};
+  const std::string v = canonical_deepspeed_version(sc.zero.deepspeed_version);
+  return is_deepspeed_release(v) ? known_defects(v, run_traits(sc))
+                                 : std::vector<const ReleaseRule*>{};
+}
+
 Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version) {
   const VersionRules v = version_rules(version, run_traits(sc), sc.path);
   auto refuse = [&](const std::string& what, const std::string& instead) {

@@ -20,6 +20,10 @@ namespace hpz {
  *  (sim/deepspeed_releases.hpp). */
 RunTraits run_traits(const Scenario& scenario);
 
+/** The known DeepSpeed defects (known_defects) of the scenario's release on its run; none for
+ *  the coarse builder, which stands for no one release, or a version that is no release. */
+std::vector<const ReleaseRule*> scenario_defects(const Scenario& scenario);
+
 /** Builds every rank's schedule as DeepSpeed release `version` issues it (its rules:
  *  sim/deepspeed_releases.hpp) for the scenario (Llama-shaped
  *  models with qwZ, qgZ, persistence and accumulation; variant stock, host-sync or event-wait on

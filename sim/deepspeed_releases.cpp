@@ -615,6 +615,11 @@ std::string lacks_rule(const ReleaseRule& rule) {
   return fmt::format("the builder lacks rule '{}' ({}, {})", rule.id, rule.pr, window_of(rule));
 }
 
+std::string fixed_label(const ReleaseRule& rule) {
+  const std::string until = until_of(rule);
+  return until.empty() ? "not fixed yet" : "fixed in " + until;
+}
+
 std::string window_of(const ReleaseRule& rule) {
   const std::string until = until_of(rule);
   std::string out = until.empty() ? fmt::format("from {}", rule.first)

@@ -228,6 +228,9 @@ bool is_deepspeed_release(const std::string& version);
 /** "latest" as the newest release; any other name as given. */
 std::string canonical_deepspeed_version(const std::string& version);
 
+/** "fixed in 0.13.5" (until_of), or "not fixed yet". */
+std::string fixed_label(const ReleaseRule& rule);
+
 /** "0.14.1 to the release before 0.14.3", "from 0.18.0", with the torch it needs if any. */
 std::string window_of(const ReleaseRule& rule);
 

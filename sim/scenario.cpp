@@ -1300,8 +1300,13 @@ Scenario build(const std::string& path, Settings& settings, Origins& origins) {
     spec.apply(scenario, *setting, spec.dotted());
     origins[spec.dotted()] = setting->where;
     if (const auto it = from_files.find(spec.dotted()); it != from_files.end()) {
-      scenario.notes.push_back(fmt::format("{} from {} overrides the value {} gives", spec.dotted(),
-                                           setting->where, it->second));
+      // A scenario file that names a preset and sets one of its sizes overrides the preset.
+      const std::string over =
+          it->second == setting->where
+              ? fmt::format("model.preset's value ({} names the preset too)", setting->where)
+              : fmt::format("the value {} gives", it->second);
+      scenario.notes.push_back(
+          fmt::format("{} from {} overrides {}", spec.dotted(), setting->where, over));
     }
   }
   if (!batch.file.empty()) reconcile_batch(scenario, batch, origins);

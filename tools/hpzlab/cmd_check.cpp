@@ -170,22 +170,16 @@ struct Checked {
   /** The DeepSpeed defects of this release on this run (known_defects): not the checker's
    *  kinds, but findings all the same (the exit status, `clean`, JUnit). */
   std::vector<const ReleaseRule*> defects;
+  /** The DeepSpeed release checked alone (no --deepspeed matrix; the DeepSpeed builder). */
+  std::string release;
 
   /** Checked, nothing found and no known defect: a release to run this on. */
   bool clean() const { return refused.empty() && result.clean() && defects.empty(); }
 };
 
-/** The defects DeepSpeed `sc.zero.deepspeed_version` has on `sc` (none for the coarse builder,
- *  which stands for no one release). */
-std::vector<const ReleaseRule*> defects_of(const Scenario& sc) {
-  if (sc.run.builder != "deepspeed") return {};
-  return known_defects(canonical_deepspeed_version(sc.zero.deepspeed_version), run_traits(sc));
-}
-
 /** A defect under a verdict: one line in a matrix, its whole description for one release. */
 std::string defect_line(const ReleaseRule& r, bool whole) {
-  const std::string until = until_of(r);
-  const std::string fixed = until.empty() ? "not fixed yet" : "fixed in " + until;
+  const std::string fixed = fixed_label(r);
   return whole ? fmt::format("  DeepSpeed defect `{}` ({}, {}), not an ordering bug: {}\n", r.id,
                              r.pr, fixed, r.what)
                : fmt::format("  DeepSpeed defect `{}` ({}): {} (`hpzlab releases` says what)\n",
@@ -408,7 +402,10 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
             std::move(builder),
             epoch ? epoch->releases : std::vector<std::string>{},
             "",
-            defects_of(sc)};
+            scenario_defects(sc),
+            epoch || sc.run.builder != "deepspeed"
+                ? ""
+                : canonical_deepspeed_version(sc.zero.deepspeed_version)};
   };
   std::vector<Checked> results;
   if (opts.record || n == 1) {
@@ -486,7 +483,7 @@ Checked check_file(const CheckOptions& opts) {
     result = on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
   });
   progress_bar(1, 1, opts.schedule + " checked");
-  return {std::move(result), step_count(schedule), true, false, {}, std::nullopt, {}, "", {}};
+  return {std::move(result), step_count(schedule), true, false, {}, std::nullopt, {}, "", {}, ""};
 }
 
 /** A clean verdict on one step says nothing about the hpZ race: DeepSpeed copies the secondary
@@ -564,10 +561,8 @@ std::string defects_history(const std::vector<Checked>& checked, const std::stri
   }
   std::string out;
   for (const auto& [r, releases] : seen) {
-    const std::string until = until_of(*r);
     out += fmt::format("    DeepSpeed defect `{}` ({}): in {}; {}\n", r->id, r->pr,
-                       releases_label(releases),
-                       until.empty() ? "not fixed yet" : "fixed in " + until);
+                       releases_label(releases), fixed_label(*r));
   }
   return out;
 }
@@ -704,13 +699,11 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     for (const Checked& c : checked) {
       for (const ReleaseRule* r : c.defects) {
         const std::string until = until_of(*r);
-        // One release checked alone: the builder's schedule names it (source.deepspeed).
-        const auto named = c.result.source.find("deepspeed");
         defects.push_back(
             {{"scenario", c.result.scenario},
-             {"releases", !c.releases.empty()              ? c.releases
-                          : named != c.result.source.end() ? std::vector<std::string>{named->second}
-                                                           : std::vector<std::string>{}},
+             {"releases", !c.releases.empty() ? c.releases
+                          : c.release.empty() ? std::vector<std::string>{}
+                                              : std::vector<std::string>{c.release}},
              {"rule", r->id},
              {"pr", r->pr},
              {"fixed_in", until.empty() ? nlohmann::json(nullptr) : nlohmann::json(until)},

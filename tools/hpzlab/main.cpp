@@ -150,19 +150,13 @@ Scenario load(const ScenarioOptions& opts) {
   // A DeepSpeed defect of this release on this run (not an ordering bug: no schedule, timing or
   // taint replay shows it) is said under every engine's output; `check` names it under its
   // verdict and counts it as a finding.
-  if (sc.run.builder == "deepspeed") {
-    const std::string v = canonical_deepspeed_version(sc.zero.deepspeed_version);
-    if (is_deepspeed_release(v)) {
-      for (const ReleaseRule* r : known_defects(v, run_traits(sc))) {
-        const std::string until = until_of(*r);
-        sc.notes.push_back(fmt::format(
-            "DeepSpeed {} has the defect `{}` on this run ({}; {}, {}): not an ordering bug, so "
-            "this output does not show it (`hpzlab check` names it, `hpzlab releases` says what "
-            "it does)",
-            v, r->id, condition_of(*r), r->pr,
-            until.empty() ? "not fixed yet" : "fixed in " + until));
-      }
-    }
+  for (const ReleaseRule* r : scenario_defects(sc)) {
+    sc.notes.push_back(fmt::format(
+        "DeepSpeed {} has the defect `{}` on this run ({}; {}, {}): not an ordering bug, so "
+        "this output does not show it (`hpzlab check` names it, `hpzlab releases` says what "
+        "it does)",
+        canonical_deepspeed_version(sc.zero.deepspeed_version), r->id, condition_of(*r), r->pr,
+        fixed_label(*r)));
   }
   return sc;
 }
