@@ -94,7 +94,9 @@ class HostBackend : public Backend {
       const std::vector<SlotInfo>& slots = plan.ranks[r].slots;
       std::vector<SlotId> last(schedule.ranks[r].buffers.size(), kNoSlot);
       for (std::size_t k = 0; k < slots.size(); ++k) {
-        store_[r].emplace_back(slots[k].elements * static_cast<std::size_t>(eb_), 0xff);
+        // A slot no action, probe or weight read touches gets no memory (as on CUDA).
+        store_[r].emplace_back(
+            slots[k].touched ? slots[k].elements * static_cast<std::size_t>(eb_) : 0, 0xff);
         const BufferId b = slots[k].buffer;
         prev_slot_[r].push_back(b == kNoBuffer ? kNoSlot : last[b]);
         if (b != kNoBuffer) last[b] = static_cast<SlotId>(k);

@@ -47,10 +47,10 @@ inline constexpr std::uint64_t kWhole = std::numeric_limits<std::uint64_t>::max(
 inline constexpr BufferId kReducedGrad = kNoBuffer - 1;
 
 /** True when the engine follows `s` by its accesses' byte ranges (DataEngine's second mode):
- *  the DeepSpeed builder's schedules. */
+ *  DeepSpeed's own schedules, as its builder writes them or `hpzlab record` recorded them (both
+ *  name the release in source.deepspeed; the coarse builder names none). */
 inline bool replays_by_ranges(const Schedule& s) {
-  const auto it = s.source.find("builder");
-  return it != s.source.end() && it->second == "deepspeed";
+  return s.source.count("deepspeed") != 0;
 }
 
 /** Values an op writes into an element range of one of its rank's buffers. */

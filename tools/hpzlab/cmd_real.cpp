@@ -149,7 +149,7 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   require_within("--timeout", opts.timeout_s, 0, kMaxTimeoutS);
   check_outputs({{opts.scenario.json, "--json"}, {opts.trace, "--trace"}},
                 inputs_of(opts.scenario));
-  const Scenario sc = load(opts.scenario);
+  Scenario sc = load(opts.scenario);
   real::RealOptions ro;
   if (opts.distributed) {
     ro.launch = real::detect_launch();
@@ -168,7 +168,7 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
       return;
     }
   }
-  const Schedule schedule = build_schedule(sc);
+  const Schedule schedule = schedule_for(sc, opts.scenario.schedule);
   ro.runs = opts.runs;
   ro.timeout_s = opts.timeout_s;
   ro.backend = opts.backend;
@@ -209,6 +209,7 @@ void setup_real(CLI::App& app, int& exit_code) {
       "--runs times for real; report corrupted runs "
       "and measured timings. Exit 1 when a run corrupted data or hung, 3 without a CUDA device");
   add_scenario_options(*sub, opts->scenario);
+  add_schedule_option(*sub, opts->scenario.schedule);
   sub->add_option("--runs", opts->runs, "Timed runs after the reference (default 5)");
   sub->add_option("--timeout", opts->timeout_s,
                   "Seconds any host wait may take before the run is reported as a hang "
