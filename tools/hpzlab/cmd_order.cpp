@@ -17,6 +17,7 @@ namespace {
 struct OrderOptions {
   std::string scenario;
   std::vector<std::string> sets;
+  UserFlags user;  ///< the one-command flags (--ds-config, --hf-config, --nodes, ...)
   std::optional<int> rank;
   bool digest_only = false;
   std::string golden;               ///< --golden FILE: write a new golden file
@@ -33,10 +34,12 @@ std::string built_by(const Schedule& s) {
   return s.variant + ", coarse builder";
 }
 
-Schedule build(const std::string& scenario, const std::vector<std::string>& sets) {
+Schedule build(const std::string& scenario, const std::vector<std::string>& sets,
+               const UserFlags& user = {}) {
   ScenarioOptions opts;
   opts.scenario = scenario;
   opts.sets = sets;
+  opts.user = user;
   return build_schedule(load(opts));
 }
 
@@ -91,7 +94,12 @@ void update_goldens(const std::vector<std::string>& files) {
 }
 
 void print_orders(const OrderOptions& opts) {
-  const Schedule s = build(opts.scenario, opts.sets);
+  if (!opts.golden.empty() && !flag_settings(opts.user).empty()) {
+    throw InputError("", "--golden",
+                     "a golden file names a scenario file and --set overrides: give the "
+                     "one-command flags as --set keys (e.g. --set zero.ds_config=ds.json)");
+  }
+  const Schedule s = build(opts.scenario, opts.sets, opts.user);
   if (opts.rank && (*opts.rank < 0 || *opts.rank >= s.world_size)) {
     throw InputError(
         "--rank", "",
@@ -105,8 +113,8 @@ void print_orders(const OrderOptions& opts) {
                 g.built_by.c_str());
     return;
   }
-  std::string out = fmt::format("# {} ({}): canonical issue order (docs/orders.md)\n",
-                                opts.scenario, built_by(s));
+  std::string out =
+      fmt::format("# {} ({}): canonical issue order (docs/orders.md)\n", s.scenario, built_by(s));
   for (Rank r = 0; r < s.world_size; ++r) {
     if (opts.rank && r != *opts.rank) continue;
     const std::vector<std::string> lines = canonical_order(s, r);
@@ -118,14 +126,15 @@ void print_orders(const OrderOptions& opts) {
 }
 
 void run_order(const OrderOptions& opts, int& exit_code) {
-  const int modes = static_cast<int>(!opts.scenario.empty()) +
+  const bool one_command = !flag_settings(opts.user).empty();
+  const int modes = static_cast<int>(!opts.scenario.empty() || one_command) +
                     static_cast<int>(!opts.check.empty()) + static_cast<int>(!opts.update.empty());
   if (modes != 1) {
     throw InputError("", "order",
                      "give one of: a scenario (print its orders or, with --golden, write a golden "
                      "file), --check GOLDEN... or --update GOLDEN...");
   }
-  if (opts.scenario.empty() &&
+  if (opts.scenario.empty() && !one_command &&
       (!opts.sets.empty() || opts.rank || opts.digest_only || !opts.golden.empty())) {
     throw InputError("", "--check/--update",
                      "take golden files only: the scenario and its --set overrides are in them");
@@ -148,11 +157,14 @@ void setup_order(CLI::App& app, int& exit_code) {
       "order",
       "Print each rank's issue order as canonical text with a digest per rank, or write, check and "
       "update golden order files that CI compares it with (docs/orders.md)");
-  sub->add_option("scenario", opts->scenario, "Scenario file (TOML), e.g. scenarios/tiny.toml");
+  sub->add_option("scenario", opts->scenario,
+                  "Scenario file (TOML), e.g. scenarios/tiny.toml; optional with --hf-config FILE "
+                  "--ds-config FILE");
   sub->add_option("--set", opts->sets,
                   "Override a scenario key, e.g. --set run.variant=host-sync (repeatable)")
       ->take_all()
       ->allow_extra_args(false);
+  add_user_flags(*sub, opts->user, true);
   sub->add_option("--rank", opts->rank, "Print this rank's order only");
   sub->add_flag("--digest", opts->digest_only, "Print each rank's op count and digest only");
   sub->add_option("--golden", opts->golden,
