@@ -122,6 +122,39 @@ TEST(Simulate, AHostEventSyncHoldsTheHostUntilTheRecordedWorkIsDone) {
   EXPECT_EQ(racy.mean.races_manifested, 1u);
 }
 
+// A race's margin is the later op's start minus the earlier op's end, in the first run: negative
+// where it bites (host-event-sync-missing.json: the read starts at once, the copy ends after
+// S0's 1 ms spin), positive where it misses (race-missed.json: a 3 ms spin ahead of the read),
+// with the closest instance named, in the console and the JSON.
+TEST(Simulate, RaceMarginsAreTheGapBetweenTheWriteAndTheRead) {
+  const SimResult bites = sim_file("host-event-sync-missing.json");
+  ASSERT_EQ(bites.races.size(), 1u);
+  const RaceReport& b = bites.races.front();
+  ASSERT_TRUE(b.has_margin);
+  const auto& u = bites.timeline.ranks[0];
+  EXPECT_DOUBLE_EQ(b.min_margin_s, u[4].start_s - u[2].end_s);
+  EXPECT_LT(b.min_margin_s, -0.9e-3);
+  EXPECT_DOUBLE_EQ(b.median_margin_s, b.min_margin_s);  // one instance
+  EXPECT_EQ(b.closest.first, 2u);
+  EXPECT_EQ(b.closest.second, 4u);
+
+  const Schedule missed =
+      read_schedule_file(test::source_dir() + "/tests/data/schedule/race-missed.json");
+  const SimResult misses = sim_file("race-missed.json");
+  ASSERT_EQ(misses.races.size(), 1u);
+  const RaceReport& m = misses.races.front();
+  const auto& t = misses.timeline.ranks[0];
+  ASSERT_TRUE(m.has_margin);
+  EXPECT_DOUBLE_EQ(m.min_margin_s, t[5].start_s - t[2].end_s);
+  EXPECT_GT(m.min_margin_s, 1.5e-3);  // 3 ms of spin against 1 ms and a copy
+  EXPECT_LT(m.min_margin_s, 2.5e-3);
+  EXPECT_EQ(misses.mean.races_manifested, 0u);
+  const std::string text = ConsoleReporter().render(missed, misses);
+  EXPECT_NE(text.find("margin: misses by "), std::string::npos) << text;
+  const nlohmann::json j = nlohmann::json::parse(JsonReporter().render(missed, misses));
+  EXPECT_DOUBLE_EQ(j.at("races").at(0).at("margin_s").at("min").get<double>(), m.min_margin_s);
+}
+
 TEST(CollectivePlan, RingStepsAsNcclRunsThem) {
   const auto ag = plan_collective(OpKind::kAllGather, 100, 8, CollectiveModel::kFine);
   EXPECT_EQ(ag.steps, 7);

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "sim/check/finding_log.hpp"
 #include "sim/time/report.hpp"
@@ -14,6 +15,11 @@ std::string seconds(double s) {
   return fmt::format("{:.1f} us", s * 1e6);
 }
 
+/** A margin with its sign: "+1.200 ms" (the later op started after), "-185.0 us" (before). */
+std::string signed_seconds(double s) {
+  return (s < 0 ? "-" : "+") + seconds(std::abs(s));
+}
+
 void races(const SimResult& r, std::string& out) {
   bool any = false;
   for (const RaceReport& race : r.races) {
@@ -23,6 +29,16 @@ void races(const SimResult& r, std::string& out) {
                        check::describe_short(race.group.example.first),
                        check::describe_short(race.group.example.second), race.instances,
                        race.runs_manifested, r.runs.size());
+    if (race.has_margin) {
+      out += fmt::format(
+          "    margin: {} at rank {} (op #{} {} op #{} ended), median {} over the instances that "
+          "ran\n",
+          race.min_margin_s < 0 ? "bites by " + seconds(-race.min_margin_s)
+                                : "misses by " + seconds(race.min_margin_s),
+          race.closest.rank, race.closest.second,
+          race.min_margin_s < 0 ? "started before" : "started after", race.closest.first,
+          signed_seconds(race.median_margin_s));
+    }
     if (!race.has_example) continue;
     const Manifestation& m = race.example_timing;
     out += fmt::format(

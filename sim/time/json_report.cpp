@@ -30,6 +30,18 @@ json race_json(const check::FindingLog& names, const RaceReport& race) {
             {"manifested_per_run", race.manifested_per_run},
             {"runs_manifested", race.runs_manifested},
             {"max_overlap_s", race.max_overlap_s}};
+  if (race.has_margin) {
+    // Second start - first end in the first run: negative where the race bit.
+    j["margin_s"] = {
+        {"min", race.min_margin_s},
+        {"median", race.median_margin_s},
+        {"at",
+         {{"rank", race.closest.rank},
+          {"first_op", race.closest.first},
+          {"second_op", race.closest.second},
+          {"first", check::describe(names.label(race.closest.rank, race.closest.first))},
+          {"second", check::describe(names.label(race.closest.rank, race.closest.second))}}}};
+  }
   if (race.has_example) {
     const Manifestation& m = race.example_timing;
     // The pair that overlapped, in words: a group's `first` and `second` describe its first

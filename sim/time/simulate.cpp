@@ -86,12 +86,13 @@ void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& res
 
 void attach_races(const check::CheckResult& checked, SimResult& result) {
   for (const check::FindingGroup& g : checked.groups)
-    result.races.push_back({g, 0, {}, 0, false, {}, {}, 0});
+    result.races.push_back({g, 0, {}, 0, false, {}, {}, 0, false, 0, 0, {}});
   result.race_instances = race_instances(checked);
 }
 
 void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
   for (RaceReport& report : result.races) report.manifested_per_run.assign(runs.size(), 0);
+  std::vector<std::vector<double>> margins(result.races.size());  // first run, per group
   for (std::size_t run = 0; run < runs.size(); ++run) {
     for (const RaceInstance& race : result.race_instances) {
       const Manifestation m = manifestation(*runs[run], race);
@@ -99,6 +100,15 @@ void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
       if (run == 0) {
         ++report.instances;
         report.max_overlap_s = std::max(report.max_overlap_s, m.overlap_s);
+        if (m.first_end_s >= 0 && m.second_start_s >= 0) {  // both ran
+          const double margin = m.second_start_s - m.first_end_s;
+          if (!report.has_margin || margin < report.min_margin_s) {
+            report.min_margin_s = margin;
+            report.closest = race;
+          }
+          report.has_margin = true;
+          margins[race.group].push_back(margin);
+        }
       }
       if (!m.manifested) continue;
       ++report.manifested_per_run[run];
@@ -109,6 +119,14 @@ void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
         report.example_timing = m;
       }
     }
+  }
+  for (std::size_t g = 0; g < result.races.size(); ++g) {
+    std::vector<double>& v = margins[g];
+    if (v.empty()) continue;
+    // The lower median: a margin some instance really had.
+    const auto mid = v.begin() + static_cast<std::ptrdiff_t>((v.size() - 1) / 2);
+    std::nth_element(v.begin(), mid, v.end());
+    result.races[g].median_margin_s = *mid;
   }
   for (RaceReport& report : result.races) {
     report.runs_manifested = static_cast<int>(std::count_if(report.manifested_per_run.begin(),

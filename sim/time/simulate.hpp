@@ -49,6 +49,13 @@ struct RaceReport {
   RaceInstance example;
   Manifestation example_timing;
   double max_overlap_s = 0;  ///< over the first run's instances
+  /** The race's margin in the first run: how long after the earlier op ended the later one
+   *  started (second start - first end; negative: it bit, by that much), over the instances
+   *  where both ran. `closest` is the instance with the smallest margin. */
+  bool has_margin = false;
+  double min_margin_s = 0;
+  double median_margin_s = 0;
+  RaceInstance closest;
 };
 
 /** One link direction's traffic. */
