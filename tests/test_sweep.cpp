@@ -138,7 +138,8 @@ nlohmann::json sim_json(double step_time) {
                         {"races_manifested", 3},
                         {"hung", false}};
   nlohmann::json race = {{"second", "rank 0 S_nccl #5 all_gather prefetch (step 1, l0, forward)"},
-                         {"manifested_per_run", {3}}};
+                         {"manifested_per_run", {3}},
+                         {"margin_s", {{"min", -0.002}, {"min_per_run", {-0.002}}}}};
   return {{"runs", {run}}, {"races", {race}}};
 }
 
@@ -154,15 +155,16 @@ TEST(SweepTable, RowsFromSimAndFailedRows) {
   ASSERT_EQ(ok.size(), 1u);
   EXPECT_EQ(csv_header(cols),
             "point,variant,run,a.b,c.d,status,step_time_s,tokens_per_s_per_node,exposed_comm_s,"
-            "host_stall_s,host_sync_s,races_manifested,race_groups,first_race,error\n");
+            "host_stall_s,host_sync_s,races_manifested,race_groups,first_race,race_margin_s,"
+            "error\n");
   EXPECT_EQ(csv_line(cols, ok[0]),
             "4,no-hpz,0,2,y,ok,0.5,100.5,0.25,0,0,3,1,"
-            "\"rank 0 S_nccl #5 all_gather prefetch (step 1, l0, forward)\",\n");
+            "\"rank 0 S_nccl #5 all_gather prefetch (step 1, l0, forward)\",-0.002,\n");
   const std::vector<Row> failed =
       failed_rows(plan, {1, 0}, "exit code 2: a \"bad\", value\nsecond line");
   ASSERT_EQ(failed.size(), 1u);
   EXPECT_EQ(csv_line(cols, failed[0]),
-            "1,stock,0,1,y,failed,,,,,,,,,\"exit code 2: a \"\"bad\"\", value second line\"\n");
+            "1,stock,0,1,y,failed,,,,,,,,,,\"exit code 2: a \"\"bad\"\", value second line\"\n");
   EXPECT_EQ(failed[0]["a.b"], 1);
   EXPECT_EQ(failed[0]["c.d"], "y");
 }
@@ -172,9 +174,9 @@ TEST(SweepTable, ReproColumnsFromReproJson) {
   plan.repro = true;
   plan.runs = 2;
   const std::vector<std::string> cols = columns(plan);
-  EXPECT_EQ(std::vector<std::string>(cols.end() - 5, cols.end()),
-            (std::vector<std::string>{"first_race", "first_bad_step", "final_loss", "repro_error",
-                                      "error"}));
+  EXPECT_EQ(std::vector<std::string>(cols.end() - 6, cols.end()),
+            (std::vector<std::string>{"first_race", "race_margin_s", "first_bad_step", "final_loss",
+                                      "repro_error", "error"}));
   nlohmann::json sim = sim_json(0.5);
   sim["runs"].push_back(sim["runs"][0]);
   sim["races"][0]["manifested_per_run"] = {3, 0};
@@ -195,7 +197,7 @@ TEST(SweepTable, ReproColumnsFromReproJson) {
   EXPECT_TRUE(rows[1]["first_bad_step"].is_null());
   EXPECT_EQ(rows[1]["final_loss"], 5.5);
   const std::string line = csv_line(cols, rows[0]);
-  EXPECT_TRUE(line.ends_with("\",1,nan,,\n")) << line;
+  EXPECT_TRUE(line.ends_with("\",-0.002,1,nan,,\n")) << line;
   // The columns stay before `error` in the JSON row too.
   EXPECT_EQ(std::prev(rows[0].end()).key(), "error");
   // A run repro does not have: said in repro_error.

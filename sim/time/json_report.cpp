@@ -21,6 +21,13 @@ json metrics_json(const StepMetrics& m) {
           {"hung", m.hung}};
 }
 
+/** Each run's smallest margin, null where no instance ran (JSON has no NaN). */
+json per_run_margins(const RaceReport& race) {
+  json out = json::array();
+  for (double m : race.min_margin_per_run) out.push_back(std::isnan(m) ? json(nullptr) : json(m));
+  return out;
+}
+
 // `names` labels ops for the example (one FindingLog for every race of the report).
 json race_json(const check::FindingLog& names, const RaceReport& race) {
   json j = {{"first", check::describe(race.group.example.first)},
@@ -35,6 +42,7 @@ json race_json(const check::FindingLog& names, const RaceReport& race) {
     j["margin_s"] = {
         {"min", race.min_margin_s},
         {"median", race.median_margin_s},
+        {"min_per_run", per_run_margins(race)},
         {"at",
          {{"rank", race.closest.rank},
           {"first_op", race.closest.first},

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <functional>
 #include <future>
+#include <limits>
 
 namespace hpz::time {
 namespace {
@@ -86,17 +88,25 @@ void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& res
 
 void attach_races(const check::CheckResult& checked, SimResult& result) {
   for (const check::FindingGroup& g : checked.groups)
-    result.races.push_back({g, 0, {}, 0, false, {}, {}, 0, false, 0, 0, {}});
+    result.races.push_back({g, 0, {}, 0, false, {}, {}, 0, false, 0, 0, {}, {}});
   result.race_instances = race_instances(checked);
 }
 
 void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
-  for (RaceReport& report : result.races) report.manifested_per_run.assign(runs.size(), 0);
+  for (RaceReport& report : result.races) {
+    report.manifested_per_run.assign(runs.size(), 0);
+    report.min_margin_per_run.assign(runs.size(), std::numeric_limits<double>::quiet_NaN());
+  }
   std::vector<std::vector<double>> margins(result.races.size());  // first run, per group
   for (std::size_t run = 0; run < runs.size(); ++run) {
     for (const RaceInstance& race : result.race_instances) {
       const Manifestation m = manifestation(*runs[run], race);
       RaceReport& report = result.races[race.group];
+      if (m.first_end_s >= 0 && m.second_start_s >= 0) {
+        double& least = report.min_margin_per_run[run];
+        const double margin = m.second_start_s - m.first_end_s;
+        if (std::isnan(least) || margin < least) least = margin;
+      }
       if (run == 0) {
         ++report.instances;
         report.max_overlap_s = std::max(report.max_overlap_s, m.overlap_s);

@@ -56,6 +56,8 @@ struct RaceReport {
   double min_margin_s = 0;
   double median_margin_s = 0;
   RaceInstance closest;
+  /** The smallest margin of each run (NaN where no instance ran): what a sweep row shows. */
+  std::vector<double> min_margin_per_run;
 };
 
 /** One link direction's traffic. */

@@ -59,6 +59,19 @@ std::pair<std::string, int> races_in_run(const nlohmann::json& sim, std::size_t 
   return {first, groups};
 }
 
+/** The smallest race margin sim --json gives for run `run` over every race group (second
+ *  start - first end: negative where a race bit), null without races. */
+nlohmann::json margin_in_run(const nlohmann::json& sim, std::size_t run) {
+  nlohmann::json least = nullptr;
+  for (const nlohmann::json& race : sim.value("races", nlohmann::json::array())) {
+    if (!race.contains("margin_s")) continue;
+    const nlohmann::json& per_run = race["margin_s"].value("min_per_run", nlohmann::json::array());
+    if (run >= per_run.size() || !per_run[run].is_number()) continue;
+    if (least.is_null() || per_run[run].get<double>() < least.get<double>()) least = per_run[run];
+  }
+  return least;
+}
+
 /** The --repro columns in their place (before `error`), empty until fill_repro(). */
 void fill_repro_placeholders(Row& row) {
   row["first_bad_step"] = nullptr;
@@ -163,7 +176,7 @@ std::vector<std::string> columns(const Plan& plan) {
   for (const Axis& a : plan.axes) c.push_back(a.key);
   for (const char* name :
        {"status", "step_time_s", "tokens_per_s_per_node", "exposed_comm_s", "host_stall_s",
-        "host_sync_s", "races_manifested", "race_groups", "first_race"}) {
+        "host_sync_s", "races_manifested", "race_groups", "first_race", "race_margin_s"}) {
     c.emplace_back(name);
   }
   if (plan.repro) {
@@ -213,6 +226,7 @@ std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::jso
     const auto [first, groups] = races_in_run(sim, i);
     row["race_groups"] = groups;
     row["first_race"] = first;
+    row["race_margin_s"] = margin_in_run(sim, i);
     if (plan.repro) fill_repro_placeholders(row);
     row["error"] = "";
     rows.push_back(std::move(row));
@@ -230,6 +244,7 @@ std::vector<Row> failed_rows(const Plan& plan, SimKey key, const std::string& er
       row[name] = nullptr;
     }
     row["first_race"] = "";
+    row["race_margin_s"] = nullptr;
     if (plan.repro) fill_repro_placeholders(row);
     row["error"] = one_line(error);
     rows.push_back(std::move(row));
