@@ -42,7 +42,9 @@ class HostBackend : public Backend {
     const auto key = [&](std::size_t m) {
       return fmt::format("run{}/c{}/m{}", run_, po.instance, m);
     };
-    if (po.native.send_n > 0) {
+    // A send span in a slot no action touches has no memory here (and nobody reads it): it is
+    // neither sent nor received, the same on every process (the plan is).
+    if (po.native.send_n > 0 && !store_[r][po.native.send.slot].empty()) {
       const Loc& l = po.native.send;
       const auto eb = static_cast<std::size_t>(eb_);
       const auto* p = store_[r][l.slot].data() + l.elem * eb;
@@ -54,7 +56,7 @@ class HostBackend : public Backend {
     for (std::size_t k = 0; k < inst.members.size(); ++k) {
       const auto [mr, mi] = inst.members[k];
       const NativeCollective& theirs = plan_->ranks[mr].ops[mi].native;
-      if (k == member || theirs.send_n == 0) continue;
+      if (k == member || theirs.send_n == 0 || store_[mr][theirs.send.slot].empty()) continue;
       const std::string bytes = dist_->get(key(k));
       auto& slot = store_[mr][theirs.send.slot];
       const std::size_t at = theirs.send.elem * static_cast<std::size_t>(eb_);

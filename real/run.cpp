@@ -288,6 +288,14 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
                      "the tiny model's real math runs only the coarse builder's schedules "
                      "(run.builder = \"coarse\"); on DeepSpeed's own schedule use --compute spin");
   }
+  // Their gradients reach each optimizer step through the plan's gradient slots of every rank
+  // (plan_ranges.cpp), not through a collective: one process must hold every rank.
+  if (options.launch && by_ranges) {
+    throw InputError("", "--distributed",
+                     "DeepSpeed's own schedules run with every rank in one process (ranks "
+                     "emulated on one GPU, or the host backends): their gradients reach the "
+                     "optimizer through every rank's memory, not a collective");
+  }
   const bool model = options.compute == "real" && !by_ranges && model_math_unfit(scenario).empty();
   const Plan plan = make_plan(scenario, schedule, model);
   RealResult out;
