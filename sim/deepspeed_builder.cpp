@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
@@ -733,7 +734,44 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
   leaf(L.in_ln);
 }
 
-std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
+/** How the model's forward and backward run, beyond its module tree. */
+struct Walk {
+  bool checkpointing = false;  ///< training.grad_checkpointing
+  /// transformers 5: torch.utils.checkpoint with use_reentrant=False (modeling_utils.py:3157-3158
+  /// at 5.24.0, when gradient_checkpointing_enable gets no kwargs) of the decoder layer's
+  /// `forward`, so the layer's own hooks stay outside the checkpoint (modeling_layers.py:85-126).
+  bool non_reentrant = false;
+  /// transformers 5 with checkpointing: the causal mask's data-dependent check after the
+  /// embedding (below).
+  bool mask_host_wait = false;
+};
+
+/** The hooks of one checkpointed layer's backward under non-reentrant checkpointing (torch 2.10
+ *  torch/utils/checkpoint.py). The first forward ran with grad, so DeepSpeed's pre-backward
+ *  functions sit on the original outputs and fire as the gradient arrives: the layer's, its
+ *  MLP's and down_proj's (which gathers it). The recompute runs at the first unpack of a saved
+ *  tensor (unpack_hook, :1154-1176), down_proj's backward, without the layer's own hooks; early
+ *  stop (on by default, :1595) ends it once the last saved tensor is packed again (:1117-1120),
+ *  inside the last forward kernel's module after its pre-forward hook: that kernel and every
+ *  post-forward hook after it never run, so down_proj is released by its post-backward alone. */
+void non_reentrant_layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& out) {
+  std::vector<Hook> bwd, rec;
+  layer_backward(md, L, bwd);
+  layer_forward(md, L, true, true, rec);
+  rec.erase(rec.begin());  // the layer's pre-forward and post-forward: outside the checkpoint
+  rec.pop_back();
+  auto last =
+      std::find_if(rec.rbegin(), rec.rend(), [](const Hook& k) { return k.ev == Ev::kFwdKernel; });
+  if (last != rec.rend()) rec.erase(std::prev(last.base()), rec.end());
+  const auto unpack =
+      std::find_if(bwd.begin(), bwd.end(), [](const Hook& k) { return k.ev == Ev::kBwdKernel; });
+  out.insert(out.end(), bwd.begin(), unpack);
+  out.insert(out.end(), rec.begin(), rec.end());
+  out.insert(out.end(), unpack, bwd.end());
+}
+
+std::vector<Hook> micro_step_hooks(const Model& md, const Walk& walk) {
+  const bool checkpointing = walk.checkpointing;
   std::vector<Hook> h;
   auto leaf = [&](int m, bool grad) {
     h.push_back({Ev::kPreFwd, m, false, grad});
@@ -745,13 +783,22 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   leaf(md.embed, true);
   if (md.pos_embed >= 0) leaf(md.pos_embed, true);
   if (md.emb_drop >= 0) leaf(md.emb_drop, true);
+  // transformers 5.24.0: LlamaModel.forward's create_causal_mask (modeling_llama.py:382) reaches
+  // find_packed_sequence_indices (masking_utils.py:864-870: no attention mask and no cache),
+  // whose `(packed_sequence_mask[:, -1] == 0).all()` in an `if` (:761) reads the device. The
+  // cache is None because merge_with_config_defaults turns use_cache off under gradient
+  // checkpointing in training (utils/generic.py:1134-1146); without checkpointing a DynamicCache
+  // skips the check (read in the source; no recording has it).
+  if (walk.mask_host_wait) h.push_back({Ev::kHostSync, -1, false, true});
   // transformers 4.51.3: position_embeddings = self.rotary_emb(hidden_states, position_ids), once,
   // outside the checkpointed layers (modeling_qwen3.py:553); its forward is under no_grad, so
   // its outputs get no backward hook.
   if (md.rotary >= 0) leaf(md.rotary, true);
   // Reentrant checkpointing (TF:LlamaModel.forward, FalconModel.forward, torch.utils.checkpoint)
-  // runs each layer's first forward without grad.
-  for (const auto& L : md.layers) layer_forward(md, L, false, !checkpointing, h);
+  // runs each layer's first forward without grad; non-reentrant with grad.
+  for (const auto& L : md.layers) {
+    layer_forward(md, L, false, !checkpointing || walk.non_reentrant, h);
+  }
   leaf(md.norm, true);
   h.push_back({Ev::kPostFwd, md.base});
   leaf(md.head, true);
@@ -767,6 +814,10 @@ std::vector<Hook> micro_step_hooks(const Model& md, bool checkpointing) {
   h.push_back({Ev::kBwdKernel, md.norm});
   h.push_back({Ev::kPostBwd, md.norm});
   for (auto it = md.layers.rbegin(); it != md.layers.rend(); ++it) {
+    if (checkpointing && walk.non_reentrant) {
+      non_reentrant_layer_backward(md, *it, h);
+      continue;
+    }
     if (checkpointing) layer_forward(md, *it, true, true, h);
     layer_backward(md, *it, h);
   }
@@ -858,6 +909,9 @@ class RankBuilder {
   void load_checkpoint();
   int module_group_end(int first) const;
   std::uint64_t sub_groups() const;
+  /** The group gradients are reduced and their norm summed over: the optimizer's clone of the
+   *  world, or from PR 8060 the parameters' own (the world). */
+  GroupId reduce_group() const { return v_.grads_on_param_group ? world_group_ : grad_group_; }
   void overflow_check();
   void invalidate_secondaries();
   void barrier();
@@ -1992,7 +2046,7 @@ void RankBuilder::reduce_ipg() {
       for (const int p : ipg_params_) acc.push_back(ipg_grad_[p]);
     }
     acc.push_back({grad_shard_, AccessMode::kWrite, 0, shard});
-    const EventId done = collective(OpKind::kReduceScatter, grad_group_, shard, std::move(acc));
+    const EventId done = collective(OpKind::kReduceScatter, reduce_group(), shard, std::move(acc));
     wait(srs_, done, Purpose::kGradReduce);
   }
   param_reduce_events_.push_back(record(srs_, Purpose::kGradReduce));
@@ -2095,7 +2149,7 @@ void RankBuilder::optimizer_step() {
   if (v_.available_kept_across_reset) n_available_ = 0;
   if (sc_.training.dtype == "fp16" || v_.overflow_check_every_dtype) overflow_check();
   purpose_ = Purpose::kGradNorm;
-  const EventId norm = collective(OpKind::kAllReduce, grad_group_, 8, {});
+  const EventId norm = collective(OpKind::kAllReduce, reduce_group(), 8, {});
   wait(current_, norm, Purpose::kGradNorm);
   switch (v_.grad_norm_sync) {
     case NormSync::kAfterNorm:  // math.sqrt of the norm tensor
@@ -2414,7 +2468,12 @@ RankSchedule RankBuilder::build() {
   ipg_buffer_ = buffer("ipg_bucket", BufferRole::kScratch, kNoUnit,
                        (v_.bucket_count_never_reset ? bucket : std::min(total, bucket)) * dt_);
   grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit, shards * dt_);
-  const std::vector<Hook> hooks = micro_step_hooks(md_, sc_.training.grad_checkpointing);
+  Walk walk;
+  walk.checkpointing = sc_.training.grad_checkpointing;
+  const bool tf5 = transformers_version_of(sc_.model, sc_.run.torch_version).starts_with("5.");
+  walk.non_reentrant = tf5;
+  walk.mask_host_wait = tf5 && walk.checkpointing;
+  const std::vector<Hook> hooks = micro_step_hooks(md_, walk);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {
     // Every micro-batch: forward, backward (its gradients reduced into the partitions every
     // micro-step, engine.allreduce_gradients: "ZeRO stage >= 2 communicates during non gradient
@@ -2484,7 +2543,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   // (model.transformers_version): each is held to recordings of real DeepSpeed made with that
   // release (traces/deepspeed/README.md).
   const ModelConfig& m = sc.model;
-  const std::string tf = transformers_version_of(m);
+  const std::string tf = transformers_version_of(m, sc.run.torch_version);
   const bool tf451 = tf == "4.51.3";
   const bool tf457 = tf == "4.57.1";
   const bool own_heads = own_head_dim(m);
@@ -2547,6 +2606,18 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const bool gpt2_walkable = f == "gpt2" && !tf451 && !m.gated_mlp && m.norm_bias &&
                              m.linear_bias && m.learned_positions > 0 && m.experts == 0 &&
                              m.head_dim == 0;
+  if (tf.starts_with("5.") && (f != "llama" || !llama_walkable)) {
+    // transformers 5's trees, its mask and its checkpointing are held to recordings of Llama
+    // only (tiny-*-torch2.10); other families' last saved tensor (early stop) and their MoE
+    // experts are not read yet.
+    throw InputError(sc.path, "model.transformers_version",
+                     "the DeepSpeed builder walks transformers " + tf +
+                         " for model_type llama only, the model its recordings were made with" +
+                         (sc.model.transformers_version == "auto"
+                              ? " (\"auto\" takes it with run.torch_version 2.10 or later)"
+                              : std::string()) +
+                         " (allowed here: \"4.51.3\", the tree of transformers 4)");
+  }
   if (tf451 && (f == "falcon" || f == "gpt_neox" || f == "gpt2")) {
     throw InputError(sc.path, "model.transformers_version",
                      "the DeepSpeed builder walks model_type " + f +
@@ -2587,7 +2658,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
            "remove them");
   }
 
-  Model md = build_model(sc.model, tf451 || tf457);
+  Model md = build_model(sc.model, tf451 || tf457 || tf.starts_with("5."));
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
   // model_persistence_threshold at its default (sys.maxsize); zero.Init marks the same ones
   // (PP:1086).

@@ -404,6 +404,17 @@ const std::vector<ReleaseRule> kRules = {
            v.zero_fill_secondary = true;
            v.copy_bounds = CopyBounds::kZeroFilled;
          }},
+    {.id = "gradients-reduced-over-param-group",
+     .pr = "PR 8060",
+     .first = "0.19.3",
+     .what = "the gradients' reduce_scatter_coalesced and the gradient norm's all-reduce take "
+             "their group from `_get_param_partition_group(param)` (S3:594-595, 1713, 2236 at "
+             "v0.19.3): the parameter's ds_process_group, which zero.Init sets to the world, in "
+             "place of the optimizer's dp_process_group, a clone of the world "
+             "(groups._clone_world_group): other communicators, ordered on other NCCL streams. "
+             "The fp16 overflow check keeps the clone (S3:2684). The recording tiny-0.19.8 "
+             "(torch 2.10) agrees",
+     .apply = [](VersionRules& v) { v.grads_on_param_group = true; }},
     {.id = "qwz-bf16-cast",
      .pr = "PR 8215",
      .first = "0.19.6",

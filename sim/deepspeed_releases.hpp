@@ -131,6 +131,11 @@ struct VersionRules {
   /// does not divide by 2 x world (coalesced_collectives.py:41-46 at v0.13.1): the all-to-all
   /// of such a gradient cannot be done, and DeepSpeed raises (PR 5056 adds the fallback).
   bool qgz_no_fallback = false;
+  /// The gradients' reduce-scatter and the gradient norm's all-reduce go over each parameter's
+  /// ds_process_group (`_get_param_partition_group`, S3:594-595 at v0.19.3; zero.Init's group,
+  /// the world) instead of the optimizer's clone of it (PR 8060); the fp16 overflow check still
+  /// uses the clone (S3:2684).
+  bool grads_on_param_group = false;
 
   bool operator==(const VersionRules&) const = default;
 };

@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "sim/deepspeed_releases.hpp"
+
 namespace hpz {
 namespace {
 
@@ -41,8 +43,9 @@ bool own_head_dim(const ModelConfig& m) {
   return m.head_dim > 0 && static_cast<std::int64_t>(m.head_dim) * m.heads != m.hidden;
 }
 
-std::string transformers_version_of(const ModelConfig& m) {
+std::string transformers_version_of(const ModelConfig& m, const std::string& torch) {
   if (m.transformers_version != "auto") return m.transformers_version;
+  if (!torch.empty() && compare_versions(torch, "2.10") >= 0) return "5.24.0";
   if (m.family == "deepseek_v2") return "4.57.1";
   const bool mlp_bias = m.family == "llama" && m.mlp_bias;  // LlamaMLP's, transformers 4.41 on
   return in_transformers_4_35(m) && !own_head_dim(m) && !mlp_bias ? "4.35.2" : "4.51.3";

@@ -31,11 +31,13 @@ bool in_transformers_4_35(const ModelConfig& m);
 bool own_head_dim(const ModelConfig& m);
 
 /** The transformers release whose module tree the model is walked in: m.transformers_version,
- *  or for "auto" 4.35.2 (the recorder's default) where that release builds the model as its
+ *  or for "auto": 5.24.0 when the run's torch (`torch`, run.torch_version; "" = older) is 2.10
+ *  or later (the recorder's torch 2.10 environment has that transformers and no other);
+ *  else 4.35.2 (the recorder's default) where that release builds the model as its
  *  config says (Llama, Mistral, Falcon, GPT-NeoX, GPT-2 without a head dimension of their own,
  *  and Llama without mlp_bias: 4.35.2 ignores both), 4.57.1 for DeepSeek-V2 (natively in
  *  transformers since 4.55; 4.51.3 runs only DeepSeek's remote code), else 4.51.3. */
-std::string transformers_version_of(const ModelConfig& m);
+std::string transformers_version_of(const ModelConfig& m, const std::string& torch);
 
 /** Width of the attention's query/output projection: heads x head dimension. */
 double attention_width(const ModelConfig& m);

@@ -127,7 +127,7 @@ std::vector<std::string> recorder_args(const Scenario& sc) {
                                    "--deepspeed",
                                    sc.zero.deepspeed_version,
                                    "--transformers",
-                                   transformers_version_of(sc.model),
+                                   transformers_version_of(sc.model, sc.run.torch_version),
                                    "--steps",
                                    std::to_string(sc.run.steps),
                                    "--micro-batch",
@@ -136,6 +136,11 @@ std::vector<std::string> recorder_args(const Scenario& sc) {
                                    std::to_string(sc.training.seq_len),
                                    "--grad-checkpointing",
                                    sc.training.grad_checkpointing ? "on" : "off"};
+  // run.torch_version: the recorder's environment of that torch (it refuses one it has none of).
+  if (!sc.run.torch_version.empty()) {
+    args.push_back("--torch");
+    args.push_back(sc.run.torch_version);
+  }
   // run.load (issue 7606): the recorder loads a checkpoint as from_pretrained does.
   if (sc.run.load != "none") {
     args.push_back("--load");

@@ -211,7 +211,8 @@ std::string deepspeed_release_of(const Setting& s, const std::string& key) {
 
 // The transformers releases whose module trees sim/deepspeed_builder.cpp walks (the recorder's
 // requirements: tools/recorder/requirements/base.txt and transformers-*.txt).
-const std::vector<std::string> kTransformersVersions = {"auto", "4.35.2", "4.51.3", "4.57.1"};
+const std::vector<std::string> kTransformersVersions = {"auto", "4.35.2", "4.51.3", "4.57.1",
+                                                        "5.24.0"};
 const std::vector<std::string> kDtypeNames = {"bf16", "fp16", "fp32"};
 const std::vector<std::string> kCollectiveModelNames = {"fine", "coarse"};
 const std::vector<std::string> kNetworkModelNames = {"CM02", "LV08"};

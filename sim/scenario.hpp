@@ -90,9 +90,11 @@ struct ModelConfig {
   int qk_rope_head_dim = 0;         ///< MLA: per-head rotary part
   int v_head_dim = 0;               ///< MLA: per-head value width
   /// The transformers release whose module tree the DeepSpeed builder walks: "4.35.2",
-  /// "4.51.3", "4.57.1" (DeepSeek-V2 only), or "auto" (transformers_version_of: 4.35.2 for the
-  /// families it has, 4.57.1 for DeepSeek-V2, else 4.51.3). The coarse builder has no module
-  /// tree and ignores it.
+  /// "4.51.3", "4.57.1" (DeepSeek-V2 only), "5.24.0" (Llama only: the mask's host wait and
+  /// non-reentrant checkpointing outside the layer's hooks), or "auto" (transformers_version_of:
+  /// 5.24.0 with torch 2.10 or later, the release the recorder's torch 2.10 base pins; else
+  /// 4.35.2 for the families it has, 4.57.1 for DeepSeek-V2, else 4.51.3). The coarse builder
+  /// has no module tree and ignores it.
   std::string transformers_version = "auto";
   bool operator==(const ModelConfig&) const = default;
 };

@@ -47,14 +47,6 @@ Schedule recording(const std::string& name) {
   return schedule_from_json(nlohmann::json::parse(gunzip(path)), path);
 }
 
-/** The transformers release whose module tree the builder walks for a recording: its own, but
- *  for transformers 5.24.0 (the recorder's torch 2.10 environment), whose Llama tree is 4.51.3's
- *  (one rotary_emb in the base model), as the recordings made with it show op for op. */
-std::string builder_transformers(const Schedule& rec) {
-  const std::string tf = rec.source.at("transformers");
-  return tf.rfind("5.", 0) == 0 ? "4.51.3" : tf;
-}
-
 /** The scenario the recording was made with: its model config (read as model.hf_config), the
  *  transformers release that built it and the ds_config the recorder used (all named in its
  *  `source`), DeepSpeed's defaults for the keys that ds_config leaves out. */
@@ -68,7 +60,7 @@ Scenario scenario_of(const Schedule& rec) {
   sc.model =
       load_scenario(test::scenario_path("tiny"),
                     {{"model.hf_config", test::source_dir() + "/" + rec.source.at("hf_config")},
-                     {"model.transformers_version", builder_transformers(rec)}})
+                     {"model.transformers_version", rec.source.at("transformers")}})
           .model;
   sc.training.micro_batch = std::stoi(rec.source.at("micro_batch"));
   sc.training.seq_len = std::stoi(rec.source.at("seq_len"));
@@ -133,6 +125,11 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained",
         // Up to 0.13.1 the load's repartition makes each secondary anew.
         "tiny-0.12.3-pretrained", "tiny-0.13.1-pretrained",
+        // torch 2.10 and transformers 5.24.0: the causal mask's host wait, non-reentrant
+        // checkpointing outside the layer's hooks, and 0.19.3's gradient group (PR 8060).
+        "tiny-0.18.2-torch2.10", "tiny-0.18.3-torch2.10", "tiny-0.18.7-torch2.10",
+        "tiny-0.18.8-torch2.10", "tiny-0.19.8-torch2.10", "tiny-0.18.2-torch2.10-pretrained",
+        "tiny-0.18.3-torch2.10-pretrained",
         // The releases before 0.13 and the epochs of one or two releases (issue
         // 36): each rule of docs/deepspeed-releases.md that changes what they issue.
         "tiny-0.10.0", "tiny-0.10.1", "tiny-0.10.3", "tiny-0.11.0", "tiny-0.12.3", "tiny-0.12.6",
@@ -223,45 +220,52 @@ TEST(DeepSpeedBuilder, GradientClippingAloneSyncsTheNormIn0142) {
   EXPECT_EQ(syncs("0.14.5", 0.0), syncs("0.14.4", 0.0) - 1);
 }
 
-// The releases that need torch 2.10 (0.18.3 on) were recorded with transformers 5.24.0, whose
-// LlamaModel the builder does not walk: it waits on the host after the embedding (the causal
-// mask's data-dependent check, before rotary_emb) and checkpoints non-reentrantly by default.
-// Walked as transformers 4.51.3 builds Llama (one rotary_emb in the base model), each recording
-// equals the builder from zero.Init through the first forward's embedding, 0.18.5's sequential
-// blocking gathers at init (0.18.7, 0.18.8, 0.19.8) included, and first differs at that host
-// wait. A builder change that breaks the init of these releases fails here.
-TEST(DeepSpeedBuilder, TorchTwoTenRecordingsEqualTheBuilderUpToTransformersFivesHostWait) {
-  for (const char* name :
-       {"tiny-0.18.2-torch2.10", "tiny-0.18.3-torch2.10", "tiny-0.18.7-torch2.10",
-        "tiny-0.18.8-torch2.10", "tiny-0.19.8-torch2.10", "tiny-0.18.2-torch2.10-pretrained",
-        "tiny-0.18.3-torch2.10-pretrained"}) {
+// The releases that need torch 2.10 (0.18.3 on) were recorded with transformers 5.24.0. Walked as
+// transformers 4.51.3 builds Llama (the same modules), each recording equals the builder from
+// zero.Init through the first forward's embedding and first differs at transformers 5's host
+// wait; walked as 5.24.0 it is equal (DeepSpeedBuilderMatches). Built as 0.19.2, before PR 8060,
+// 0.19.8's recording first differs at the gradients' reduce-scatter, on the world's clone.
+TEST(DeepSpeedBuilder, TransformersFiveAndTheParamGroupAreEachNeeded) {
+  for (const char* name : {"tiny-0.18.2-torch2.10", "tiny-0.19.8-torch2.10"}) {
     const Schedule rec = recording(name);
     ASSERT_EQ(rec.source.at("transformers"), "5.24.0") << name;
     Scenario sc = scenario_of(rec);
     sc.model.transformers_version = "4.51.3";
     const Schedule built = build_deepspeed_schedule(sc, rec.source.at("deepspeed"));
-    for (const Rank r : {0, rec.world_size - 3}) {
-      const auto expected = project(rec, r, true);
-      const auto actual = project(built, r, true);
-      const std::size_t at = first_difference(expected, actual);
-      ASSERT_NE(at, kEqual) << name << ": equal now; hold it in DeepSpeedBuilderMatches";
-      EXPECT_GT(at, 400u) << name << ", rank " << r << ": "
-                          << first_divergence(expected, "DeepSpeed (recorded)", actual, "builder");
-      EXPECT_EQ(expected[at].line, "host waits for S0") << name << ", rank " << r;
-      EXPECT_NE(expected[at].where.find("step 0 forward"), std::string::npos) << name;
-    }
+    const auto expected = project(rec, 0, true);
+    const std::size_t at = first_difference(expected, project(built, 0, true));
+    ASSERT_NE(at, kEqual) << name;
+    EXPECT_GT(at, 400u) << name;
+    EXPECT_EQ(expected[at].line, "host waits for S0") << name;
+    EXPECT_NE(expected[at].where.find("step 0 forward"), std::string::npos) << name;
   }
-  // The positive control: built as 0.18.4 (before PR 7661's sequential gather), 0.18.7's
-  // recording differs already at init.
-  const Schedule rec = recording("tiny-0.18.7-torch2.10");
-  Scenario sc = scenario_of(rec);
-  sc.model.transformers_version = "4.51.3";
+  const Schedule rec = recording("tiny-0.19.8-torch2.10");
   const auto expected = project(rec, 0, true);
-  const std::size_t at =
-      first_difference(expected, project(build_deepspeed_schedule(sc, "0.18.4"), 0, true));
+  const auto built = project(build_deepspeed_schedule(scenario_of(rec), "0.19.2"), 0, true);
+  const std::size_t at = first_difference(expected, built);
   ASSERT_NE(at, kEqual);
-  EXPECT_LT(at, 400u);
-  EXPECT_NE(expected[at].where.find("init"), std::string::npos) << expected[at].where;
+  ASSERT_LT(at, built.size());
+  EXPECT_NE(built[at].line.find("clone_world_group"), std::string::npos) << built[at].line;
+  EXPECT_NE(expected[at].where.find("grad_reduce"), std::string::npos) << expected[at].where;
+}
+
+// transformers 5's walk is Llama's alone, and "auto" takes it with torch 2.10 or later.
+TEST(DeepSpeedBuilder, TransformersFiveIsLlamaOnlyAndAutoFollowsTorch) {
+  Scenario sc = scenario_of(recording("tiny-0.18.2-torch2.10"));
+  sc.model.transformers_version = "auto";
+  sc.run.torch_version = "2.10.0";
+  EXPECT_EQ(build_deepspeed_schedule(sc, "0.18.8").source.at("transformers"), "5.24.0");
+  sc.run.torch_version = "";
+  EXPECT_EQ(build_deepspeed_schedule(sc, "0.18.8").source.at("transformers"), "4.35.2");
+  Scenario qwen = scenario_of(recording("tiny-qwen3-tf4.51-0.13.4"));
+  qwen.model.transformers_version = "5.24.0";
+  try {
+    build_deepspeed_schedule(qwen, "0.18.8");
+    ADD_FAILURE() << "transformers 5.24.0 on Qwen3 was built";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("for model_type llama only"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Findings per kind: (occurrences, groups).
