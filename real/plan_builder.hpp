@@ -157,10 +157,7 @@ class PlanBuilder {
         const Span d = span(r, o, static_cast<std::uint32_t>(dst));
         const int src = find(r, o, AccessMode::kRead);
         if (src < 0) {  // a checkpoint load writes the primary shard from storage
-          Action a{K::kPattern, d.loc, d.n, {}};
-          a.salt = kCheckpointSalt;
-          a.unit = o.unit;
-          a.pattern_base = layouts_[o.unit].primary_slice(r).begin + d.loc.elem;
+          Action a = checkpoint_pattern(r, o.unit, d, false);
           if (plan_.model) {
             a.kind = K::kConst;
             a.const_id = initial(o.unit, true);
@@ -553,12 +550,25 @@ class PlanBuilder {
     const Access& da =
         s_.ranks[r]
             .accesses[o.access_begin + static_cast<std::uint32_t>(find(r, o, AccessMode::kWrite))];
-    if (role(r, da.buffer) == BufferRole::kFull) {
-      po.is_gather_probe = true;
-      po.probe = d.loc;
-      po.probe_n = d.n;
-      ++plan_.probes;
-    }
+    if (role(r, da.buffer) == BufferRole::kFull) mark_probe(po, d);
+  }
+
+  /** The checkpoint's values of unit `u` written into `d`: its whole parameter (a gathered
+   *  buffer) or rank r's primary slice of it. */
+  Action checkpoint_pattern(Rank r, UnitId u, const Span& d, bool whole) const {
+    Action a{Action::Kind::kPattern, d.loc, d.n, {}};
+    a.salt = kCheckpointSalt;
+    a.unit = u;
+    a.pattern_base = (whole ? 0 : layouts_[u].primary_slice(r).begin) + d.loc.elem;
+    return a;
+  }
+
+  /** A gather whose result is compared with the reference's. */
+  void mark_probe(PlanOp& po, const Span& d) {
+    po.is_gather_probe = true;
+    po.probe = d.loc;
+    po.probe_n = d.n;
+    ++plan_.probes;
   }
 
   void reduce(const Instance& inst, std::size_t m, const Span& d,
@@ -706,8 +716,7 @@ class PlanBuilder {
   /** (rank, unit) -> the slot holding the rank's gradient of the unit, micro-steps summed, and
    *  the step it was last written in. */
   struct GradSlot {
-    SlotId slot = 0;
-    std::uint64_t n = 0;
+    SlotId slot = 0;  ///< holds the unit's gradient from element 0 (its size: the slot's)
     std::int32_t step = -2;
   };
   std::map<std::pair<Rank, UnitId>, GradSlot> grad_slot_;

@@ -74,13 +74,9 @@ void PlanBuilder::gather_into(Rank r, const Op& o, PlanOp& po) {
   };
   if (reads.empty()) {  // from storage: the checkpoint's values of the unit
     if (o.unit == kNoUnit) return;
-    const Span d = span(r, o, writes.front());
-    const bool whole = role(r, buffer(writes.front())) == BufferRole::kFull;
-    Action a{K::kPattern, d.loc, d.n, {}};
-    a.salt = kCheckpointSalt;
-    a.unit = o.unit;
-    a.pattern_base = (whole ? 0 : layouts_[o.unit].primary_slice(r).begin) + d.loc.elem;
-    po.actions.push_back(a);
+    const BufferId b = buffer(writes.front());
+    po.actions.push_back(
+        checkpoint_pattern(r, o.unit, span(r, o, writes.front()), role(r, b) == BufferRole::kFull));
     return;
   }
   if (reads.size() == writes.size() && o.kind == OpKind::kCopy) {
@@ -125,12 +121,12 @@ void PlanBuilder::take_gradient(Rank r, const Op& o, PlanOp& po) {
   const UnitId u = s_.ranks[r].buffers[b].unit;
   if (u == kNoUnit) return;
   const Span s = span(r, o, static_cast<std::uint32_t>(src));
+  if (s.n == 0) return;
   const auto [it, fresh] = grad_slot_.try_emplace({r, u});
   GradSlot& g = it->second;
   if (fresh) g.slot = extra_slot(r, s.loc.elem + s.n);
-  g.n = std::max(g.n, s.loc.elem + s.n);
-  RankPlan& rp = plan_.ranks[r];
-  rp.slots[g.slot].elements = std::max(rp.slots[g.slot].elements, g.n);
+  std::uint64_t& held = plan_.ranks[r].slots[g.slot].elements;
+  held = std::max(held, s.loc.elem + s.n);
   const Loc into{r, g.slot, s.loc.elem};
   if (g.step != o.step) {
     po.actions.push_back({K::kCopy, into, s.n, {s.loc}});
@@ -159,8 +155,10 @@ void PlanBuilder::reduced_gradients() {
     std::vector<Loc> src;
     for (std::size_t k = 0; k < s_.ranks.size(); ++k) {
       const auto it = grad_slot_.find({static_cast<Rank>(k), st.unit});
-      if (it == grad_slot_.end() || first >= it->second.n) continue;
-      n = std::min(n, it->second.n - first);
+      if (it == grad_slot_.end()) continue;
+      const std::uint64_t held = plan_.ranks[k].slots[it->second.slot].elements;
+      if (first >= held) continue;
+      n = std::min(n, held - first);
       src.push_back({static_cast<Rank>(k), it->second.slot, first});
     }
     if (src.empty() || n == 0) continue;
@@ -197,12 +195,7 @@ void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const S
   }
   const std::uint64_t begin = d.loc.elem, end = begin + d.n;
   if (own < 0 && o.purpose == Purpose::kCheckpointLoad && o.unit != kNoUnit) {
-    const bool whole = role(r, db) == BufferRole::kFull;
-    Action a{K::kPattern, d.loc, d.n, {}};
-    a.salt = kCheckpointSalt;
-    a.unit = o.unit;
-    a.pattern_base = (whole ? 0 : layouts_[o.unit].primary_slice(r).begin) + begin;
-    po.actions.push_back(a);
+    po.actions.push_back(checkpoint_pattern(r, o.unit, d, role(r, db) == BufferRole::kFull));
     return;
   }
   const std::uint64_t members = inst.members.size();
@@ -223,11 +216,7 @@ void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const S
         po.native.recv = {r, d.loc.slot, begin};
         po.native.count = count;
       }
-      // Every gather's result is compared with the reference's.
-      po.is_gather_probe = true;
-      po.probe = d.loc;
-      po.probe_n = d.n;
-      ++plan_.probes;
+      mark_probe(po, d);  // every gather's result is compared with the reference's
       return;
     }
     case OpKind::kReduceScatter: {

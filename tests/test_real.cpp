@@ -494,21 +494,26 @@ TEST(RealGpu, HostEventSyncsFixTheRaceLikeStreamSyncs) {
 }
 
 // The CUDA kernels compute the same bits as the host reference, op for op.
+/** `sc` run serialized on the GPU and on the host backend: the same weights and gathers. */
+void expect_gpu_run_equals_host(const Scenario& sc, const std::string& what) {
+  const Schedule s = build_schedule(sc);
+  const Plan plan = make_plan(sc, s);
+  ExecOptions o;
+  o.serialize = true;
+  auto gpu = make_cuda_backend();
+  const RunOutput g = execute(s, plan, *gpu, o);
+  auto host = make_host_backend();
+  const RunOutput h = execute(s, plan, *host, o);
+  ASSERT_FALSE(g.hung) << what << ": " << g.hang;
+  EXPECT_EQ(g.weights, h.weights) << what;
+  EXPECT_EQ(g.probes, h.probes) << what;
+}
+
 TEST(RealGpu, SerializedGpuRunEqualsTheHostReference) {
   const DeviceInfo info = probe_devices();
   if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
   for (int hpz : {1, 2}) {
-    const Scenario sc = tiny("event-wait", hpz);
-    const Schedule s = build_schedule(sc);
-    const Plan plan = make_plan(sc, s);
-    ExecOptions o;
-    o.serialize = true;
-    auto gpu = make_cuda_backend();
-    const RunOutput g = execute(s, plan, *gpu, o);
-    const RunOutput h = run_host(sc);
-    ASSERT_FALSE(g.hung) << g.hang;
-    EXPECT_EQ(g.weights, h.weights);
-    EXPECT_EQ(g.probes, h.probes);
+    expect_gpu_run_equals_host(tiny("event-wait", hpz), "hpz " + std::to_string(hpz));
   }
 }
 
@@ -643,18 +648,8 @@ TEST(RealGpuDeepSpeed, SerializedGpuRunEqualsTheHostReference) {
   const DeviceInfo info = probe_devices();
   if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
   for (const char* hpz : {"1", "2"}) {
-    const Scenario sc = tiny_ds("event-wait", {{"zero.zero_hpz_partition_size", hpz}});
-    const Schedule s = build_schedule(sc);
-    const Plan plan = make_plan(sc, s);
-    ExecOptions o;
-    o.serialize = true;
-    auto gpu = make_cuda_backend();
-    const RunOutput g = execute(s, plan, *gpu, o);
-    auto host = make_host_backend();
-    const RunOutput h = execute(s, plan, *host, o);
-    ASSERT_FALSE(g.hung) << g.hang;
-    EXPECT_EQ(g.weights, h.weights) << "hpz " << hpz;
-    EXPECT_EQ(g.probes, h.probes) << "hpz " << hpz;
+    expect_gpu_run_equals_host(tiny_ds("event-wait", {{"zero.zero_hpz_partition_size", hpz}}),
+                               std::string("hpz ") + hpz);
   }
 }
 

@@ -79,6 +79,12 @@ void links(const SimResult& r, std::string& out) {
 
 }  // namespace
 
+std::string render_races(const SimResult& result) {
+  std::string out;
+  races(result, out);
+  return out;
+}
+
 std::string ConsoleReporter::render(const Schedule& s, const SimResult& r) const {
   const StepMetrics& m = r.mean;
   std::string out =

@@ -27,6 +27,11 @@ class ConsoleReporter : public Reporter {
   std::string render(const Schedule& schedule, const SimResult& result) const override;
 };
 
+/** ConsoleReporter's race lines alone: each race group with the runs it manifested in, its margin
+ *  (how far it bit or missed) and its first manifestation; "" without races. `hpzlab real`
+ *  prints them under its own table, from measured times. */
+std::string render_races(const SimResult& result);
+
 /** Machine-readable results: step_time_s, tokens_per_s_per_node, races_manifested, per-link
  *  bytes and utilisation, the manifested races with timestamps and overlap. No wall-clock
  *  values, so the same scenario and seed give the same bytes. */

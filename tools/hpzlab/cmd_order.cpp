@@ -27,11 +27,8 @@ struct OrderOptions {
 
 /** "stock, coarse builder" or "stock, DeepSpeed 0.13.4 built". */
 std::string built_by(const Schedule& s) {
-  const auto builder = s.source.find("builder");
-  const auto version = s.source.find("deepspeed");
-  if (builder != s.source.end() && builder->second == "deepspeed" && version != s.source.end())
-    return s.variant + ", DeepSpeed " + version->second + " built";
-  return s.variant + ", coarse builder";
+  const std::string label = schedule_label(s.variant, s.source);
+  return s.source.contains("deepspeed") ? label : label + ", coarse builder";
 }
 
 Schedule build(const std::string& scenario, const std::vector<std::string>& sets,

@@ -97,6 +97,7 @@ std::string render_text(const Schedule& schedule, const real::RealResult& r) {
       "{} (summed over runs); reference weights hash {:016x}\n",
       r.corrupted_runs, r.runs.size(), r.timing.mean.step_time_s * 1e3,
       r.timing.mean.races_manifested, r.reference_weights_hash);
+  s += time::render_races(r.timing);
   if (r.model) s += render_losses(r);
   return s;
 }
