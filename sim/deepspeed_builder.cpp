@@ -788,7 +788,7 @@ std::vector<Hook> micro_step_hooks(const Model& md, const Walk& walk) {
   // whose `(packed_sequence_mask[:, -1] == 0).all()` in an `if` (:761) reads the device. The
   // cache is None because merge_with_config_defaults turns use_cache off under gradient
   // checkpointing in training (utils/generic.py:1134-1146); without checkpointing a DynamicCache
-  // skips the check (read in the source; no recording has it).
+  // skips the check (tiny-0.19.8-torch2.10-no-checkpointing).
   if (walk.mask_host_wait) h.push_back({Ev::kHostSync, -1, false, true});
   // transformers 4.51.3: position_embeddings = self.rotary_emb(hidden_states, position_ids), once,
   // outside the checkpointed layers (modeling_qwen3.py:553); its forward is under no_grad, so
@@ -908,7 +908,8 @@ class RankBuilder {
   void load_pretrained();
   void load_checkpoint();
   int module_group_end(int first) const;
-  std::uint64_t sub_groups() const;
+  /** The optimizer's sub-groups: optimized_ cut by _create_fp16_sub_groups. */
+  std::vector<std::vector<int>> sub_groups() const;
   /** The group gradients are reduced and their norm summed over: the optimizer's clone of the
    *  world, or from PR 8060 the parameters' own (the world). */
   GroupId reduce_group() const { return v_.grads_on_param_group ? world_group_ : grad_group_; }
@@ -1203,7 +1204,8 @@ void RankBuilder::init() {
     // initialize_optimizer_states ran the optimizer once per sub-group (S3:1014-1015 at v0.13.1)
     // to create its states (sub_groups()). The recorder's AdamW logs a host sync per step, as
     // in optimizer_step().
-    for (std::uint64_t g = 0; g < sub_groups(); ++g) {
+    const std::size_t groups = sub_groups().size();
+    for (std::size_t g = 0; g < groups; ++g) {
       push(OpKind::kKernel, s0_, Purpose::kParamInit);
       if (sc_.run.as_recorded) push(OpKind::kHostStreamSync, s0_, Purpose::kParamInit);
     }
@@ -2149,43 +2151,51 @@ void RankBuilder::optimizer_step() {
   if (v_.available_kept_across_reset) n_available_ = 0;
   if (sc_.training.dtype == "fp16" || v_.overflow_check_every_dtype) overflow_check();
   purpose_ = Purpose::kGradNorm;
-  const EventId norm = collective(OpKind::kAllReduce, reduce_group(), 8, {});
-  wait(current_, norm, Purpose::kGradNorm);
+  // _get_norm_groups: get_grad_norm_direct per sub-group, each its own all-reduce of the summed
+  // squares (S3:1702-1740 at v0.13.4); up to 0.12.6 each followed by its `.item()`.
+  const std::vector<std::vector<int>> groups = sub_groups();
+  const bool sync_each = v_.grad_norm_sync == NormSync::kAfterNorm && v_.norm_sync_per_sub_group;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const EventId norm = collective(OpKind::kAllReduce, reduce_group(), 8, {});
+    wait(current_, norm, Purpose::kGradNorm);
+    if (sync_each) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
+  }
   switch (v_.grad_norm_sync) {
-    case NormSync::kAfterNorm:  // math.sqrt of the norm tensor
-      push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
+    case NormSync::kAfterNorm:  // math.sqrt of the norm tensor (get_global_norm)
+      if (!sync_each) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
       break;
-    case NormSync::kWhenClipping:
-      // unscale_and_clip_grads's `if clip > 1` on a device tensor, once per sub-group before
-      // its update (S3:2109-2118 at v0.14.2). Nothing but the sub-groups' updates, on S0, lies
-      // between them, so they are issued together.
-      if (sc_.training.gradient_clipping > 0) {
-        for (std::uint64_t g = 0; g < sub_groups(); ++g) {
-          push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
-        }
-      }
+    case NormSync::kWhenClipping:  // per sub-group, with its update (below)
       break;
     case NormSync::kNone:
       break;
   }
   // 0.19.8: is_invalid_grad_norm's bool() of the combined norm (S3:2878-2893).
   if (v_.norm_validity_sync) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
-  // The recorder runs torch's AdamW in place of FusedAdam (a CUDA kernel that reads nothing
-  // back); its step logs one more host sync of S0 (docs/record.md: every .item() is logged as a
-  // sync on the CPU), issued only to compare with a recording (RunConfig::as_recorded): a GPU
-  // run has no such sync, and it would order what the optimizer's step leaves unordered.
-  push(OpKind::kKernel, s0_, Purpose::kOptimizerStep, {{grad_shard_, AccessMode::kRead, 0, 0}});
-  if (sc_.run.as_recorded) push(OpKind::kHostStreamSync, s0_, Purpose::kOptimizerStep);
-  for (const int p : optimized_) {
-    unit_ = static_cast<UnitId>(p);
-    const ElemRange pri = layouts_[p].primary_slice(rank_);
-    push(OpKind::kKernel, s0_, Purpose::kOptimizerStep,
-         {{grad_shard_, AccessMode::kRead, 0, 0},
-          part(p, ps_[p].primary, pri, AccessMode::kRead, false),
-          part(p, ps_[p].primary, pri, AccessMode::kWrite, false)})
-        .mem_bytes = 16.0 * static_cast<double>(layouts_[p].shard_numel());
+  // Each sub-group in turn (S3:2111-2126 at v0.16.4): unscale_and_clip_grads, whose
+  // `if clip > 1` on a device tensor waits for it in 0.14.1-0.14.2 (S3:2109-2118 at v0.14.2);
+  // _optimizer_step, Adam over the sub-group's fp32 partition; then its primaries written back
+  // (_reassign_or_swap_out_partitioned_parameters). The recorder runs torch's AdamW in place of
+  // FusedAdam (a CUDA kernel that reads nothing back); each of its steps logs one more host sync
+  // of S0 (docs/record.md: every .item() is logged as a sync on the CPU), issued only to compare
+  // with a recording (RunConfig::as_recorded): a GPU run has no such sync, and it would order
+  // what the optimizer's step leaves unordered.
+  const bool clip_sync =
+      v_.grad_norm_sync == NormSync::kWhenClipping && sc_.training.gradient_clipping > 0;
+  for (const std::vector<int>& group : groups) {
+    if (clip_sync) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
+    push(OpKind::kKernel, s0_, Purpose::kOptimizerStep, {{grad_shard_, AccessMode::kRead, 0, 0}});
+    if (sc_.run.as_recorded) push(OpKind::kHostStreamSync, s0_, Purpose::kOptimizerStep);
+    for (const int p : group) {
+      unit_ = static_cast<UnitId>(p);
+      const ElemRange pri = layouts_[p].primary_slice(rank_);
+      push(OpKind::kKernel, s0_, Purpose::kOptimizerStep,
+           {{grad_shard_, AccessMode::kRead, 0, 0},
+            part(p, ps_[p].primary, pri, AccessMode::kRead, false),
+            part(p, ps_[p].primary, pri, AccessMode::kWrite, false)})
+          .mem_bytes = 16.0 * static_cast<double>(layouts_[p].shard_numel());
+    }
+    unit_ = kNoUnit;  // the next sub-group's step names no parameter
   }
-  unit_ = kNoUnit;
   gather_persistent();
   if (v_.invalidate_after_step) invalidate_secondaries();
 }
@@ -2217,12 +2227,26 @@ void RankBuilder::overflow_check() {
   push(OpKind::kHostStreamSync, current_, Purpose::kGradNorm);
 }
 
-// _create_fp16_sub_groups (S3:903-926) cuts a rank's partition into sub_group_size pieces
-// (DeepSpeed's default 1e9 elements; the builder does not read the ds_config's).
-std::uint64_t RankBuilder::sub_groups() const {
-  std::uint64_t partition = 0;
-  for (const int p : optimized_) partition += layouts_[p].shard_numel();
-  return std::max<std::uint64_t>(1, (partition + 999'999'999) / 1'000'000'000);
+// _create_fp16_sub_groups (S3:943-966 at v0.16.4): the optimizer's parameters (one param group,
+// the recorder's: model.parameters() in order) whole if their partitions' elements do not pass
+// zero.sub_group_size; else cut after each parameter that brings the running count to
+// sub_group_size or more, and after the last.
+std::vector<std::vector<int>> RankBuilder::sub_groups() const {
+  const auto size = static_cast<std::uint64_t>(sc_.zero.sub_group_size);
+  std::uint64_t total = 0;
+  for (const int p : optimized_) total += layouts_[p].shard_numel();
+  if (size >= total) return {optimized_};
+  std::vector<std::vector<int>> groups(1);
+  std::uint64_t running = 0;
+  for (const int p : optimized_) {
+    groups.back().push_back(p);
+    running += layouts_[p].shard_numel();
+    if (running >= size && p != optimized_.back()) {
+      groups.emplace_back();
+      running = 0;
+    }
+  }
+  return groups;
 }
 
 // The parameters from `first` that zero.Init converts, and from_pretrained loads, together:
@@ -2518,10 +2542,6 @@ RunTraits run_traits(const Scenario& sc) {
   t.family = sc.model.family;
   t.qwz_non_fp16 = sc.zero.zero_quantized_weights && sc.training.dtype != "fp16";
   t.qgz = sc.zero.zero_quantized_gradients;
-  // The stage-3 optimizer's sub-groups at DeepSpeed's default sub_group_size (1e9 elements;
-  // the builder does not read the ds_config's): a rank's partition past it is cut.
-  t.several_sub_groups =
-      parameter_count(sc.model) / static_cast<double>(sc.cluster.world_size()) > 1e9;
   return t;
 }
 

@@ -79,6 +79,9 @@ struct VersionRules {
   bool norm_validity_sync = false;
   /// Where the step waits on the host for the gradient norm (NormSync).
   NormSync grad_norm_sync = NormSync::kAfterNorm;
+  /// kAfterNorm's wait after each sub-group's norm all-reduce, `.item()` inside
+  /// get_grad_norm_direct (S3:1689 at v0.12.6), instead of one after all of them (PR 4436).
+  bool norm_sync_per_sub_group = false;
   /// `__reduce_and_partition_ipg_grads` clears the bucket's parameters but not its element
   /// count (S3:1337 at v0.17.2, PR 6993; reset again by PR 7418 in v0.17.3): once a bucket has
   /// been reduced, no gradient fits any more, none is copied into the flat buffer, and each is
@@ -172,9 +175,6 @@ struct RunTraits {
   std::string family;         ///< model.family ("llama", "mixtral", ...)
   bool qwz_non_fp16 = false;  ///< qwZ on parameters that are not fp16 (bf16, fp32)
   bool qgz = false;           ///< qgZ (zero_quantized_gradients)
-  /// A rank's partition exceeds DeepSpeed's default sub_group_size (1e9 elements), so that the
-  /// stage-3 optimizer cuts it into several sub-groups (S3 _create_fp16_sub_groups).
-  bool several_sub_groups = false;
 };
 
 /** When a rule applies: always, or only to runs with a trait. */
@@ -185,7 +185,6 @@ enum class RuleWhen {
   kTorch,       ///< torch at ReleaseRule::torch_from or newer
   kQwzNonFp16,  ///< qwZ on parameters that are not fp16 (bf16 or fp32)
   kQgz,         ///< qgZ
-  kSubGroups,   ///< a rank's partition in more than one optimizer sub-group
 };
 
 /** A change in DeepSpeed's ZeRO-3 code that alters what is issued, or in what order. */

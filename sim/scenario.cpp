@@ -297,6 +297,7 @@ const std::vector<KeySpec>& key_specs() {
       {"zero", "stage3_param_persistence_threshold", Kind::kInteger,
        HPZ_SET(zero.stage3_param_persistence_threshold, int64_of)},
       {"zero", "reduce_bucket_size", Kind::kInteger, HPZ_SET(zero.reduce_bucket_size, int64_of)},
+      {"zero", "sub_group_size", Kind::kInteger, HPZ_SET(zero.sub_group_size, int64_of)},
       {"zero", "offload_param", Kind::kBool, HPZ_SET(zero.offload_param, bool_of)},
       {"run", "variant", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
@@ -1561,6 +1562,7 @@ void check_zero(const ZeroConfig& z, int world, const WhereOf& where_of) {
   at_least(z.stage3_max_live_parameters, 0, where_of, "zero.stage3_max_live_parameters");
   at_least(z.stage3_max_reuse_distance, 0, where_of, "zero.stage3_max_reuse_distance");
   at_least(z.reduce_bucket_size, 0, where_of, "zero.reduce_bucket_size");
+  at_least(z.sub_group_size, 1, where_of, "zero.sub_group_size");
   at_least(z.stage3_param_persistence_threshold, 0, where_of,
            "zero.stage3_param_persistence_threshold");
 }
@@ -1698,6 +1700,15 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
     scenario.notes.push_back(
         "run.load = pretrained: the weights loaded after zero.Init as from_pretrained loads "
         "them (fine-tuning); --from-config for a model trained from its config");
+  }
+  const ModelConfig& m = scenario.model;
+  if (scenario.run.builder == "deepspeed" && m.transformers_version == "auto" &&
+      transformers_version_of(m, scenario.run.torch_version).starts_with("5.")) {
+    scenario.notes.push_back(fmt::format(
+        "run.torch_version {}: the model walked as transformers {} builds and checkpoints it, the "
+        "transformers the recorder's torch 2.10 environment runs (model.transformers_version = "
+        "\"4.51.3\" for transformers 4's)",
+        scenario.run.torch_version, transformers_version_of(m, scenario.run.torch_version)));
   }
   return scenario;
 }

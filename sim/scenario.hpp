@@ -134,6 +134,10 @@ struct ZeroConfig {
   /// Gradient elements the stage-3 optimizer collects before it reduces them (DeepSpeed's
   /// default 5e8); used by the DeepSpeed builder.
   std::int64_t reduce_bucket_size = 500'000'000;
+  /// Elements of a rank's partition per optimizer sub-group (DeepSpeed's default 1e9,
+  /// runtime/zero/config.py): the stage-3 optimizer steps each sub-group in turn
+  /// (_create_fp16_sub_groups); used by the DeepSpeed builder.
+  std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t stage3_param_persistence_threshold = 100'000;  ///< elements
   bool offload_param = false;                                 ///< parameters live in host memory
   /// The DeepSpeed version whose hpZ behaviour the `deepspeed` builder issues (run.builder).

@@ -82,6 +82,7 @@ Scenario scenario_of(const Schedule& rec) {
   sc.zero.stage3_max_reuse_distance =
       z.value("stage3_max_reuse_distance", std::int64_t{1'000'000'000});
   sc.zero.reduce_bucket_size = z.value("reduce_bucket_size", std::int64_t{500'000'000});
+  sc.zero.sub_group_size = z.value("sub_group_size", std::int64_t{1'000'000'000});
   if (const auto load = rec.source.find("load"); load != rec.source.end()) {
     sc.run.load = load->second;  // recorded with --load (issue 7606)
   }
@@ -129,7 +130,12 @@ INSTANTIATE_TEST_SUITE_P(
         // checkpointing outside the layer's hooks, and 0.19.3's gradient group (PR 8060).
         "tiny-0.18.2-torch2.10", "tiny-0.18.3-torch2.10", "tiny-0.18.7-torch2.10",
         "tiny-0.18.8-torch2.10", "tiny-0.19.8-torch2.10", "tiny-0.18.2-torch2.10-pretrained",
-        "tiny-0.18.3-torch2.10-pretrained",
+        "tiny-0.18.3-torch2.10-pretrained", "tiny-0.19.8-torch2.10-no-checkpointing",
+        "tiny-0.19.8-torch2.10-accum-2",
+        // Optimizer sub-groups of 2000 elements (3 a rank): a norm all-reduce and an optimizer
+        // step each, and up to 0.12.6 a norm sync each.
+        "tiny-0.13.4-sub-group-2000", "tiny-0.12.6-sub-group-2000",
+        "tiny-0.19.8-torch2.10-sub-group-2000",
         // The releases before 0.13 and the epochs of one or two releases (issue
         // 36): each rule of docs/deepspeed-releases.md that changes what they issue.
         "tiny-0.10.0", "tiny-0.10.1", "tiny-0.10.3", "tiny-0.11.0", "tiny-0.12.3", "tiny-0.12.6",
@@ -186,7 +192,8 @@ TEST(DeepSpeedBuilder, EachOldRuleIsNeededByItsRecording) {
       {"tiny-0.10.1", "0.10.3"},  // forward-gathers-never-use-secondary, invalidate-after-step
       {"tiny-0.11.0", "0.11.2"},  // overflow-check-every-dtype
       {"tiny-0.14.2", "0.14.3"},  // grad-norm-without-host-sync
-      {"tiny-0.16.4-accum-2", "0.16.8"},  // prefetch-budget-kept-across-resets
+      {"tiny-0.16.4-accum-2", "0.16.8"},         // prefetch-budget-kept-across-resets
+      {"tiny-0.12.6-sub-group-2000", "0.13.0"},  // grad-norm-sync-per-sub-group
   };
   for (const auto& [name, next] : pairs) {
     const Schedule rec = recording(name);

@@ -150,11 +150,10 @@ TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
   // Every release is modelled on the default run (one sub-group, no qgZ, torch 2.1.2).
   for (const DeepSpeedRelease& r : deepspeed_releases())
     EXPECT_EQ(refusal(r.version), "") << r.version;
-  EXPECT_EQ(refusal("0.12.4"), "");  // one sub-group: one norm all-reduce and sync either way
-  RunTraits big;
-  big.several_sub_groups = true;
-  EXPECT_EQ(refusal("0.12.6", big), "grad-norm-sync-per-sub-group");
-  EXPECT_EQ(refusal("0.13.0", big), "");
+  // Several sub-groups are modelled in every release (grad-norm-sync-per-sub-group up to 0.12.6,
+  // held to tiny-0.12.6-sub-group-2000).
+  EXPECT_TRUE(version_rules("0.12.6", {}).norm_sync_per_sub_group);
+  EXPECT_FALSE(version_rules("0.13.0", {}).norm_sync_per_sub_group);
   // Conditional rules: the MoE families DeepSpeed makes leaf modules, qgZ before its
   // reduce_scatter fallback, torch 2.10. Gradient accumulation on 0.16.0-0.16.7 is modelled
   // (prefetch-budget-kept-across-resets, held to tiny-0.16.4-accum-2).
