@@ -1562,7 +1562,7 @@ void check_zero(const ZeroConfig& z, int world, const WhereOf& where_of) {
   at_least(z.stage3_max_live_parameters, 0, where_of, "zero.stage3_max_live_parameters");
   at_least(z.stage3_max_reuse_distance, 0, where_of, "zero.stage3_max_reuse_distance");
   at_least(z.reduce_bucket_size, 0, where_of, "zero.reduce_bucket_size");
-  at_least(z.sub_group_size, 1, where_of, "zero.sub_group_size");
+  at_least(z.sub_group_size, 0, where_of, "zero.sub_group_size");  // 0: a sub-group a parameter
   at_least(z.stage3_param_persistence_threshold, 0, where_of,
            "zero.stage3_param_persistence_threshold");
 }
