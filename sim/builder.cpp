@@ -759,6 +759,12 @@ Schedule build_schedule(const Scenario& sc) {
                                  "checkpoint_load_at_step)",
                                  sc.run.load));
   }
+  if (sc.run.step_stream != "default") {
+    throw InputError(sc.path, "run.step_stream",
+                     fmt::format("\"{}\" is DeepSpeed's builder's (allowed with run.builder = "
+                                 "\"coarse\": \"default\")",
+                                 sc.run.step_stream));
+  }
   const BuildContext ctx(sc);
   Schedule s;
   s.scenario = sc.path;

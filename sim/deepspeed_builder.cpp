@@ -510,7 +510,7 @@ struct Hook {
  *  input_layernorm for both, then self_attention {query_key_value, maybe_rotary, dense}, then
  *  mlp {dense_h_to_4h, act, dense_4h_to_h}). */
 void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool grad,
-                   std::vector<Hook>& out) {
+                   std::vector<Hook>& out, bool with_layer_hooks = true) {
   auto leaf = [&](int m) {
     if (m < 0) return;
     out.push_back({Ev::kPreFwd, m, recompute, grad});
@@ -519,7 +519,7 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
   };
   auto open = [&](int m) { out.push_back({Ev::kPreFwd, m, recompute, grad}); };
   auto close = [&](int m) { out.push_back({Ev::kPostFwd, m, recompute, grad}); };
-  open(L.layer);
+  if (with_layer_hooks) open(L.layer);
   if (md.family == Family::kGpt2) {
     // GPT2Block.forward: x + attn(ln_1(x)), then + mlp(ln_2(.)); GPT2Attention: c_attn, the
     // attention core with attn_dropout, c_proj, resid_dropout; GPT2MLP: c_fc, act, c_proj,
@@ -625,7 +625,7 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     leaf(L.down);
     close(L.mlp);
   }
-  close(L.layer);
+  if (with_layer_hooks) close(L.layer);
 }
 
 /** Backward of one decoder layer: autograd runs the modules in reverse order of their forward;
@@ -757,9 +757,7 @@ struct Walk {
 void non_reentrant_layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& out) {
   std::vector<Hook> bwd, rec;
   layer_backward(md, L, bwd);
-  layer_forward(md, L, true, true, rec);
-  rec.erase(rec.begin());  // the layer's pre-forward and post-forward: outside the checkpoint
-  rec.pop_back();
+  layer_forward(md, L, true, true, rec, /*with_layer_hooks=*/false);  // outside the checkpoint
   auto last =
       std::find_if(rec.rbegin(), rec.rend(), [](const Hook& k) { return k.ev == Ev::kFwdKernel; });
   if (last != rec.rend()) rec.erase(std::prev(last.base()), rec.end());
@@ -877,7 +875,8 @@ struct TraceEntry {
 
 class RankBuilder {
  public:
-  RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, Schedule& s, Rank r);
+  RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, const Walk& walk,
+              Schedule& s, Rank r);
   RankSchedule build();
 
  private:
@@ -909,7 +908,7 @@ class RankBuilder {
   void load_checkpoint();
   int module_group_end(int first) const;
   /** The optimizer's sub-groups: optimized_ cut by _create_fp16_sub_groups. */
-  std::vector<std::vector<int>> sub_groups() const;
+  std::vector<std::vector<int>> make_sub_groups() const;
   /** The group gradients are reduced and their norm summed over: the optimizer's clone of the
    *  world, or from PR 8060 the parameters' own (the world). */
   GroupId reduce_group() const { return v_.grads_on_param_group ? world_group_ : grad_group_; }
@@ -938,13 +937,16 @@ class RankBuilder {
   const Scenario& sc_;
   const VersionRules& v_;
   const Model& md_;
+  const Walk& walk_;
   Schedule& s_;
   Rank rank_;
   int world_, hpz_, dt_;
   GroupId world_group_ = kNoGroup, hpz_group_ = kNoGroup, grad_group_ = kNoGroup;
   GroupId intra_group_ = kNoGroup, inter_group_ = kNoGroup;  // qgZ
   RankSchedule out_;
-  StreamId s0_ = 0, sag_ = -1, srs_ = -1;
+  /// S0 is the default stream; S_step the one run.step_stream = "side" issues forward and
+  /// backward from (S0 otherwise): current_ during them.
+  StreamId s0_ = 0, sag_ = -1, srs_ = -1, sstep_ = 0;
   std::map<GroupId, StreamId> nccl_;
   StreamId current_ = 0;
   EventId next_event_ = 0;
@@ -960,6 +962,7 @@ class RankBuilder {
   /** The optimizer's parameters, in model.parameters() order: all but the orphan (a tied
    *  model's own lm_head weight, which only zero.Init ever sees; DsParam::orphan). */
   std::vector<int> optimized_;
+  std::vector<std::vector<int>> sub_groups_;  ///< make_sub_groups(), fixed at construction
   std::vector<Handle> handles_;
   /** __active_backward_submodules (COORD:160 at 0.19.8): modules whose backward fetch ran and
    *  whose post-backward hook has not, in the order recorded. */
@@ -987,11 +990,12 @@ class RankBuilder {
   BufferId grad_shard_ = kNoBuffer;
 };
 
-RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, Schedule& s,
-                         Rank r)
+RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md,
+                         const Walk& walk, Schedule& s, Rank r)
     : sc_(sc),
       v_(v),
       md_(md),
+      walk_(walk),
       s_(s),
       rank_(r),
       world_(s.world_size),
@@ -1016,6 +1020,7 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
   for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
     if (!md_.params[p].orphan) optimized_.push_back(p);
   }
+  sub_groups_ = make_sub_groups();
   out_.rank = r;
   out_.streams.push_back({"S0"});
 }
@@ -1202,10 +1207,9 @@ void RankBuilder::init() {
   barrier();
   if (v_.optimizer_step_at_init) {
     // initialize_optimizer_states ran the optimizer once per sub-group (S3:1014-1015 at v0.13.1)
-    // to create its states (sub_groups()). The recorder's AdamW logs a host sync per step, as
+    // to create its states (sub_groups_). The recorder's AdamW logs a host sync per step, as
     // in optimizer_step().
-    const std::size_t groups = sub_groups().size();
-    for (std::size_t g = 0; g < groups; ++g) {
+    for (std::size_t g = 0; g < sub_groups_.size(); ++g) {
       push(OpKind::kKernel, s0_, Purpose::kParamInit);
       if (sc_.run.as_recorded) push(OpKind::kHostStreamSync, s0_, Purpose::kParamInit);
     }
@@ -1409,13 +1413,13 @@ void RankBuilder::kernel(int module, bool backward) {
       n += static_cast<double>(md_.params[q].numel);
       if (md_.params[q].rows > 0) matrix += static_cast<double>(md_.params[q].numel);
     }
-    op = &push(OpKind::kKernel, s0_, p, std::span<const Access>(acc));
+    op = &push(OpKind::kKernel, current_, p, std::span<const Access>(acc));
     if (m.kind == ModKind::kLinear || m.kind == ModKind::kHead) {
       op->flops = 2 * tokens * matrix * (backward ? 2 : 1);
     }
     op->mem_bytes = n * dt_ + 2 * tokens * h * dt_;
   } else {
-    op = &push(OpKind::kKernel, s0_, p);
+    op = &push(OpKind::kKernel, current_, p);
     op->mem_bytes = 2 * tokens * h * dt_;
   }
   if (m.attn_core) {
@@ -1994,7 +1998,11 @@ void RankBuilder::grad_ready(int p) {
   // elements (zero.reduce_bucket_size).
   const auto bucket = static_cast<std::uint64_t>(sc_.zero.reduce_bucket_size);
   if (ipg_elems_ + numel > bucket && ipg_elems_ > 0) reduce_ipg();
-  wait_stream(srs_, s0_, Purpose::kGradReduce);
+  // __add_grad_to_ipg_bucket waits on the default stream (S3:1363 at v0.18.7), from v0.18.8 on
+  // the current one, the stream the gradient hook runs on (PR 7897): the compute stream,
+  // S_step where run.step_stream = "side" (with torch 2.10 or later, the stream the forward
+  // ran on: issue 7898).
+  wait_stream(srs_, v_.reduce_waits_current_stream ? current_ : s0_, Purpose::kGradReduce);
   // __add_grad_to_ipg_bucket (S3:1230-1245): a gradient that fits is moved into the flat
   // bucket; one that does not (a vocabulary-sized embedding above reduce_bucket_size) stays
   // where it is and is reduced from there, alone.
@@ -2153,7 +2161,7 @@ void RankBuilder::optimizer_step() {
   purpose_ = Purpose::kGradNorm;
   // _get_norm_groups: get_grad_norm_direct per sub-group, each its own all-reduce of the summed
   // squares (S3:1702-1740 at v0.13.4); up to 0.12.6 each followed by its `.item()`.
-  const std::vector<std::vector<int>> groups = sub_groups();
+  const std::vector<std::vector<int>>& groups = sub_groups_;
   const bool sync_each = v_.grad_norm_sync == NormSync::kAfterNorm && v_.norm_sync_per_sub_group;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const EventId norm = collective(OpKind::kAllReduce, reduce_group(), 8, {});
@@ -2231,7 +2239,7 @@ void RankBuilder::overflow_check() {
 // the recorder's: model.parameters() in order) whole if their partitions' elements do not pass
 // zero.sub_group_size; else cut after each parameter that brings the running count to
 // sub_group_size or more, and after the last.
-std::vector<std::vector<int>> RankBuilder::sub_groups() const {
+std::vector<std::vector<int>> RankBuilder::make_sub_groups() const {
   const auto size = static_cast<std::uint64_t>(sc_.zero.sub_group_size);
   std::uint64_t total = 0;
   for (const int p : optimized_) total += layouts_[p].shard_numel();
@@ -2450,18 +2458,18 @@ void RankBuilder::run_hook(const Hook& h) {
       break;
     }
     case Ev::kHostSync:
-      push(OpKind::kHostStreamSync, s0_,
+      push(OpKind::kHostStreamSync, current_,
            bwd_phase ? Purpose::kRecomputeForward : Purpose::kForwardCompute);
       break;
     case Ev::kLoss:
-      push(OpKind::kKernel, s0_, Purpose::kLossGradient).mem_bytes =
+      push(OpKind::kKernel, current_, Purpose::kLossGradient).mem_bytes =
           static_cast<double>(sc_.training.micro_batch) * sc_.training.seq_len * sc_.model.vocab *
           4.0;
       phase_ = Phase::kBackward;
       // v0.10.0 logs it only off the accumulation boundary (ENG:1881-1884 at v0.10.0).
       if (v_.loss_item_in_backward &&
           !(v_.loss_item_off_boundary_only && micro_ == sc_.training.grad_accum - 1)) {
-        push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);
+        push(OpKind::kHostStreamSync, current_, Purpose::kStepSync);
       }
       break;
   }
@@ -2481,6 +2489,10 @@ RankSchedule RankBuilder::build() {
     out_.streams.push_back({"S_rs"});
     srs_ = static_cast<StreamId>(out_.streams.size() - 1);
   }
+  if (sc_.run.step_stream == "side") {
+    out_.streams.push_back({"S_step"});
+    sstep_ = static_cast<StreamId>(out_.streams.size() - 1);
+  }
   if (sc_.run.load == "checkpoint") load_checkpoint();
   std::uint64_t total = 0;
   for (const DsParam& p : md_.params) total += p.numel;
@@ -2492,12 +2504,7 @@ RankSchedule RankBuilder::build() {
   ipg_buffer_ = buffer("ipg_bucket", BufferRole::kScratch, kNoUnit,
                        (v_.bucket_count_never_reset ? bucket : std::min(total, bucket)) * dt_);
   grad_shard_ = buffer("grad_partitions", BufferRole::kGradShard, kNoUnit, shards * dt_);
-  Walk walk;
-  walk.checkpointing = sc_.training.grad_checkpointing;
-  const bool tf5 = transformers_version_of(sc_.model, sc_.run.torch_version).starts_with("5.");
-  walk.non_reentrant = tf5;
-  walk.mask_host_wait = tf5 && walk.checkpointing;
-  const std::vector<Hook> hooks = micro_step_hooks(md_, walk);
+  const std::vector<Hook> hooks = micro_step_hooks(md_, walk_);
   for (step_ = 0; step_ < sc_.run.steps; ++step_) {
     // Every micro-batch: forward, backward (its gradients reduced into the partitions every
     // micro-step, engine.allreduce_gradients: "ZeRO stage >= 2 communicates during non gradient
@@ -2509,6 +2516,10 @@ RankSchedule RankBuilder::build() {
       // copy that synchronizes the current stream (the HF Trainer's and accelerate's default;
       // the recorder's --batch-copy blocking).
       push(OpKind::kHostStreamSync, s0_, Purpose::kForwardCompute);
+      // run.step_stream = "side": `side.wait_stream(current_stream())`, then forward and
+      // engine.backward under `torch.cuda.stream(side)`.
+      if (sstep_ != s0_) wait_stream(sstep_, s0_, Purpose::kForwardCompute);
+      current_ = sstep_;
       if (v_.reset_at_forward_start) {
         purpose_ = Purpose::kForwardCompute;
         reset_step();
@@ -2516,13 +2527,16 @@ RankSchedule RankBuilder::build() {
       for (const Hook& h : hooks) run_hook(h);
       // The optimizer's backward() ends with reset_step (S3:2215); then the engine's gradient
       // epilogue reduces the last bucket and drains S_rs (S3:1082-1088).
-      current_ = s0_;
+      current_ = sstep_;
       if (!v_.reset_at_forward_start) reset_step();
       reduce_ipg();
       phase_ = Phase::kBackward;
       push(OpKind::kHostStreamSync, srs_, Purpose::kBackwardCompute);
       if (v_.release_backward_leftovers) release_backward_leftovers();
       active_backward_.clear();
+      // The script's `current_stream().wait_stream(side)` before engine.step(), on S0.
+      if (sstep_ != s0_) wait_stream(s0_, sstep_, Purpose::kBackwardCompute);
+      current_ = s0_;
       if (micro_ == sc_.training.grad_accum - 1) optimizer_step();
     }
     micro_ = 0;
@@ -2542,6 +2556,7 @@ RunTraits run_traits(const Scenario& sc) {
   t.family = sc.model.family;
   t.qwz_non_fp16 = sc.zero.zero_quantized_weights && sc.training.dtype != "fp16";
   t.qgz = sc.zero.zero_quantized_gradients;
+  t.step_off_default_stream = sc.run.step_stream == "side";
   return t;
 }
 
@@ -2566,6 +2581,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const std::string tf = transformers_version_of(m, sc.run.torch_version);
   const bool tf451 = tf == "4.51.3";
   const bool tf457 = tf == "4.57.1";
+  const bool tf5 = tf.starts_with("5.");
   const bool own_heads = own_head_dim(m);
   const std::string& f = m.family;
   const bool deepseek = f == "deepseek_v2";
@@ -2626,7 +2642,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const bool gpt2_walkable = f == "gpt2" && !tf451 && !m.gated_mlp && m.norm_bias &&
                              m.linear_bias && m.learned_positions > 0 && m.experts == 0 &&
                              m.head_dim == 0;
-  if (tf.starts_with("5.") && (f != "llama" || !llama_walkable)) {
+  if (tf5 && (f != "llama" || !llama_walkable)) {
     // transformers 5's trees, its mask and its checkpointing are held to recordings of Llama
     // only (tiny-*-torch2.10); other families' last saved tensor (early stop) and their MoE
     // experts are not read yet.
@@ -2678,7 +2694,11 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
            "remove them");
   }
 
-  Model md = build_model(sc.model, tf451 || tf457 || tf.starts_with("5."));
+  Model md = build_model(sc.model, tf451 || tf457 || tf5);
+  Walk walk;
+  walk.checkpointing = sc.training.grad_checkpointing;
+  walk.non_reentrant = tf5;
+  walk.mask_host_wait = tf5 && walk.checkpointing;
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
   // model_persistence_threshold at its default (sys.maxsize); zero.Init marks the same ones
   // (PP:1086).
@@ -2746,7 +2766,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   }
   s.ranks.reserve(static_cast<std::size_t>(world));
   for (Rank r = 0; r < world; ++r) {
-    s.ranks.push_back(RankBuilder(sc, v, md, s, r).build());
+    s.ranks.push_back(RankBuilder(sc, v, md, walk, s, r).build());
     // Every rank issues rank 0's ops on its own groups: one copy for all (issue 16's 1,024 ranks).
     if (r > 0) share_alike(s.ranks.back(), s.ranks.front());
   }

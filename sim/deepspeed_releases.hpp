@@ -139,6 +139,9 @@ struct VersionRules {
   /// the world) instead of the optimizer's clone of it (PR 8060); the fp16 overflow check still
   /// uses the clone (S3:2684).
   bool grads_on_param_group = false;
+  /// `__add_grad_to_ipg_bucket` makes the reduce stream wait on the current stream, the one the
+  /// gradient hook runs on (S3:1363 at v0.18.8, PR 7897), not the default stream.
+  bool reduce_waits_current_stream = false;
 
   bool operator==(const VersionRules&) const = default;
 };
@@ -175,6 +178,9 @@ struct RunTraits {
   std::string family;         ///< model.family ("llama", "mixtral", ...)
   bool qwz_non_fp16 = false;  ///< qwZ on parameters that are not fp16 (bf16, fp32)
   bool qgz = false;           ///< qgZ (zero_quantized_gradients)
+  /// The script issues forward and backward from another stream than the default one
+  /// (run.step_stream = "side").
+  bool step_off_default_stream = false;
 };
 
 /** When a rule applies: always, or only to runs with a trait. */
@@ -185,6 +191,9 @@ enum class RuleWhen {
   kTorch,       ///< torch at ReleaseRule::torch_from or newer
   kQwzNonFp16,  ///< qwZ on parameters that are not fp16 (bf16 or fp32)
   kQgz,         ///< qgZ
+  /// forward and backward issued from another stream (run.step_stream = "side") with a torch
+  /// older than ReleaseRule::torch_from
+  kSideStepOlderTorch,
 };
 
 /** A change in DeepSpeed's ZeRO-3 code that alters what is issued, or in what order. */
@@ -205,7 +214,8 @@ struct ReleaseRule {
   /// `apply` of its own.
   const char* ends = "";
   RuleWhen when = RuleWhen::kAlways;  ///< which runs it applies to
-  const char* torch_from = "";        ///< RuleWhen::kTorch: the first torch it applies to
+  /// RuleWhen::kTorch: the first torch it applies to; kSideStepOlderTorch: the first it does not
+  const char* torch_from = "";
 };
 
 /** Every release from the first with zero_hpz_partition_size (ZeRO++, PR 3784) to the newest on

@@ -177,6 +177,7 @@ const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wai
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 const std::vector<std::string> kLoadNames = {"none", "pretrained", "checkpoint"};
+const std::vector<std::string> kStepStreamNames = {"default", "side"};
 /** A torch version as numbers ("2.10", "2.10.0"; a local suffix such as "+cu130" dropped). */
 std::string torch_version_of(const Setting& s, const std::string& key) {
   std::string value = string_of(s, key);
@@ -329,6 +330,10 @@ const std::vector<KeySpec>& key_specs() {
       {"run", "load", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
          sc.run.load = choice_of(v, k, kLoadNames);
+       }},
+      {"run", "step_stream", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.run.step_stream = choice_of(v, k, kStepStreamNames);
        }},
       {"bugs", "skip_secondary_invalidation", Kind::kBool,
        HPZ_SET(bugs.skip_secondary_invalidation, bool_of)},
@@ -1702,13 +1707,14 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
         "them (fine-tuning); --from-config for a model trained from its config");
   }
   const ModelConfig& m = scenario.model;
+  const std::string walked = transformers_version_of(m, scenario.run.torch_version);
   if (scenario.run.builder == "deepspeed" && m.transformers_version == "auto" &&
-      transformers_version_of(m, scenario.run.torch_version).starts_with("5.")) {
+      walked.starts_with("5.")) {
     scenario.notes.push_back(fmt::format(
         "run.torch_version {}: the model walked as transformers {} builds and checkpoints it, the "
         "transformers the recorder's torch 2.10 environment runs (model.transformers_version = "
         "\"4.51.3\" for transformers 4's)",
-        scenario.run.torch_version, transformers_version_of(m, scenario.run.torch_version)));
+        scenario.run.torch_version, walked));
   }
   return scenario;
 }

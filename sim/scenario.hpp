@@ -170,6 +170,12 @@ struct RunConfig {
   /// deepspeed.initialize) or "checkpoint" (engine.load_checkpoint of a ZeRO checkpoint after
   /// it: the primary shards written). Issue 7606.
   std::string load = "none";
+  /// The stream the training script issues the forward and backward from (DeepSpeed builder):
+  /// "default" (DeepSpeed's examples, the HF Trainer, accelerate) or "side" (under
+  /// `torch.cuda.stream(s)`, the default stream waiting on s before engine.step()). With torch
+  /// 2.10 or later the gradient hooks run on that stream (issue 7898; measured with DeepSpeed's
+  /// own code, traces/gpu-probes/deepspeed-grad-hook-stream-h100-2026-11-27/).
+  std::string step_stream = "default";
   /// Not a scenario key: set by code that compares the DeepSpeed builder with a recording. The
   /// recorder runs on a CPU, where DeepSpeed steps torch's AdamW instead of FusedAdam (a CUDA
   /// kernel that reads nothing back), and logs each `.item()` of AdamW's step as a host sync

@@ -275,6 +275,42 @@ TEST(DeepSpeedBuilder, TransformersFiveIsLlamaOnlyAndAutoFollowsTorch) {
   }
 }
 
+// DeepSpeed issue 7898: with torch 2.10 or later a gradient hook runs on the stream the forward
+// ran on. A script that issues forward and backward from a stream of its own (run.step_stream =
+// "side") leaves 0.18.7's bucket copy waiting on the default stream, unordered with the
+// gradient kernel that writes what it reads; 0.18.8 (PR 7897) waits on the current stream.
+// From the default stream, the way DeepSpeed's engine is driven by the HF Trainer, both are
+// clean. DeepSpeed's own code did the same on an H100 with torch 2.11
+// (traces/gpu-probes/deepspeed-grad-hook-stream-h100-2026-11-27/).
+TEST(DeepSpeedBuilder, GradientHooksOnASideStreamRaceTheBucketCopyBefore0188) {
+  const auto check = [](const char* version, const char* stream) {
+    const Scenario sc =
+        load_scenario(test::scenario_path("tiny"), {{"run.builder", "deepspeed"},
+                                                    {"zero.deepspeed_version", version},
+                                                    {"run.torch_version", "2.10.0"},
+                                                    {"run.step_stream", stream}});
+    return check::check_schedule(build_schedule(sc));
+  };
+  const check::CheckResult before = check("0.18.7", "side");
+  ASSERT_GT(before.count(check::FindingKind::kRace), 0u)
+      << check::TextReporter().render_one(before);
+  for (const check::FindingGroup& g : before.groups) {
+    const check::Finding& f = g.example;
+    EXPECT_EQ(f.kind, check::FindingKind::kRace);
+    EXPECT_EQ(f.role, BufferRole::kGradFull) << f.buffer;
+    // The gradient kernel on the script's stream, then the bucket copy on the reduce stream.
+    EXPECT_EQ(f.first.stream, "S_step");
+    EXPECT_EQ(f.first.kind, OpKind::kKernel);
+    EXPECT_EQ(f.second.stream, "S_rs");
+    EXPECT_EQ(f.second.kind, OpKind::kCopy);
+    EXPECT_EQ(f.second.purpose, Purpose::kGradReduce);
+  }
+  const check::CheckResult fixed = check("0.18.8", "side");
+  EXPECT_TRUE(fixed.clean()) << check::TextReporter().render_one(fixed);
+  const check::CheckResult on_default = check("0.18.7", "default");
+  EXPECT_TRUE(on_default.clean()) << check::TextReporter().render_one(on_default);
+}
+
 // Findings per kind: (occurrences, groups).
 std::map<check::FindingKind, std::pair<std::uint64_t, std::size_t>> verdict(
     const check::CheckResult& r) {
@@ -994,7 +1030,7 @@ TEST(DeepSpeedBuilder, UnknownVersionIsRefusedWithTheKnownOnes) {
         << e.what();
   }
   // A release the builder does not model for this run names the rule it lacks.
-  sc.run.torch_version = "2.10.0";
+  sc.run.step_stream = "side";
   try {
     build_deepspeed_schedule(sc, "0.17.6");
     FAIL() << "accepted";

@@ -175,9 +175,21 @@ TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
   EXPECT_TRUE(version_rules("0.13.1", qgz).qgz_no_fallback);
   EXPECT_FALSE(version_rules("0.13.2", qgz).qgz_no_fallback);
   EXPECT_EQ(refusal("0.13.4", qgz), "");
+  // Issue 7898: the step issued from the default stream is modelled with every torch; from a
+  // side stream only with torch 2.10 or later, where the hook's stream was measured.
   RunTraits torch210;
   torch210.torch = "2.10.0";
-  EXPECT_EQ(refusal("0.17.6", torch210), "accumulate-grad-off-compute-stream");
+  EXPECT_EQ(refusal("0.17.6", torch210), "");
+  RunTraits side;
+  side.step_off_default_stream = true;
+  EXPECT_EQ(refusal("0.17.6", side), "accumulate-grad-off-compute-stream");
+  EXPECT_EQ(refusal("0.19.8", side), "accumulate-grad-off-compute-stream");
+  side.torch = "2.9.1";
+  EXPECT_EQ(refusal("0.18.8", side), "accumulate-grad-off-compute-stream");
+  side.torch = "2.10.0";
+  EXPECT_EQ(refusal("0.18.7", side), "");
+  EXPECT_FALSE(version_rules("0.18.7", side).reduce_waits_current_stream);
+  EXPECT_TRUE(version_rules("0.18.8", side).reduce_waits_current_stream);
   // A name that is no release is bad input, not a refusal.
   EXPECT_THROW(
       {
@@ -328,10 +340,10 @@ TEST(DeepSpeedReleases, EpochsCoverEveryReleaseOnceAndOpenAtEachRule) {
 TEST(DeepSpeedReleases, TheBuilderRefusesAReleaseByItsMissingRule) {
   Scenario sc = load_scenario(test::scenario_path("tiny"), {{"run.builder", "deepspeed"},
                                                             {"zero.deepspeed_version", "0.17.6"},
-                                                            {"run.torch_version", "2.10.0"}});
+                                                            {"run.step_stream", "side"}});
   try {
     build_deepspeed_schedule(sc, "0.17.6");
-    ADD_FAILURE() << "0.17.6 was built for torch 2.10";
+    ADD_FAILURE() << "0.17.6 was built from a side stream with torch 2.1.2";
   } catch (const ReleaseRefusal& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("zero.deepspeed_version: DeepSpeed 0.17.6 is not modelled yet: the "

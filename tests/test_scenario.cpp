@@ -600,7 +600,7 @@ TEST_F(ScenarioFile, UnknownSectionsAndKeys) {
   const std::string far = load_error("[run]\ncolour = 1\n");
   EXPECT_HAS(far,
              "run.colour: unknown key (allowed in [run]: variant, builder, fill, seed, steps, "
-             "spin_before_copy_us, torch_version, load)");
+             "spin_before_copy_us, torch_version, load, step_stream)");
 }
 
 TEST_F(ScenarioFile, WrongTypes) {

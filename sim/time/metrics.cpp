@@ -24,16 +24,22 @@ bool occupies_compute(const Op& op) {
          op.kind == OpKind::kDequantize;
 }
 
-/** Seconds within [lo, hi) that rank r's S0 ran compute ops (FIFO: intervals do not overlap). */
+/** Seconds within [lo, hi) that rank r's compute streams ran compute ops: S0, and S_step where
+ *  the script issues forward and backward from a stream of its own (run.step_stream = "side"),
+ *  which waits on S0 and S0 on it, so the two never overlap. */
 double compute_busy(const RankSchedule& rs, const std::vector<OpTime>& times, double lo,
                     double hi) {
-  const auto s0 = std::find_if(rs.streams.begin(), rs.streams.end(),
-                               [](const Stream& s) { return s.name == "S0"; });
-  const auto id = static_cast<StreamId>(s0 - rs.streams.begin());
+  std::vector<bool> compute(rs.streams.size());
+  for (std::size_t s = 0; s < rs.streams.size(); ++s) {
+    compute[s] = rs.streams[s].name == "S0" || rs.streams[s].name == "S_step";
+  }
   double busy = 0;
   for (std::size_t i = 0; i < rs.ops.size(); ++i) {
     const Op& op = rs.ops[i];
-    if (op.stream != id || !occupies_compute(op) || times[i].end_s < 0) continue;
+    if (!compute[static_cast<std::size_t>(op.stream)] || !occupies_compute(op) ||
+        times[i].end_s < 0) {
+      continue;
+    }
     busy += std::max(0.0, std::min(hi, times[i].end_s) - std::max(lo, times[i].start_s));
   }
   return busy;

@@ -235,6 +235,12 @@ Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
                      "checkpoint cannot be recorded yet: the recorder loads weights as "
                      "from_pretrained does, not a ZeRO checkpoint (allowed: none, pretrained)");
   }
+  if (sc.run.step_stream != "default") {
+    throw InputError(sc.path, "run.step_stream",
+                     sc.run.step_stream +
+                         " cannot be recorded: the recorder runs DeepSpeed on a CPU, which has "
+                         "no streams to issue the step from (allowed: default)");
+  }
   const std::string v = sc.zero.deepspeed_version;
   const std::string hf = (dir / (v + "-config.json")).string();
   const std::string ds = (dir / (v + "-ds_config.json")).string();

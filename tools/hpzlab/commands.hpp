@@ -30,6 +30,7 @@ struct UserFlags {
   std::string nvlink;         ///< --nvlink-gbytes-per-s X: cluster.nvlink_gbytes_per_s
   std::string deepspeed;      ///< --deepspeed VERSION: the DeepSpeed builder at that version
   std::string torch;          ///< --torch VERSION: run.torch_version
+  std::string step_stream;    ///< --step-stream default|side: run.step_stream
   bool hf_trainer = false;    ///< --hf-trainer: training.hf_trainer ("auto" as the Trainer fills)
   bool from_config = false;   ///< --from-config: run.load = none (trained from scratch)
 };

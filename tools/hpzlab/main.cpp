@@ -45,6 +45,11 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
   sub.add_option("--torch", flags.torch,
                  "Your torch version (run.torch_version; default: one before 2.10, as the "
                  "recordings' 2.1.2): DeepSpeed rules that apply only from some torch on");
+  sub.add_option("--step-stream", flags.step_stream,
+                 "The stream your script issues forward and backward from (run.step_stream): "
+                 "default (the HF Trainer, accelerate, DeepSpeed's examples) or side (under "
+                 "torch.cuda.stream(s)); with torch >= 2.10 the gradient hooks run there "
+                 "(DeepSpeed issue 7898)");
   if (with_version) {
     sub.add_option("--deepspeed", flags.deepspeed,
                    "Your DeepSpeed version: the schedule it issues, built by the DeepSpeed "
@@ -72,6 +77,9 @@ std::vector<FlagSetting> flag_settings(const UserFlags& flags) {
   }
   if (flags.hf_trainer) out.push_back({"--hf-trainer", "training.hf_trainer", "true"});
   if (!flags.torch.empty()) out.push_back({"--torch", "run.torch_version", flags.torch});
+  if (!flags.step_stream.empty()) {
+    out.push_back({"--step-stream", "run.step_stream", flags.step_stream});
+  }
   if (!flags.deepspeed.empty()) {
     out.push_back({"--deepspeed", "run.builder", "deepspeed"});
     out.push_back({"--deepspeed", "zero.deepspeed_version", flags.deepspeed});
@@ -95,6 +103,7 @@ std::vector<std::string> flag_args(const UserFlags& flags) {
   valued("--nvlink-gbytes-per-s", flags.nvlink);
   if (flags.hf_trainer) out.emplace_back("--hf-trainer");
   valued("--torch", flags.torch);
+  valued("--step-stream", flags.step_stream);
   valued("--deepspeed", flags.deepspeed);
   return out;
 }
