@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "sim/accelerate_config.hpp"
 #include "sim/error.hpp"
 #include "sim/input.hpp"
 #include "sim/model_shape.hpp"
@@ -75,8 +76,11 @@ json recorder_hf_config(const Scenario& sc) {
 }
 
 json recorder_ds_config(const Scenario& sc) {
+  // An accelerate config (--ds-config accelerate.yaml): the ds_config accelerate launches with.
   json ds = sc.zero.ds_config.empty() ? json::object()
-                                      : read_user_json(sc.zero.ds_config, "zero.ds_config");
+            : is_accelerate_config_path(sc.zero.ds_config)
+                ? read_accelerate_config(sc.zero.ds_config, "", "zero.ds_config").ds_config
+                : read_user_json(sc.zero.ds_config, "zero.ds_config");
   json zero = ds.value("zero_optimization", json::object());
   // DeepSpeed's aliases without stage3_ (ds_key in scenario.cpp): the stage3_ names are set.
   for (const char* alias : {"prefetch_bucket_size", "max_live_parameters", "max_reuse_distance",

@@ -19,7 +19,8 @@ namespace hpz::cli {
 
 void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
   sub.add_option("--ds-config", flags.ds_config,
-                 "Your DeepSpeed config (JSON): zero.ds_config, over the scenario's keys' "
+                 "Your DeepSpeed config (JSON, or an accelerate config .yaml naming or "
+                 "holding one): zero.ds_config, over the scenario's keys' "
                  "defaults (without a scenario, with --hf-config: the one-command form)");
   sub.add_option("--hf-config", flags.hf_config,
                  "Your model's Hugging Face config.json: model.hf_config");
