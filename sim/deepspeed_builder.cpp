@@ -741,9 +741,9 @@ struct Walk {
   /// at 5.24.0, when gradient_checkpointing_enable gets no kwargs) of the decoder layer's
   /// `forward`, so the layer's own hooks stay outside the checkpoint (modeling_layers.py:85-126).
   bool non_reentrant = false;
-  /// transformers 5 with checkpointing: the causal mask's data-dependent check after the
-  /// embedding (below).
-  bool mask_host_wait = false;
+  /// transformers 5 with checkpointing: one data-dependent check after the embedding for each
+  /// attention mask the model makes (below).
+  int mask_host_waits = 0;
 };
 
 /** The hooks of one checkpointed layer's backward under non-reentrant checkpointing (torch 2.10
@@ -786,8 +786,12 @@ std::vector<Hook> micro_step_hooks(const Model& md, const Walk& walk) {
   // whose `(packed_sequence_mask[:, -1] == 0).all()` in an `if` (:761) reads the device. The
   // cache is None because merge_with_config_defaults turns use_cache off under gradient
   // checkpointing in training (utils/generic.py:1134-1146); without checkpointing a DynamicCache
-  // skips the check (tiny-0.19.8-torch2.10-no-checkpointing).
-  if (walk.mask_host_wait) h.push_back({Ev::kHostSync, -1, false, true});
+  // skips the check (tiny-0.19.8-torch2.10-no-checkpointing). Mistral and Gemma make one mask
+  // (modeling_mistral.py:355, modeling_gemma.py:403); Qwen2 and Qwen3 a second, sliding-window
+  // one where a layer slides (Qwen2Model.forward, Qwen3Model.forward: create_causal_mask, then
+  // create_sliding_window_causal_mask if has_sliding_layers; modeling_qwen3.py:397-401), each
+  // through _preprocess_mask_arguments' check.
+  for (int i = 0; i < walk.mask_host_waits; ++i) h.push_back({Ev::kHostSync, -1, false, true});
   // transformers 4.51.3: position_embeddings = self.rotary_emb(hidden_states, position_ids), once,
   // outside the checkpointed layers (modeling_qwen3.py:553); its forward is under no_grad, so
   // its outputs get no backward hook.
@@ -2642,13 +2646,14 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const bool gpt2_walkable = f == "gpt2" && !tf451 && !m.gated_mlp && m.norm_bias &&
                              m.linear_bias && m.learned_positions > 0 && m.experts == 0 &&
                              m.head_dim == 0;
-  if (tf5 && (f != "llama" || !llama_walkable)) {
-    // transformers 5's trees, its mask and its checkpointing are held to recordings of Llama
-    // only (tiny-*-torch2.10); other families' last saved tensor (early stop) and their MoE
-    // experts are not read yet.
+  if (tf5 && (moe || !llama_walkable)) {
+    // transformers 5's dense Llama-tree families (Llama, Mistral, Qwen2, Qwen3, Gemma): their
+    // masks and non-reentrant checkpointing, held to recordings (tiny-*-torch2.10). Its MoE
+    // experts (one module of stacked weights, made with torch.empty) are not walked yet.
     throw InputError(sc.path, "model.transformers_version",
                      "the DeepSpeed builder walks transformers " + tf +
-                         " for model_type llama only, the model its recordings were made with" +
+                         " for model_type llama, mistral, qwen2, qwen3 and gemma only, the "
+                         "models its recordings were made with" +
                          (sc.model.transformers_version == "auto"
                               ? " (\"auto\" takes it with run.torch_version 2.10 or later)"
                               : std::string()) +
@@ -2698,7 +2703,9 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   Walk walk;
   walk.checkpointing = sc.training.grad_checkpointing;
   walk.non_reentrant = tf5;
-  walk.mask_host_wait = tf5 && walk.checkpointing;
+  if (tf5 && walk.checkpointing) {
+    walk.mask_host_waits = 1 + ((f == "qwen2" || f == "qwen3") && m.sliding_layers ? 1 : 0);
+  }
   // ds_persist: mark_persistent_parameters (PO:242-260) over named_parameters, with
   // model_persistence_threshold at its default (sys.maxsize); zero.Init marks the same ones
   // (PP:1086).

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <variant>
 
+#include "sim/accelerate_config.hpp"
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/input.hpp"
@@ -660,6 +661,23 @@ ModelConfig read_hf_config(const Setting& s) {
     model.qkv_bias = model.o_bias = hf_bool(config, file, "attention_bias", false);
     model.mlp_bias = hf_bool(config, file, "mlp_bias", false);
   }
+  if (type == "qwen2" || type == "qwen3") {
+    // layer_types as given, else "sliding_attention" for the layers from max_window_layers (28)
+    // on when use_sliding_window keeps sliding_window (configuration_qwen2.py:73-93 and
+    // configuration_qwen3.py:76-96 at transformers 5.24.0).
+    if (const auto given = config.find("layer_types"); given != config.end() && !given->is_null()) {
+      if (!given->is_array()) {
+        throw InputError(file, "layer_types",
+                         "expected a list of \"full_attention\" and \"sliding_attention\", got " +
+                             shown_json(*given));
+      }
+      for (const json& t : *given) model.sliding_layers |= t == "sliding_attention";
+    } else if (hf_bool(config, file, "use_sliding_window", false)) {
+      const auto window = config.find("sliding_window");
+      const int from = hf_int(config, file, {"max_window_layers"}).value_or(28);
+      model.sliding_layers = (window == config.end() || !window->is_null()) && model.layers > from;
+    }
+  }
   // The divisibility rules check_model applies, reported here under the config's own key names
   // (issue 20 item 13: not as the scenario's model.heads, a key the user never wrote).
   const auto spelled = [&](std::initializer_list<const char*> names) {
@@ -999,8 +1017,29 @@ void apply_auto(Scenario& sc, const std::string& dotted, const std::string& key,
 void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsBatch& batch,
                      const std::string& version, bool hf_trainer) {
   const fs::path path = resolve(s, "zero.ds_config");
-  const json config = read_json(s, "zero.ds_config", path);
   const std::string file = path.string();
+  // An accelerate config (FILE.yaml, issue 35): the ds_config accelerate launches with, and its
+  // cluster. Its notes name the YAML; zero.ds_config stays the file the user gave.
+  std::optional<AccelerateConfig> launch;
+  if (is_accelerate_config_path(file)) {
+    launch = read_accelerate_config(file, s.where, "zero.ds_config");
+  }
+  const json config = launch ? launch->ds_config : read_json(s, "zero.ds_config", path);
+  // Accelerator.prepare fills the hidden-size "auto" keys as the HF Trainer does
+  // (accelerate v1.14.0 accelerator.py lines 2289-2320).
+  const bool fill_auto = hf_trainer || launch.has_value();
+  if (launch) {
+    scenario.notes.insert(scenario.notes.end(), launch->notes.begin(), launch->notes.end());
+    if (launch->num_processes) {
+      // num_processes is the total; read_accelerate_config refused a pair that does not divide.
+      // Origins name the YAML, so --nodes / --gpus-per-node / --set override it with a note and
+      // a scenario file's cluster keys give way to it as to any file the user names.
+      scenario.cluster.nodes = launch->num_machines.value_or(1);
+      scenario.cluster.gpus_per_node = *launch->num_processes / scenario.cluster.nodes;
+      origins["cluster.nodes"] = file;
+      origins["cluster.gpus_per_node"] = file;
+    }
+  }
   std::vector<std::string> ignored;
   const std::set<std::string> read_here = {"zero_optimization",
                                            "train_batch_size",
@@ -1078,7 +1117,7 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
     if (!dotted) {
       ignored.push_back(key);
     } else if (value.is_string() && value.get<std::string>() == "auto") {
-      apply_auto(scenario, *dotted, key, file, hf_trainer, origins);
+      apply_auto(scenario, *dotted, key, file, fill_auto, origins);
     } else {
       const KeySpec& spec = *find_spec(*dotted);
       const Setting setting = spec.name == "offload_param"

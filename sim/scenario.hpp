@@ -74,8 +74,12 @@ struct ModelConfig {
   /// parallel_attn), their outputs summed; false: one after the other.
   bool parallel_blocks = false;
   bool alibi = false;  ///< Falcon's ALiBi in place of rotary embeddings (no maybe_rotary module)
-  bool norm_bias = false;           ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
-  bool qk_norm = false;             ///< per-head RMSNorms of q and k (Qwen3)
+  bool norm_bias = false;  ///< norms are LayerNorms with a bias (GPT-2, GPT-NeoX, Falcon)
+  bool qk_norm = false;    ///< per-head RMSNorms of q and k (Qwen3)
+  /// Qwen2's and Qwen3's layers past max_window_layers use sliding-window attention
+  /// (use_sliding_window, or "sliding_attention" in layer_types): transformers 5 makes a
+  /// second mask for them.
+  bool sliding_layers = false;
   int norms_per_layer = 2;          ///< 1: Falcon-7B's one input_layernorm before parallel blocks
   int learned_positions = 0;        ///< rows of a learned position embedding (GPT-2's wpe)
   int experts = 0;                  ///< routed experts of a mixture-of-experts layer (0 = dense)

@@ -132,6 +132,11 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-0.18.8-torch2.10", "tiny-0.19.8-torch2.10", "tiny-0.18.2-torch2.10-pretrained",
         "tiny-0.18.3-torch2.10-pretrained", "tiny-0.19.8-torch2.10-no-checkpointing",
         "tiny-0.19.8-torch2.10-accum-2",
+        // transformers 5.24.0's other dense families: Mistral (a sliding-window mask), Qwen2,
+        // Qwen3, Gemma, and Qwen2 with a sliding layer (a second mask, a second host wait).
+        "tiny-mistral-0.19.8-torch2.10", "tiny-qwen2-0.19.8-torch2.10",
+        "tiny-qwen3-0.19.8-torch2.10", "tiny-gemma-0.19.8-torch2.10",
+        "tiny-qwen2-sliding-0.19.8-torch2.10",
         // Optimizer sub-groups of 2000 elements (3 a rank): a norm all-reduce and an optimizer
         // step each, and up to 0.12.6 a norm sync each.
         "tiny-0.13.4-sub-group-2000", "tiny-0.12.6-sub-group-2000",
@@ -256,21 +261,25 @@ TEST(DeepSpeedBuilder, TransformersFiveAndTheParamGroupAreEachNeeded) {
   EXPECT_NE(expected[at].where.find("grad_reduce"), std::string::npos) << expected[at].where;
 }
 
-// transformers 5's walk is Llama's alone, and "auto" takes it with torch 2.10 or later.
-TEST(DeepSpeedBuilder, TransformersFiveIsLlamaOnlyAndAutoFollowsTorch) {
+// transformers 5's walk is the dense Llama-tree families' (not its MoE experts yet), and "auto"
+// takes it with torch 2.10 or later.
+TEST(DeepSpeedBuilder, TransformersFiveIsDenseOnlyAndAutoFollowsTorch) {
   Scenario sc = scenario_of(recording("tiny-0.18.2-torch2.10"));
   sc.model.transformers_version = "auto";
   sc.run.torch_version = "2.10.0";
   EXPECT_EQ(build_deepspeed_schedule(sc, "0.18.8").source.at("transformers"), "5.24.0");
   sc.run.torch_version = "";
   EXPECT_EQ(build_deepspeed_schedule(sc, "0.18.8").source.at("transformers"), "4.35.2");
-  Scenario qwen = scenario_of(recording("tiny-qwen3-tf4.51-0.13.4"));
-  qwen.model.transformers_version = "5.24.0";
+  Scenario mixtral = scenario_of(recording("tiny-mixtral-0.19.8-torch2.10"));
+  mixtral.model.transformers_version = "5.24.0";
   try {
-    build_deepspeed_schedule(qwen, "0.18.8");
-    ADD_FAILURE() << "transformers 5.24.0 on Qwen3 was built";
+    // 0.17.6: from 0.18.0 DeepSpeed's default MoE leaf modules are refused before the walk.
+    build_deepspeed_schedule(mixtral, "0.17.6");
+    ADD_FAILURE() << "transformers 5.24.0 on Mixtral was built";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("for model_type llama only"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("for model_type llama, mistral, qwen2, qwen3 and gemma "
+                                         "only"),
+              std::string::npos)
         << e.what();
   }
 }

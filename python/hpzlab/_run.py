@@ -324,7 +324,8 @@ def _releases_arg(deepspeed: Union[None, str, Iterable[str]]) -> Optional[str]:
 # switch.
 _ONE_COMMAND_FLAGS: Tuple[Tuple[str, str], ...] = (
     ("nodes", "--nodes"), ("gpus_per_node", "--gpus-per-node"), ("deepspeed", "--deepspeed"),
-    ("torch", "--torch"), ("gpu", "--gpu"), ("nic_gbps", "--nic-gbps"),
+    ("torch", "--torch"), ("step_stream", "--step-stream"), ("gpu", "--gpu"),
+    ("nic_gbps", "--nic-gbps"),
     ("nics_per_node", "--nics-per-node"), ("nvlink_gbytes_per_s", "--nvlink-gbytes-per-s"),
     ("hf_trainer", "--hf-trainer"), ("from_config", "--from-config"))
 
@@ -404,7 +405,7 @@ def _run(subcommand: str, args: List[str], json_path: pathlib.Path,
 def check(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike] = None, *,
           nodes: Optional[int] = None, gpus_per_node: Optional[int] = None,
           deepspeed: Union[None, str, Iterable[str]] = "0.13.4", torch: Optional[str] = None,
-          hf_trainer: bool = False, from_config: bool = False,
+          step_stream: Optional[str] = None, hf_trainer: bool = False, from_config: bool = False,
           gpu: Optional[str] = None, nic_gbps: Optional[float] = None,
           nics_per_node: Optional[int] = None, nvlink_gbytes_per_s: Optional[float] = None,
           scenario: Union[None, PathLike, Sequence[PathLike]] = None,
@@ -416,7 +417,8 @@ def check(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike
     to_dict()). nodes, gpus_per_node: the cluster; None leaves the program's default (2 x 8) or
     the scenario's. deepspeed: a release, several ("0.13.4,0.13.5" or a list), a range
     ("0.13.0..0.19.8"), "latest" or "all"; None with a scenario that names its own. torch: the
-    run's torch version. gpu, nic_gbps, nics_per_node, nvlink_gbytes_per_s: the hardware (a GPU
+    run's torch version. step_stream: "default" or "side", the stream the training script issues
+    forward and backward from (DeepSpeed issue 7898). gpu, nic_gbps, nics_per_node, nvlink_gbytes_per_s: the hardware (a GPU
     preset, one NIC's Gbit/s, NICs per node, NVLink GB/s per GPU); None keeps the scenario's.
     hf_trainer: the run uses the HF Trainer (its "auto" values filled as it
     fills them). from_config: the model is trained from its config (not fine-tuned). scenario: a
@@ -431,7 +433,7 @@ def check(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike
 def sim(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike] = None, *,
         nodes: Optional[int] = None, gpus_per_node: Optional[int] = None,
         deepspeed: Optional[str] = "0.13.4", torch: Optional[str] = None,
-        hf_trainer: bool = False, from_config: bool = False,
+        step_stream: Optional[str] = None, hf_trainer: bool = False, from_config: bool = False,
         gpu: Optional[str] = None, nic_gbps: Optional[float] = None,
         nics_per_node: Optional[int] = None, nvlink_gbytes_per_s: Optional[float] = None,
         scenario: Optional[PathLike] = None,

@@ -36,7 +36,8 @@ double compute_busy(const RankSchedule& rs, const std::vector<OpTime>& times, do
   double busy = 0;
   for (std::size_t i = 0; i < rs.ops.size(); ++i) {
     const Op& op = rs.ops[i];
-    if (!compute[static_cast<std::size_t>(op.stream)] || !occupies_compute(op) ||
+    const auto stream = static_cast<std::size_t>(op.stream);  // the host's -1: none
+    if (op.stream < 0 || stream >= compute.size() || !compute[stream] || !occupies_compute(op) ||
         times[i].end_s < 0) {
       continue;
     }

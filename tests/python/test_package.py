@@ -120,6 +120,20 @@ class TestCheck(unittest.TestCase):
         self.assertIn("hpZ race fixed in DeepSpeed v0.13.5", r.explanation)
         self.assertIn("fix:", r.explanation)
 
+    def test_gradient_hooks_on_a_side_stream_race_before_0_18_8(self):
+        # DeepSpeed issue 7898: with torch 2.10 a gradient hook runs on the stream the script
+        # issues the step from, and 0.18.7's reduce stream waits on the default stream.
+        r = hpzlab.check(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
+                         deepspeed="0.18.7,0.18.8", torch="2.10.0", step_stream="side")
+        self.assertFalse(r.clean, r.text)
+        self.assertIn("--step-stream", r.argv)
+        by_release = r.releases
+        self.assertGreater(by_release["0.18.7"].counts.get("race", 0), 0, r.text)
+        self.assertTrue(by_release["0.18.8"].clean, r.text)
+        on_default = hpzlab.check(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
+                                  deepspeed="0.18.7", torch="2.10.0")
+        self.assertTrue(on_default.clean, on_default.text)
+
     def test_set_overrides_a_key(self):
         r = hpzlab.check(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
                          deepspeed=["0.13.4"], set={"zero.overlap_comm": False})
