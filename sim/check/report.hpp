@@ -2,6 +2,7 @@
 // in its own file (text_report.cpp, json_report.cpp).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,11 +37,23 @@ class JsonReporter final : public Reporter {
 
 /** For code-scanning tools (GitHub, GitLab): SARIF 2.1.0, one run of tool "hpzlab" with a rule
  *  per finding kind and a result per finding group (sarif_report.cpp, docs/ci.md). */
+/** A known DeepSpeed defect of one checked release (a bug that is not an ordering bug, which the
+ *  checker cannot find: `hpzlab releases`, RuleScope::kDefect), for the SARIF report. */
+struct DefectResult {
+  std::size_t result = 0;  ///< index of the CheckResult (the release) it holds for
+  std::string id;          ///< the rule's id, "qwz-quantizer-reads-half"
+  std::string text;        ///< one line: what it is, where it holds, what fixes it
+};
+
 class SarifReporter final : public Reporter {
  public:
   /** `version`: hpzlab's, for tool.driver.version. */
   explicit SarifReporter(std::string version) : version_(std::move(version)) {}
   std::string render(std::span<const CheckResult> results) const override;
+  /** With a result of rule "deepspeed-defect" for each known DeepSpeed defect, so that a tool
+   *  reading the SARIF sees what makes the exit status 1 where the checker found nothing. */
+  std::string render(std::span<const CheckResult> results,
+                     std::span<const DefectResult> defects) const;
 
  private:
   std::string version_;

@@ -117,6 +117,11 @@ json result_json(const CheckResult& r, const FindingGroup& g) {
 }  // namespace
 
 std::string SarifReporter::render(std::span<const CheckResult> results) const {
+  return render(results, {});
+}
+
+std::string SarifReporter::render(std::span<const CheckResult> results,
+                                  std::span<const DefectResult> defects) const {
   json out = json::array();
   json artifacts = json::array();
   std::set<std::string> files;
@@ -125,13 +130,46 @@ std::string SarifReporter::render(std::span<const CheckResult> results) const {
     if (files.insert(file).second) artifacts.push_back(json{{"location", {{"uri", file}}}});
     for (const FindingGroup& g : r.groups) out.push_back(result_json(r, g));
   }
+  json rules = rules_json();
+  if (!defects.empty()) {
+    rules.push_back(
+        json{{"id", "deepspeed-defect"},
+             {"name", "KnownDeepSpeedDefect"},
+             {"shortDescription",
+              {{"text",
+                "A known bug of this DeepSpeed release on this run that is not an ordering "
+                "bug: its values are wrong on one stream."}}},
+             {"help",
+              {{"text",
+                "The release table (hpzlab releases, docs/deepspeed-releases.md) names the "
+                "pull request and the first release that fixes it."}}},
+             {"defaultConfiguration", {{"level", "error"}}}});
+  }
+  for (const DefectResult& d : defects) {
+    if (d.result >= results.size()) continue;
+    const CheckResult& r = results[d.result];
+    const std::string file = r.scenario.empty() ? "schedule" : r.scenario;
+    json properties{{"defect", d.id}, {"variant", r.variant}};
+    if (const auto v = r.source.find("deepspeed"); v != r.source.end()) {
+      properties["deepspeed"] = v->second;
+    }
+    out.push_back(
+        json{{"ruleId", "deepspeed-defect"},
+             {"ruleIndex", rules.size() - 1},
+             {"level", "error"},
+             {"message", {{"text", fmt::format("{} [{}]: {}", file, label_of(r), d.text)}}},
+             {"locations",
+              json::array({json{{"physicalLocation", {{"artifactLocation", {{"uri", file}}}}}}})},
+             {"partialFingerprints",
+              {{"hpzlabFinding/v1", fmt::format("deepspeed-defect|{}|{}", d.id, label_of(r))}}},
+             {"properties", properties}});
+  }
   json doc{
       {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
       {"version", "2.1.0"},
       {"runs",
        json::array({json{
-           {"tool",
-            {{"driver", {{"name", "hpzlab"}, {"version", version_}, {"rules", rules_json()}}}}},
+           {"tool", {{"driver", {{"name", "hpzlab"}, {"version", version_}, {"rules", rules}}}}},
            {"artifacts", artifacts},
            {"results", out}}})}};
   return doc.dump(2) + "\n";

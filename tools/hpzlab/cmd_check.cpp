@@ -791,7 +791,18 @@ void run_check(const CheckOptions& opts, int& exit_code) {
                  "--junit");
   }
   if (!opts.sarif.empty()) {
-    write_output(opts.sarif, check::SarifReporter(version()).render(results), "--sarif");
+    // The known DeepSpeed defects of each checked release, as the text and JUnit name them.
+    std::vector<check::DefectResult> defects;
+    std::size_t at = 0;
+    for (const Checked& c : checked) {
+      if (!c.refused.empty()) continue;
+      for (const ReleaseRule* r : c.defects) {
+        const std::string line = defect_line(*r, true);
+        defects.push_back({at, r->id, line.substr(2, line.size() - 3)});
+      }
+      ++at;
+    }
+    write_output(opts.sarif, check::SarifReporter(version()).render(results, defects), "--sarif");
   }
   if (text_out) {
     // More than one release: a line per epoch. One release (--deepspeed X) is explained in full,
