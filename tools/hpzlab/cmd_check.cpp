@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -464,6 +465,39 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
   return results;
 }
 
+/** The known DeepSpeed defects of a recording's run (known_defects), from what `hpzlab record`
+ *  writes into its source: the release, torch, the dtype and the ds_config it used. None for a
+ *  schedule without them (a built one, or a recording of a release hpzlab does not know), and
+ *  none read from a ds_config_used that is not a JSON object of the expected types. */
+std::vector<const ReleaseRule*> recorded_defects(const Schedule& s) {
+  const auto at = [&](const char* key) {
+    const auto it = s.source.find(key);
+    return it == s.source.end() ? std::string() : it->second;
+  };
+  const std::string version = at("deepspeed");
+  if (!is_deepspeed_release(version)) return {};
+  const nlohmann::json ds = nlohmann::json::parse(at("ds_config_used"), nullptr, false);
+  if (!ds.is_object()) return {};
+  const auto flag = [](const nlohmann::json& object, const char* key) {
+    const auto it = object.find(key);
+    return it != object.end() && it->is_boolean() && it->get<bool>();
+  };
+  const auto zero_it = ds.find("zero_optimization");
+  const nlohmann::json zero =
+      zero_it != ds.end() && zero_it->is_object() ? *zero_it : nlohmann::json::object();
+  RunTraits t;
+  const std::string torch = at("torch");
+  t.torch = torch.substr(0, torch.find('+'));  // "2.1.2+cu121": the release
+  if (const auto accum = ds.find("gradient_accumulation_steps");
+      accum != ds.end() && accum->is_number_integer()) {
+    t.grad_accum =
+        static_cast<int>(std::clamp<std::int64_t>(accum->get<std::int64_t>(), 1, 1 << 20));
+  }
+  t.qwz_non_fp16 = flag(zero, "zero_quantized_weights") && at("dtype") != "float16";
+  t.qgz = flag(zero, "zero_quantized_gradients");
+  return known_defects(version, t);
+}
+
 /** --schedule FILE: one schedule; a scenario, if given, only has to agree on the world size. */
 Checked check_file(const CheckOptions& opts) {
   if (opts.scenarios.size() > 1) {
@@ -489,7 +523,18 @@ Checked check_file(const CheckOptions& opts) {
     result = on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
   });
   progress_bar(1, 1, opts.schedule + " checked");
-  return {std::move(result), step_count(schedule), true, false, {}, std::nullopt, {}, "", {}, ""};
+  const auto v = schedule.source.find("deepspeed");
+  const std::string recorded = v == schedule.source.end() ? "" : v->second;
+  return {std::move(result),
+          step_count(schedule),
+          true,
+          false,
+          {},
+          std::nullopt,
+          {},
+          "",
+          recorded_defects(schedule),
+          is_deepspeed_release(recorded) ? recorded : ""};
 }
 
 /** A clean verdict on one step says nothing about the hpZ race: DeepSpeed copies the secondary
