@@ -12,7 +12,9 @@
 #include "sim/accelerate_config.hpp"
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
+#include "tests/input_error.hpp"
 #include "tests/paths.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace hpz {
 namespace {
@@ -24,18 +26,7 @@ const fs::path kSourceDir = test::source_dir();
 const fs::path kData = kSourceDir / "tests" / "data" / "accelerate";
 const std::string kTinyModel = (kSourceDir / "tools/recorder/tests/data/llama-tiny.json").string();
 
-#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
-
-/** The message of the InputError that `body` throws; fails the test if it throws none. */
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an InputError";
-  return "";
-}
+using test::error_of;
 
 /** Whether one of `notes` contains `part`. */
 bool noted(const std::vector<std::string>& notes, const std::string& part) {
@@ -71,22 +62,8 @@ class InSourceDir {
 };
 
 /** Each test writes its files into a directory of its own. */
-class AccelerateFile : public ::testing::Test {
+class AccelerateFile : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / (std::string("hpzlab_accelerate_") + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path path = dir_ / name;
-    std::ofstream(path) << text;
-    return path.string();
-  }
-
   /** A DeepSpeed accelerate config on one machine of 8 with `deepspeed_config` (indented
    *  lines) and `extra` top-level lines. */
   std::string config(const std::string& deepspeed_config, const std::string& extra = "") {
@@ -101,8 +78,6 @@ class AccelerateFile : public ::testing::Test {
   std::string read_error(const std::string& path) {
     return error_of([&] { read_accelerate_config(path); });
   }
-
-  fs::path dir_;
 };
 
 // --- YAML as PyYAML's safe_load types it ------------------------------------------------------

@@ -13,7 +13,9 @@
 #include "sim/model_shape.hpp"
 #include "sim/record_inputs.hpp"
 #include "sim/scenario.hpp"
+#include "tests/input_error.hpp"
 #include "tests/paths.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace hpz {
 namespace {
@@ -24,35 +26,11 @@ const fs::path kSourceDir = test::source_dir();
 const fs::path kScenarios = kSourceDir / "scenarios";
 const fs::path kData = kSourceDir / "tests" / "data";
 
-/** The message of the InputError that `body` throws; fails the test if it throws none. */
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an InputError";
-  return "";
-}
+using test::error_of;
 
 /** Each test writes its scenarios into a directory of its own. */
-class ScenarioFile : public ::testing::Test {
+class ScenarioFile : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) / (std::string("hpzlab_") + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  /** Writes `text` to `name` in the test's directory and returns its path. */
-  std::string write(const std::string& name, const std::string& text) {
-    const fs::path path = dir_ / name;
-    std::ofstream(path) << text;
-    return path.string();
-  }
-
   /** The error of loading a file made of `text` (a tiny model unless text has a [model]). */
   std::string load_error(const std::string& text, const std::vector<Override>& overrides = {}) {
     const std::string path = write("s.toml", with_model(text));
@@ -66,11 +44,7 @@ class ScenarioFile : public ::testing::Test {
   static std::string with_model(const std::string& text) {
     return text.find("[model]") == std::string::npos ? "[model]\npreset = \"tiny\"\n" + text : text;
   }
-
-  fs::path dir_;
 };
-
-#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 
 // --- shipped scenarios ------------------------------------------------------------------------
 
