@@ -137,6 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-mistral-0.19.8-torch2.10", "tiny-qwen2-0.19.8-torch2.10",
         "tiny-qwen3-0.19.8-torch2.10", "tiny-gemma-0.19.8-torch2.10",
         "tiny-qwen2-sliding-0.19.8-torch2.10",
+        // qwZ on bf16 from 0.19.6 (PR 8215): the quantizer's fp16 casts.
+        "tiny128-0.19.8-torch2.10-qwz",
         // Optimizer sub-groups of 2000 elements (3 a rank): a norm all-reduce and an optimizer
         // step each, and up to 0.12.6 a norm sync each.
         "tiny-0.13.4-sub-group-2000", "tiny-0.12.6-sub-group-2000",

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.machinery
+import inspect
 import os
 import sys
 import types
@@ -101,8 +102,9 @@ class QuantizerKernels:
     CUDAQuantizer itself (its group sizes) is DeepSpeed's own."""
     Symmetric = 0
 
-    def __init__(self, dtype: torch.dtype) -> None:
+    def __init__(self, dtype: torch.dtype, out_dtype: torch.dtype) -> None:
         self.dtype = dtype
+        self.out_dtype = out_dtype
 
     def quantize(self, param, groups, bits=8, mode=0):
         # One kernel reads the shard, as the CUDA kernel does (not a copy: a .float() would be
@@ -124,7 +126,7 @@ class QuantizerKernels:
         # works, so a bf16 run records the schedule to the end instead of failing on a dtype.
         shape = list(quantized.shape)
         shape[-1] *= 8 // bits
-        out = torch.empty(shape, dtype=self.dtype)
+        out = torch.empty(shape, dtype=self.out_dtype)
         torch.mul(quantized.reshape(groups, -1), scale.reshape(-1, 1), out=out.view(groups, -1))
         return out
 
@@ -133,7 +135,13 @@ def replace_quantizer(dtype: torch.dtype) -> None:
     """Puts QuantizerKernels where DeepSpeed's CUDAQuantizer loads its CUDA module."""
     from deepspeed.runtime.zero import partition_parameters as pp
     if hasattr(pp, "CUDAQuantizer"):
-        pp.CUDAQuantizer.quantizer_cuda_module = QuantizerKernels(dtype)
+        # From 0.19.6 (PR 8215) CUDAQuantizer.dequantize takes the parameter's dtype and casts
+        # the binding's fp16 output to it (partition_parameters.py:896-901 at 0.19.8): there the
+        # stand-in writes fp16, as the CUDA binding does, so that the cast is recorded as
+        # DeepSpeed issues it. Before, it writes the parameter's dtype (QuantizerKernels).
+        casts = "dtype" in inspect.signature(pp.CUDAQuantizer.dequantize).parameters
+        out_dtype = torch.float16 if casts else dtype
+        pp.CUDAQuantizer.quantizer_cuda_module = QuantizerKernels(dtype, out_dtype)
 
 
 class QuantizedGradientKernels:

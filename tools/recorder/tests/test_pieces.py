@@ -255,7 +255,7 @@ def test_qwz_dequantize_keeps_the_quantized_inputs_shape():
     parameter's gather gets the int8 buffer viewed in the parameter's shape (1242) and the CUDA
     binding returns that shape (csrc/quantization/pt_binding.cpp:120-122); a coalesced gather's
     flat buffer stays flat."""
-    kernels = stand_ins.QuantizerKernels(torch.bfloat16)
+    kernels = stand_ins.QuantizerKernels(torch.bfloat16, torch.bfloat16)
     weight = torch.linspace(-1, 1, 16 * 32).reshape(16, 32)
     q, scales = kernels.quantize(weight, 4)
     assert (q.dtype, scales.numel()) == (torch.int8, 4)
@@ -263,6 +263,9 @@ def test_qwz_dequantize_keeps_the_quantized_inputs_shape():
     assert (out.shape, out.dtype) == ((16, 32), torch.bfloat16)
     assert kernels.dequantize(q, scales, 4).shape == (512, )
     assert torch.allclose(out.float(), weight, atol=1 / 127)
+    # From 0.19.6 the stand-in writes fp16, as the CUDA binding does, and DeepSpeed casts it.
+    half = stand_ins.QuantizerKernels(torch.bfloat16, torch.float16)
+    assert half.dequantize(q.reshape(16, 32), scales, 4).dtype == torch.float16
 
 
 def test_ranks_of_one_kind_hold_the_same_slices():
