@@ -44,6 +44,7 @@
 #include "sim/error.hpp"
 #include "sim/input.hpp"
 #include "sim/scenario.hpp"
+#include "sim/text.hpp"
 
 namespace hpz {
 namespace {
@@ -56,12 +57,6 @@ std::string lower(std::string_view text) {
   std::transform(out.begin(), out.end(), out.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return out;
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string text;
-  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
 }
 
 bool is_digit(char c) {

@@ -4,6 +4,7 @@
 
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
+#include "sim/text.hpp"
 
 namespace hpz {
 namespace {
@@ -64,12 +65,6 @@ std::vector<std::string> names_of(const std::vector<T>& presets) {
   std::vector<std::string> names;
   for (const T& preset : presets) names.push_back(preset.name);
   return names;
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string text;
-  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "sim/error.hpp"
 #include "sim/input.hpp"
 #include "sim/model_shape.hpp"
+#include "sim/text.hpp"
 
 namespace hpz {
 namespace {
@@ -38,12 +39,6 @@ constexpr const char* kSetWhere = "--set";
 
 // ---------------------------------------------------------------------------------------------
 // Names, allowed lists and "did you mean".
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string text;
-  for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
-  return text;
-}
 
 std::string allowed(const std::vector<std::string>& names) {
   return " (allowed: " + joined(names) + ")";

@@ -14,6 +14,7 @@
 #include "sim/time/compare.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/simulate.hpp"
+#include "tests/input_error.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::time {
@@ -75,18 +76,6 @@ std::size_t find_op(const json& j, std::size_t rank, const std::string& prefix, 
   }
   ADD_FAILURE() << "no " << prefix << " op of rank " << rank << " lasting " << min_s << " s";
   return 0;
-}
-
-/** The message of the InputError `f` throws ("" if it throws none). */
-template <typename F>
-std::string input_error(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError";
-  return "";
 }
 
 TEST(OpTimes, EveryOpOfEveryRankInIrOrderWithItsLabel) {
@@ -219,7 +208,7 @@ TEST(Compare, ShortOpsStayOutOfThePercentilesNotOutOfTheCount) {
 TEST(Compare, ADifferentScheduleIsRejectedNamingFileAndKey) {
   json other = tiny_sim();
   other["variant"] = "event-wait";
-  EXPECT_EQ(input_error([&] { compare(tiny_sim(), "SIM.json", other, "REAL.json"); }),
+  EXPECT_EQ(test::error_of([&] { compare(tiny_sim(), "SIM.json", other, "REAL.json"); }),
             "variant: 'event-wait' in REAL.json but 'stock' in SIM.json: the files time "
             "different schedules");
 
@@ -227,13 +216,13 @@ TEST(Compare, ADifferentScheduleIsRejectedNamingFileAndKey) {
   const std::size_t n = fewer["op_times"][3].size();
   fewer["op_times"][3].erase(n - 1);
   fewer["op_labels"][3].erase(n - 1);
-  EXPECT_EQ(input_error([&] { compare(tiny_sim(), "SIM.json", fewer, "REAL.json"); }),
+  EXPECT_EQ(test::error_of([&] { compare(tiny_sim(), "SIM.json", fewer, "REAL.json"); }),
             "op_times: rank 3 has " + std::to_string(n - 1) + " ops in REAL.json but " +
                 std::to_string(n) + " in SIM.json");
 
   json relabelled = tiny_sim();
   relabelled["op_labels"][1][7] = "kernel/optimizer_step/-";
-  EXPECT_NE(input_error([&] {
+  EXPECT_NE(test::error_of([&] {
               compare(tiny_sim(), "SIM.json", relabelled, "REAL.json");
             }).find("op_labels: rank 1 op 7"),
             std::string::npos);
@@ -247,17 +236,17 @@ TEST(Compare, ADifferentScheduleIsRejectedNamingFileAndKey) {
 TEST(Compare, AFileWithoutOpTimesOrNotJsonIsOneLineNamingIt) {
   json plain = tiny_sim();
   plain.erase("op_times");
-  EXPECT_EQ(input_error([&] { compare(tiny_sim(), "SIM.json", plain, "REAL.json"); }),
+  EXPECT_EQ(test::error_of([&] { compare(tiny_sim(), "SIM.json", plain, "REAL.json"); }),
             "REAL.json: no op_times; run `hpzlab sim --op-times` / `hpzlab real`");
   const std::string malformed = kSource + "/tests/data/malformed.json";
-  const std::string bad = input_error([&] { read_timed_json(malformed); });
+  const std::string bad = test::error_of([&] { read_timed_json(malformed); });
   EXPECT_EQ(bad.rfind(malformed + ": not valid JSON (", 0), 0u) << bad;
   EXPECT_EQ(bad.find('\n'), std::string::npos);
-  EXPECT_EQ(input_error([&] { read_timed_json("no/such/file.json"); }),
+  EXPECT_EQ(test::error_of([&] { read_timed_json("no/such/file.json"); }),
             "no/such/file.json: cannot read this file: No such file or directory");
   json broken = tiny_sim();
   broken["op_times"][0][3] = "soon";
-  EXPECT_NE(input_error([&] {
+  EXPECT_NE(test::error_of([&] {
               compare(broken, "SIM.json", tiny_sim(), "REAL.json");
             }).find("SIM.json: op_times: rank 0 op 3"),
             std::string::npos);
@@ -274,26 +263,26 @@ TEST(Compare, HostileFilesAreOneLine) {
   const std::string deep =
       file("deep.json", "{\"op_times\": [[" + std::string(5000, '[') + std::string(5000, ']') +
                             "]], \"op_labels\": [[\"kernel/forward/0\"]]}");
-  EXPECT_EQ(input_error([&] { read_timed_json(deep); }),
+  EXPECT_EQ(test::error_of([&] { read_timed_json(deep); }),
             deep + ": not valid JSON: nested more than 64 levels deep (allowed: at most 64)");
   const std::string shallow =
       file("shallow.json", "{\"op_times\": [[" + std::string(20, '[') + std::string(20, ']') +
                                "]], \"op_labels\": [[\"kernel/forward/0\"]], \"step_time_s\": 1}");
-  EXPECT_EQ(input_error([&] { read_timed_json(shallow); }),
+  EXPECT_EQ(test::error_of([&] { read_timed_json(shallow); }),
             shallow +
                 ": op_times: rank 0 op 0: expected [issue_s, start_s, end_s] or null, got "
                 "[[[[...]]]]");
   const std::string huge = file("huge.json", "{\"op_times\": [], \"step_time_s\": 1e999}");
-  EXPECT_EQ(input_error([&] { read_timed_json(huge); }),
+  EXPECT_EQ(test::error_of([&] { read_timed_json(huge); }),
             huge + ": not valid JSON (number overflow parsing '1e999')");
   const std::string twice = file("twice.json", "{\"op_times\": [], \"op_times\": []}");
-  EXPECT_EQ(input_error([&] { read_timed_json(twice); }),
+  EXPECT_EQ(test::error_of([&] { read_timed_json(twice); }),
             twice +
                 ": op_times: not valid JSON: this key is given twice in one object (allowed: "
                 "once)");
-  EXPECT_EQ(input_error([&] { read_timed_json(""); }),
+  EXPECT_EQ(test::error_of([&] { read_timed_json(""); }),
             "'': cannot read this file: the file name is empty");
-  EXPECT_EQ(input_error([&] { read_timed_json("/dev/zero"); }),
+  EXPECT_EQ(test::error_of([&] { read_timed_json("/dev/zero"); }),
             "/dev/zero: cannot read this file: is not a regular file (a device, FIFO or socket "
             "is not read)");
 }

@@ -178,13 +178,19 @@ struct Checked {
   bool clean() const { return refused.empty() && result.clean() && defects.empty(); }
 };
 
-/** A defect under a verdict: one line in a matrix, its whole description for one release. */
-std::string defect_line(const ReleaseRule& r, bool whole) {
+/** A known DeepSpeed defect in one sentence: short (a matrix's line, JUnit's message) or whole
+ *  (one release's text, SARIF's message). */
+std::string defect_sentence(const ReleaseRule& r, bool whole) {
   const std::string fixed = fixed_label(r);
-  return whole ? fmt::format("  DeepSpeed defect `{}` ({}, {}), not an ordering bug: {}\n", r.id,
-                             r.pr, fixed, r.what)
-               : fmt::format("  DeepSpeed defect `{}` ({}): {} (`hpzlab releases` says what)\n",
-                             r.id, condition_of(r), fixed);
+  return whole ? fmt::format("DeepSpeed defect `{}` ({}, {}), not an ordering bug: {}", r.id, r.pr,
+                             fixed, r.what)
+               : fmt::format("DeepSpeed defect `{}` ({}): {} (`hpzlab releases` says what)", r.id,
+                             condition_of(r), fixed);
+}
+
+/** defect_sentence as a line under a verdict. */
+std::string defect_line(const ReleaseRule& r, bool whole) {
+  return "  " + defect_sentence(r, whole) + "\n";
 }
 
 /** Scenario i of n on the progress bar (a terminal only): building its schedule fills the
@@ -809,8 +815,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       // defect that fails it (a line saying "clean" would not say why the case failed).
       std::string first = report.substr(0, report.find('\n'));
       if (c.refused.empty() && c.result.clean() && !c.defects.empty()) {
-        const std::string line = defect_line(*c.defects.front(), false);
-        first = line.substr(2, line.size() - 3);  // without the indent and the newline
+        first = defect_sentence(*c.defects.front(), false);
       }
       const std::string name =
           c.refused.empty() ? check::label_of(c.result) : "DeepSpeed " + releases_label(c.releases);
@@ -842,8 +847,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     for (const Checked& c : checked) {
       if (!c.refused.empty()) continue;
       for (const ReleaseRule* r : c.defects) {
-        const std::string line = defect_line(*r, true);
-        defects.push_back({at, r->id, line.substr(2, line.size() - 3)});
+        defects.push_back({at, r->id, defect_sentence(*r, true)});
       }
       ++at;
     }
