@@ -92,6 +92,9 @@ struct DsParam {
   // _init_weights pass (line 470-473) that from_pretrained skips for the checkpoint's. zero.Init
   // broadcasts what its memory held (the recording tiny-deepseek-v2-tf4.57-0.13.4).
   bool unwritten = false;
+  // The z3 leaf module it lies under (`param.ds_z3_leaf_module`, PO:290-292 at v0.18.2), -1 for
+  // none: its gradient is reduced from the leaf's full backward hook, not its own (S3:1252-1255).
+  int leaf = -1;
 };
 
 enum class ModKind { kContainer, kEmbedding, kLinear, kNorm, kRotary, kAct, kHead };
@@ -118,6 +121,13 @@ struct DsModule {
   // torch.addmm(bias, x, weight) itself: its bias first. Both seen in recordings with
   // 5000-element reduce buckets, whose boundaries fall between the two (2026-11-26).
   bool bias_grad_first = false;
+  // A z3 leaf module (`_z3_leaf`, rule default-moe-leaf-modules): its hooks fetch and release
+  // `subtree`, every parameter below it in named_parameters order (COORD:39-40, 300, 437).
+  bool z3_leaf = false;
+  std::vector<int> subtree;
+  // Below a z3 leaf: DeepSpeed registers no hooks on it (`_register_deepspeed_module` does not
+  // recurse into a leaf, PO:294-296), so only its kernels run.
+  bool under_leaf = false;
 };
 
 // Phi-3 (transformers 4.51.3): fused qkv_proj and gate_up_proj, and residual dropouts.
@@ -163,10 +173,54 @@ struct Model {
     };
     int router = -1, shared_gate = -1;
     std::vector<Expert> experts;
+    // transformers 5's MixtralExperts (modeling_mixtral.py:57-67 at 5.24.0): every expert's
+    // weights in one module, as two 3-D parameters (gate_up_proj, down_proj) run by grouped_mm.
+    int fused = -1;
     Expert shared;
   };
   std::vector<Layer> layers;
+
+  /** iter_params(m, recurse=z3_leaf_module(m)) (COORD:39-40): a leaf's subtree, else the
+   *  module's own parameters. */
+  const std::vector<int>& hooked(int m) const {
+    const DsModule& mod = modules[static_cast<std::size_t>(m)];
+    return mod.z3_leaf ? mod.subtree : mod.params;
+  }
+  /** iter_params(m, recurse=True): every parameter below module m, each once (named_parameters
+   *  drops duplicates: a tied head's weight is the embedding's). */
+  std::vector<int> below(int m) const {
+    const std::string& path = modules[static_cast<std::size_t>(m)].path;
+    std::set<int> out;
+    for (std::size_t i = 0; i < modules.size(); ++i) {
+      const std::string& p = modules[i].path;
+      if (m == causal_lm || p == path || (p.starts_with(path) && p[path.size()] == '.')) {
+        out.insert(modules[i].params.begin(), modules[i].params.end());
+      }
+    }
+    return {out.begin(), out.end()};
+  }
 };
+
+/** DeepSpeed's default z3 leaf modules from v0.18.0 (rule default-moe-leaf-modules):
+ *  DEFAULT_LEAF_MODULE_CLASSES (leaf_module_config.py:11-15 at v0.18.2) names
+ *  MixtralSparseMoeBlock and Qwen2MoeSparseMoeBlock (and Qwen3-MoE's, which hpzlab does not
+ *  walk); `_do_set_z3_leaf_modules` marks each by class name (utils/z3_leaf_module.py:57-86).
+ *  Each sparse layer's block becomes a leaf and everything in it falls under the leaf. */
+void mark_z3_leaf_modules(Model& md) {
+  for (const Model::Layer& L : md.layers) {
+    if (L.experts.empty() && L.fused < 0) continue;  // a dense layer
+    DsModule& block = md.modules[static_cast<std::size_t>(L.mlp)];
+    block.z3_leaf = true;
+    // named_parameters order: the block's children in registration order, which build_model
+    // follows with ds_ids (router, experts, shared expert, its gate).
+    block.subtree = md.below(L.mlp);
+    for (const int p : block.subtree) md.params[static_cast<std::size_t>(p)].leaf = L.mlp;
+    const std::string prefix = block.path + ".";
+    for (DsModule& m : md.modules) {
+      if (m.path.starts_with(prefix)) m.under_leaf = true;
+    }
+  }
+}
 
 /** The modules and parameters of transformers' LlamaForCausalLM, FalconForCausalLM or
  *  GPTNeoXForCausalLM, with parameters in the order their modules' __init__ create them, which
@@ -178,7 +232,7 @@ struct Model {
  *  o_proj, q_norm, k_norm; modeling_gemma.py) and Phi-3's (modeling_phi3.py:67-68 gate_up_proj,
  *  down_proj; 172-173 o_proj before qkv_proj; 256-262 the layer's), each base model with its
  *  rotary_emb made after norm (modeling_qwen3.py:485). */
-Model build_model(const ModelConfig& m, bool model_rotary) {
+Model build_model(const ModelConfig& m, bool model_rotary, bool fused_experts = false) {
   Model md;
   md.family = m.family == "falcon"     ? Family::kFalcon
               : m.family == "gpt_neox" ? Family::kGptNeox
@@ -203,7 +257,10 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
   const auto vocab = static_cast<std::uint64_t>(m.vocab);
   auto module = [&](std::string path, ModKind kind) {
     if (kind == ModKind::kRotary && falcon && m.alibi) return -1;  // no maybe_rotary module
-    md.modules.push_back({std::move(path), kind, {}});
+    DsModule mod;
+    mod.path = std::move(path);
+    mod.kind = kind;
+    md.modules.push_back(std::move(mod));
     return static_cast<int>(md.modules.size() - 1);
   };
   auto param = [&](int mod, const char* what, std::uint64_t rows, std::uint64_t cols, int layer) {
@@ -358,7 +415,8 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
         // DeepseekV2MoE (mlp: experts.N as Qwen2-MoE's, gate, shared_experts;
         // modeling_deepseek_v2.py:92-105 at 4.57.1). DeepseekV2MoEGate is no Linear, but its
         // forward is F.linear of its own weight (line 65), which zero.Init has replaced.
-        const std::string b = p + (mixtral ? ".block_sparse_moe" : ".mlp");
+        // transformers 5's Mixtral names the block mlp (MixtralDecoderLayer, :338 at 5.24.0).
+        const std::string b = p + (mixtral && !fused_experts ? ".block_sparse_moe" : ".mlp");
         L.mlp = module(b, ModKind::kContainer);
         if (!deepseek) L.router = module(b + ".gate", ModKind::kLinear);
         auto expert = [&](const std::string& e, double share) {
@@ -374,7 +432,12 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
         };
         const double routed =
             static_cast<double>(m.experts_per_token) / static_cast<double>(m.experts);
-        for (int e = 0; e < m.experts; ++e) {
+        if (fused_experts) {
+          // One kernel over every expert's weights: each token through top_k of them.
+          L.fused = module(b + ".experts", ModKind::kLinear);
+          md.modules[L.fused].token_share = routed;
+        }
+        for (int e = 0; e < m.experts && !fused_experts; ++e) {
           L.experts.push_back(expert(b + ".experts." + std::to_string(e), routed));
         }
         if (deepseek) L.router = module(b + ".gate", ModKind::kLinear);
@@ -433,6 +496,18 @@ Model build_model(const ModelConfig& m, bool model_rotary) {
           linear(L.router, static_cast<std::uint64_t>(m.experts), h, false, i);
         };
         if (!deepseek) router();
+        if (L.fused >= 0) {
+          // MixtralTopKRouter's weight, gate_up_proj [experts, 2 x width, hidden] and down_proj
+          // [experts, hidden, width], all torch.empty (modeling_mixtral.py:65-66, 101 at
+          // 5.24.0) and written only by _init_weights, which from_pretrained skips.
+          const auto e = static_cast<std::uint64_t>(m.experts);
+          const auto w = static_cast<std::uint64_t>(m.expert_ffn);
+          md.params.back().unwritten = true;
+          param(L.fused, "gate_up_proj", e * 2 * w, h, i);
+          md.params.back().unwritten = true;
+          param(L.fused, "down_proj", e * h, w, i);
+          md.params.back().unwritten = true;
+        }
         auto expert = [&](const Model::Layer::Expert& x, std::uint64_t width) {
           linear(x.gate, width, h, bias, i);
           if (mixtral) linear(x.down, h, width, false, i);
@@ -495,6 +570,9 @@ enum class Ev {
   kBwdKernel,  // the module's backward kernel, then its parameter's gradient hook
   kLoss,
   kHostSync,  // the model's own wait for the compute stream (a data-dependent size)
+  // A z3 leaf's full backward hook: the gradients of every parameter below it reduced, in
+  // model.parameters() order (S3:1261-1274 at v0.18.2, PR 7592).
+  kLeafGradHook,
 };
 
 struct Hook {
@@ -511,14 +589,20 @@ struct Hook {
  *  mlp {dense_h_to_4h, act, dense_4h_to_h}). */
 void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool grad,
                    std::vector<Hook>& out, bool with_layer_hooks = true) {
+  // A module under a z3 leaf has no hooks: only its kernel runs.
+  auto hooked = [&](int m) { return !md.modules[static_cast<std::size_t>(m)].under_leaf; };
   auto leaf = [&](int m) {
     if (m < 0) return;
-    out.push_back({Ev::kPreFwd, m, recompute, grad});
+    if (hooked(m)) out.push_back({Ev::kPreFwd, m, recompute, grad});
     out.push_back({Ev::kFwdKernel, m, recompute, grad});
-    out.push_back({Ev::kPostFwd, m, recompute, grad});
+    if (hooked(m)) out.push_back({Ev::kPostFwd, m, recompute, grad});
   };
-  auto open = [&](int m) { out.push_back({Ev::kPreFwd, m, recompute, grad}); };
-  auto close = [&](int m) { out.push_back({Ev::kPostFwd, m, recompute, grad}); };
+  auto open = [&](int m) {
+    if (hooked(m)) out.push_back({Ev::kPreFwd, m, recompute, grad});
+  };
+  auto close = [&](int m) {
+    if (hooked(m)) out.push_back({Ev::kPostFwd, m, recompute, grad});
+  };
   if (with_layer_hooks) open(L.layer);
   if (md.family == Family::kGpt2) {
     // GPT2Block.forward: x + attn(ln_1(x)), then + mlp(ln_2(.)); GPT2Attention: c_attn, the
@@ -617,6 +701,9 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
       out.push_back({Ev::kHostSync, -1, recompute, grad});
       expert(x);
     }
+    // transformers 5's MixtralExperts: grouped_mm over the tokens sorted by expert, whose
+    // offsets stay on the device (integrations/moe.py:355-384 at 5.24.0): no host read.
+    leaf(L.fused);
     if (L.shared.mod >= 0) expert(L.shared);
     leaf(L.shared_gate);
     leaf(L.gate);
@@ -639,9 +726,10 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
 void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& out) {
   auto leaf = [&](int m) {
     if (m < 0) return;
-    out.push_back({Ev::kPreBwd, m});
+    const bool hooked = !md.modules[static_cast<std::size_t>(m)].under_leaf;
+    if (hooked) out.push_back({Ev::kPreBwd, m});
     out.push_back({Ev::kBwdKernel, m});
-    if (!md.modules[m].params.empty()) out.push_back({Ev::kPostBwd, m});
+    if (hooked && !md.modules[m].params.empty()) out.push_back({Ev::kPostBwd, m});
   };
   out.push_back({Ev::kPreBwd, L.layer});
   if (md.family == Family::kGpt2) {
@@ -679,7 +767,16 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
     leaf(L.in_ln);
     return;
   }
+  // A z3 leaf block (rule default-moe-leaf-modules): DeepSpeed's pre-backward function sits on
+  // each of its outputs, and with the full backward hook's BackwardHookFunction, which
+  // materializes a zero gradient for an output the loss never used (torch/nn/modules/
+  // _functions.py), router_logits' fires too: twice (the recording tiny-mixtral-tf4.51-0.18.2
+  // traces both). Before 0.18.0 router_logits gets no gradient.
+  // transformers 5's block returns the hidden states alone (MixtralSparseMoeBlock.forward,
+  // modeling_mixtral.py:124-132 at 5.24.0): once.
+  const bool z3_leaf = md.modules[static_cast<std::size_t>(L.mlp)].z3_leaf;
   out.push_back({Ev::kPreBwd, L.mlp});
+  if (z3_leaf && L.fused < 0) out.push_back({Ev::kPreBwd, L.mlp});
   if (md.family == Family::kFalcon) {
     leaf(L.down);
     leaf(L.act);
@@ -703,7 +800,9 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
   // tiny-qwen2-moe-tf4.51-0.13.4): the shared expert's gate and the shared expert, the experts
   // from the last to the first, then the router.
   auto expert = [&](const Model::Layer::Expert& x) {
-    out.push_back({Ev::kPreBwd, x.mod});
+    if (!md.modules[static_cast<std::size_t>(x.mod)].under_leaf) {
+      out.push_back({Ev::kPreBwd, x.mod});
+    }
     leaf(x.down);
     leaf(x.up);
     leaf(x.act);
@@ -712,7 +811,15 @@ void layer_backward(const Model& md, const Model::Layer& L, std::vector<Hook>& o
   leaf(L.shared_gate);
   if (L.shared.mod >= 0) expert(L.shared);
   for (auto x = L.experts.rbegin(); x != L.experts.rend(); ++x) expert(*x);
+  leaf(L.fused);
   leaf(L.router);
+  if (z3_leaf) {
+    // torch runs the input's BackwardHookFunction, then the full backward hook (the block's
+    // gradients reduced), then DeepSpeed's PostBackwardFunction on the input (its forward
+    // pre-hook ran before BackwardHook.setup_input_hook): the release.
+    out.push_back({Ev::kLeafGradHook, L.mlp});
+    out.push_back({Ev::kPostBwd, L.mlp});
+  }
   leaf(L.down);
   leaf(L.up);
   leaf(L.act);
@@ -1444,8 +1551,9 @@ void RankBuilder::fetch_sub_module(int module, bool forward) {
   if (trace_ == Trace::kRecord) submodule_order_.push_back(module);  // record_module (PO:447)
   const LabelId saved = label_;
   label_ = module_label_[module];
-  // iter_params(module): its own parameters (PO:60-61), weight before bias.
-  const std::vector<int>& to_fetch = md_.modules[module].params;
+  // iter_params(module, recurse=z3_leaf_module(module)) (COORD:300 at v0.18.2): its own
+  // parameters (PO:60-61), weight before bias; a z3 leaf's whole subtree.
+  const std::vector<int>& to_fetch = md_.hooked(module);
   // Kick off the module's own gathers.
   std::vector<int> missing;
   for (int p : to_fetch) {
@@ -1880,19 +1988,25 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
   const auto key = std::make_pair(module, step_id);
   if (auto it = release_cache_.find(key); it != release_cache_.end()) return it->second;
   std::set<int> out;
-  for (const int own : md_.modules[module].params) {
+  const std::vector<int>& own_params = md_.hooked(module);
+  for (const int own : own_params) {
     if (!md_.params[own].persist) out.insert(own);  // COORD:491-493
   }
-  for (const int own : md_.modules[module].params) {
+  for (const int own : own_params) {
     if (auto it = most_recent_.find(own); it != most_recent_.end() && it->second > step_id) {
       out.erase(own);
     }
   }
+  // The scan iterates each later module with recurse=z3_leaf_module(the module released)
+  // (COORD:555 at v0.18.2): releasing a leaf, every later module's whole subtree counts;
+  // releasing any other, only a later module's own parameters (none for a leaf block).
+  const bool recurse = md_.modules[static_cast<std::size_t>(module)].z3_leaf;
   std::int64_t traversed = 0;
   for (std::size_t i = static_cast<std::size_t>(step_id); i < submodule_order_.size(); ++i) {
     const std::int64_t distance = sc_.zero.stage3_max_reuse_distance;
     if (traversed >= distance) break;
-    for (const int p : md_.modules[submodule_order_[i]].params) {
+    const int later = submodule_order_[i];
+    for (const int p : recurse ? md_.below(later) : md_.modules[later].params) {
       out.erase(p);
       // Saturating at the distance: a distance near 2^63 overflowed the sum.
       traversed += std::min(static_cast<std::int64_t>(md_.params[p].numel), distance - traversed);
@@ -1904,7 +2018,7 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
 
 // COORD:395-404 and __release_param (COORD:477-484).
 void RankBuilder::release_sub_module(int module) {
-  const std::vector<int>& own = md_.modules[module].params;
+  const std::vector<int>& own = md_.hooked(module);
   if (own.empty()) return;
   const std::set<int> rel = trace_ == Trace::kComplete ? params_to_release(module, step_id_)
                                                        : std::set<int>(own.begin(), own.end());
@@ -1925,7 +2039,7 @@ void RankBuilder::release_backward_leftovers() {
   while (!active_backward_.empty()) {
     const int m = active_backward_.back();
     active_backward_.pop_back();
-    for (const int p : md_.modules[m].params) {
+    for (const int p : md_.hooked(m)) {
       ps_[p].active.erase(m);
       if (md_.params[p].persist) continue;
       release_param_as(p, module_label_[m]);
@@ -1973,7 +2087,9 @@ void RankBuilder::reset_step() {
     if (trace_ == Trace::kRecord) {
       param_order_.clear();
       for (std::size_t i = 0; i < submodule_order_.size(); ++i) {
-        for (const int q : md_.modules[submodule_order_[i]].params) {  // sorted by ds_id
+        // record_parameters: iter_params(m, recurse=z3_leaf_module(m)) sorted by ds_id
+        // (COORD:218 at v0.18.2).
+        for (const int q : md_.hooked(submodule_order_[i])) {
           param_order_.push_back({q, static_cast<int>(i)});
         }
       }
@@ -2451,7 +2567,8 @@ void RankBuilder::run_hook(const Hook& h) {
       // A tied weight's AccumulateGrad runs once, after its last use in the backward (the
       // embedding): autograd sums both gradients before it (torch/csrc/autograd/input_buffer).
       // Weight and bias in the order their AccumulateGrad nodes run (DsModule::bias_grad_first).
-      if (!(md_.tied && h.module == md_.head)) {
+      // Below a z3 leaf no parameter has a gradient hook of its own (S3:1252-1255 at v0.18.2).
+      if (!(md_.tied && h.module == md_.head) && !md_.modules[h.module].under_leaf) {
         if (md_.modules[h.module].bias_grad_first && own.size() == 2) {
           grad_ready(own[1]);
           grad_ready(own[0]);
@@ -2461,6 +2578,14 @@ void RankBuilder::run_hook(const Hook& h) {
       }
       break;
     }
+    case Ev::kLeafGradHook:
+      // reduce_leaf_module_grads (S3:1261-1274 at v0.18.2): every parameter below the leaf in
+      // fp16_groups order (model.parameters()); a parameter without a gradient would get
+      // zeros_like first, which transformers 4.51.3's blocks never need (every expert runs).
+      for (const int p : optimized_) {
+        if (md_.params[p].leaf == h.module) grad_ready(p);
+      }
+      break;
     case Ev::kHostSync:
       push(OpKind::kHostStreamSync, current_,
            bwd_phase ? Purpose::kRecomputeForward : Purpose::kForwardCompute);
@@ -2646,14 +2771,25 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const bool gpt2_walkable = f == "gpt2" && !tf451 && !m.gated_mlp && m.norm_bias &&
                              m.linear_bias && m.learned_positions > 0 && m.experts == 0 &&
                              m.head_dim == 0;
-  if (tf5 && (moe || !llama_walkable)) {
+  // transformers 5's Mixtral: its MixtralExperts as the z3 leaf's child, held to
+  // tiny-mixtral-0.19.8-torch2.10; before 0.18.0 its experts module has hooks of its own, and
+  // no recording shows how they fetch its 3-D parameters. qgZ would split them by shape
+  // (all_to_all_quant_reduce), which the builder reads for 2-D parameters only.
+  const bool tf5_mixtral = tf5 && f == "mixtral" && llama_walkable && v.default_moe_leaf;
+  if (tf5_mixtral && sc.zero.zero_quantized_gradients) {
+    throw InputError(sc.path, "zero.zero_quantized_gradients",
+                     "true is not modelled with transformers " + tf +
+                         "'s Mixtral experts (3-D parameters) (allowed: false, or "
+                         "model.transformers_version \"4.51.3\")");
+  }
+  if (tf5 && !tf5_mixtral && (moe || !llama_walkable)) {
     // transformers 5's dense Llama-tree families (Llama, Mistral, Qwen2, Qwen3, Gemma): their
-    // masks and non-reentrant checkpointing, held to recordings (tiny-*-torch2.10). Its MoE
-    // experts (one module of stacked weights, made with torch.empty) are not walked yet.
+    // masks and non-reentrant checkpointing, held to recordings (tiny-*-torch2.10); Mixtral
+    // from DeepSpeed 0.18.0, where its sparse block is a z3 leaf module.
     throw InputError(sc.path, "model.transformers_version",
                      "the DeepSpeed builder walks transformers " + tf +
-                         " for model_type llama, mistral, qwen2, qwen3 and gemma only, the "
-                         "models its recordings were made with" +
+                         " for model_type llama, mistral, qwen2, qwen3 and gemma, and mixtral "
+                         "from DeepSpeed 0.18.0, the models its recordings were made with" +
                          (sc.model.transformers_version == "auto"
                               ? " (\"auto\" takes it with run.torch_version 2.10 or later)"
                               : std::string()) +
@@ -2699,7 +2835,9 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
            "remove them");
   }
 
-  Model md = build_model(sc.model, tf451 || tf457 || tf5);
+  Model md = build_model(sc.model, tf451 || tf457 || tf5, tf5_mixtral);
+  // DeepseekV2MoE is not among the default leaf classes (its blocks keep their hooks).
+  if (v.default_moe_leaf && moe) mark_z3_leaf_modules(md);
   Walk walk;
   walk.checkpointing = sc.training.grad_checkpointing;
   walk.non_reentrant = tf5;

@@ -315,10 +315,13 @@ const std::vector<ReleaseRule> kRules = {
      .pr = "PR 7604",
      .first = "0.18.0",
      .what = "MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock and Qwen3MoeSparseMoeBlock are z3 "
-             "leaf modules by default (leaf_module_config.py:11-15; ENG:1302): router and experts "
-             "gathered in one coalesced fetch at the block's hooks, none on the experts, "
-             "gradients reduced from the block's full backward hook (PR 7592, S3:1233)",
-     .scope = RuleScope::kUnmodelled,
+             "leaf modules by default (leaf_module_config.py:11-15; ENG:1302): no hooks on the "
+             "router and the experts (PO:290-296); the block gathers its whole subtree in one "
+             "coalesced fetch and releases it at its post-forward and post-backward hooks "
+             "(COORD:300, 437), its pre-backward hook fires twice (router_logits gets a zero "
+             "gradient through the full backward hook's node), and its gradients are reduced "
+             "from that full backward hook in parameter order (PR 7592, S3:1261-1274)",
+     .apply = [](VersionRules& v) { v.default_moe_leaf = true; },
      .when = RuleWhen::kMoeLeaf},
     {.id = "secondary-recopied-after-load",
      .pr = "PR 7707",
@@ -350,8 +353,10 @@ const std::vector<ReleaseRule> kRules = {
      .what = "concurrent pre-backward fetches of one leaf module from autograd's threads: one "
              "fetches, the others wait on it (COORD:295-330; issue 7824)",
      .scope = RuleScope::kElsewhere,
-     .where = "z3 leaf modules whose backward hooks run on several threads; the builder has no "
-              "leaf modules and runs hooks one at a time"},
+     .where = "z3 leaf modules whose pre-backward hooks run on several autograd threads at "
+              "once; autograd runs one device's backward on one thread, and the builder runs a "
+              "leaf's two pre-backward fetches one after the other, the second after the first "
+              "has finished, which this change leaves as it was (COORD:305-330 at v0.18.6)"},
     {.id = "reduce-stream-waits-on-current-stream",
      .pr = "PR 7897",
      .first = "0.18.8",
@@ -394,6 +399,16 @@ const std::vector<ReleaseRule> kRules = {
              "after the reduction epilogue's synchronize (COORD:554, S3:2742), instead of at the "
              "step",
      .apply = [](VersionRules& v) { v.release_backward_leftovers = true; }},
+    {.id = "leaf-release-in-set-order",
+     .pr = "PR 8148",
+     .first = "0.19.3",
+     .what = "release_sub_module frees a leaf module's parameters iterating "
+             "`set(iter_params(...))` (COORD:518 at v0.19.3): in Python's set order, which "
+             "follows the parameters' addresses, not their ds_id order (the recording "
+             "tiny-mixtral-0.19.8-torch2.10 frees gate, down_proj, gate_up_proj). The builder "
+             "frees in ds_id order, one of the orders a set can give",
+     .scope = RuleScope::kUnordered,
+     .when = RuleWhen::kMoeLeaf},
     {.id = "secondary-zero-filled",
      .pr = "PR 8210",
      .first = "0.19.5",
@@ -579,7 +594,12 @@ VersionRules version_rules(const std::string& release, const RunTraits& traits,
   }
   VersionRules out;
   for (const ReleaseRule& r : kRules) {
-    if (r.scope == RuleScope::kModelled && r.apply != nullptr && holds_in(r, v)) r.apply(out);
+    // A conditional rule only for the runs it applies to: the others' epochs do not split
+    // where it opens (a dense model's 0.17.6 and 0.18.0 build alike).
+    if (r.scope == RuleScope::kModelled && r.apply != nullptr && holds_in(r, v) &&
+        rule_applies(r, traits)) {
+      r.apply(out);
+    }
   }
   out.name = v;
   return out;

@@ -108,6 +108,10 @@ struct VersionRules {
   /// ran but whose post-backward never does (the embedding) are released (COORD:554-566, S3:3068
   /// at 0.19.8; PR 8148, v0.19.3), not at the optimizer step.
   bool release_backward_leftovers = false;
+  /// Mixtral's and Qwen2-MoE's sparse blocks are z3 leaf modules (PR 7604, v0.18.0): no hooks on
+  /// the router and the experts; the block fetches and releases its whole subtree (COORD:300,
+  /// 437 at v0.18.2) and reduces its gradients from a full backward hook (S3:1261-1274, PR 7592).
+  bool default_moe_leaf = false;
   /// A blocking gather of one parameter (init's re-gather of every parameter, one persistent
   /// parameter at the step) takes `_allgather_params_sequential`: no copy into or out of a flat
   /// buffer, a device synchronize after (PP:1618, 1997-2050 at v0.18.5; PR 7661).
@@ -169,6 +173,11 @@ enum class RuleScope {
   /// checker cannot find in a schedule: the verdict names it where it holds and applies
   /// (known_defects), and a check counts it as a finding.
   kDefect,
+  /// It changes only the order of ops that one host thread issues on one stream inside one hook
+  /// (a Python set's order, which follows addresses), which orders nothing against another
+  /// stream: the builder keeps one such order, and its comparison with recordings takes those
+  /// ops as a set (sim/projection.hpp).
+  kUnordered,
 };
 
 /** What a run has that decides whether a conditional rule applies to it. */
@@ -259,8 +268,9 @@ std::string lacks_rule(const ReleaseRule& rule);
 bool rule_applies(const ReleaseRule& rule, const RunTraits& traits);
 
 /** What the builder does for `release` on a run with `traits`: the fold of every modelled rule
- *  up to it. Throws InputError (file `where`, key `key`) for a name that is no release, and
- *  ReleaseRefusal for a release under a rule the builder does not model, naming the rule. */
+ *  up to it that applies to the run (rule_applies). Throws InputError (file `where`, key `key`) for
+ * a name that is no release, and ReleaseRefusal for a release under a rule the builder does not
+ * model, naming the rule. */
 VersionRules version_rules(const std::string& release, const RunTraits& traits = {},
                            const std::string& where = "",
                            const std::string& key = "zero.deepspeed_version");

@@ -18,6 +18,92 @@ std::string unit_name(const Schedule& s, UnitId u) {
   return u >= 0 && static_cast<std::size_t>(u) < s.units.size() ? s.units[u].name : "-";
 }
 
+/** The wait loop's canonical form (the header): in each run of S_ag lines of one hook (same
+ *  `where`) made only of records, throttles, handle waits and unpacks, the handle waits with
+ *  their unpacks go first, sorted, then the records and throttles in their order. */
+void canonical_wait_loops(std::vector<ProjectedOp>& v) {
+  auto loop_line = [](const std::string& l) {
+    return l.starts_with("record S_ag#") || l.starts_with("host waits for S_ag#") ||
+           l.starts_with("wait on S_ag for ") || l.starts_with("alloc on S_ag full:") ||
+           (l.starts_with("copy on S_ag ") && l.find(" w:full:") != std::string::npos);
+  };
+  auto unpack_line = [](const std::string& l) {
+    return l.starts_with("alloc on S_ag full:") || l.starts_with("copy on S_ag ");
+  };
+  std::size_t i = 0;
+  while (i < v.size()) {
+    if (!loop_line(v[i].line)) {
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    while (end < v.size() && loop_line(v[end].line) && v[end].where == v[i].where) ++end;
+    std::vector<std::vector<ProjectedOp>> waits;
+    std::vector<ProjectedOp> rest;
+    bool in_wait = false;  // the lines since the last handle wait are all its unpack
+    for (std::size_t k = i; k < end; ++k) {
+      if (v[k].line.starts_with("wait on S_ag for ")) {
+        waits.push_back({v[k]});
+        in_wait = true;
+      } else if (in_wait && unpack_line(v[k].line)) {
+        waits.back().push_back(v[k]);
+      } else {
+        rest.push_back(v[k]);
+        in_wait = false;
+      }
+    }
+    std::stable_sort(waits.begin(), waits.end(),
+                     [](const auto& a, const auto& b) { return a.front().line < b.front().line; });
+    std::size_t k = i;
+    for (const auto& w : waits) {
+      for (const ProjectedOp& o : w) v[k++] = o;
+    }
+    for (const ProjectedOp& o : rest) v[k++] = o;
+    i = end;
+  }
+}
+
+/** A release's canonical form (the header): in each run of one hook's lines (same `where`) that
+ *  are per-parameter releases, each one parameter's secondary allocation, copy into it and host
+ *  wait for its stream, ending with the free of its gathered copy, the releases are sorted by
+ *  that free. A run's lines after its last free stay where they are. */
+void canonical_releases(std::vector<ProjectedOp>& v) {
+  auto release_line = [](const std::string& l) {
+    return (l.starts_with("free on ") && l.find(" full:") != std::string::npos) ||
+           (l.starts_with("alloc on ") && l.find(" secondary:") != std::string::npos) ||
+           (l.starts_with("copy on ") && l.find(" w:secondary:") != std::string::npos) ||
+           l.starts_with("host waits for ");
+  };
+  std::size_t i = 0;
+  while (i < v.size()) {
+    if (!v[i].line.starts_with("free on ") && !v[i].line.starts_with("alloc on ") &&
+        !v[i].line.starts_with("copy on ")) {
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    while (end < v.size() && release_line(v[end].line) && v[end].where == v[i].where) ++end;
+    std::vector<std::vector<ProjectedOp>> releases;
+    std::size_t from = i;
+    for (std::size_t k = i; k < end; ++k) {
+      if (v[k].line.starts_with("free on ") && v[k].line.find(" full:") != std::string::npos) {
+        releases.emplace_back(v.begin() + static_cast<std::ptrdiff_t>(from),
+                              v.begin() + static_cast<std::ptrdiff_t>(k + 1));
+        from = k + 1;
+      }
+    }
+    if (releases.size() > 1) {
+      std::stable_sort(releases.begin(), releases.end(),
+                       [](const auto& a, const auto& b) { return a.back().line < b.back().line; });
+      std::size_t k = i;
+      for (const auto& r : releases) {
+        for (const ProjectedOp& o : r) v[k++] = o;
+      }
+    }
+    i = std::max(end, i + 1);
+  }
+}
+
 }  // namespace
 
 std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init) {
@@ -103,6 +189,8 @@ std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init) {
     }
     out.push_back({i, std::move(line), std::move(where)});
   }
+  canonical_wait_loops(out);
+  canonical_releases(out);
   return out;
 }
 

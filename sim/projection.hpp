@@ -9,6 +9,18 @@
 // nothing more (kernels between are not projected). (The recorder logs every `.item()` as a host
 // sync, also on a tensor a GPU run would already hold on the host: DeepSpeed 0.17.6's
 // get_lst_from_rank0 calls `.item()` per element after one `.cpu()`.)
+// One order DeepSpeed itself leaves open is taken out: fetch_sub_module's wait loop iterates a
+// set of parameters (COORD:300 at v0.18.2, a frozenset at v0.13.4), in CPython's order for it,
+// which follows the parameters' addresses. Where the loop waits for more than one gather handle
+// (a z3 leaf's parameters, some prefetched), which handle's wait (and unpack) comes first is
+// that order; the loop's records and throttling host waits are the same in any order. So on the
+// fetch stream S_ag, a run of one module's records, throttles, handle waits and unpacks is
+// projected as its handle waits, each with its unpack, sorted, then its records and throttles.
+// Likewise a hook's releases: release_sub_module iterates a set of the module's parameters from
+// DeepSpeed 0.19.3 (COORD:518, PR 8148), so a run of one hook's per-parameter releases (the
+// secondary's allocation, copy and host wait, then the free of the gathered copy) is projected
+// sorted by the parameter freed. Neither order is an edge between streams: each is one host
+// thread's issue order on one stream.
 #pragma once
 
 #include <cstddef>

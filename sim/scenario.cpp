@@ -861,6 +861,38 @@ std::vector<std::string> deepspeed_zero_keys(const std::string& version) {
   return keys;
 }
 
+/** Whether a ds_config's zero_optimization.leaf_module is DeepSpeed's default
+ *  (DeepSpeedZeroLeafModuleConfig, runtime/zero/leaf_module_config.py:11-35 at v0.18.2): null,
+ *  or an object whose classes (a string or a list) name the default classes and whose names and
+ *  name_suffixes are empty. */
+bool default_leaf_modules(const json& value) {
+  if (value.is_null()) return true;
+  if (!value.is_object()) return false;
+  auto listed = [&](const char* field) -> std::optional<std::set<std::string>> {
+    std::set<std::string> out;
+    if (!value.contains(field)) return std::nullopt;
+    const json& v = value.at(field);
+    if (v.is_string()) {
+      out.insert(v.get<std::string>());
+      return out;
+    }
+    if (!v.is_array()) return std::set<std::string>{"(not a list)"};
+    for (const json& e : v) out.insert(e.is_string() ? e.get<std::string>() : e.dump());
+    return out;
+  };
+  const std::set<std::string> classes{
+      "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+      "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+      "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock"};
+  for (const auto& [field, v] : value.items()) {
+    if (field != "classes" && field != "names" && field != "name_suffixes") return false;
+  }
+  const auto c = listed("classes");
+  const auto n = listed("names");
+  const auto x = listed("name_suffixes");
+  return (!c || *c == classes) && (!n || n->empty()) && (!x || x->empty());
+}
+
 /** The releases that define zero_optimization key `name` ("0.18.0-0.19.8 (12 releases)"), ""
  *  when none does. */
 std::string release_defining_key(const std::string& name) {
@@ -1109,8 +1141,29 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
                                    "DeepSpeed's default, or leave it out)",
                                    shown_json(value)));
     }
+    if (name == "leaf_module" && !default_leaf_modules(value)) {
+      // zero_optimization.leaf_module (PR 7604, v0.18.0) picks the z3 leaf modules; hpzlab models
+      // DeepSpeed's default (rule default-moe-leaf-modules), not another choice of leaves.
+      throw InputError(file, key,
+                       fmt::format("{}: only DeepSpeed's default leaf modules are modelled "
+                                   "(Mixtral's, Qwen2-MoE's and Qwen3-MoE's sparse blocks) "
+                                   "(allowed: {{}}, the default lists, or leave it out)",
+                                   shown_json(value)));
+    }
+    const bool granularity =
+        name == "stage3_module_granularity_threshold" || name == "module_granularity_threshold";
+    if (granularity && !(value.is_number() && value.get<double>() <= 0)) {
+      // A positive threshold makes the modules below it z3 leaves with fast sharding
+      // (parameter_offload.py:157-163 at v0.18.2), which hpzlab does not model.
+      throw InputError(file, key,
+                       fmt::format("{}: z3 leaf modules by granularity (fast sharding) are not "
+                                   "modelled by hpzlab (allowed: 0, DeepSpeed's default, or leave "
+                                   "it out)",
+                                   shown_json(value)));
+    }
     if (!dotted) {
-      ignored.push_back(key);
+      // The default leaf modules and a threshold of 0 are what the DeepSpeed builder models.
+      if (name != "leaf_module" && !granularity) ignored.push_back(key);
     } else if (value.is_string() && value.get<std::string>() == "auto") {
       apply_auto(scenario, *dotted, key, file, fill_auto, origins);
     } else {

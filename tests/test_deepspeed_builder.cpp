@@ -122,6 +122,12 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-deepseek-v2-tf4.57-0.13.4", "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
         // Releases after 0.17.6 (issue 36), the rules from 0.15.4 on: torch 2.1.2.
         "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2",
+        // 0.18's default z3 leaf modules (PR 7604): Mixtral's and Qwen2-MoE's sparse blocks
+        // (with its shared expert and gate) fetched, released and reduced as one.
+        "tiny-mixtral-tf4.51-0.18.2", "tiny-qwen2-moe-tf4.51-0.18.2",
+        // transformers 5.24.0's Mixtral (MixtralExperts: two 3-D parameters) on 0.19.8, whose
+        // leaf frees in set order (PR 8148).
+        "tiny-mixtral-0.19.8-torch2.10-pretrained",
         // from_pretrained's load after zero.Init (issue 7606).
         "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained",
         // Up to 0.13.1 the load's repartition makes each secondary anew.
@@ -263,9 +269,9 @@ TEST(DeepSpeedBuilder, TransformersFiveAndTheParamGroupAreEachNeeded) {
   EXPECT_NE(expected[at].where.find("grad_reduce"), std::string::npos) << expected[at].where;
 }
 
-// transformers 5's walk is the dense Llama-tree families' (not its MoE experts yet), and "auto"
-// takes it with torch 2.10 or later.
-TEST(DeepSpeedBuilder, TransformersFiveIsDenseOnlyAndAutoFollowsTorch) {
+// transformers 5's walk is the dense Llama-tree families' and, from DeepSpeed 0.18.0 (a leaf),
+// Mixtral's; "auto" takes it with torch 2.10 or later.
+TEST(DeepSpeedBuilder, TransformersFiveWalksMixtralOnlyAsALeafAndAutoFollowsTorch) {
   Scenario sc = scenario_of(recording("tiny-0.18.2-torch2.10"));
   sc.model.transformers_version = "auto";
   sc.run.torch_version = "2.10.0";
@@ -275,15 +281,77 @@ TEST(DeepSpeedBuilder, TransformersFiveIsDenseOnlyAndAutoFollowsTorch) {
   Scenario mixtral = scenario_of(recording("tiny-mixtral-0.19.8-torch2.10"));
   mixtral.model.transformers_version = "5.24.0";
   try {
-    // 0.17.6: from 0.18.0 DeepSpeed's default MoE leaf modules are refused before the walk.
+    // Before 0.18.0 the experts module has hooks of its own: no recording shows them.
     build_deepspeed_schedule(mixtral, "0.17.6");
-    ADD_FAILURE() << "transformers 5.24.0 on Mixtral was built";
+    ADD_FAILURE() << "transformers 5.24.0 on Mixtral was built as 0.17.6";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("for model_type llama, mistral, qwen2, qwen3 and gemma "
-                                         "only"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("and mixtral from DeepSpeed 0.18.0"), std::string::npos)
         << e.what();
   }
+  EXPECT_NO_THROW(build_deepspeed_schedule(mixtral, "0.18.2"));
+}
+
+// DeepSpeed 0.18's default z3 leaf modules (rule default-moe-leaf-modules, PR 7604). Built as
+// 0.17.6, the 0.18.2 Mixtral recording first differs at the first sparse block's forward fetch
+// (one gather per expert Linear before, one coalesced gather of the block's 13 parameters from
+// 0.18.0). In the 0.18.2 schedule the block's pre-backward hook fires twice (router_logits gets a
+// zero gradient through the full backward hook's node), so a layer-1 block's hooks make the
+// compute stream wait for S_ag once more in the backward than 0.17.6's; and step 1's trace check
+// broadcasts 67 modules and 146 parameters (536 and 1168 bytes), both pre-backward calls counted.
+TEST(DeepSpeedBuilder, MixtralSparseBlocksAreLeafModulesFrom0180) {
+  const Schedule rec = recording("tiny-mixtral-tf4.51-0.18.2");
+  const Scenario sc = scenario_of(rec);
+  const Schedule as_0176 = build_deepspeed_schedule(sc, "0.17.6");
+  const auto expected = project(rec, 0, true);
+  const std::size_t at = first_difference(expected, project(as_0176, 0, true));
+  ASSERT_NE(at, kEqual);
+  EXPECT_NE(expected[at].where.find("step 0 forward at model.layers.0.block_sparse_moe"),
+            std::string::npos)
+      << expected[at].where;
+  const Schedule built = build_deepspeed_schedule(sc, "0.18.2");
+  const auto block_waits = [](const Schedule& s) {
+    const RankSchedule& rs = s.ranks.at(0);
+    const auto label =
+        std::find(s.labels.begin(), s.labels.end(), "model.layers.1.block_sparse_moe") -
+        s.labels.begin();
+    int n = 0;
+    for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+      const Op& o = rs.ops[i];
+      n += o.step == 0 && o.phase == Phase::kBackward && o.label == label &&
+           o.kind == OpKind::kStreamWaitEvent && o.stream == 0;
+    }
+    return n;
+  };
+  EXPECT_EQ(block_waits(built), block_waits(as_0176) + 1);
+  std::multiset<std::uint64_t> trace;
+  for (const Op& o : built.ranks.at(0).ops) {
+    if (o.step == 1 && o.phase == Phase::kForward && o.kind == OpKind::kAllReduce) {
+      trace.insert(o.comm_bytes);
+    }
+  }
+  EXPECT_EQ(trace.count(8 * 67), 1u);
+  EXPECT_EQ(trace.count(8 * 146), 2u);
+}
+
+// tiny-mixtral-0.19.8-torch2.10 was built from its config: transformers 5's experts and router
+// weights are torch.empty, and zero.Init broadcast what the recording rank's allocator held. Its
+// gradient norm came out invalid, and 0.19.8 skipped the step (is_invalid_grad_norm, S3:2878-2893):
+// no sub-group update and no invalidation of the secondaries. The builder takes every step to be
+// taken (the -pretrained recording, whose weights are loaded, is equal to it throughout): equal
+// up to the step, where the builder invalidates the secondaries and the recording goes on to
+// step 1. A skipped step is data the builder does not have (docs/deepspeed-builder.md).
+TEST(DeepSpeedBuilder, AStepSkippedForAnInvalidNormIsTheOneDifference) {
+  const Schedule rec = recording("tiny-mixtral-0.19.8-torch2.10");
+  const auto expected = project(rec, 0, true);
+  const auto built =
+      project(build_deepspeed_schedule(scenario_of(rec), rec.source.at("deepspeed")), 0, true);
+  const std::size_t at = first_difference(expected, built);
+  ASSERT_NE(at, kEqual);
+  ASSERT_LT(at, built.size());
+  EXPECT_NE(expected[at - 1].where.find("step 0 optimizer"), std::string::npos)
+      << expected[at - 1].where;
+  EXPECT_NE(expected[at].where.find("step 1 forward"), std::string::npos) << expected[at].where;
+  EXPECT_TRUE(built[at].line.starts_with("free on S0 secondary:")) << built[at].line;
 }
 
 // DeepSpeed issue 7898: with torch 2.10 or later a gradient hook runs on the stream the forward

@@ -45,8 +45,8 @@ VersionRules anchored(const char* name, bool only_backward, bool on_create, bool
   // And PR 5504's norm on the device (0.14.5), whose sync the rows issued and the comparison
   // folded.
   if (compare_versions(name, "0.14.5") >= 0) v.grad_norm_sync = NormSync::kNone;
-  // And qgZ's missing reduce_scatter fallback before 0.13.2 (PR 5056), which only refuses.
-  v.qgz_no_fallback = compare_versions(name, "0.13.2") < 0;
+  // (qgZ's missing reduce_scatter fallback before 0.13.2, PR 5056, is folded in only for a qgZ
+  // run: these are the default run's.)
   return v;
 }
 
@@ -166,7 +166,13 @@ TEST(DeepSpeedReleases, UnmodelledRulesRefuseTheirReleasesByName) {
   RunTraits mixtral;
   mixtral.family = "mixtral";
   EXPECT_EQ(refusal("0.17.6", mixtral), "");
-  EXPECT_EQ(refusal("0.18.2", mixtral), "default-moe-leaf-modules");
+  // 0.18.0's default leaf modules are modelled (held to tiny-mixtral-tf4.51-0.18.2), and 0.19.3's
+  // release of a leaf in set order (held to tiny-mixtral-0.19.8-torch2.10).
+  EXPECT_EQ(refusal("0.18.2", mixtral), "");
+  EXPECT_EQ(refusal("0.19.3", mixtral), "");
+  EXPECT_EQ(refusal("0.19.8", mixtral), "");
+  EXPECT_TRUE(version_rules("0.18.0", mixtral).default_moe_leaf);
+  EXPECT_FALSE(version_rules("0.17.6", mixtral).default_moe_leaf);
   RunTraits qgz;
   qgz.qgz = true;
   EXPECT_EQ(refusal("0.10.0", qgz), "qgz-reduction-sized-for-16-gpus");
@@ -381,6 +387,40 @@ TEST(DeepSpeedReleases, AKeyOfAnotherReleaseIsThatReleasesRefusal) {
     ADD_FAILURE() << "a typo was refused as a release";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'overlap_comm'"), std::string::npos);
+  }
+  // leaf_module: DeepSpeed's default leaves are modelled (rule default-moe-leaf-modules), any
+  // other choice of leaves is refused, as is a granularity threshold (leaves by size).
+  std::ofstream(ds)
+      << R"({"zero_optimization": {"stage": 3, "leaf_module": {"classes": [)"
+         R"("transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",)"
+         R"("transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",)"
+         R"("transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock"],)"
+         R"("names": []}}})";
+  EXPECT_NO_THROW(load_with("0.18.2"));
+  for (const char* other : {R"({"classes": []})", R"({"name_suffixes": "mlp"})",
+                            R"({"classes": ["LlamaMLP"]})", R"([])"}) {
+    std::ofstream(ds) << R"({"zero_optimization": {"stage": 3, "leaf_module": )" << other << "}}";
+    try {
+      load_with("0.18.2");
+      ADD_FAILURE() << "leaf_module " << other << " was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("zero_optimization.leaf_module"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("only DeepSpeed's default leaf modules"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  std::ofstream(ds)
+      << R"({"zero_optimization": {"stage": 3, "stage3_module_granularity_threshold": 0}})";
+  EXPECT_NO_THROW(load_with("0.18.2"));
+  std::ofstream(ds)
+      << R"({"zero_optimization": {"stage": 3, "stage3_module_granularity_threshold": 5000}})";
+  try {
+    load_with("0.18.2");
+    ADD_FAILURE() << "a granularity threshold was taken";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("fast sharding"), std::string::npos) << e.what();
   }
   std::filesystem::remove_all(dir);
 }

@@ -29,6 +29,8 @@ const char* scope_name(RuleScope s) {
       return "NOT MODELLED";
     case RuleScope::kDefect:
       return "a DeepSpeed defect, named in the verdict";
+    case RuleScope::kUnordered:
+      return "an order within one hook, compared as a set";
   }
   return "?";
 }

@@ -157,8 +157,17 @@ def broadcast(tensor, src, group=None, async_op=False):
     # read on every rank, which the recordings made before --load carry (docs/record.md).
     rec = recording.current()
     receives = rec.ctx.phase == recording.CHECKPOINT_LOAD and rec.rank != src
-    return _issue("all_reduce", group, [] if receives else [tensor], [tensor], _nbytes(tensor),
+    work = _issue("all_reduce", group, [] if receives else [tensor], [tensor], _nbytes(tensor),
                   async_op)
+    if receives:
+        # Rank 0's values are not here (each rank is recorded alone): zeros in their place, not
+        # logged, so that no rank computes on what its allocator held. A parameter made by
+        # torch.empty (transformers 5's MixtralExperts) kept a NaN on one kind of rank, whose
+        # 0.19.8 step then skipped (is_invalid_grad_norm) where every rank of a real run,
+        # all-reducing one norm, steps alike.
+        with rec.paused_ops():
+            tensor.data.zero_()
+    return work
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
