@@ -127,7 +127,10 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-mixtral-tf4.51-0.18.2", "tiny-qwen2-moe-tf4.51-0.18.2",
         // transformers 5.24.0's Mixtral (MixtralExperts: two 3-D parameters) on 0.19.8, whose
         // leaf frees in set order (PR 8148).
-        "tiny-mixtral-0.19.8-torch2.10-pretrained",
+        "tiny-mixtral-0.19.8-torch2.10-pretrained", "tiny-mixtral-0.18.2-torch2.10-pretrained",
+        "tiny-mixtral-0.18.8-torch2.10-pretrained",
+        // Mixtral before the leaf modules, on the releases between (every expert Linear hooked).
+        "tiny-mixtral-tf4.51-0.16.9",
         // from_pretrained's load after zero.Init (issue 7606).
         "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained",
         // Up to 0.13.1 the load's repartition makes each secondary anew.
