@@ -86,6 +86,8 @@ Scenario scenario_of(const Schedule& rec) {
   if (const auto load = rec.source.find("load"); load != rec.source.end()) {
     sc.run.load = load->second;  // recorded with --load (issue 7606)
   }
+  const std::string& dtype = rec.source.at("dtype");  // torch's name
+  sc.training.dtype = dtype == "float16" ? "fp16" : dtype == "bfloat16" ? "bf16" : "fp32";
   sc.run.as_recorded = true;  // the recorder's AdamW logs a host sync per step
   return sc;
 }
@@ -131,6 +133,9 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-mixtral-0.18.8-torch2.10-pretrained",
         // Mixtral before the leaf modules, on the releases between (every expert Linear hooked).
         "tiny-mixtral-tf4.51-0.16.9",
+        // fp16 (torch 2.10's CPU has half-precision matmuls; 2.1.2's does not): the overflow
+        // check's 1-byte all-reduce and host read each step.
+        "tiny-0.19.8-torch2.10-fp16",
         // from_pretrained's load after zero.Init (issue 7606).
         "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained",
         // Up to 0.13.1 the load's repartition makes each secondary anew.
@@ -355,6 +360,37 @@ TEST(DeepSpeedBuilder, AStepSkippedForAnInvalidNormIsTheOneDifference) {
       << expected[at - 1].where;
   EXPECT_NE(expected[at].where.find("step 1 forward"), std::string::npos) << expected[at].where;
   EXPECT_TRUE(built[at].line.starts_with("free on S0 secondary:")) << built[at].line;
+}
+
+// fp16 with a loss scale of 2^32 (initial_scale_power 32): every gradient overflows, DeepSpeed
+// halves the scale and skips the step (step, S3:2873-2896 at 0.19.8:
+// _overflow_check_and_loss_scale_update, then return), and 2^31 overflows again. No norm, no
+// update, no persistent gather, no invalidation of the secondaries. The builder takes every step:
+// equal to the recording up to the first skipped step, where it goes on to the gradient norm.
+TEST(DeepSpeedBuilder, AnOverflowedFp16StepIsSkippedWhereTheBuilderStepsOn) {
+  const Schedule rec = recording("tiny-0.19.8-torch2.10-fp16-overflow");
+  const auto expected = project(rec, 0, true);
+  const auto built =
+      project(build_deepspeed_schedule(scenario_of(rec), rec.source.at("deepspeed")), 0, true);
+  ASSERT_NE(first_difference(expected, built), kEqual);
+  // Step 0's optimizer: the recording's ops are the builder's up to the overflow flag's .item(),
+  // then the builder goes on (the norm, the update, the invalidation).
+  const auto step0 = [](const std::vector<ProjectedOp>& v) {
+    std::vector<std::string> out;
+    for (const ProjectedOp& o : v) {
+      if (o.where.starts_with("step 0 optimizer")) out.push_back(o.line);
+    }
+    return out;
+  };
+  const std::vector<std::string> rec0 = step0(expected), built0 = step0(built);
+  ASSERT_FALSE(rec0.empty());
+  ASSERT_GT(built0.size(), rec0.size() + 20);
+  EXPECT_TRUE(std::equal(rec0.begin(), rec0.end(), built0.begin()));
+  EXPECT_EQ(rec0.back(), "host waits for S0");
+  // Not one secondary is invalidated in the recording.
+  for (const ProjectedOp& o : expected) {
+    EXPECT_FALSE(o.line.starts_with("free on S0 secondary:")) << o.line << " " << o.where;
+  }
 }
 
 // DeepSpeed issue 7898: with torch 2.10 or later a gradient hook runs on the stream the forward
