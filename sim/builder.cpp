@@ -765,6 +765,11 @@ Schedule build_schedule(const Scenario& sc) {
                                  "\"coarse\": \"default\")",
                                  sc.run.step_stream));
   }
+  if (!sc.run.skipped_steps.empty()) {
+    throw InputError(sc.path, "run.skipped_steps",
+                     "skipped steps are DeepSpeed's builder's (allowed with run.builder = "
+                     "\"coarse\": \"\", every step taken)");
+  }
   const BuildContext ctx(sc);
   Schedule s;
   s.scenario = sc.path;

@@ -242,6 +242,7 @@ Model build_model(const ModelConfig& m, bool model_rotary, bool fused_experts = 
   md.model_rotary = model_rotary;
   const bool phi3 = md.family == Family::kPhi3;
   const bool mixtral = m.family == "mixtral";
+  const bool qwen3_moe = m.family == "qwen3_moe";
   const bool deepseek = m.family == "deepseek_v2";
   const bool gpt2 = md.family == Family::kGpt2;
   const bool falcon = md.family == Family::kFalcon || gpt2;  // GPT-2's base is "transformer" too
@@ -475,6 +476,30 @@ Model build_model(const ModelConfig& m, bool model_rotary, bool fused_experts = 
                false, i);
         linear(L.o, h, heads * v_head, m.o_bias, i);
       } else {
+        if (qwen3_moe) {
+          // Qwen3MoeDecoderLayer.__init__ (modeling_qwen3_moe.py:313-327 at transformers
+          // 4.51.3) makes a Qwen3MoeAttention and a dense Qwen3MoeMLP(config) first, then
+          // replaces both: zero.Init converts their parameters (q, k, v, o_proj, q_norm,
+          // k_norm; gate, up, down_proj of intermediate_size), which no module holds after.
+          auto orphan = [&](std::uint64_t rows, std::uint64_t cols) {
+            DsParam gone;
+            gone.name = "param" + std::to_string(md.params.size());  // as the recorder names it
+            gone.numel = rows * cols;
+            gone.rows = cols > 1 ? rows : 0;
+            gone.layer = i;
+            gone.orphan = true;
+            md.params.push_back(gone);
+          };
+          orphan(q_width, h);
+          orphan(kv, h);
+          orphan(kv, h);
+          orphan(h, q_width);
+          orphan(head_dim, 1);
+          orphan(head_dim, 1);
+          orphan(ffn, h);
+          orphan(ffn, h);
+          orphan(h, ffn);
+        }
         // LlamaAttention: bias=config.attention_bias on all four projections.
         linear(L.q, q_width, h, m.qkv_bias, i);
         linear(L.k, kv, h, m.qkv_bias, i);
@@ -2277,7 +2302,15 @@ void RankBuilder::optimizer_step() {
   // it back into reset_step). Elsewhere the count runs on, below zero after a reset, as
   // DeepSpeed's does.
   if (v_.available_kept_across_reset) n_available_ = 0;
-  if (sc_.training.dtype == "fp16" || v_.overflow_check_every_dtype) overflow_check();
+  const bool overflow_checked = sc_.training.dtype == "fp16" || v_.overflow_check_every_dtype;
+  if (overflow_checked) overflow_check();
+  // run.skipped_steps: a step whose gradients overflowed returns right after the check
+  // (_overflow_check_and_loss_scale_update, then `return`: S3:2023-2027 at v0.13.4, S3:2880-2894
+  // at 0.19.8): no norm, no update, no persistent gather, no invalidation. Held to
+  // tiny-0.19.8-torch2.10-fp16-overflow.
+  const bool skipped =
+      std::binary_search(sc_.run.skipped_steps.begin(), sc_.run.skipped_steps.end(), step_);
+  if (skipped && overflow_checked) return;
   purpose_ = Purpose::kGradNorm;
   // _get_norm_groups: get_grad_norm_direct per sub-group, each its own all-reduce of the summed
   // squares (S3:1702-1740 at v0.13.4); up to 0.12.6 each followed by its `.item()`.
@@ -2299,6 +2332,9 @@ void RankBuilder::optimizer_step() {
   }
   // 0.19.8: is_invalid_grad_norm's bool() of the combined norm (S3:2878-2893).
   if (v_.norm_validity_sync) push(OpKind::kHostStreamSync, s0_, Purpose::kGradNorm);
+  // 0.19.8's invalid norm (bf16, fp32): overflow set, then the same cleanup and `return`
+  // (S3:2888-2894).
+  if (skipped) return;
   // Each sub-group in turn (S3:2111-2126 at v0.16.4): unscale_and_clip_grads, whose
   // `if clip > 1` on a device tensor waits for it in 0.14.1-0.14.2 (S3:2109-2118 at v0.14.2);
   // _optimizer_step, Adam over the sub-group's fp32 partition; then its primaries written back
@@ -2747,13 +2783,21 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   // q_norm and k_norm), with each projection's bias as the family sets it (Llama's
   // attention_bias and mlp_bias, Qwen2's on q, k and v, Qwen3's attention_bias), tied or not.
   // Mixtral's and Qwen2-MoE's are Llama's with a sparse block for the MLP, in every layer.
-  const bool moe = f == "mixtral" || f == "qwen2_moe";
+  const bool moe = f == "mixtral" || f == "qwen2_moe" || f == "qwen3_moe";
   const bool llama_tree =
       f == "llama" || f == "mistral" || f == "qwen2" || f == "qwen3" || f == "gemma" || moe;
   const bool dense_rms = m.gated_mlp && !m.linear_bias && !m.norm_bias && (m.experts > 0) == moe &&
                          m.dense_layers == 0 && m.kv_lora_rank == 0 && m.learned_positions == 0 &&
                          m.norms_per_layer == 2 && !m.alibi;
-  const bool llama_walkable = llama_tree && dense_rms && (!m.qk_norm || f == "qwen3");
+  const bool llama_walkable =
+      llama_tree && dense_rms && (!m.qk_norm || f == "qwen3" || f == "qwen3_moe");
+  if (f == "qwen3_moe" && (m.qkv_bias || m.o_bias)) {
+    // The replaced attention's Linears would each be converted with their bias, as one group.
+    throw InputError(m.name, "attention_bias",
+                     "true is not modelled yet for Qwen3-MoE: its layers' replaced "
+                     "attention (transformers 4.51.3 builds it twice) is walked without biases "
+                     "(allowed: attention_bias false, as Qwen3-MoE's public configs have it)");
+  }
   // DeepSeek-V2 (transformers 4.57.1): Llama's tree with multi-head latent attention, dense MLPs
   // in the first first_k_dense_replace layers and a DeepseekV2MoE after them.
   const bool deepseek_walkable = deepseek && tf457 && m.gated_mlp && !m.linear_bias &&
@@ -2822,6 +2866,17 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                    "none of hpZ's ordering bugs can occur in it"
                  : "") +
             " (allowed: false, which is another run than yours)");
+  }
+  if (!sc.run.skipped_steps.empty() && sc.training.dtype != "fp16" &&
+      !v.overflow_check_every_dtype && !v.norm_validity_sync) {
+    // Only an overflow (fp16; every dtype up to 0.11.1, PR 4512) or 0.19.8's invalid norm skips
+    // a step: otherwise a NaN gradient is applied.
+    throw InputError(sc.path, "run.skipped_steps",
+                     fmt::format("DeepSpeed {} skips no {} step: it checks for overflow in fp16 "
+                                 "only (every dtype up to 0.11.1) and the norm's validity from "
+                                 "0.19.8, so a NaN gradient is applied, not skipped (allowed: "
+                                 "\"\", or training.dtype fp16)",
+                                 v.name, sc.training.dtype));
   }
   // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes
   // from zero.deepspeed_version, so a [bugs] key would be silently ignored: refused instead.

@@ -175,6 +175,11 @@ const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 const std::vector<std::string> kLoadNames = {"none", "pretrained", "checkpoint"};
 const std::vector<std::string> kStepStreamNames = {"default", "side"};
 /** A torch version as numbers ("2.10", "2.10.0"; a local suffix such as "+cu130" dropped). */
+/** run.skipped_steps (parse_step_list). */
+std::vector<int> step_list_of(const Setting& s, const std::string& key) {
+  return parse_step_list(string_of(s, key), s.where, key);
+}
+
 std::string torch_version_of(const Setting& s, const std::string& key) {
   std::string value = string_of(s, key);
   value = value.substr(0, value.find('+'));
@@ -330,6 +335,10 @@ const std::vector<KeySpec>& key_specs() {
       {"run", "step_stream", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
          sc.run.step_stream = choice_of(v, k, kStepStreamNames);
+       }},
+      {"run", "skipped_steps", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.run.skipped_steps = step_list_of(v, k);
        }},
       {"bugs", "skip_secondary_invalidation", Kind::kBool,
        HPZ_SET(bugs.skip_secondary_invalidation, bool_of)},
@@ -517,9 +526,9 @@ bool hf_bool(const json& config, const std::string& file, const char* name, bool
 /** The Hugging Face model types read_hf_config understands, as transformers names them. */
 const std::vector<std::string>& hf_model_types() {
   static const std::vector<std::string> types = {
-      "llama",     "mistral",     "qwen2",      "qwen3",          "gemma",
-      "phi3",      "falcon",      "gpt_neox",   "gpt2",           "mixtral",
-      "qwen2_moe", "deepseek_v2", "RefinedWeb", "RefinedWebModel"};
+      "llama",     "mistral",   "qwen2",       "qwen3",      "gemma",
+      "phi3",      "falcon",    "gpt_neox",    "gpt2",       "mixtral",
+      "qwen2_moe", "qwen3_moe", "deepseek_v2", "RefinedWeb", "RefinedWebModel"};
   return types;
 }
 
@@ -610,12 +619,13 @@ ModelConfig read_hf_config(const Setting& s) {
   if (type == "gpt2" || type == "gpt_neox") kv.reset();  // always full multi-head attention
   model.kv_heads = kv.value_or(model.heads);
   if (const std::optional<int> hd = hf_int(config, file, {"head_dim"});
-      hd && (type == "llama" || type == "mistral" || type == "gemma" || type == "qwen3")) {
+      hd && (type == "llama" || type == "mistral" || type == "gemma" || type == "qwen3" ||
+             type == "qwen3_moe")) {
     model.head_dim = *hd;
   }
   // tie_word_embeddings: PretrainedConfig's default is true; these families' configs default it
   // to false (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Phi3Config, GPTNeoXConfig,
-  // MixtralConfig, Qwen2MoeConfig, DeepseekV2Config).
+  // MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config).
   const bool tied_default = falcon || type == "gpt2" || type == "gemma";
   model.tied_embeddings = hf_bool(config, file, "tie_word_embeddings", tied_default);
   if (falcon) {
@@ -644,9 +654,10 @@ ModelConfig read_hf_config(const Setting& s) {
     }
   } else if (type == "qwen2" || type == "qwen2_moe") {
     model.qkv_bias = true;  // Qwen2Attention: q/k/v_proj with bias=True
-  } else if (type == "qwen3") {
+  } else if (type == "qwen3" || type == "qwen3_moe") {
     // Qwen3Attention: q, k, v and o_proj all take bias=config.attention_bias
     // (modeling_qwen3.py:183-194 at transformers 4.51.3); q_norm and k_norm over head_dim.
+    // Qwen3MoeAttention likewise (modeling_qwen3_moe.py).
     model.qkv_bias = model.o_bias = hf_bool(config, file, "attention_bias", false);
     model.qk_norm = true;
   } else if (type == "llama") {
@@ -698,12 +709,14 @@ ModelConfig read_hf_config(const Setting& s) {
     model.experts = hf_required(config, file, {"num_local_experts"});
     model.experts_per_token = hf_required(config, file, {"num_experts_per_tok"});
     model.expert_ffn = model.ffn;  // each expert's w1/w2/w3 are intermediate_size wide
-  } else if (type == "qwen2_moe") {
+  } else if (type == "qwen2_moe" || type == "qwen3_moe") {
     model.experts = hf_required(config, file, {"num_experts"});
     model.experts_per_token = hf_required(config, file, {"num_experts_per_tok"});
     model.expert_ffn = hf_required(config, file, {"moe_intermediate_size"});
-    model.shared_expert_ffn = hf_required(config, file, {"shared_expert_intermediate_size"});
-    model.shared_expert_gate = true;
+    if (type == "qwen2_moe") {
+      model.shared_expert_ffn = hf_required(config, file, {"shared_expert_intermediate_size"});
+      model.shared_expert_gate = true;
+    }
     const std::optional<int> step = hf_int(config, file, {"decoder_sparse_step"});
     const json only = config.value("mlp_only_layers", json::array());
     if (step.value_or(1) != 1 || !only.is_array() || !only.empty()) {
@@ -1728,6 +1741,11 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
   check_training(s.training, where_of);
   check_zero(s.zero, s.cluster.world_size(), where_of);
   at_least(s.run.steps, 1, where_of, "run.steps");
+  require(
+      s.run.skipped_steps.empty() || s.run.skipped_steps.back() < s.run.steps, where_of,
+      "run.skipped_steps",
+      fmt::format("step {} is not built (allowed: steps from 0 to {}, run.steps - 1)",
+                  s.run.skipped_steps.empty() ? 0 : s.run.skipped_steps.back(), s.run.steps - 1));
   require(s.run.spin_before_copy_us >= 0 && s.run.spin_before_copy_us <= 1e6, where_of,
           "run.spin_before_copy_us",
           fmt::format("{} is out of range (allowed: 0 to 1000000 microseconds)",
@@ -1738,6 +1756,29 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
 }
 
 }  // namespace
+
+std::vector<int> parse_step_list(const std::string& text, const std::string& where,
+                                 const std::string& key) {
+  std::vector<int> out;
+  std::size_t from = 0;
+  while (!text.empty() && from <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', from), text.size());
+    const std::string part = text.substr(from, comma - from);
+    int step = -1;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), step);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size() || step < 0 ||
+        (!out.empty() && step <= out.back())) {
+      throw InputError(where, key,
+                       fmt::format("'{}' is not a list of steps (allowed: step numbers from 0, "
+                                   "ascending and comma-separated, such as \"0,1\", or \"\" "
+                                   "for none)",
+                                   shown(text)));
+    }
+    out.push_back(step);
+    from = comma + 1;
+  }
+  return out;
+}
 
 std::optional<std::string> closest_name(const std::string& name,
                                         const std::vector<std::string>& known) {

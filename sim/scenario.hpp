@@ -180,6 +180,12 @@ struct RunConfig {
   /// 2.10 or later the gradient hooks run on that stream (issue 7898; measured with DeepSpeed's
   /// own code, traces/gpu-probes/deepspeed-grad-hook-stream-h100-2026-11-27/).
   std::string step_stream = "default";
+  /// The optimizer steps DeepSpeed skips (DeepSpeed builder), ascending: fp16's loss scaler found
+  /// an overflow (DeepSpeed logs "OVERFLOW! ... Skipping step"; common in the first steps, the
+  /// scale starting at 2^16), or from 0.19.8 the gradient norm was not finite
+  /// (is_invalid_grad_norm). A skipped step updates nothing and invalidates no secondary. Written
+  /// "0,1" (comma-separated step numbers); empty: every step taken.
+  std::vector<int> skipped_steps;
   /// Not a scenario key: set by code that compares the DeepSpeed builder with a recording. The
   /// recorder runs on a CPU, where DeepSpeed steps torch's AdamW instead of FusedAdam (a CUDA
   /// kernel that reads nothing back), and logs each `.item()` of AdamW's step as a host sync
@@ -258,6 +264,12 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
 
 /** Parses "key=value" from the command line; throws InputError when there is no '='. */
 Override parse_override(const std::string& text);
+
+/** run.skipped_steps' value: comma-separated step numbers ("0,1"; "" for none), ascending,
+ *  each once. Throws InputError(where, key) naming the value otherwise. Recordings carry the
+ *  steps DeepSpeed skipped in this form (source "skipped_steps"). */
+std::vector<int> parse_step_list(const std::string& text, const std::string& where,
+                                 const std::string& key);
 
 /** The name in `known` that `name` is a plausible typo of (a unique completion of it, else the
  *  closest within a small edit distance): what a "did you mean" suggests; none if none is close. */

@@ -83,6 +83,9 @@ Scenario scenario_of(const Schedule& rec) {
       z.value("stage3_max_reuse_distance", std::int64_t{1'000'000'000});
   sc.zero.reduce_bucket_size = z.value("reduce_bucket_size", std::int64_t{500'000'000});
   sc.zero.sub_group_size = z.value("sub_group_size", std::int64_t{1'000'000'000});
+  if (const auto skipped = rec.source.find("skipped_steps"); skipped != rec.source.end()) {
+    sc.run.skipped_steps = parse_step_list(skipped->second, "recording", "skipped_steps");
+  }
   if (const auto load = rec.source.find("load"); load != rec.source.end()) {
     sc.run.load = load->second;  // recorded with --load (issue 7606)
   }
@@ -133,9 +136,15 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-mixtral-0.18.8-torch2.10-pretrained",
         // Mixtral before the leaf modules, on the releases between (every expert Linear hooked).
         "tiny-mixtral-tf4.51-0.16.9",
+        // Qwen3-MoE (transformers 4.51.3): each layer's first attention and dense MLP replaced,
+        // their parameters converted by zero.Init only; the block a leaf from 0.18.0.
+        "tiny-qwen3-moe-tf4.51-0.13.4", "tiny-qwen3-moe-tf4.51-0.18.2",
         // fp16 (torch 2.10's CPU has half-precision matmuls; 2.1.2's does not): the overflow
         // check's 1-byte all-reduce and host read each step.
         "tiny-0.19.8-torch2.10-fp16",
+        // ... and with a loss scale of 2^32, both steps overflow and are skipped (the recording
+        // names them: run.skipped_steps "0,1").
+        "tiny-0.19.8-torch2.10-fp16-overflow",
         // from_pretrained's load after zero.Init (issue 7606).
         "tiny-0.16.9-pretrained", "tiny-0.18.2-pretrained",
         // Up to 0.13.1 the load's repartition makes each secondary anew.
@@ -365,13 +374,17 @@ TEST(DeepSpeedBuilder, AStepSkippedForAnInvalidNormIsTheOneDifference) {
 // fp16 with a loss scale of 2^32 (initial_scale_power 32): every gradient overflows, DeepSpeed
 // halves the scale and skips the step (step, S3:2873-2896 at 0.19.8:
 // _overflow_check_and_loss_scale_update, then return), and 2^31 overflows again. No norm, no
-// update, no persistent gather, no invalidation of the secondaries. The builder takes every step:
-// equal to the recording up to the first skipped step, where it goes on to the gradient norm.
-TEST(DeepSpeedBuilder, AnOverflowedFp16StepIsSkippedWhereTheBuilderStepsOn) {
+// update, no persistent gather, no invalidation of the secondaries. The recording names the
+// skipped steps and equals the builder with them (DeepSpeedBuilderMatches); built with every
+// step taken, the recording's step 0 optimizer is the builder's up to the overflow flag's
+// .item(). A bf16 step is skipped only from 0.19.8 (an invalid norm): earlier, refused.
+TEST(DeepSpeedBuilder, AnOverflowedFp16StepIsSkippedOnlyWhereTheRunSaysSo) {
   const Schedule rec = recording("tiny-0.19.8-torch2.10-fp16-overflow");
+  ASSERT_EQ(rec.source.at("skipped_steps"), "0,1");
+  Scenario every_step = scenario_of(rec);
+  every_step.run.skipped_steps.clear();
   const auto expected = project(rec, 0, true);
-  const auto built =
-      project(build_deepspeed_schedule(scenario_of(rec), rec.source.at("deepspeed")), 0, true);
+  const auto built = project(build_deepspeed_schedule(every_step, "0.19.8"), 0, true);
   ASSERT_NE(first_difference(expected, built), kEqual);
   // Step 0's optimizer: the recording's ops are the builder's up to the overflow flag's .item(),
   // then the builder goes on (the norm, the update, the invalidation).
@@ -390,6 +403,18 @@ TEST(DeepSpeedBuilder, AnOverflowedFp16StepIsSkippedWhereTheBuilderStepsOn) {
   // Not one secondary is invalidated in the recording.
   for (const ProjectedOp& o : expected) {
     EXPECT_FALSE(o.line.starts_with("free on S0 secondary:")) << o.line << " " << o.where;
+  }
+  // bf16: 0.19.8 skips a step whose norm is invalid (after the norm and its validity read);
+  // 0.19.7 applies it.
+  Scenario bf16 = scenario_of(rec);
+  bf16.training.dtype = "bf16";
+  EXPECT_NO_THROW(build_deepspeed_schedule(bf16, "0.19.8"));
+  try {
+    build_deepspeed_schedule(bf16, "0.19.7");
+    ADD_FAILURE() << "0.19.7 skipped a bf16 step";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("DeepSpeed 0.19.7 skips no bf16 step"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -713,20 +738,22 @@ TEST(DeepSpeedBuilder, LlamasMlpBiasGivesTheThreeMlpProjectionsABias) {
 // does not, but for Mixtral and DeepSeek-V2-Lite: before each of Mixtral's experts torch.where
 // makes the host wait for the compute stream, which orders every secondary copy before the
 // gathers that read it (as in the recording tiny-mixtral-tf4.51-0.13.4), and DeepSeek-V2 reads
-// each expert's token count on the host. Qwen1.5-MoE races inside its last expert of layer 1.
+// each expert's token count on the host. Qwen1.5-MoE and Qwen3-30B-A3B race inside the last
+// expert of layer 1: no torch.where comes after it, and its gate_proj's secondary copy meets the
+// prefetch of the same weight (for the recompute) issued at its down_proj.
 TEST(DeepSpeedBuilder, PublicConfigsOfEveryWalkedFamilyBuild) {
   struct Expected {
     std::string transformers;
     bool races;
   };
   const std::map<std::string, Expected> expected = {
-      {"llama-2-7b", {"4.35.2", true}},       {"llama-3-8b", {"4.35.2", true}},
-      {"llama-3.2-1b", {"4.35.2", true}},     {"mistral-7b", {"4.35.2", true}},
-      {"qwen2-7b", {"4.51.3", true}},         {"qwen2.5-0.5b", {"4.51.3", true}},
-      {"qwen3-8b", {"4.51.3", true}},         {"gemma-2b", {"4.51.3", true}},
-      {"gemma-7b", {"4.51.3", true}},         {"phi-3-mini", {"4.51.3", true}},
-      {"mixtral-8x7b", {"4.51.3", false}},    {"qwen1.5-moe-a2.7b", {"4.51.3", true}},
-      {"deepseek-v2-lite", {"4.57.1", false}}};
+      {"llama-2-7b", {"4.35.2", true}},    {"llama-3-8b", {"4.35.2", true}},
+      {"llama-3.2-1b", {"4.35.2", true}},  {"mistral-7b", {"4.35.2", true}},
+      {"qwen2-7b", {"4.51.3", true}},      {"qwen2.5-0.5b", {"4.51.3", true}},
+      {"qwen3-8b", {"4.51.3", true}},      {"gemma-2b", {"4.51.3", true}},
+      {"gemma-7b", {"4.51.3", true}},      {"phi-3-mini", {"4.51.3", true}},
+      {"mixtral-8x7b", {"4.51.3", false}}, {"qwen1.5-moe-a2.7b", {"4.51.3", true}},
+      {"qwen3-30b-a3b", {"4.51.3", true}}, {"deepseek-v2-lite", {"4.57.1", false}}};
   for (const auto& [name, want] : expected) {
     const Scenario sc =
         load_scenario(test::scenario_path("tiny"),
@@ -736,8 +763,15 @@ TEST(DeepSpeedBuilder, PublicConfigsOfEveryWalkedFamilyBuild) {
     EXPECT_EQ(s.source.at("transformers"), want.transformers) << name;
     // A tied model's lm_head weight, made before tie_weights() replaced it, is zero.Init's
     // parameter too (the recording tiny-0.13.4-tied): once more the embedding's size.
-    const double orphan =
+    double orphan =
         sc.model.tied_embeddings ? static_cast<double>(sc.model.vocab) * sc.model.hidden : 0;
+    if (sc.model.family == "qwen3_moe") {
+      // Each layer's first attention (q, k, v, o, q_norm, k_norm) and dense MLP, replaced in
+      // Qwen3MoeDecoderLayer.__init__ (transformers 4.51.3): zero.Init's too.
+      const ModelConfig& m = sc.model;
+      const double h = m.hidden, head = m.head_dim, q = head * m.heads, kv = head * m.kv_heads;
+      orphan += m.layers * (2 * q * h + 2 * kv * h + 2 * head + 3.0 * h * m.ffn);
+    }
     EXPECT_EQ(units_of(s).second, parameter_count(sc.model) + orphan) << name;
     EXPECT_EQ(races(sc, "0.13.4") > 0, want.races) << name;
     EXPECT_EQ(races(sc, "0.13.5"), 0u) << name;

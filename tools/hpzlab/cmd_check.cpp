@@ -128,6 +128,12 @@ RecordingComparison compare_with_builder(const Scenario& sc, const Schedule& rec
   try {
     Scenario as_recorded = sc;
     as_recorded.run.as_recorded = true;  // the recorder's AdamW and its logged .item()
+    // The steps DeepSpeed skipped as it ran (fp16's overflow, 0.19.8's invalid norm): data the
+    // builder takes from the recording.
+    if (const auto skipped = rec.source.find("skipped_steps"); skipped != rec.source.end()) {
+      as_recorded.run.skipped_steps =
+          parse_step_list(skipped->second, rec.scenario, "skipped_steps");
+    }
     built = build_schedule(as_recorded);
   } catch (const InputError& e) {
     RecordingComparison out;

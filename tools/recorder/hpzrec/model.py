@@ -185,6 +185,7 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
     _progress(f"model built and partitioned ({len(rec.units)} parameters)")
     vocab = model_config.vocab_size
     generator = torch.Generator().manual_seed(training.seed)
+    skipped = []  # the steps DeepSpeed skipped (engine.skipped_steps counts them)
     for step in range(training.steps):
         for micro in range(training.grad_accum):
             batch = torch.randint(0, vocab, (training.micro_batch, training.seq_len),
@@ -203,12 +204,18 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
             # (is_gradient_accumulation_boundary, runtime/engine.py) and counts micro-steps.
             with rec.context(step=step, micro_step=micro, phase=recording.OPTIMIZER,
                              purpose="optimizer_step", label=-1):
+                before = engine.skipped_steps
                 engine.step()
+                if engine.skipped_steps > before:
+                    skipped.append(step)
                 probes.claim_all(model.parameters())
         with rec.context(step=step, phase=recording.OPTIMIZER, purpose="step_sync", label=-1):
             loss.item()
         _progress(f"step {step + 1} of {training.steps} recorded")
-    return {"dtype": str(dtype).replace("torch.", "")}
+    facts = {"dtype": str(dtype).replace("torch.", "")}
+    if skipped:
+        facts["skipped_steps"] = ",".join(str(step) for step in skipped)
+    return facts
 
 
 def _progress(what: str) -> None:

@@ -146,6 +146,8 @@ def main() -> int:
     }
     if args.load != "none":  # absent without a load: the recordings made before --load stay
         source["load"] = args.load
+    if "skipped_steps" in facts:  # fp16's overflow, 0.19.8's invalid norm (run.skipped_steps)
+        source["skipped_steps"] = facts["skipped_steps"]
     if probes.missing:
         source["unlabelled"] = ", ".join(probes.missing)
     dtype_bytes = {"bfloat16": 2, "float16": 2}.get(facts["dtype"], 4)
