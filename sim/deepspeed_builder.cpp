@@ -203,8 +203,8 @@ struct Model {
 
 /** DeepSpeed's default z3 leaf modules from v0.18.0 (rule default-moe-leaf-modules):
  *  DEFAULT_LEAF_MODULE_CLASSES (leaf_module_config.py:11-15 at v0.18.2) names
- *  MixtralSparseMoeBlock and Qwen2MoeSparseMoeBlock (and Qwen3-MoE's, which hpzlab does not
- *  walk); `_do_set_z3_leaf_modules` marks each by class name (utils/z3_leaf_module.py:57-86).
+ *  MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock and Qwen3MoeSparseMoeBlock;
+ *  `_do_set_z3_leaf_modules` marks each by class name (utils/z3_leaf_module.py:57-86).
  *  Each sparse layer's block becomes a leaf and everything in it falls under the leaf. */
 void mark_z3_leaf_modules(Model& md) {
   for (const Model::Layer& L : md.layers) {
@@ -212,7 +212,7 @@ void mark_z3_leaf_modules(Model& md) {
     DsModule& block = md.modules[static_cast<std::size_t>(L.mlp)];
     block.z3_leaf = true;
     // named_parameters order: the block's children in registration order, which build_model
-    // follows with ds_ids (router, experts, shared expert, its gate).
+    // follows with ds_ids (router, experts, shared expert, its gate; no orphan lies below it).
     block.subtree = md.below(L.mlp);
     for (const int p : block.subtree) md.params[static_cast<std::size_t>(p)].leaf = L.mlp;
     const std::string prefix = block.path + ".";

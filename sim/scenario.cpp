@@ -174,12 +174,12 @@ const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 const std::vector<std::string> kLoadNames = {"none", "pretrained", "checkpoint"};
 const std::vector<std::string> kStepStreamNames = {"default", "side"};
-/** A torch version as numbers ("2.10", "2.10.0"; a local suffix such as "+cu130" dropped). */
 /** run.skipped_steps (parse_step_list). */
 std::vector<int> step_list_of(const Setting& s, const std::string& key) {
   return parse_step_list(string_of(s, key), s.where, key);
 }
 
+/** A torch version as numbers ("2.10", "2.10.0"; a local suffix such as "+cu130" dropped). */
 std::string torch_version_of(const Setting& s, const std::string& key) {
   std::string value = string_of(s, key);
   value = value.substr(0, value.find('+'));
@@ -622,6 +622,11 @@ ModelConfig read_hf_config(const Setting& s) {
       hd && (type == "llama" || type == "mistral" || type == "gemma" || type == "qwen3" ||
              type == "qwen3_moe")) {
     model.head_dim = *hd;
+  } else if (type == "qwen3") {
+    // Qwen3Config's head_dim defaults to 128 (configuration_qwen3.py:160 at transformers 4.51.3,
+    // :67 at 5.24.0), which Qwen3Attention reads (getattr(config, "head_dim", ...)); Qwen3MoeConfig
+    // has no such default in 4.51.3, so its attention falls back to hidden / heads.
+    model.head_dim = 128;
   }
   // tie_word_embeddings: PretrainedConfig's default is true; these families' configs default it
   // to false (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Phi3Config, GPTNeoXConfig,

@@ -1096,6 +1096,23 @@ TEST_F(ScenarioFile, DeepSeekV2IsCountedAsTransformers4571BuildsIt) {
              "hf.json: n_routed_experts: null builds no expert list");
 }
 
+// A config without head_dim: Qwen3Config defaults it to 128, Qwen3MoeConfig (transformers 4.51.3)
+// to nothing, so Qwen3-MoE's attention takes hidden / heads. The counts are transformers 4.51.3's
+// (tools/count-hf-params on these two configs, 2026-11-28).
+TEST_F(ScenarioFile, Qwen3HeadsAre128WideUnlessTheConfigSaysQwen3MoeHeadsHiddenOverHeads) {
+  const std::string base = R"("hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000)";
+  const auto count = [&](const std::string& extra) {
+    write("hf.json", "{" + base + ", " + extra + "}");
+    return static_cast<std::uint64_t>(parameter_count(
+        load_scenario(write("s.toml", "[model]\nhf_config = \"hf.json\"\n")).model));
+  };
+  EXPECT_EQ(count(R"("model_type": "qwen3")"), 2086656u);
+  EXPECT_EQ(count(R"("model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 64)"),
+            1302016u);
+}
+
 TEST_F(ScenarioFile, AnArchitectureNotUnderstoodIsRefusedNotReadAsALlama) {
   write("hf.json", R"({"model_type": "t5", "num_hidden_layers": 2, "hidden_size": 64,
                        "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 10})");

@@ -320,8 +320,38 @@ def record_ranks(argv: list, args: argparse.Namespace) -> int:
     return 0
 
 
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+def manage_envs(argv: list) -> int:
+    """`--envs`: the cached environments, each with its size and whether the pinned
+    requirements still make it; `--prune-envs [all]`: removes those they do not (all of them
+    with `all`). Each environment is several GB (torch, DeepSpeed, transformers)."""
+    if argv[0] == "--envs" and len(argv) == 1:
+        envs = env.environments()
+        for name, size, current in envs:
+            print(f"{name}  {_gib(size)}  {'current' if current else 'stale: prune it'}")
+        total = sum(size for _, size, _ in envs)
+        print(f"{len(envs)} environments, {_gib(total)}, in {env.cache_dir()}"
+              + ("" if all(c for _, _, c in envs) else
+                 "; `hpzlab record --prune-envs` removes the stale ones"))
+        return 0
+    if argv[0] == "--prune-envs" and argv[1:] in ([], ["all"]):
+        removed = env.prune(everything=argv[1:] == ["all"])
+        for name, size in removed:
+            print(f"removed {name} ({_gib(size)})")
+        print(f"{len(removed)} environments removed, {_gib(sum(s for _, s in removed))} freed")
+        return 0
+    print("hpzlab record: --envs takes nothing, --prune-envs nothing or 'all' (allowed: "
+          "hpzlab record --envs, hpzlab record --prune-envs [all])", file=sys.stderr)
+    return EXIT_INPUT
+
+
 def main(argv: list | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("--envs", "--prune-envs"):
+        return manage_envs(argv)
     args = parser().parse_args(argv)
     try:
         validate(args)

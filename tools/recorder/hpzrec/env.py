@@ -247,3 +247,62 @@ def transformers_dir(version: str, torch: str = BASE_TORCH) -> pathlib.Path | No
              f"transformers {version}", tmp.parent / f"transformers-{version}-install.log")
 
     return _build_once(target, build)
+
+
+def _current_names() -> set:
+    """The directory names the requirements files make today (a changed pin makes another)."""
+    names = set()
+    for torch in supported_torch():
+        base = "base" if torch == BASE_TORCH else f"base-torch-{torch}"
+        names.add(f"{base}-{_digest(_base_requirements(torch))}")
+        tag = "" if torch == BASE_TORCH else f"-torch{torch}"
+        for version in supported_versions():
+            names.add(f"deepspeed-{version}{tag}-{_digest(REQUIREMENTS / f'deepspeed-{version}.txt')}")
+    for version in supported_transformers()[1:]:
+        names.add(f"transformers-{version}-{_digest(REQUIREMENTS / f'transformers-{version}.txt')}")
+    return names
+
+
+def _size(path: pathlib.Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def environments() -> list:
+    """The installed environments, by name: (name, bytes, current). `current` is false for one
+    that no requirements file makes any more (a pin changed since), and for an install that was
+    interrupted (a temporary directory)."""
+    root = cache_dir()
+    if not root.is_dir():
+        return []
+    current = _current_names()
+    return [(p.name, _size(p), p.name in current) for p in sorted(root.iterdir()) if p.is_dir()]
+
+
+def prune(everything: bool) -> list:
+    """Removes the environments that are not current (every one with `everything`), under the
+    install lock, and the install logs no remaining environment belongs to; returns (name,
+    bytes) of each environment removed."""
+    root = cache_dir()
+    if not root.is_dir():
+        return []
+    removed = []
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name, size, current in environments():
+            if current and not everything:
+                continue
+            shutil.rmtree(root / name, ignore_errors=True)
+            removed.append((name, size))
+        kept = [p.name for p in root.iterdir() if p.is_dir()]
+        for log in root.glob("*-install.log"):
+            stem = log.name[:-len("-install.log")]
+            if not any(name.startswith(stem + "-") for name in kept):
+                log.unlink(missing_ok=True)
+    return removed

@@ -100,3 +100,42 @@ def test_no_pypi_when_the_environment_is_missing_is_one_line_and_exit_2(tmp_path
     leftovers = [p.name for p in (tmp_path / "cache" / "recorder").iterdir()
                  if p.name.startswith("base-") and p.is_dir()]
     assert leftovers == [], "a failed install leaves no environment behind"
+
+
+def test_envs_lists_each_environment_and_prune_removes_the_stale_ones(tmp_path):
+    """`--envs` says which cached environments the pins still make; `--prune-envs` removes the
+    others (a changed pin's, an interrupted install's) and their logs, `--prune-envs all` every
+    one. Fake environments in an empty cache: nothing is installed."""
+    import sys
+    sys.path.insert(0, str(HERE.parent))
+    from hpzrec import env as recorder_env
+    os.environ["HPZLAB_CACHE"] = str(tmp_path / "cache")
+    try:
+        current = sorted(recorder_env._current_names())[0]
+    finally:
+        del os.environ["HPZLAB_CACHE"]
+    root = tmp_path / "cache" / "recorder"
+    for name in (current, "deepspeed-0.13.4-000000000000", "base-a6724e2ca8f3.x1y2z3"):
+        (root / name).mkdir(parents=True)
+        (root / name / "file").write_bytes(b"x" * 1000)
+    (root / "deepspeed-0.13.4-install.log").write_text("log")
+    cache = dict(os.environ, HPZLAB_CACHE=str(tmp_path / "cache"))
+    listed = subprocess.run([str(RECORD), "--envs"], capture_output=True, text=True, env=cache)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{current}  0.00 GiB  current" in listed.stdout, listed.stdout
+    assert "deepspeed-0.13.4-000000000000  0.00 GiB  stale: prune it" in listed.stdout
+    assert "base-a6724e2ca8f3.x1y2z3  0.00 GiB  stale: prune it" in listed.stdout
+    assert "3 environments" in listed.stdout
+    pruned = subprocess.run([str(RECORD), "--prune-envs"], capture_output=True, text=True,
+                            env=cache)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "2 environments removed" in pruned.stdout, pruned.stdout
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [current]
+    assert not (root / "deepspeed-0.13.4-install.log").exists()
+    everything = subprocess.run([str(RECORD), "--prune-envs", "all"], capture_output=True,
+                                text=True, env=cache)
+    assert everything.returncode == 0 and "1 environments removed" in everything.stdout
+    assert [p for p in root.iterdir() if p.is_dir()] == []
+    bad = subprocess.run([str(RECORD), "--prune-envs", "some"], capture_output=True, text=True,
+                         env=cache)
+    assert bad.returncode == 2 and bad.stderr.startswith("hpzlab record: --envs takes nothing")
