@@ -404,9 +404,10 @@ const std::vector<ReleaseRule> kRules = {
      .first = "0.19.3",
      .what = "release_sub_module frees a leaf module's parameters iterating "
              "`set(iter_params(...))` (COORD:518 at v0.19.3): in Python's set order, which "
-             "follows the parameters' addresses, not their ds_id order (the recording "
-             "tiny-mixtral-0.19.8-torch2.10 frees gate, down_proj, gate_up_proj). The builder "
-             "frees in ds_id order, one of the orders a set can give",
+             "follows the parameters' addresses, not their ds_id order: two recordings of "
+             "tiny-mixtral-0.19.8-torch2.10-pretrained with one command freed layer 0's "
+             "gate_up_proj and down_proj in opposite orders. The builder frees in ds_id order, "
+             "one of the orders a set can give",
      .scope = RuleScope::kUnordered,
      .when = RuleWhen::kMoeLeaf},
     {.id = "secondary-zero-filled",

@@ -133,7 +133,8 @@ INSTANTIATE_TEST_SUITE_P(
         // transformers 5.24.0's Mixtral (MixtralExperts: two 3-D parameters) on 0.19.8, whose
         // leaf frees in set order (PR 8148).
         "tiny-mixtral-0.19.8-torch2.10-pretrained", "tiny-mixtral-0.18.2-torch2.10-pretrained",
-        "tiny-mixtral-0.18.8-torch2.10-pretrained",
+        // Built from its config: garbage weights, an invalid norm, both steps skipped.
+        "tiny-mixtral-0.19.8-torch2.10", "tiny-mixtral-0.18.8-torch2.10-pretrained",
         // Mixtral before the leaf modules, on the releases between (every expert Linear hooked).
         "tiny-mixtral-tf4.51-0.16.9",
         // Qwen3-MoE (transformers 4.51.3): each layer's first attention and dense MLP replaced,
@@ -297,6 +298,7 @@ TEST(DeepSpeedBuilder, TransformersFiveWalksMixtralOnlyAsALeafAndAutoFollowsTorc
   EXPECT_EQ(build_deepspeed_schedule(sc, "0.18.8").source.at("transformers"), "4.35.2");
   Scenario mixtral = scenario_of(recording("tiny-mixtral-0.19.8-torch2.10"));
   mixtral.model.transformers_version = "5.24.0";
+  mixtral.run.skipped_steps.clear();  // its bf16 steps skip on 0.19.8's invalid norm only
   try {
     // Before 0.18.0 the experts module has hooks of its own: no recording shows them.
     build_deepspeed_schedule(mixtral, "0.17.6");
@@ -352,16 +354,18 @@ TEST(DeepSpeedBuilder, MixtralSparseBlocksAreLeafModulesFrom0180) {
 
 // tiny-mixtral-0.19.8-torch2.10 was built from its config: transformers 5's experts and router
 // weights are torch.empty, and zero.Init broadcast what the recording rank's allocator held. Its
-// gradient norm came out invalid, and 0.19.8 skipped the step (is_invalid_grad_norm, S3:2878-2893):
-// no sub-group update and no invalidation of the secondaries. The builder takes every step to be
-// taken (the -pretrained recording, whose weights are loaded, is equal to it throughout): equal
-// up to the step, where the builder invalidates the secondaries and the recording goes on to
-// step 1. A skipped step is data the builder does not have (docs/deepspeed-builder.md).
+// gradient norm came out invalid, and 0.19.8 skipped both steps (is_invalid_grad_norm,
+// S3:2888-2894): no sub-group update and no invalidation of the secondaries. The recording names
+// them (skipped_steps "0,1") and equals the builder with them (DeepSpeedBuilderMatches); built
+// with every step taken, it parts at step 0's optimizer, right after the norm's validity read,
+// where the builder invalidates the secondaries.
 TEST(DeepSpeedBuilder, AStepSkippedForAnInvalidNormIsTheOneDifference) {
   const Schedule rec = recording("tiny-mixtral-0.19.8-torch2.10");
+  ASSERT_EQ(rec.source.at("skipped_steps"), "0,1");
+  Scenario every_step = scenario_of(rec);
+  every_step.run.skipped_steps.clear();
   const auto expected = project(rec, 0, true);
-  const auto built =
-      project(build_deepspeed_schedule(scenario_of(rec), rec.source.at("deepspeed")), 0, true);
+  const auto built = project(build_deepspeed_schedule(every_step, "0.19.8"), 0, true);
   const std::size_t at = first_difference(expected, built);
   ASSERT_NE(at, kEqual);
   ASSERT_LT(at, built.size());
