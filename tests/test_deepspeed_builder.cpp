@@ -135,8 +135,9 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-mixtral-0.19.8-torch2.10-pretrained", "tiny-mixtral-0.18.2-torch2.10-pretrained",
         // Built from its config: garbage weights, an invalid norm, both steps skipped.
         "tiny-mixtral-0.19.8-torch2.10", "tiny-mixtral-0.18.8-torch2.10-pretrained",
+        "tiny-mixtral-0.18.3-torch2.10-pretrained", "tiny-mixtral-0.18.7-torch2.10-pretrained",
         // Mixtral before the leaf modules, on the releases between (every expert Linear hooked).
-        "tiny-mixtral-tf4.51-0.16.9",
+        "tiny-mixtral-tf4.51-0.16.9", "tiny-mixtral-tf4.51-0.15.4",
         // Qwen3-MoE (transformers 4.51.3): each layer's first attention and dense MLP replaced,
         // their parameters converted by zero.Init only; the block a leaf from 0.18.0.
         "tiny-qwen3-moe-tf4.51-0.13.4", "tiny-qwen3-moe-tf4.51-0.18.2",
