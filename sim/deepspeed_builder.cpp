@@ -186,19 +186,11 @@ struct Model {
     const DsModule& mod = modules[static_cast<std::size_t>(m)];
     return mod.z3_leaf ? mod.subtree : mod.params;
   }
-  /** iter_params(m, recurse=True): every parameter below module m, each once (named_parameters
-   *  drops duplicates: a tied head's weight is the embedding's). */
-  std::vector<int> below(int m) const {
-    const std::string& path = modules[static_cast<std::size_t>(m)].path;
-    std::set<int> out;
-    for (std::size_t i = 0; i < modules.size(); ++i) {
-      const std::string& p = modules[i].path;
-      if (m == causal_lm || p == path || (p.starts_with(path) && p[path.size()] == '.')) {
-        out.insert(modules[i].params.begin(), modules[i].params.end());
-      }
-    }
-    return {out.begin(), out.end()};
-  }
+  /** iter_params(m, recurse=True) for each module m: every parameter below it, each once
+   *  (named_parameters drops duplicates: a tied head's weight is the embedding's), by ds_id.
+   *  Filled once by mark_z3_leaf_modules, the only place that needs it: a leaf's subtree, and the
+   *  reuse scan when a leaf is released (params_to_release). */
+  std::vector<std::vector<int>> below;
 };
 
 /** DeepSpeed's default z3 leaf modules from v0.18.0 (rule default-moe-leaf-modules):
@@ -207,13 +199,26 @@ struct Model {
  *  `_do_set_z3_leaf_modules` marks each by class name (utils/z3_leaf_module.py:57-86).
  *  Each sparse layer's block becomes a leaf and everything in it falls under the leaf. */
 void mark_z3_leaf_modules(Model& md) {
+  md.below.assign(md.modules.size(), {});
+  for (std::size_t m = 0; m < md.modules.size(); ++m) {
+    const std::string& path = md.modules[m].path;
+    std::set<int> out;
+    for (const DsModule& other : md.modules) {
+      const std::string& p = other.path;
+      if (static_cast<int>(m) == md.causal_lm || p == path ||
+          (p.starts_with(path) && p[path.size()] == '.')) {
+        out.insert(other.params.begin(), other.params.end());
+      }
+    }
+    md.below[m].assign(out.begin(), out.end());
+  }
   for (const Model::Layer& L : md.layers) {
     if (L.experts.empty() && L.fused < 0) continue;  // a dense layer
     DsModule& block = md.modules[static_cast<std::size_t>(L.mlp)];
     block.z3_leaf = true;
     // named_parameters order: the block's children in registration order, which build_model
     // follows with ds_ids (router, experts, shared expert, its gate; no orphan lies below it).
-    block.subtree = md.below(L.mlp);
+    block.subtree = md.below[static_cast<std::size_t>(L.mlp)];
     for (const int p : block.subtree) md.params[static_cast<std::size_t>(p)].leaf = L.mlp;
     const std::string prefix = block.path + ".";
     for (DsModule& m : md.modules) {
@@ -968,6 +973,12 @@ std::vector<Hook> micro_step_hooks(const Model& md, const Walk& walk) {
   h.push_back({Ev::kPreBwd, md.embed});
   h.push_back({Ev::kBwdKernel, md.embed});
   return h;
+}
+
+/** Whether the step checks the gradients for overflow (and can skip on it): fp16, or every dtype
+ *  up to 0.11.1 (rule overflow-check-every-dtype). */
+bool checks_overflow(const Scenario& sc, const VersionRules& v) {
+  return sc.training.dtype == "fp16" || v.overflow_check_every_dtype;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2031,7 +2042,8 @@ std::set<int> RankBuilder::params_to_release(int module, int step_id) {
     const std::int64_t distance = sc_.zero.stage3_max_reuse_distance;
     if (traversed >= distance) break;
     const int later = submodule_order_[i];
-    for (const int p : recurse ? md_.below(later) : md_.modules[later].params) {
+    for (const int p : recurse ? md_.below[static_cast<std::size_t>(later)]
+                               : md_.modules[static_cast<std::size_t>(later)].params) {
       out.erase(p);
       // Saturating at the distance: a distance near 2^63 overflowed the sum.
       traversed += std::min(static_cast<std::int64_t>(md_.params[p].numel), distance - traversed);
@@ -2302,7 +2314,7 @@ void RankBuilder::optimizer_step() {
   // it back into reset_step). Elsewhere the count runs on, below zero after a reset, as
   // DeepSpeed's does.
   if (v_.available_kept_across_reset) n_available_ = 0;
-  const bool overflow_checked = sc_.training.dtype == "fp16" || v_.overflow_check_every_dtype;
+  const bool overflow_checked = checks_overflow(sc_, v_);
   if (overflow_checked) overflow_check();
   // run.skipped_steps: a step whose gradients overflowed returns right after the check
   // (_overflow_check_and_loss_scale_update, then `return`: S3:2023-2027 at v0.13.4, S3:2880-2894
@@ -2867,8 +2879,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                  : "") +
             " (allowed: false, which is another run than yours)");
   }
-  if (!sc.run.skipped_steps.empty() && sc.training.dtype != "fp16" &&
-      !v.overflow_check_every_dtype && !v.norm_validity_sync) {
+  if (!sc.run.skipped_steps.empty() && !checks_overflow(sc, v) && !v.norm_validity_sync) {
     // Only an overflow (fp16; every dtype up to 0.11.1, PR 4512) or 0.19.8's invalid norm skips
     // a step: otherwise a NaN gradient is applied.
     throw InputError(sc.path, "run.skipped_steps",

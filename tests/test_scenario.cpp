@@ -41,6 +41,13 @@ class ScenarioFile : public test::TempDirTest {
     return load_scenario(write("s.toml", with_model(text)), overrides);
   }
 
+  /** hpzlab's parameter count of the Hugging Face config whose keys are `keys` (JSON members). */
+  std::uint64_t hf_count(const std::string& keys) {
+    write("hf.json", "{" + keys + "}");
+    return static_cast<std::uint64_t>(parameter_count(
+        load_scenario(write("s.toml", "[model]\nhf_config = \"hf.json\"\n")).model));
+  }
+
   static std::string with_model(const std::string& text) {
     return text.find("[model]") == std::string::npos ? "[model]\npreset = \"tiny\"\n" + text : text;
   }
@@ -1056,11 +1063,7 @@ TEST(HuggingFaceFamilies, ExpertsAreUnitsOfTheirOwn) {
 TEST_F(ScenarioFile, LlamaBiasesAreCountedAsTransformersBuildsThem) {
   const std::string base = R"("hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
       "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000)";
-  const auto count = [&](const std::string& extra) {
-    write("hf.json", "{" + base + ", " + extra + "}");
-    return static_cast<std::uint64_t>(parameter_count(
-        load_scenario(write("s.toml", "[model]\nhf_config = \"hf.json\"\n")).model));
-  };
+  const auto count = [&](const std::string& extra) { return hf_count(base + ", " + extra); };
   EXPECT_EQ(count(R"("model_type": "llama", "attention_bias": true)"), 2186880u);
   EXPECT_EQ(count(R"("model_type": "llama", "mlp_bias": true)"), 2188800u);
   EXPECT_EQ(count(R"("model_type": "mistral", "attention_bias": true)"), 2184960u);
@@ -1079,9 +1082,7 @@ TEST_F(ScenarioFile, DeepSeekV2IsCountedAsTransformers4571BuildsIt) {
       "n_routed_experts": 4, "first_k_dense_replace": 1, "kv_lora_rank": 32,
       "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16)";
   const auto count = [&](const std::string& extra) {
-    write("hf.json", "{" + base + (extra.empty() ? "" : ", ") + extra + "}");
-    return static_cast<std::uint64_t>(parameter_count(
-        load_scenario(write("s.toml", "[model]\nhf_config = \"hf.json\"\n")).model));
+    return hf_count(base + (extra.empty() ? "" : ", ") + extra);
   };
   EXPECT_EQ(count(R"("q_lora_rank": null, "n_shared_experts": 1)"), 1701728u);
   EXPECT_EQ(count(R"("q_lora_rank": 48, "n_shared_experts": 1, "attention_bias": true)"), 1619960u);
@@ -1102,11 +1103,7 @@ TEST_F(ScenarioFile, DeepSeekV2IsCountedAsTransformers4571BuildsIt) {
 TEST_F(ScenarioFile, Qwen3HeadsAre128WideUnlessTheConfigSaysQwen3MoeHeadsHiddenOverHeads) {
   const std::string base = R"("hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000)";
-  const auto count = [&](const std::string& extra) {
-    write("hf.json", "{" + base + ", " + extra + "}");
-    return static_cast<std::uint64_t>(parameter_count(
-        load_scenario(write("s.toml", "[model]\nhf_config = \"hf.json\"\n")).model));
-  };
+  const auto count = [&](const std::string& extra) { return hf_count(base + ", " + extra); };
   EXPECT_EQ(count(R"("model_type": "qwen3")"), 2086656u);
   EXPECT_EQ(count(R"("model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
       "moe_intermediate_size": 64)"),

@@ -274,15 +274,20 @@ def _size(path: pathlib.Path) -> int:
     return total
 
 
-def environments() -> list:
-    """The installed environments, by name: (name, bytes, current). `current` is false for one
-    that no requirements file makes any more (a pin changed since), and for an install that was
-    interrupted (a temporary directory)."""
+def _installed() -> list:
+    """(name, current) of each environment directory, by name."""
     root = cache_dir()
     if not root.is_dir():
         return []
     current = _current_names()
-    return [(p.name, _size(p), p.name in current) for p in sorted(root.iterdir()) if p.is_dir()]
+    return [(p.name, p.name in current) for p in sorted(root.iterdir()) if p.is_dir()]
+
+
+def environments() -> list:
+    """The installed environments, by name: (name, bytes, current). `current` is false for one
+    that no requirements file makes any more (a pin changed since), and for an install that was
+    interrupted (a temporary directory)."""
+    return [(name, _size(cache_dir() / name), current) for name, current in _installed()]
 
 
 def prune(everything: bool) -> list:
@@ -295,11 +300,11 @@ def prune(everything: bool) -> list:
     removed = []
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for name, size, current in environments():
+        for name, current in _installed():  # only what is removed is measured
             if current and not everything:
                 continue
+            removed.append((name, _size(root / name)))
             shutil.rmtree(root / name, ignore_errors=True)
-            removed.append((name, size))
         kept = [p.name for p in root.iterdir() if p.is_dir()]
         for log in root.glob("*-install.log"):
             stem = log.name[:-len("-install.log")]
