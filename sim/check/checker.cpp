@@ -101,7 +101,7 @@ std::string rank_list(const std::vector<Rank>& ranks) {
 
 class Checker {
  public:
-  explicit Checker(const Schedule& schedule);
+  Checker(const Schedule& schedule, const Ablation& ablation);
   CheckResult run();
 
  private:
@@ -124,6 +124,7 @@ class Checker {
                               const std::string& what) const;
 
   const Schedule& schedule_;
+  const Ablation& ablation_;
   ClockArena arena_;
   FindingLog log_;
   std::vector<RankState> ranks_;
@@ -151,8 +152,9 @@ int max_threads(const Schedule& s) {
   return static_cast<int>(streams) + 1;
 }
 
-Checker::Checker(const Schedule& schedule)
+Checker::Checker(const Schedule& schedule, const Ablation& ablation)
     : schedule_(schedule),
+      ablation_(ablation),
       arena_(static_cast<int>(schedule.ranks.size()), max_threads(schedule)),
       log_(schedule),
       ranks_(schedule.ranks.size()),
@@ -254,6 +256,15 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
     if (op.stream < 0 || op.stream >= nstreams) malformed(rs, index, "no such stream");
     // FIFO: nothing more happens on a stream whose collective still waits for its peers.
     if (rs.pending[op.stream] != kNotPending) return false;
+  }
+  if (ablation_.leave_out && is_ordering(op.kind) &&
+      ablation_.leave_out(rs.schedule->rank, index, op)) {
+    // As if never issued; an event it waited for is kept only for its other waits.
+    if (op.kind == OpKind::kStreamWaitEvent || op.kind == OpKind::kHostEventSync) {
+      const auto it = rs.events.find(op.event);
+      if (it != rs.events.end() && --it->second.waits_left == 0) rs.events.erase(it);
+    }
+    return true;
   }
   switch (op.kind) {
     case OpKind::kHostStreamSync: {
@@ -650,8 +661,13 @@ std::size_t CheckResult::group_count(FindingKind kind) const {
                     [kind](const FindingGroup& g) { return g.example.kind == kind; }));
 }
 
-CheckResult check_schedule(const Schedule& schedule) {
-  return Checker(schedule).run();
+bool is_ordering(OpKind kind) {
+  return kind == OpKind::kHostStreamSync || kind == OpKind::kHostDeviceSync ||
+         kind == OpKind::kHostEventSync || kind == OpKind::kStreamWaitEvent;
+}
+
+CheckResult check_schedule(const Schedule& schedule, const Ablation& ablation) {
+  return Checker(schedule, ablation).run();
 }
 
 }  // namespace hpz::check

@@ -45,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -82,8 +83,20 @@ struct CheckResult {
   bool clean() const { return groups.empty(); }
 };
 
+/** Ops the checker takes as never issued: how `check --explain` finds what orders a clean
+ *  schedule (explain.hpp). Only ordering ops can be left out (kHostStreamSync, kHostDeviceSync,
+ *  kHostEventSync, kStreamWaitEvent): they access no bytes, so leaving one out removes edges
+ *  and nothing else. */
+struct Ablation {
+  /** True for an ordering op (rank's op #index) to leave out; empty: leave out nothing. */
+  std::function<bool(Rank rank, std::uint32_t index, const Op& op)> leave_out;
+};
+
+/** True for the op kinds an Ablation can leave out. */
+bool is_ordering(OpKind kind);
+
 /** Checks every rule on a schedule. Throws std::invalid_argument on a malformed schedule (an op
  *  naming a stream, buffer, group or event that does not exist, an access past its buffer). */
-CheckResult check_schedule(const Schedule& schedule);
+CheckResult check_schedule(const Schedule& schedule, const Ablation& ablation = {});
 
 }  // namespace hpz::check

@@ -64,7 +64,8 @@ class Runs {
 check::CheckResult check_showing_progress(const Schedule& schedule, const Runs& children,
                                           const SimOptions& options) {
   if (!options.progress) return check::check_schedule(schedule);
-  auto checked = std::async(std::launch::async, check::check_schedule, std::cref(schedule));
+  auto checked =
+      std::async(std::launch::async, [&schedule] { return check::check_schedule(schedule); });
   while (checked.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready) {
     children.report_progress();
   }

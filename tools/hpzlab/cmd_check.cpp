@@ -23,10 +23,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
+#include "sim/check/explain.hpp"
 #include "sim/check/release_history.hpp"
 #include "sim/check/report.hpp"
 #include "sim/deepspeed_builder.hpp"
@@ -52,6 +54,7 @@ struct CheckOptions {
   UserFlags user;          ///< --ds-config, --hf-config, --nodes, --gpus-per-node
   bool record = false;     ///< --record: the matrix over recordings of real DeepSpeed
   std::string record_dir;  ///< --record-dir DIR: keep the recordings and their inputs there
+  bool explain = false;    ///< --explain: say what orders the secondary copies of a clean run
 };
 
 /** One line of the version matrix: releases whose schedules the builder makes alike (equal
@@ -160,6 +163,16 @@ RecordingComparison compare_with_builder(const Scenario& sc, const Schedule& rec
   return c;
 }
 
+/** --explain: one config key at ten times the run's value, and what the checker then finds on
+ *  the secondary shards. */
+struct Probe {
+  std::string key;  ///< scenario key, e.g. "zero.stage3_max_live_parameters"
+  std::int64_t value = 0;
+  std::uint64_t races = 0;
+  std::uint64_t stale = 0;
+  std::string refused;  ///< the builder refused the changed run (its one line)
+};
+
 /** A verdict and what it covered. */
 struct Checked {
   check::CheckResult result;
@@ -179,6 +192,9 @@ struct Checked {
   std::vector<const ReleaseRule*> defects;
   /** The DeepSpeed release checked alone (no --deepspeed matrix; the DeepSpeed builder). */
   std::string release;
+  /** --explain on a clean verdict: what orders the secondary copies, and which keys break it. */
+  std::optional<check::OrderExplanation> explanation;
+  std::vector<Probe> probes;
 
   /** Checked, nothing found and no known defect: a release to run this on. */
   bool clean() const { return refused.empty() && result.clean() && defects.empty(); }
@@ -302,6 +318,63 @@ Checked refused_epoch(const Scenario& sc, const MatrixEpoch& epoch, const std::s
   return c;
 }
 
+/** --explain's "what would break it": the run again with each of the keys that let gathers run
+ *  further ahead (more parameters live, larger prefetch buckets, longer reuse) at ten times its
+ *  value or DeepSpeed's default, whichever is larger, built and checked; the secondary findings
+ *  of each. */
+std::vector<Probe> probe_keys(const Scenario& sc, const std::string& path, const UserFlags& user,
+                              const std::vector<Override>& overrides) {
+  const ZeroConfig defaults;
+  const std::tuple<const char*, std::int64_t, std::int64_t> keys[] = {
+      {"zero.stage3_max_live_parameters", sc.zero.stage3_max_live_parameters,
+       defaults.stage3_max_live_parameters},
+      {"zero.stage3_prefetch_bucket_size", sc.zero.stage3_prefetch_bucket_size,
+       defaults.stage3_prefetch_bucket_size},
+      {"zero.stage3_max_reuse_distance", sc.zero.stage3_max_reuse_distance,
+       defaults.stage3_max_reuse_distance},
+  };
+  std::vector<Probe> out;
+  for (const auto& [key, now, deepspeeds] : keys) {
+    Probe p{key, 10 * std::max(now, deepspeeds), 0, 0, ""};
+    std::vector<Override> o = overrides;
+    o.emplace_back(key, std::to_string(p.value));
+    try {
+      const check::CheckResult r = check::check_schedule(build_schedule(load(path, user, o)));
+      p.races = check::secondary_findings(r, check::FindingKind::kRace);
+      p.stale = check::secondary_findings(r, check::FindingKind::kStaleRead);
+    } catch (const ReleaseRefusal& e) {
+      p.refused = e.what();
+    } catch (const InputError& e) {
+      p.refused = e.what();
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+/** The --explain lines of a checked run ("" without --explain or for a verdict with findings). */
+std::string explain_lines(const Checked& c) {
+  if (!c.explanation) return "";
+  std::string out = check::explain_text(*c.explanation);
+  if (c.probes.empty()) return out;
+  out +=
+      "    each key at ten times this run's value or DeepSpeed's default (gathers further "
+      "ahead):\n";
+  for (const Probe& p : c.probes) {
+    std::string got;
+    if (!p.refused.empty()) {
+      got = "not checked: " + p.refused;
+    } else if (p.races + p.stale == 0) {
+      got = "still clean";
+    } else {
+      got = fmt::format("{} secondary race{}{}", p.races, p.races == 1 ? "" : "s",
+                        p.stale > 0 ? fmt::format(", {} stale reads", p.stale) : "");
+    }
+    out += fmt::format("      {}={}: {}\n", p.key, p.value, got);
+  }
+  return out;
+}
+
 std::vector<Checked> check_scenarios(const CheckOptions& opts,
                                      const std::vector<std::string>& releases) {
   if (opts.scenarios.empty() && !has_user_files(opts.user)) {
@@ -413,18 +486,33 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
     check::CheckResult result;
     shown(static_cast<double>(i) + 0.5, progress_what(i, n, "checking", path),
           [&] { result = check::check_schedule(schedule); });
-    return {std::move(result),
-            opts.record ? step_count(schedule) : sc.run.steps,
-            opts.record,
-            !opts.record && sc.run.builder == "coarse",
-            sc.notes,
-            std::move(builder),
-            epoch ? epoch->releases : std::vector<std::string>{},
-            "",
-            scenario_defects(sc),
-            epoch || sc.run.builder != "deepspeed"
-                ? ""
-                : canonical_deepspeed_version(sc.zero.deepspeed_version)};
+    std::optional<check::OrderExplanation> explanation;
+    std::vector<Probe> probes;
+    if (opts.explain && result.clean()) {
+      // One job alone uses every core for its checks; jobs of a matrix run a core each already.
+      const unsigned workers = progress ? std::max(1u, std::thread::hardware_concurrency()) : 1;
+      shown(static_cast<double>(i) + 0.7, progress_what(i, n, "explaining", path), [&] {
+        explanation = check::explain_ordering(schedule, workers);
+        if (explanation->secondary_copies > 0 && !opts.record) {
+          probes = probe_keys(sc, jobs[i].path, opts.user, jobs[i].overrides);
+        }
+      });
+    }
+    Checked checked{std::move(result),
+                    opts.record ? step_count(schedule) : sc.run.steps,
+                    opts.record,
+                    !opts.record && sc.run.builder == "coarse",
+                    sc.notes,
+                    std::move(builder),
+                    epoch ? epoch->releases : std::vector<std::string>{},
+                    "",
+                    scenario_defects(sc),
+                    epoch || sc.run.builder != "deepspeed"
+                        ? ""
+                        : canonical_deepspeed_version(sc.zero.deepspeed_version),
+                    std::move(explanation),
+                    std::move(probes)};
+    return checked;
   };
   std::vector<Checked> results;
   if (opts.record || n == 1) {
@@ -537,16 +625,26 @@ Checked check_file(const CheckOptions& opts) {
   progress_bar(1, 1, opts.schedule + " checked");
   const auto v = schedule.source.find("deepspeed");
   const std::string recorded = v == schedule.source.end() ? "" : v->second;
-  return {std::move(result),
-          step_count(schedule),
-          true,
-          false,
-          {},
-          std::nullopt,
-          {},
-          "",
-          recorded_defects(schedule),
-          is_deepspeed_release(recorded) ? recorded : ""};
+  const bool clean = result.clean();
+  Checked checked{std::move(result),
+                  step_count(schedule),
+                  true,
+                  false,
+                  {},
+                  std::nullopt,
+                  {},
+                  "",
+                  recorded_defects(schedule),
+                  is_deepspeed_release(recorded) ? recorded : "",
+                  std::nullopt,
+                  {}};
+  if (opts.explain && clean) {
+    run_showing_progress(0.75, 1, "explaining " + opts.schedule, [&] {
+      checked.explanation =
+          check::explain_ordering(schedule, std::max(1u, std::thread::hardware_concurrency()));
+    });
+  }
+  return checked;
 }
 
 /** A clean verdict on one step says nothing about the hpZ race: DeepSpeed copies the secondary
@@ -793,6 +891,27 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       builders.push_back(std::move(one));
     }
     if (!builders.empty()) j["builder_comparisons"] = builders;
+    nlohmann::json explained = nlohmann::json::array();
+    for (const Checked& c : checked) {
+      if (!c.explanation) continue;
+      nlohmann::json one = check::explain_json(*c.explanation);
+      one["scenario"] = c.result.scenario;
+      one["schedule"] = check::label_of(c.result);
+      nlohmann::json probes = nlohmann::json::array();
+      for (const Probe& p : c.probes) {
+        nlohmann::json q = {{"key", p.key}, {"value", p.value}};
+        if (p.refused.empty()) {
+          q["secondary_races"] = p.races;
+          q["secondary_stale_reads"] = p.stale;
+        } else {
+          q["refused"] = p.refused;
+        }
+        probes.push_back(std::move(q));
+      }
+      one["keys_at_ten_times"] = probes;
+      explained.push_back(std::move(one));
+    }
+    if (opts.explain) j["explain"] = explained;
     if (std::any_of(checked.begin(), checked.end(),
                     [](const Checked& c) { return !c.releases.empty(); })) {
       j["releases"] = releases_json(checked);
@@ -874,6 +993,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
         }
         for (const ReleaseRule* r : checked[i].defects) text += defect_line(*r, false);
         if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
+        text += explain_lines(checked[i]);
         // The scenario's notes once, under its last epoch (they are the same for every
         // release, but for a one-step note), then its findings across the releases.
         const bool last_of_scenario =
@@ -886,6 +1006,7 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       text += full;
       for (const ReleaseRule* r : checked[i].defects) text += defect_line(*r, true);
       if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
+      text += explain_lines(checked[i]);
       text += note_line(checked[i]);
     }
     // Which DeepSpeed a verdict of the coarse builder stands for, once: it is not the schedule
@@ -938,6 +1059,10 @@ void setup_check(CLI::App& app, int& exit_code) {
   sub->add_option("--record-dir", opts->record_dir,
                   "With --record: keep the recordings and the files given to DeepSpeed in DIR "
                   "(VERSION-schedule.json, VERSION-config.json, VERSION-ds_config.json)");
+  sub->add_flag("--explain", opts->explain,
+                "On a clean verdict, say what orders each hpZ secondary copy before the gathers "
+                "that read it (the schedule checked again without each kind of sync) and which "
+                "config keys would break it (each at ten times its value); seconds to a minute");
   sub->add_option("--schedule", opts->schedule,
                   "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
                   "or `hpzlab schedule --json`) instead of building one");
