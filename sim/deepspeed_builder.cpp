@@ -2867,11 +2867,23 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                "parallel residuals, and GPT-2's)",
            "a model of those families and shapes");
   }
+  if (sc.zero.stage != 3) {
+    // ZeRO-0/1/2 issue none of stage 3's gathers: a stage-3 schedule in their place would check
+    // another run. hpZ is stage 3's (zero.Init builds the secondary partitions), so none of its
+    // bugs can occur; ZeRO-1/2's own ordering bugs are not modelled.
+    throw InputError(
+        sc.path, "zero.stage",
+        fmt::format("{} (zero_optimization.stage): the DeepSpeed builder models ZeRO stage 3 only, "
+                    "so this run gets no verdict; hpZ exists only at stage 3, so none of hpZ's "
+                    "ordering bugs can occur in it, but ZeRO-1/2's own (DeepSpeed issues 7188, "
+                    "7965, 8061) are not modelled yet (allowed: 3)",
+                    sc.zero.stage));
+  }
   if (sc.zero.offload_param) {
     // No advice that changes the user's run (issue 35): false would check another run.
     throw InputError(
         sc.path, "zero.offload_param",
-        std::string("true is not modelled by the DeepSpeed builder yet (the parameters' host "
+        std::string("true (zero_optimization.offload_param.device cpu or nvme) is not modelled by the DeepSpeed builder yet (the parameters' host "
                     "copies and their syncs), so this run gets no verdict") +
             (sc.zero.zero_hpz_partition_size <= 1
                  ? "; without hpZ (zero_hpz_partition_size 1) there is no secondary shard, so "

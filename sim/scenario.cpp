@@ -1304,11 +1304,20 @@ void reconcile_batch(Scenario& sc, const DsBatch& b, const Origins& origins) {
     const bool holds = micro >= 1 && accum >= 1 && train % world == 0 &&
                        (train / world) % accum == 0 && train / world / accum == micro;
     if (!holds) {
+      // Name a derived factor as derived: a file without the key reads "0" otherwise.
+      const std::string accum_of =
+          b.accum ? std::to_string(accum)
+                  : fmt::format("{} (not in the file: {} // ({} x {}), as DeepSpeed derives it)",
+                                accum, train, micro, world);
+      const std::string micro_of =
+          b.micro ? std::to_string(micro)
+                  : fmt::format("{} (not in the file: {} // {} // {}, as DeepSpeed derives it)",
+                                micro, train, world, accum);
       throw InputError(
           b.file, "train_batch_size",
           fmt::format("{} != train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} "
                       "x world size {} (DeepSpeed refuses this; allowed: the product)",
-                      train, micro, accum, world));
+                      train, micro_of, accum_of, world));
     }
   }
   auto take = [&](int& field, std::int64_t value, const std::string& key, const char* name) {
