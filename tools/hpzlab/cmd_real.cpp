@@ -26,7 +26,7 @@ namespace {
 
 struct RealCliOptions {
   ScenarioOptions scenario;
-  std::string trace;
+  TraceOptions trace;  ///< --trace FILE, --trace-ranks, --trace-steps: the first timed run's
   int runs = 5;
   double timeout_s = 60;
   std::string backend = "cuda";
@@ -148,7 +148,7 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   require_at_least("--runs", opts.runs, 1);
   // A week: std::chrono's deadline (nanoseconds in 64 bits) overflows past about 9.2e9 s.
   require_within("--timeout", opts.timeout_s, 0, kMaxTimeoutS);
-  check_outputs({{opts.scenario.json, "--json"}, {opts.trace, "--trace"}},
+  check_outputs({{opts.scenario.json, "--json"}, {opts.trace.file, "--trace"}},
                 inputs_of(opts.scenario));
   Scenario sc = load(opts.scenario);
   real::RealOptions ro;
@@ -170,6 +170,7 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
     }
   }
   const Schedule schedule = schedule_for(sc, opts.scenario.schedule);
+  const time::TraceFilter filter = trace_filter(opts.trace, schedule);
   ro.runs = opts.runs;
   ro.timeout_s = opts.timeout_s;
   ro.backend = opts.backend;
@@ -190,8 +191,8 @@ void run_real(const RealCliOptions& opts, int& exit_code) {
   if (!result.reports) return;  // rank 0 reports for every process
   if (!opts.scenario.json.empty())
     write_output(opts.scenario.json, render_json(schedule, result), "--json");
-  if (!opts.trace.empty()) {
-    write_output(opts.trace, time::TraceReporter().render(schedule, result.timing), "--trace");
+  if (!opts.trace.file.empty()) {
+    write_trace(opts.trace, time::TraceReporter(filter).render(schedule, result.timing));
   }
   if (opts.scenario.json != "-") {
     const std::string text = render_text(schedule, result);
@@ -215,7 +216,7 @@ void setup_real(CLI::App& app, int& exit_code) {
   sub->add_option("--timeout", opts->timeout_s,
                   "Seconds any host wait may take before the run is reported as a hang "
                   "(default 60, at most 604800: a week)");
-  sub->add_option("--trace", opts->trace, "Chrome trace-event JSON of the first timed run");
+  add_trace_options(*sub, opts->trace, "of the first timed run");
   sub->add_option("--backend", opts->backend,
                   "cuda (default: ranks emulated on GPU 0) | host (CPU, every op at issue: no "
                   "race can show) | host-lazy (CPU, stream work deferred until the host waits, "

@@ -12,6 +12,7 @@
 #include "sim/replay/replay.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule.hpp"
+#include "sim/time/report.hpp"
 
 namespace hpz::cli {
 
@@ -102,6 +103,23 @@ auto on_schedule(const std::string& file, Fn&& fn) -> decltype(fn()) {
     throw InputError(file, "", e.what());
   }
 }
+
+/** --trace FILE, --trace-ranks LIST and --trace-steps LIST: what `sim` and `real` take. */
+struct TraceOptions {
+  std::string file;   ///< --trace FILE: Chrome trace-event JSON ("" = none; FILE.gz: gzip'd)
+  std::string ranks;  ///< --trace-ranks LIST: the ranks the trace shows ("" = every rank)
+  std::string steps;  ///< --trace-steps LIST: the steps it shows ("" = every step)
+};
+
+/** Adds the three trace options; `of` says which run is traced ("of the first run"). */
+void add_trace_options(CLI::App& sub, TraceOptions& opts, const std::string& of);
+
+/** The ranks and steps the options name, each within the schedule's (InputError naming the
+ *  flag and the allowed numbers otherwise). */
+time::TraceFilter trace_filter(const TraceOptions& opts, const Schedule& schedule);
+
+/** Writes a rendered trace to opts.file: gzip'd when it ends in .gz (Perfetto opens it). */
+void write_trace(const TraceOptions& opts, const std::string& trace);
 
 /** An output file of a run and the flag it was given to (e.g. "--trace"). */
 struct OutputFile {
