@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "sim/replay/repro.hpp"
+#include "sim/xml.hpp"
 
 namespace hpz::replay {
 namespace {
@@ -101,8 +103,102 @@ std::string repro_csv(const ReproResult& r) {
   return out;
 }
 
-// Finite losses as lines; a NaN step as a cross on the top edge.
+namespace {
+
+/** A plot title of at most `most` characters: the scenario by its file name, cut with "..." when
+ *  even that is too long. */
+std::string fitted_title(const std::string& head, const std::string& scenario,
+                         const std::string& tail, std::size_t most) {
+  std::string name = std::filesystem::path(scenario).filename().string();
+  const std::size_t fixed = head.size() + tail.size();
+  if (fixed + name.size() > most && most > fixed + 3) {
+    name = name.substr(0, most - fixed - 3) + "...";
+  }
+  return xml_escaped(head + name + tail);
+}
+
+// Taint replay: what taint means per step, the weight elements that have gone bad (all ranks'
+// primary shards) as a line per variant, each step's loss as a dot (good) or a cross (wrong or
+// NaN).
+std::string taint_svg(const ReproResult& r) {
+  const double w = 640, h = 400, left = 80, right = 150, top = 40, bottom = 50;
+  double hi = 1;
+  for (const VariantRepro& v : r.variants) {
+    for (const StepRecord& s : v.runs.front().steps)
+      hi = std::max(hi, static_cast<double>(s.bad_elements));
+  }
+  const int n = std::max(r.steps, 2);
+  auto x = [&](std::size_t s) {
+    return left + (w - left - right) * static_cast<double>(s) / (n - 1);
+  };
+  auto y = [&](double b) { return top + (h - top - bottom) * (hi - b) / hi; };
+  std::string out = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      "fill=\"white\"/>\n<text x=\"{}\" y=\"20\" font-size=\"14\">{}</text>\n",
+      w, h, 10,
+      fitted_title("Weight elements gone bad, taint replay of ", r.scenario,
+                   fmt::format(" (seed {})", r.first_seed), 78));
+  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left,
+                     top, h - bottom);
+  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left,
+                     h - bottom, w - right);
+  for (int s = 0; s < r.steps; ++s) {
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x(s),
+                       h - bottom + 18, s);
+  }
+  out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">after optimizer step</text>\n",
+                     (left + w - right) / 2, h - 10);
+  for (int k = 0; k <= 4; ++k) {
+    const double b = hi * k / 4;
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6,
+                       y(b) + 4, b);
+  }
+  for (std::size_t vi = 0; vi < r.variants.size(); ++vi) {
+    const VariantRepro& v = r.variants[vi];
+    const char* c = kColours[vi % 4];
+    const std::string dash = fmt::format("{} {}", 4 + 3 * vi, 3 + vi);
+    std::string path;
+    const auto& steps = v.runs.front().steps;
+    for (std::size_t s = 0; s < steps.size(); ++s) {
+      // Offset each variant a little so that equal curves (all at 0) stay visible.
+      const double py =
+          y(static_cast<double>(steps[s].bad_elements)) - 3.0 * static_cast<double>(vi);
+      path += fmt::format("{}{:.2f},{:.2f} ", path.empty() ? "M" : "L", x(s), py);
+      if (steps[s].loss_health == Health::kGood) {
+        out +=
+            fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3\" fill=\"{}\"/>\n", x(s), py, c);
+      } else {
+        out += fmt::format(
+            "<text x=\"{:.2f}\" y=\"{:.2f}\" fill=\"{}\" text-anchor=\"middle\" "
+            "font-size=\"16\">x</text>\n",
+            x(s), py + 5, c);
+      }
+    }
+    if (!path.empty()) {
+      out += fmt::format(
+          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" "
+          "stroke-dasharray=\"{}\"/>\n",
+          path, c, dash);
+    }
+    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", w - right + 10,
+                       top + 20 * static_cast<double>(vi + 1), c, v.name);
+  }
+  out += fmt::format(
+      "<text x=\"{0}\" y=\"{1}\">dot: loss good</text>\n<text x=\"{0}\" y=\"{2}\">x: loss "
+      "wrong or NaN</text>\n",
+      w - right + 10, top + 20 * static_cast<double>(r.variants.size() + 2),
+      top + 20 * static_cast<double>(r.variants.size() + 3));
+  out += "</svg>\n";
+  return out;
+}
+
+}  // namespace
+
+// Numeric replay: finite losses as lines; a NaN step as a cross on the top edge. Taint replay:
+// taint_svg.
 std::string repro_svg(const ReproResult& r) {
+  if (r.mode == Mode::kTaint) return taint_svg(r);
   const double w = 640, h = 400, left = 60, right = 150, top = 40, bottom = 50;
   double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
   for (const VariantRepro& v : r.variants) {
@@ -123,9 +219,10 @@ std::string repro_svg(const ReproResult& r) {
   std::string out = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-      "fill=\"white\"/>\n<text x=\"{}\" y=\"20\" font-size=\"14\">Loss per step, {} (seed {}; x "
-      "= NaN)</text>\n",
-      w, h, left, r.scenario, r.first_seed);
+      "fill=\"white\"/>\n<text x=\"{}\" y=\"20\" font-size=\"14\">{}</text>\n",
+      w, h, 10,
+      fitted_title("Loss per step, ", r.scenario, fmt::format(" (seed {}; x = NaN)", r.first_seed),
+                   78));
   out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left,
                      top, h - bottom);
   out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left,
