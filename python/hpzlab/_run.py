@@ -122,6 +122,10 @@ class CheckResult:
     notes: List[str]
     text: str
     json: Dict[str, Any] = dataclasses.field(repr=False)
+    #: check(explain=True): per clean verdict, what orders the hpZ secondary copies (the JSON's
+    #: "explain": "guards", each with "what", "races_without", "deepspeed_fix", "places_alone")
+    #: and "keys_at_ten_times"; empty otherwise.
+    why_clean: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     argv: List[str] = dataclasses.field(repr=False, default_factory=list)
 
     @property
@@ -251,7 +255,8 @@ def _check_result(doc: Dict[str, Any], text: str, returncode: int,
     return CheckResult(clean=bool(doc.get("clean")) and returncode == 0, returncode=returncode,
                        verdicts=verdicts, findings=findings, clean_in=clean_in,
                        history=list((releases or {}).get("findings", [])),
-                       notes=list(doc.get("notes", [])), text=text, json=doc, argv=argv)
+                       notes=list(doc.get("notes", [])), text=text, json=doc, argv=argv,
+                       why_clean=list(doc.get("explain", [])))
 
 
 def _epoch_label(releases: Sequence[str]) -> Optional[str]:
@@ -410,7 +415,7 @@ def check(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike
           nics_per_node: Optional[int] = None, nvlink_gbytes_per_s: Optional[float] = None,
           scenario: Union[None, PathLike, Sequence[PathLike]] = None,
           set: Union[None, Mapping[str, Any], Iterable[str]] = None,  # noqa: A002 (the flag's name)
-          timeout: Optional[float] = None) -> CheckResult:
+          explain: bool = False, timeout: Optional[float] = None) -> CheckResult:
     """`hpzlab check`: is the schedule DeepSpeed issues for this run free of ordering bugs?
 
     ds_config, hf_config: a path, a dict, or (hf_config) a Hugging Face config object (its
@@ -423,10 +428,12 @@ def check(ds_config: Optional[ConfigLike] = None, hf_config: Optional[ConfigLike
     hf_trainer: the run uses the HF Trainer (its "auto" values filled as it
     fills them). from_config: the model is trained from its config (not fine-tuned). scenario: a
     scenario file (or several). set: scenario keys to override, {"zero.overlap_comm": False} or
-    ["zero.overlap_comm=false"]. Raises HpzlabError with the program's one-line message on bad
-    input.
+    ["zero.overlap_comm=false"]. explain: on a clean verdict, say what orders each hpZ secondary
+    copy and which keys would break it (`why_clean`; seconds to a minute). Raises HpzlabError
+    with the program's one-line message on bad input.
     """
-    doc, text, rc, argv = _call("check", locals(), [], timeout, many_scenarios=True)
+    doc, text, rc, argv = _call("check", locals(), ["--explain"] if explain else [], timeout,
+                                many_scenarios=True)
     return _check_result(doc, text, rc, argv)
 
 

@@ -134,6 +134,21 @@ class TestCheck(unittest.TestCase):
                                   deepspeed="0.18.7", torch="2.10.0")
         self.assertTrue(on_default.clean, on_default.text)
 
+    def test_explain_says_what_orders_a_clean_release(self):
+        # 0.13.5 syncs the host after each secondary copy (PR 5216): without that sync it races.
+        r = hpzlab.check(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
+                         deepspeed="0.13.5", explain=True)
+        self.assertTrue(r.clean, r.text)
+        self.assertIn("--explain", r.argv)
+        self.assertEqual(len(r.why_clean), 1)
+        guards = r.why_clean[0]["guards"]
+        self.assertEqual([g["purpose"] for g in guards], ["fix_host_sync"])
+        self.assertTrue(guards[0]["deepspeed_fix"])
+        self.assertGreater(guards[0]["races_without"], 0)
+        self.assertIn("why clean:", r.text)
+        self.assertEqual(hpzlab.check(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
+                                      deepspeed="0.13.5").why_clean, [])
+
     def test_set_overrides_a_key(self):
         r = hpzlab.check(ds_config=RACY, hf_config=TINY, nodes=2, gpus_per_node=2,
                          deepspeed=["0.13.4"], set={"zero.overlap_comm": False})
