@@ -1054,8 +1054,10 @@ class RankBuilder {
   void load_pretrained();
   void load_checkpoint();
   int module_group_end(int first) const;
-  /** The optimizer's sub-groups: optimized_ cut by _create_fp16_sub_groups. */
-  std::vector<std::vector<int>> make_sub_groups() const;
+  /** The optimizer's param groups (training.param_groups), each in model.parameters() order. */
+  std::vector<std::vector<int>> make_param_groups() const;
+  /** The optimizer's sub-groups: each param group cut by _create_fp16_sub_groups. */
+  std::vector<std::vector<int>> make_sub_groups(const std::vector<std::vector<int>>& groups) const;
   /** The group gradients are reduced and their norm summed over: the optimizer's clone of the
    *  world, or from PR 8060 the parameters' own (the world). */
   GroupId reduce_group() const { return v_.grads_on_param_group ? world_group_ : grad_group_; }
@@ -1110,6 +1112,10 @@ class RankBuilder {
    *  model's own lm_head weight, which only zero.Init ever sees; DsParam::orphan). */
   std::vector<int> optimized_;
   std::vector<std::vector<int>> sub_groups_;  ///< make_sub_groups(), fixed at construction
+  /** The optimized parameters in fp16_groups order: the sub-groups one after the other (the
+   *  param groups in turn, each in model.parameters() order), which the flat buffer, the
+   *  gradient hooks' registration and the secondaries' invalidation follow. */
+  std::vector<int> fp16_order_;
   std::vector<Handle> handles_;
   /** __active_backward_submodules (COORD:160 at 0.19.8): modules whose backward fetch ran and
    *  whose post-backward hook has not, in the order recorded. */
@@ -1167,7 +1173,8 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
   for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {
     if (!md_.params[p].orphan) optimized_.push_back(p);
   }
-  sub_groups_ = make_sub_groups();
+  sub_groups_ = make_sub_groups(make_param_groups());
+  for (const auto& g : sub_groups_) fp16_order_.insert(fp16_order_.end(), g.begin(), g.end());
   out_.rank = r;
   out_.streams.push_back({"S0"});
 }
@@ -1328,13 +1335,13 @@ void RankBuilder::init() {
   // device and each shard a view of it).
   barrier();
   std::vector<BufferId> moved(md_.params.size(), kNoBuffer);
-  for (const int p : optimized_) {
+  for (const int p : fp16_order_) {
     moved[p] = buffer(md_.params[p].name + ".primary", BufferRole::kPrimary, static_cast<UnitId>(p),
                       layouts_[p].shard_numel() * dt_);
     unit_ = static_cast<UnitId>(p);
     alloc(moved[p], current_, Purpose::kParamInit);
   }
-  for (const int p : optimized_) {
+  for (const int p : fp16_order_) {
     const std::uint64_t shard = layouts_[p].shard_numel() * dt_;
     unit_ = static_cast<UnitId>(p);
     // The whole shard is copied (its bytes timed), but only the parameter's own elements mean
@@ -1363,9 +1370,9 @@ void RankBuilder::init() {
   }
   barrier();
   // create_reduce_and_remove_grad_hooks (S3:1108-1143): each trainable parameter, in
-  // model.parameters() order, is gathered whole so that its AccumulateGrad hook can be
-  // registered, then partitioned again.
-  for (const int p : optimized_) {
+  // fp16_groups order (S3:1116-1117 at v0.13.4), is gathered whole so that its AccumulateGrad
+  // hook can be registered, then partitioned again.
+  for (const int p : fp16_order_) {
     gather_blocking(p);
     partition(p);
   }
@@ -2376,10 +2383,10 @@ void RankBuilder::optimizer_step() {
   if (v_.invalidate_after_step) invalidate_secondaries();
 }
 
-// invalidate_secondary_tensor (S3:568-572 at v0.18.2): every optimized parameter's secondary
-// dropped, freed on the compute stream.
+// invalidate_secondary_tensor (S3:568-572 at v0.18.2): every optimized parameter's secondary,
+// in fp16_groups order (S3:465-468 at v0.13.4), dropped, freed on the compute stream.
 void RankBuilder::invalidate_secondaries() {
-  for (const int p : optimized_) {
+  for (const int p : fp16_order_) {
     if (!ps_[p].has_secondary) continue;
     unit_ = static_cast<UnitId>(p);
     free(ps_[p].secondary, s0_, Purpose::kSecondaryInvalidate);
@@ -2403,26 +2410,82 @@ void RankBuilder::overflow_check() {
   push(OpKind::kHostStreamSync, current_, Purpose::kGradNorm);
 }
 
-// _create_fp16_sub_groups (S3:943-966 at v0.16.4): the optimizer's parameters (one param group,
-// the recorder's: model.parameters() in order) whole if their partitions' elements do not pass
-// zero.sub_group_size; else cut after each parameter that brings the running count to
-// sub_group_size or more, and after the last.
-std::vector<std::vector<int>> RankBuilder::make_sub_groups() const {
+// The optimizer's param groups. "model": one, model.parameters() (the recorder's AdamW, and
+// DeepSpeed's own optimizer). "hf-trainer": Trainer.create_optimizer's two, the parameters
+// get_decay_parameter_names names first, then the others, each in named_parameters order
+// (transformers 4.51.3 trainer.py:1200-1224). get_decay_parameter_names leaves out every
+// parameter inside a module of a class in ALL_LAYERNORM_LAYERS: nn.LayerNorm (GPT-2's,
+// GPT-NeoX's and Falcon's norms) and, up to 4.51.3, LlamaRMSNorm, which modeling_llama.py
+// appends to that list when it is imported (line 110 at 4.35.2; Mistral's, Qwen's and Gemma's
+// norms are classes of their own); 4.57.1 and 5.24.0 append nothing. And, by its name in lower
+// case:
+// 4.35.2 one containing "bias" (trainer.py:935-944); 4.51.3 also "layernorm" or "rmsnorm"
+// (trainer.py:1189-1198, trainer_pt_utils.py:1122-1141); 4.57.1 and 5.24.0 also "norm" as a
+// whole component of the name or a component ending in "_norm" (trainer.py:1408-1418 at 5.24.0,
+// 1274 at 4.57.1).
+std::vector<std::vector<int>> RankBuilder::make_param_groups() const {
+  if (sc_.training.param_groups != "hf-trainer") return {optimized_};
+  const std::string tf = transformers_version_of(sc_.model, sc_.run.torch_version);
+  const std::string& f = sc_.model.family;
+  const bool layer_norm_class = f == "gpt2" || f == "gpt_neox" || f == "falcon" ||
+                                (f == "llama" && (tf == "4.35.2" || tf == "4.51.3"));
+  const auto decays = [&](int p) {
+    const DsParam& param = md_.params[p];
+    if (layer_norm_class && param.module >= 0 && md_.modules[param.module].kind == ModKind::kNorm) {
+      return false;
+    }
+    std::string name = param.name;
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (name.find("bias") != std::string::npos) return false;
+    if (tf == "4.35.2") return true;
+    if (name.find("layernorm") != std::string::npos || name.find("rmsnorm") != std::string::npos) {
+      return false;
+    }
+    if (tf == "4.51.3") return true;
+    // (?:^|\.)norm(?:$|\.) and _norm(?:$|\.): a component "norm" or ending in "_norm".
+    std::size_t from = 0;
+    while (from <= name.size()) {
+      const std::size_t dot = std::min(name.find('.', from), name.size());
+      const std::string part = name.substr(from, dot - from);
+      if (part == "norm" || part.ends_with("_norm")) return false;
+      from = dot + 1;
+    }
+    return true;
+  };
+  std::vector<std::vector<int>> groups(2);
+  for (const int p : optimized_) groups[decays(p) ? 0 : 1].push_back(p);
+  return groups;
+}
+
+// _create_fp16_sub_groups (S3:903-925 at v0.13.4), per param group
+// (_create_fp16_partitions_with_defragmentation, S3:661-673): a group whole if its partitions'
+// elements do not pass zero.sub_group_size; else cut after each parameter that brings the
+// running count to sub_group_size or more, and after the last. An empty group (a model with
+// nothing the Trainer exempts from weight decay) is one empty sub-group, as DeepSpeed's.
+std::vector<std::vector<int>> RankBuilder::make_sub_groups(
+    const std::vector<std::vector<int>>& param_groups) const {
   const auto size = static_cast<std::uint64_t>(sc_.zero.sub_group_size);
-  std::uint64_t total = 0;
-  for (const int p : optimized_) total += layouts_[p].shard_numel();
-  if (size >= total) return {optimized_};
-  std::vector<std::vector<int>> groups(1);
-  std::uint64_t running = 0;
-  for (const int p : optimized_) {
-    groups.back().push_back(p);
-    running += layouts_[p].shard_numel();
-    if (running >= size && p != optimized_.back()) {
-      groups.emplace_back();
-      running = 0;
+  std::vector<std::vector<int>> out;
+  for (const std::vector<int>& group : param_groups) {
+    std::uint64_t total = 0;
+    for (const int p : group) total += layouts_[p].shard_numel();
+    if (size >= total) {
+      out.push_back(group);
+      continue;
+    }
+    out.emplace_back();
+    std::uint64_t running = 0;
+    for (const int p : group) {
+      out.back().push_back(p);
+      running += layouts_[p].shard_numel();
+      if (running >= size && p != group.back()) {
+        out.emplace_back();
+        running = 0;
+      }
     }
   }
-  return groups;
+  return out;
 }
 
 // The parameters from `first` that zero.Init converts, and from_pretrained loads, together:
@@ -2628,9 +2691,9 @@ void RankBuilder::run_hook(const Hook& h) {
     }
     case Ev::kLeafGradHook:
       // reduce_leaf_module_grads (S3:1261-1274 at v0.18.2): every parameter below the leaf in
-      // fp16_groups order (model.parameters()); a parameter without a gradient would get
-      // zeros_like first, which transformers 4.51.3's blocks never need (every expert runs).
-      for (const int p : optimized_) {
+      // fp16_groups order; a parameter without a gradient would get zeros_like first, which
+      // transformers 4.51.3's blocks never need (every expert runs).
+      for (const int p : fp16_order_) {
         if (md_.params[p].leaf == h.module) grad_ready(p);
       }
       break;
@@ -2883,7 +2946,8 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
     // No advice that changes the user's run (issue 35): false would check another run.
     throw InputError(
         sc.path, "zero.offload_param",
-        std::string("true (zero_optimization.offload_param.device cpu or nvme) is not modelled by the DeepSpeed builder yet (the parameters' host "
+        std::string("true (zero_optimization.offload_param.device cpu or nvme) is not modelled by "
+                    "the DeepSpeed builder yet (the parameters' host "
                     "copies and their syncs), so this run gets no verdict") +
             (sc.zero.zero_hpz_partition_size <= 1
                  ? "; without hpZ (zero_hpz_partition_size 1) there is no secondary shard, so "

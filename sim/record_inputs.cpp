@@ -145,6 +145,11 @@ std::vector<std::string> recorder_args(const Scenario& sc) {
     args.push_back("--torch");
     args.push_back(sc.run.torch_version);
   }
+  // training.param_groups: the HF Trainer's own optimizer, two groups.
+  if (sc.training.param_groups != "model") {
+    args.push_back("--param-groups");
+    args.push_back(sc.training.param_groups);
+  }
   // run.load (issue 7606): the recorder loads a checkpoint as from_pretrained does.
   if (sc.run.load != "none") {
     args.push_back("--load");

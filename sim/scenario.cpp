@@ -173,6 +173,7 @@ const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wai
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
 const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 const std::vector<std::string> kLoadNames = {"none", "pretrained", "checkpoint"};
+const std::vector<std::string> kParamGroupNames = {"model", "hf-trainer"};
 const std::vector<std::string> kStepStreamNames = {"default", "side"};
 /** run.skipped_steps (parse_step_list). */
 std::vector<int> step_list_of(const Setting& s, const std::string& key) {
@@ -275,6 +276,10 @@ const std::vector<KeySpec>& key_specs() {
       {"training", "grad_checkpointing", Kind::kBool,
        HPZ_SET(training.grad_checkpointing, bool_of)},
       {"training", "hf_trainer", Kind::kBool, HPZ_SET(training.hf_trainer, bool_of)},
+      {"training", "param_groups", Kind::kText,
+       [](Scenario& sc, const Setting& v, const std::string& k) {
+         sc.training.param_groups = choice_of(v, k, kParamGroupNames);
+       }},
       {"training", "gradient_clipping", Kind::kNumber,
        HPZ_SET(training.gradient_clipping, double_of)},
       {"training", "dtype", Kind::kText,
@@ -1084,6 +1089,21 @@ void apply_ds_config(Scenario& scenario, const Setting& s, Origins& origins, DsB
       origins["cluster.nodes"] = file;
       origins["cluster.gpus_per_node"] = file;
     }
+  }
+  if (hf_trainer) {
+    // The HF Trainer hands DeepSpeed a DummyOptim of model.parameters() when the ds_config names
+    // an optimizer, else its own, from create_optimizer: two groups (transformers 4.51.3
+    // integrations/deepspeed.py:371-389, trainer.py:1200-1224; 4.35.2 and 5.24.0 alike).
+    const bool own = !config.contains("optimizer");
+    scenario.training.param_groups = own ? "hf-trainer" : "model";
+    origins["training.param_groups"] = file;
+    scenario.notes.push_back(fmt::format(
+        "ds_config {}: {}: training.param_groups = {}", file,
+        own ? "no \"optimizer\" section, so the HF Trainer makes its own optimizer, with two "
+              "parameter groups (with weight decay and without)"
+            : "an \"optimizer\" section, so DeepSpeed makes the optimizer, with one parameter "
+              "group",
+        scenario.training.param_groups));
   }
   std::vector<std::string> ignored;
   const std::set<std::string> read_here = {"zero_optimization",

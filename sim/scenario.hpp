@@ -114,6 +114,12 @@ struct TrainingConfig {
   /// alike): a ds_config's "auto" values are filled as it fills them, from the model's hidden
   /// size; otherwise "auto" keeps DeepSpeed's default. A note says which, either way.
   bool hf_trainer = false;
+  /// The optimizer's parameter groups: "model" (one group, model.parameters(): DeepSpeed's own
+  /// optimizer from a ds_config "optimizer" section, which the HF Trainer hands DeepSpeed then)
+  /// or "hf-trainer" (the Trainer's own optimizer, made when the ds_config has none:
+  /// Trainer.create_optimizer's two groups, with weight decay and without). Set to "hf-trainer"
+  /// with hf_trainer when the ds_config has no "optimizer" section (a note says so).
+  std::string param_groups = "model";
   /// The ds_config's `gradient_clipping` (DeepSpeed's default 0.0, none): whether the optimizer
   /// step clips, which decides a host sync in DeepSpeed 0.14.1-0.14.2 (NormSync).
   double gradient_clipping = 0.0;

@@ -89,6 +89,9 @@ Scenario scenario_of(const Schedule& rec) {
   if (const auto load = rec.source.find("load"); load != rec.source.end()) {
     sc.run.load = load->second;  // recorded with --load (issue 7606)
   }
+  if (const auto groups = rec.source.find("param_groups"); groups != rec.source.end()) {
+    sc.training.param_groups = groups->second;  // recorded with --param-groups
+  }
   const std::string& dtype = rec.source.at("dtype");  // torch's name
   sc.training.dtype = dtype == "float16" ? "fp16" : dtype == "bfloat16" ? "bf16" : "fp32";
   sc.run.as_recorded = true;  // the recorder's AdamW logs a host sync per step
@@ -127,6 +130,10 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-deepseek-v2-tf4.57-0.13.4", "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
         // Releases after 0.17.6 (issue 36), the rules from 0.15.4 on: torch 2.1.2.
         "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2",
+        // The HF Trainer's own optimizer: two param groups (training.param_groups).
+        "tiny-0.13.4-hf-trainer-groups", "tiny-qwen2-tf4.51-0.13.4-hf-trainer-groups",
+        "tiny-gpt2-0.13.4-hf-trainer-groups", "tiny-0.13.4-sub-group-2000-hf-trainer-groups",
+        "tiny-0.19.8-torch2.10-hf-trainer-groups",
         // 0.18's default z3 leaf modules (PR 7604): Mixtral's and Qwen2-MoE's sparse blocks
         // (with its shared expert and gate) fetched, released and reduced as one.
         "tiny-mixtral-tf4.51-0.18.2", "tiny-qwen2-moe-tf4.51-0.18.2",

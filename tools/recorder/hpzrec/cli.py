@@ -72,6 +72,12 @@ def parser() -> argparse.ArgumentParser:
                    "parameter, copied in as transformers' from_pretrained does under ZeRO-3: "
                    "GatheredParameters with modifier_rank=0, rank 0 copies, a broadcast, a "
                    "repartition; logged in phase checkpoint_load)")
+    p.add_argument("--param-groups", choices=("model", "hf-trainer"), default="model",
+                   help="the optimizer's parameter groups: model (the default: one group, "
+                   "model.parameters(), as DeepSpeed's own optimizer from a ds_config "
+                   "\"optimizer\" section has them) or hf-trainer (the HF Trainer's own optimizer, "
+                   "which it makes when the ds_config has no \"optimizer\" section: two groups, "
+                   "with weight decay and without, as Trainer.create_optimizer makes them)")
     p.add_argument("--out", required=True, help="where to write the schedule JSON")
     p.add_argument("--verbose", action="store_true", help="DeepSpeed's own INFO logs too")
     p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)

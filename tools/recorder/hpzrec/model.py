@@ -44,6 +44,12 @@ class Training:
     # "pretrained": a state dict is loaded into the built model before deepspeed.initialize,
     # as from_pretrained loads a checkpoint under ZeRO-3 (hpzrec.load); "none": no load.
     load: str = "none"
+    # The optimizer's parameter groups: "model" is one group of model.parameters() (DeepSpeed's
+    # own optimizer from a ds_config "optimizer" section; the HF Trainer passes DeepSpeed a
+    # DummyOptim of them then: integrations/deepspeed.py deepspeed_optim_sched); "hf-trainer"
+    # the HF Trainer's own optimizer, made when the ds_config has no "optimizer" section:
+    # Trainer.create_optimizer's two groups, with weight decay and without.
+    param_groups: str = "model"
 
 
 class ConfigError(Exception):
@@ -137,6 +143,21 @@ def _dtype_argument(dtype: torch.dtype) -> dict:
     return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
 
 
+def _param_groups(model, kind: str, adam: dict):
+    """The optimizer's parameters: model.parameters(), or the HF Trainer's two groups
+    (Trainer.create_optimizer: the parameters get_decay_parameter_names names, with the run's
+    weight decay, then the others with none; each in named_parameters order, requires_grad
+    only). get_decay_parameter_names uses nothing of the Trainer but the model."""
+    if kind == "model":
+        return model.parameters()
+    from transformers import Trainer
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in named if n in decay],
+             "weight_decay": adam.get("weight_decay", 0.0)},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+
+
 def train(model_config, ds_config: dict, training: Training) -> dict:
     """Builds the model under zero.Init and trains it; returns facts for the IR's source."""
     import deepspeed
@@ -178,7 +199,7 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         zero = ds_config.get("zero_optimization", {})
         hpz = int(zero.get("zero_hpz_partition_size", 1))
         probes.register_units(model, rec.world_size, hpz)
-        optimizer = torch.optim.AdamW(model.parameters(), **adam)
+        optimizer = torch.optim.AdamW(_param_groups(model, training.param_groups, adam), **adam)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         probes.claim_all(model.parameters())
     engine.train()

@@ -120,7 +120,8 @@ def main() -> int:
     training = model.Training(steps=args.steps, micro_batch=micro, seq_len=cli.RECORD_SEQ_LEN,
                               grad_accum=int(ds.get("gradient_accumulation_steps", 1)),
                               grad_checkpointing=args.grad_checkpointing == "on",
-                              batch_copy=args.batch_copy, load=args.load)
+                              batch_copy=args.batch_copy, load=args.load,
+                              param_groups=args.param_groups)
     print(f"hpzlab record: DeepSpeed {deepspeed.__version__}, rank {args.rank} of {world}, "
           f"{args.steps} steps", file=sys.stderr, flush=True)
     try:
@@ -144,6 +145,8 @@ def main() -> int:
         "command": "hpzlab record " + " ".join(a for a in sys.argv[1:] if a != "--in-env"),
         "ds_config_used": json.dumps(ds, sort_keys=True),
     }
+    if args.param_groups != "model":  # absent for one group: the recordings made before stay
+        source["param_groups"] = args.param_groups
     if args.load != "none":  # absent without a load: the recordings made before --load stay
         source["load"] = args.load
     if "skipped_steps" in facts:  # fp16's overflow, 0.19.8's invalid norm (run.skipped_steps)
