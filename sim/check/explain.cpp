@@ -231,8 +231,8 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
   std::vector<LeaveOut> tests;
   for (const auto& [k, n] : classes) {
     kinds.push_back(k);
-    tests.push_back([k](Rank, std::uint32_t, const Op& op) {
-      return op.kind == k.kind && op.purpose == k.purpose;
+    tests.push_back([kind = k](Rank, std::uint32_t, const Op& op) {
+      return op.kind == kind.kind && op.purpose == kind.purpose;
     });
   }
   const std::vector<Outcome> by_kind = run(tests);
