@@ -424,7 +424,10 @@ Model build_model(const ModelConfig& m, bool model_rotary, bool fused_experts = 
         // transformers 5's Mixtral names the block mlp (MixtralDecoderLayer, :338 at 5.24.0).
         const std::string b = p + (mixtral && !fused_experts ? ".block_sparse_moe" : ".mlp");
         L.mlp = module(b, ModKind::kContainer);
-        if (!deepseek) L.router = module(b + ".gate", ModKind::kLinear);
+        // transformers 5's Qwen3MoeSparseMoeBlock registers its experts before its router
+        // (modeling_qwen3_moe.py:272-275 at 5.24.0).
+        const bool router_after_experts = deepseek || (qwen3_moe && fused_experts);
+        if (!router_after_experts) L.router = module(b + ".gate", ModKind::kLinear);
         auto expert = [&](const std::string& e, double share) {
           Model::Layer::Expert x;
           x.mod = module(e, ModKind::kContainer);
@@ -446,7 +449,7 @@ Model build_model(const ModelConfig& m, bool model_rotary, bool fused_experts = 
         for (int e = 0; e < m.experts && !fused_experts; ++e) {
           L.experts.push_back(expert(b + ".experts." + std::to_string(e), routed));
         }
-        if (deepseek) L.router = module(b + ".gate", ModKind::kLinear);
+        if (router_after_experts) L.router = module(b + ".gate", ModKind::kLinear);
         if (m.shared_expert_ffn > 0) {
           L.shared = expert(b + (deepseek ? ".shared_experts" : ".shared_expert"), 1.0);
         }
@@ -481,11 +484,12 @@ Model build_model(const ModelConfig& m, bool model_rotary, bool fused_experts = 
                false, i);
         linear(L.o, h, heads * v_head, m.o_bias, i);
       } else {
-        if (qwen3_moe) {
+        if (qwen3_moe && !fused_experts) {
           // Qwen3MoeDecoderLayer.__init__ (modeling_qwen3_moe.py:313-327 at transformers
           // 4.51.3) makes a Qwen3MoeAttention and a dense Qwen3MoeMLP(config) first, then
           // replaces both: zero.Init converts their parameters (q, k, v, o_proj, q_norm,
           // k_norm; gate, up, down_proj of intermediate_size), which no module holds after.
+          // 5.24.0's makes each once (modeling_qwen3_moe.py:306-318).
           auto orphan = [&](std::uint64_t rows, std::uint64_t cols) {
             DsParam gone;
             gone.name = "param" + std::to_string(md.params.size());  // as the recorder names it
@@ -525,18 +529,23 @@ Model build_model(const ModelConfig& m, bool model_rotary, bool fused_experts = 
         const auto router = [&] {
           linear(L.router, static_cast<std::uint64_t>(m.experts), h, false, i);
         };
-        if (!deepseek) router();
+        const bool router_last = deepseek || (qwen3_moe && L.fused >= 0);
+        if (!router_last) router();
         if (L.fused >= 0) {
           // MixtralTopKRouter's weight, gate_up_proj [experts, 2 x width, hidden] and down_proj
           // [experts, hidden, width], all torch.empty (modeling_mixtral.py:65-66, 101 at
           // 5.24.0) and written only by _init_weights, which from_pretrained skips.
+          // Qwen2MoeExperts' are the same; Qwen2MoeTopKRouter's weight is torch.zeros
+          // (modeling_qwen2_moe.py:280-281, 317 at 5.24.0).
           const auto e = static_cast<std::uint64_t>(m.experts);
           const auto w = static_cast<std::uint64_t>(m.expert_ffn);
-          md.params.back().unwritten = true;
+          if (mixtral) md.params.back().unwritten = true;
           param(L.fused, "gate_up_proj", e * 2 * w, h, i);
           md.params.back().unwritten = true;
           param(L.fused, "down_proj", e * h, w, i);
           md.params.back().unwritten = true;
+          // Qwen3MoeTopKRouter's weight, torch.zeros, after them (modeling_qwen3_moe.py:257).
+          if (qwen3_moe) router();
         }
         auto expert = [&](const Model::Layer::Expert& x, std::uint64_t width) {
           linear(x.gate, width, h, bias, i);
@@ -716,7 +725,6 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     // the host (`if num_tokens == 0`, then the slice bounds: .item() each), then the shared
     // experts. We take every expert to receive tokens: the count is data, which the builder
     // does not have (docs/deepspeed-builder.md).
-    leaf(L.router);
     auto expert = [&](const Model::Layer::Expert& x) {
       open(x.mod);
       leaf(x.gate);
@@ -725,6 +733,12 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
       leaf(x.down);
       close(x.mod);
     };
+    // transformers 5's Qwen2MoeSparseMoeBlock.forward runs the shared expert first, then the
+    // router and the experts, then the shared expert's gate (modeling_qwen2_moe.py:339-351 at
+    // 5.24.0).
+    const bool shared_first = L.fused >= 0 && L.shared.mod >= 0;
+    if (shared_first) expert(L.shared);
+    leaf(L.router);
     for (const Model::Layer::Expert& x : L.experts) {
       // idx, top_x = torch.where(expert_mask[expert_idx]): nonzero, whose CUDA kernel copies
       // its count to the host and waits for the stream (the recorder logs it: hpzrec/ops.py).
@@ -734,7 +748,7 @@ void layer_forward(const Model& md, const Model::Layer& L, bool recompute, bool 
     // transformers 5's MixtralExperts: grouped_mm over the tokens sorted by expert, whose
     // offsets stay on the device (integrations/moe.py:355-384 at 5.24.0): no host read.
     leaf(L.fused);
-    if (L.shared.mod >= 0) expert(L.shared);
+    if (L.shared.mod >= 0 && !shared_first) expert(L.shared);
     leaf(L.shared_gate);
     leaf(L.gate);
     leaf(L.act);
@@ -2890,25 +2904,29 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const bool gpt2_walkable = f == "gpt2" && !tf451 && !m.gated_mlp && m.norm_bias &&
                              m.linear_bias && m.learned_positions > 0 && m.experts == 0 &&
                              m.head_dim == 0;
-  // transformers 5's Mixtral: its MixtralExperts as the z3 leaf's child, held to
-  // tiny-mixtral-0.19.8-torch2.10; before 0.18.0 its experts module has hooks of its own, and
-  // no recording shows how they fetch its 3-D parameters. qgZ would split them by shape
-  // (all_to_all_quant_reduce), which the builder reads for 2-D parameters only.
-  const bool tf5_mixtral = tf5 && f == "mixtral" && llama_walkable && v.default_moe_leaf;
-  if (tf5_mixtral && sc.zero.zero_quantized_gradients) {
+  // transformers 5's Mixtral, Qwen2-MoE and Qwen3-MoE: their fused experts module as the z3
+  // leaf's child, held to tiny-mixtral-0.19.8-torch2.10 and tiny-{qwen2,qwen3}-moe-0.18.2-
+  // torch2.10-pretrained; before
+  // 0.18.0 the experts module has hooks of its own, and no recording shows how they fetch its
+  // 3-D parameters. qgZ would split them by shape (all_to_all_quant_reduce), which the builder
+  // reads for 2-D parameters only.
+  const bool tf5_moe = tf5 && (f == "mixtral" || f == "qwen2_moe" || f == "qwen3_moe") &&
+                       llama_walkable && v.default_moe_leaf;
+  if (tf5_moe && sc.zero.zero_quantized_gradients) {
     throw InputError(sc.path, "zero.zero_quantized_gradients",
                      "true is not modelled with transformers " + tf +
-                         "'s Mixtral experts (3-D parameters) (allowed: false, or "
+                         "'s fused MoE experts (3-D parameters) (allowed: false, or "
                          "model.transformers_version \"4.51.3\")");
   }
-  if (tf5 && !tf5_mixtral && (moe || !llama_walkable)) {
+  if (tf5 && !tf5_moe && (moe || !llama_walkable)) {
     // transformers 5's dense Llama-tree families (Llama, Mistral, Qwen2, Qwen3, Gemma): their
     // masks and non-reentrant checkpointing, held to recordings (tiny-*-torch2.10); Mixtral
     // from DeepSpeed 0.18.0, where its sparse block is a z3 leaf module.
     throw InputError(sc.path, "model.transformers_version",
                      "the DeepSpeed builder walks transformers " + tf +
-                         " for model_type llama, mistral, qwen2, qwen3 and gemma, and mixtral "
-                         "from DeepSpeed 0.18.0, the models its recordings were made with" +
+                         " for model_type llama, mistral, qwen2, qwen3 and gemma, and mixtral, "
+                         "qwen2_moe and qwen3_moe from DeepSpeed 0.18.0, the models its "
+                         "recordings were made with" +
                          (sc.model.transformers_version == "auto"
                               ? " (\"auto\" takes it with run.torch_version 2.10 or later)"
                               : std::string()) +
@@ -2977,7 +2995,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
            "remove them");
   }
 
-  Model md = build_model(sc.model, tf451 || tf457 || tf5, tf5_mixtral);
+  Model md = build_model(sc.model, tf451 || tf457 || tf5, tf5_moe);
   // DeepseekV2MoE is not among the default leaf classes (its blocks keep their hooks).
   if (v.default_moe_leaf && moe) mark_z3_leaf_modules(md);
   Walk walk;

@@ -140,6 +140,7 @@ INSTANTIATE_TEST_SUITE_P(
         // transformers 5.24.0's Mixtral (MixtralExperts: two 3-D parameters) on 0.19.8, whose
         // leaf frees in set order (PR 8148).
         "tiny-mixtral-0.19.8-torch2.10-pretrained", "tiny-mixtral-0.18.2-torch2.10-pretrained",
+        "tiny-qwen2-moe-0.18.2-torch2.10-pretrained", "tiny-qwen3-moe-0.18.2-torch2.10-pretrained",
         // Built from its config: garbage weights, an invalid norm, both steps skipped.
         "tiny-mixtral-0.19.8-torch2.10", "tiny-mixtral-0.18.8-torch2.10-pretrained",
         "tiny-mixtral-0.18.3-torch2.10-pretrained", "tiny-mixtral-0.18.7-torch2.10-pretrained",
@@ -296,7 +297,7 @@ TEST(DeepSpeedBuilder, TransformersFiveAndTheParamGroupAreEachNeeded) {
 }
 
 // transformers 5's walk is the dense Llama-tree families' and, from DeepSpeed 0.18.0 (a leaf),
-// Mixtral's; "auto" takes it with torch 2.10 or later.
+// Mixtral's, Qwen2-MoE's and Qwen3-MoE's; "auto" takes it with torch 2.10 or later.
 TEST(DeepSpeedBuilder, TransformersFiveWalksMixtralOnlyAsALeafAndAutoFollowsTorch) {
   Scenario sc = scenario_of(recording("tiny-0.18.2-torch2.10"));
   sc.model.transformers_version = "auto";
@@ -312,7 +313,8 @@ TEST(DeepSpeedBuilder, TransformersFiveWalksMixtralOnlyAsALeafAndAutoFollowsTorc
     build_deepspeed_schedule(mixtral, "0.17.6");
     ADD_FAILURE() << "transformers 5.24.0 on Mixtral was built as 0.17.6";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("and mixtral from DeepSpeed 0.18.0"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("qwen2_moe and qwen3_moe from DeepSpeed 0.18.0"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_NO_THROW(build_deepspeed_schedule(mixtral, "0.18.2"));

@@ -164,6 +164,13 @@ def _own_params(module) -> list:
     return list(module.parameters(recurse=False))
 
 
+def _fetched_for(module) -> list:
+    """What fetch_sub_module gathers for `module` itself: its own parameters, or a z3 leaf's
+    whole subtree (`iter_params(module, recurse=z3_leaf_module(module))`, COORD:300 at v0.18.2;
+    z3_leaf_module reads `_z3_leaf`, utils/z3_leaf_module.py:15-23)."""
+    return list(module.parameters(recurse=bool(getattr(module, "_z3_leaf", False))))
+
+
 def install() -> None:
     """Wraps DeepSpeed's functions; call after importing deepspeed, before zero.Init."""
     from deepspeed.runtime.zero import partition_parameters as pp
@@ -188,7 +195,7 @@ def install() -> None:
     def gather(original):
         def wrapper(self, params, forward, *args, **kwargs):
             rec = recording.current()
-            own = {id(p) for p in _own_params(state["module"])} if state["module"] else set()
+            own = {id(p) for p in _fetched_for(state["module"])} if state["module"] else set()
             purpose = "param_fetch" if all(id(p) in own for p in params) else "prefetch"
             first = min(params, key=lambda p: p.ds_id) if params else None
             with rec.context(purpose=purpose, unit=unit_of(first) if first is not None else -1):
