@@ -60,8 +60,9 @@ def binary() -> str:
 @dataclasses.dataclass
 class Finding:
     """One group of findings of one checked schedule (the JSON's `findings[]`, docs/checker.md):
-    `count` findings like `first` vs `second` on `buffer`, with the missing edge (`detail`) and
-    what would add it (`fix`). `release` is the DeepSpeed release (or epoch of releases, "A-B")
+    `count` findings like `first` vs `second` on `buffer`, with the missing edge (`detail`),
+    what would add it in DeepSpeed (`fix`) and what a user does about it (`remedy`: the release
+    that fixes it, or the config key that avoids it). `release` is the DeepSpeed release (or epoch of releases, "A-B")
     whose schedule has it, None when the check named none."""
 
     kind: str
@@ -78,6 +79,11 @@ class Finding:
     layers: List[int]
     steps: List[int]
     raw: Dict[str, Any] = dataclasses.field(repr=False)
+
+    @property
+    def remedy(self) -> str:
+        """What to do about it, in one sentence (the JSON's `remedy`)."""
+        return str(self.raw.get("remedy", ""))
 
     @property
     def signature(self) -> str:

@@ -38,7 +38,8 @@ json group_json(const CheckResult& r, const FindingGroup& g) {
          {"first", op_json(f.first)},
          {"second", op_json(f.second)},
          {"detail", f.detail},
-         {"fix", f.fix}};
+         {"fix", f.fix},
+         {"remedy", remedy(f)}};
   if (f.kind == FindingKind::kCollectiveMismatch) {
     j["group"] = f.group;
     j["position"] = f.position;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <map>
 
+#include "sim/check/report.hpp"
+
 namespace hpz::check {
 
 std::string signature_of(const FindingGroup& group) {
@@ -33,7 +35,7 @@ std::vector<FindingHistory> finding_history(std::span<const EpochVerdict> epochs
       const std::string sig = signature_of(g);
       auto [it, fresh] = index.emplace(sig, out.size());
       if (fresh) {
-        out.push_back({sig, g.example.kind, {}, "", "", "", 0});
+        out.push_back({sig, g.example.kind, {}, "", "", "", 0, remedy(g.example)});
         present.emplace_back(epochs.size(), 0);
       }
       present[it->second][e] += g.count;

@@ -32,6 +32,7 @@ struct FindingHistory {
    *  none): the fix may lie in them. */
   std::string unchecked_before_fix;
   std::uint64_t count = 0;  ///< in the worst epoch
+  std::string remedy;       ///< what a user does about it (remedy(), report.hpp)
 };
 
 /** The signature of a finding group (FindingHistory::signature). */

@@ -62,6 +62,12 @@ class SarifReporter final : public Reporter {
 /** What a finding means, for someone who knows DeepSpeed but not happens-before: a paragraph. */
 std::string explain(const Finding& finding);
 
+/** What a user does about a finding, in one sentence at their level: the DeepSpeed release that
+ *  fixes it, or the config key that avoids it and what that costs; for a finding no release
+ *  fixes, to report it (`fix` is the edge DeepSpeed itself would need). The rows of the README's
+ *  "what now" table. */
+std::string remedy(const Finding& finding);
+
 /** What a verdict line names in brackets: the variant and, for a recording or the DeepSpeed
  *  builder, the DeepSpeed version ("stock, DeepSpeed 0.13.4 built"). */
 std::string label_of(const CheckResult& result);

@@ -62,6 +62,53 @@ std::string explain(const Finding& f) {
   return "";
 }
 
+std::string remedy(const Finding& f) {
+  const Purpose a = f.first.purpose;
+  const Purpose b = f.second.purpose;
+  const bool secondary = f.role == BufferRole::kSecondary;
+  switch (f.kind) {
+    case FindingKind::kRace:
+      if (is_hpz_copy_race(f)) {
+        return "upgrade DeepSpeed to 0.18.3 or later (or 0.13.5-0.14.2, whose PR 5216 waits for "
+               "the copy; 0.14.3-0.18.2 leave the secondary stale after a checkpoint load), or set "
+               "zero_optimization.overlap_comm false (the gathers then wait for the compute "
+               "stream: less overlap), or zero_hpz_partition_size 1 (hpZ off: backward gathers "
+               "cross nodes again)";
+      }
+      if ((a == Purpose::kBackwardCompute && b == Purpose::kGradReduce) ||
+          (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) {
+        return "upgrade DeepSpeed to 0.18.8 or later (PR 7897, issue 7898), or run forward and "
+               "backward from the default stream";
+      }
+      break;
+    case FindingKind::kStaleRead:
+      if (a == Purpose::kCheckpointLoad) {
+        return "upgrade DeepSpeed to 0.18.3 or later (PR 7707 rewrites the secondary after a "
+               "load; issue 7606), or set zero_hpz_partition_size 1 (hpZ off); until then the "
+               "first steps after a load train on zero.Init's weights";
+      }
+      if (secondary) {
+        return "upgrade DeepSpeed to 0.18.3 or later, or 0.13.5-0.14.2 (the secondary is dropped "
+               "after each optimizer step; issue 4851), or set zero_hpz_partition_size 1 (hpZ "
+               "off)";
+      }
+      break;
+    case FindingKind::kUninitializedRead:
+      if (unwritten_at_init(f)) {
+        return "nothing to change in DeepSpeed: load the checkpoint (from_pretrained) or write "
+               "the parameter before training; a model trained from its config starts from "
+               "whatever memory rank 0 held there";
+      }
+      if (secondary) return "upgrade DeepSpeed to 0.13.5 or later (the secondary's copy bounds)";
+      break;
+    case FindingKind::kCollectiveMismatch:
+      return "the job would hang here: no setting is known to avoid it; report it to DeepSpeed "
+             "with this output (issue 5030 was one)";
+  }
+  return "no DeepSpeed release or setting is known to avoid it: report it with this output; "
+         "`fix` is the edge DeepSpeed would need";
+}
+
 namespace {
 
 std::string span_of(const FindingGroup& g) {
@@ -122,6 +169,7 @@ std::string describe_group(const FindingGroup& g) {
   }
   out += fmt::format("  what:   {}\n", f.detail);
   out += fmt::format("  fix:    {}\n", f.fix);
+  out += fmt::format("  to do:  {}\n", remedy(f));
   return out;
 }
 

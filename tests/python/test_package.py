@@ -119,6 +119,8 @@ class TestCheck(unittest.TestCase):
         # The text of one release explains each group: the README's words.
         self.assertIn("hpZ race fixed in DeepSpeed v0.13.5", r.explanation)
         self.assertIn("fix:", r.explanation)
+        self.assertTrue(f.remedy.startswith("upgrade DeepSpeed to 0.18.3 or later"), f.remedy)
+        self.assertIn("to do:", r.explanation)
 
     def test_gradient_hooks_on_a_side_stream_race_before_0_18_8(self):
         # DeepSpeed issue 7898: with torch 2.10 a gradient hook runs on the stream the script

@@ -747,7 +747,7 @@ std::string history_text(const std::vector<Checked>& checked, const std::string&
     if (!h.unchecked_before_fix.empty()) {
       fixed += fmt::format(" ({} not checked)", h.unchecked_before_fix);
     }
-    out += fmt::format("    {}: in {}; {}\n", h.signature, spans, fixed);
+    out += fmt::format("    {}: in {}; {}\n      to do: {}\n", h.signature, spans, fixed, h.remedy);
   }
   // The remedy at the user's level: the releases this configuration is clean on.
   const std::vector<std::string> runs = clean_runs(checked, scenario);
@@ -803,6 +803,7 @@ nlohmann::json releases_json(const std::vector<Checked>& checked) {
       history.push_back(
           {{"scenario", scenario},
            {"signature", h.signature},
+           {"remedy", h.remedy},
            {"kind", to_string(h.kind)},
            {"in", h.spans},
            {"first", h.first},
