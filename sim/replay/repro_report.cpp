@@ -117,43 +117,61 @@ std::string fitted_title(const std::string& head, const std::string& scenario,
   return xml_escaped(head + name + tail);
 }
 
+/** A plot of values per step: its size and margins, and the y range it shows. */
+struct Frame {
+  double w = 640, h = 400, left = 60, right = 150, top = 40, bottom = 50;
+  int steps = 2;  ///< x runs over steps 0 .. steps - 1 (at least two positions)
+  double lo = 0, hi = 1;
+  double x(std::size_t s) const {
+    return left + (w - left - right) * static_cast<double>(s) / (std::max(steps, 2) - 1);
+  }
+  double y(double v) const { return top + (h - top - bottom) * (hi - v) / (hi - lo); }
+
+  /** The SVG's opening, the title, both axes, each step under x (labelled `x_label`) and five
+   *  values up y. */
+  std::string open(const std::string& title, const char* x_label) const {
+    std::string out = fmt::format(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+        "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+        "fill=\"white\"/>\n<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n",
+        w, h, title);
+    out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n",
+                       left, top, h - bottom);
+    out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n",
+                       left, h - bottom, w - right);
+    for (int s = 0; s < steps; ++s) {
+      out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                         x(static_cast<std::size_t>(s)), h - bottom + 18, s);
+    }
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                       (left + w - right) / 2, h - 10, x_label);
+    for (int k = 0; k <= 4; ++k) {
+      const double v = lo + (hi - lo) * k / 4;
+      out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6,
+                         y(v) + 4, v);
+    }
+    return out;
+  }
+};
+
 // Taint replay: what taint means per step, the weight elements that have gone bad (all ranks'
 // primary shards) as a line per variant, each step's loss as a dot (good) or a cross (wrong or
 // NaN).
 std::string taint_svg(const ReproResult& r) {
-  const double w = 640, h = 400, left = 80, right = 150, top = 40, bottom = 50;
-  double hi = 1;
+  Frame f;
+  f.left = 80;
+  f.steps = r.steps;
   for (const VariantRepro& v : r.variants) {
-    for (const StepRecord& s : v.runs.front().steps)
-      hi = std::max(hi, static_cast<double>(s.bad_elements));
+    for (const StepRecord& s : v.runs.front().steps) {
+      f.hi = std::max(f.hi, static_cast<double>(s.bad_elements));
+    }
   }
-  const int n = std::max(r.steps, 2);
-  auto x = [&](std::size_t s) {
-    return left + (w - left - right) * static_cast<double>(s) / (n - 1);
-  };
-  auto y = [&](double b) { return top + (h - top - bottom) * (hi - b) / hi; };
-  std::string out = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-      "fill=\"white\"/>\n<text x=\"{}\" y=\"20\" font-size=\"14\">{}</text>\n",
-      w, h, 10,
-      fitted_title("Weight elements gone bad, taint replay of ", r.scenario,
-                   fmt::format(" (seed {})", r.first_seed), 78));
-  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left,
-                     top, h - bottom);
-  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left,
-                     h - bottom, w - right);
-  for (int s = 0; s < r.steps; ++s) {
-    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x(s),
-                       h - bottom + 18, s);
-  }
-  out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">after optimizer step</text>\n",
-                     (left + w - right) / 2, h - 10);
-  for (int k = 0; k <= 4; ++k) {
-    const double b = hi * k / 4;
-    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6,
-                       y(b) + 4, b);
-  }
+  const auto x = [&f](std::size_t s) { return f.x(s); };
+  const auto y = [&f](double v) { return f.y(v); };
+  const double w = f.w, right = f.right, top = f.top;
+  std::string out = f.open(fitted_title("Weight elements gone bad, taint replay of ", r.scenario,
+                                        fmt::format(" (seed {})", r.first_seed), 78),
+                           "after optimizer step");
   for (std::size_t vi = 0; vi < r.variants.size(); ++vi) {
     const VariantRepro& v = r.variants[vi];
     const char* c = kColours[vi % 4];
@@ -199,7 +217,6 @@ std::string taint_svg(const ReproResult& r) {
 // taint_svg.
 std::string repro_svg(const ReproResult& r) {
   if (r.mode == Mode::kTaint) return taint_svg(r);
-  const double w = 640, h = 400, left = 60, right = 150, top = 40, bottom = 50;
   double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
   for (const VariantRepro& v : r.variants) {
     for (const StepRecord& s : v.runs.front().steps) {
@@ -211,33 +228,16 @@ std::string repro_svg(const ReproResult& r) {
   }
   if (lo > hi) lo = 0, hi = 1;
   if (hi - lo < 1e-9) hi = lo + 1;
-  const int n = std::max(r.steps, 2);
-  auto x = [&](std::size_t s) {
-    return left + (w - left - right) * static_cast<double>(s) / (n - 1);
-  };
-  auto y = [&](double l) { return top + (h - top - bottom) * (hi - l) / (hi - lo); };
-  std::string out = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-      "fill=\"white\"/>\n<text x=\"{}\" y=\"20\" font-size=\"14\">{}</text>\n",
-      w, h, 10,
-      fitted_title("Loss per step, ", r.scenario, fmt::format(" (seed {}; x = NaN)", r.first_seed),
-                   78));
-  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left,
-                     top, h - bottom);
-  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left,
-                     h - bottom, w - right);
-  for (int s = 0; s < r.steps; ++s) {
-    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x(s),
-                       h - bottom + 18, s);
-  }
-  out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
-                     (left + w - right) / 2, h - 10);
-  for (int k = 0; k <= 4; ++k) {
-    const double l = lo + (hi - lo) * k / 4;
-    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6,
-                       y(l) + 4, l);
-  }
+  Frame f;
+  f.steps = r.steps;
+  f.lo = lo;
+  f.hi = hi;
+  const auto x = [&f](std::size_t s) { return f.x(s); };
+  const auto y = [&f](double v) { return f.y(v); };
+  const double w = f.w, right = f.right, top = f.top;
+  std::string out = f.open(fitted_title("Loss per step, ", r.scenario,
+                                        fmt::format(" (seed {}; x = NaN)", r.first_seed), 78),
+                           "step");
   for (std::size_t vi = 0; vi < r.variants.size(); ++vi) {
     const VariantRepro& v = r.variants[vi];
     const char* c = kColours[vi % 4];
