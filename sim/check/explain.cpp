@@ -3,12 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
+#include <functional>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <thread>
+#include <optional>
 #include <tuple>
+
+#include "sim/parallel.hpp"
 
 namespace hpz::check {
 namespace {
@@ -103,33 +104,6 @@ std::string phrase(OpKind kind, Purpose purpose, const std::string& where) {
   return what;
 }
 
-/** Runs fn(i) for i < n on `workers` threads; fn writes its own slot. */
-void parallel_for(std::size_t n, unsigned workers, const std::function<void(std::size_t)>& fn,
-                  const std::function<void()>& tick) {
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> pool;
-  std::vector<std::exception_ptr> errors(n);
-  const unsigned threads = std::max(1u, std::min<unsigned>(workers, static_cast<unsigned>(n)));
-  std::mutex tick_mutex;
-  for (unsigned w = 0; w < threads; ++w) {
-    pool.emplace_back([&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < n;) {
-        try {
-          fn(i);
-        } catch (...) {
-          errors[i] = std::current_exception();
-        }
-        const std::lock_guard lock(tick_mutex);
-        if (tick) tick();
-      }
-    });
-  }
-  for (std::thread& t : pool) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
 }  // namespace
 
 std::uint64_t secondary_findings(const CheckResult& result, FindingKind kind) {
@@ -140,8 +114,7 @@ std::uint64_t secondary_findings(const CheckResult& result, FindingKind kind) {
   return n;
 }
 
-OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
-                                  const ExplainProgress& progress) {
+OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers) {
   OrderExplanation out;
   // Where each ordering op was issued: "at M" for an op a module's hook issued (its label), "after
   // M" for an unlabelled one (the model's own host reads, which the recorder cannot attribute)
@@ -161,8 +134,7 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
   std::map<Kind, std::uint64_t> split;
   for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
     const RankSchedule& rank = schedule.ranks[r];
-    const Op* last = nullptr;  // the last op issued with a label
-    Op last_op;
+    std::optional<Op> last;  // the last op issued with a label
     for (std::uint32_t i = 0; i < rank.ops.size(); ++i) {
       const Op op = rank.ops[i];
       const bool labelled =
@@ -171,9 +143,9 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
         std::string where;
         if (labelled) {
           where = "at " + label_patterns[static_cast<std::size_t>(op.label)];
-        } else if (last != nullptr && last_op.step == op.step &&
-                   last_op.micro_step == op.micro_step && last_op.phase == op.phase) {
-          where = "after " + label_patterns[static_cast<std::size_t>(last_op.label)];
+        } else if (last && last->step == op.step && last->micro_step == op.micro_step &&
+                   last->phase == op.phase) {
+          where = "after " + label_patterns[static_cast<std::size_t>(last->label)];
         }
         const int id = place_id(where);
         place_of[r].emplace_back(i, id);
@@ -188,10 +160,7 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
           }
         }
       }
-      if (labelled) {
-        last_op = op;
-        last = &last_op;
-      }
+      if (labelled) last = op;
     }
   }
   if (out.secondary_copies == 0) return out;
@@ -201,12 +170,6 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
     return it != v.end() && it->first == index ? it->second : -1;
   };
 
-  std::size_t planned = classes.size();
-  std::size_t done = 0;
-  const auto tick = [&] {
-    ++done;
-    if (progress) progress(done, planned);
-  };
   struct Outcome {
     std::uint64_t races = 0;
     std::uint64_t stale = 0;
@@ -215,14 +178,11 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
   using LeaveOut = std::function<bool(Rank, std::uint32_t, const Op&)>;
   const auto run = [&](const std::vector<LeaveOut>& leave_outs) {
     std::vector<Outcome> outcomes(leave_outs.size());
-    parallel_for(
-        leave_outs.size(), workers,
-        [&](std::size_t i) {
-          const CheckResult res = check_schedule(schedule, Ablation{leave_outs[i]});
-          outcomes[i] = {secondary_findings(res, FindingKind::kRace),
-                         secondary_findings(res, FindingKind::kStaleRead)};
-        },
-        tick);
+    parallel_for(leave_outs.size(), workers, [&](std::size_t i) {
+      const CheckResult res = check_schedule(schedule, Ablation{leave_outs[i]});
+      outcomes[i] = {secondary_findings(res, FindingKind::kRace),
+                     secondary_findings(res, FindingKind::kStaleRead)};
+    });
     return outcomes;
   };
 
@@ -253,7 +213,6 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
       });
     }
   }
-  planned += parts.size();
   const std::vector<Outcome> by_part = run(part_tests);
   out.kinds_tried = kinds.size() + parts.size();
 
@@ -291,7 +250,6 @@ OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
   // 3. No single kind: the copies are ordered more than once; what do all host syncs, or all
   //    stream waits, do?
   if (out.guards.empty()) {
-    planned += 2;
     const std::vector<Outcome> all = run(
         {[](Rank, std::uint32_t, const Op& op) { return host_sync(op.kind); },
          [](Rank, std::uint32_t, const Op& op) { return op.kind == OpKind::kStreamWaitEvent; }});
@@ -362,8 +320,7 @@ std::string explain_text(const OrderExplanation& e) {
   } else {
     out +=
         "    DeepSpeed orders the copies only through syncs it issues for other reasons, none "
-        "meant "
-        "for them\n";
+        "meant for them\n";
   }
   return out;
 }

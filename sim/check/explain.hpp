@@ -16,7 +16,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -55,13 +54,9 @@ struct OrderExplanation {
   std::int64_t without_stream_waits = -1;
 };
 
-/** Progress of explain_ordering: checks done of those planned so far. */
-using ExplainProgress = std::function<void(std::size_t done, std::size_t planned)>;
-
 /** Explains a schedule the checker found free of secondary findings. `workers` checks run at
  *  once (each holds its own checker state). */
-OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers,
-                                  const ExplainProgress& progress = {});
+OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers);
 
 /** The secondary findings of a result: races and stale reads on kSecondary buffers. */
 std::uint64_t secondary_findings(const CheckResult& result, FindingKind kind);

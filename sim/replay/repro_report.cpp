@@ -152,6 +152,23 @@ struct Frame {
     }
     return out;
   }
+
+  /** Variant `vi`'s line through `path` (SVG path data; none when empty), in its colour and
+   *  dashed wider the later the variant so that equal curves stay visible on top of each other,
+   *  and its name in the legend. */
+  std::string curve(std::size_t vi, const std::string& path, const std::string& name) const {
+    const char* c = kColours[vi % 4];
+    std::string out;
+    if (!path.empty()) {
+      out += fmt::format(
+          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" "
+          "stroke-dasharray=\"{} {}\"/>\n",
+          path, c, 4 + 3 * vi, 3 + vi);
+    }
+    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", w - right + 10,
+                       top + 20 * static_cast<double>(vi + 1), c, name);
+    return out;
+  }
 };
 
 // Taint replay: what taint means per step, the weight elements that have gone bad (all ranks'
@@ -166,47 +183,36 @@ std::string taint_svg(const ReproResult& r) {
       f.hi = std::max(f.hi, static_cast<double>(s.bad_elements));
     }
   }
-  const auto x = [&f](std::size_t s) { return f.x(s); };
-  const auto y = [&f](double v) { return f.y(v); };
-  const double w = f.w, right = f.right, top = f.top;
   std::string out = f.open(fitted_title("Weight elements gone bad, taint replay of ", r.scenario,
                                         fmt::format(" (seed {})", r.first_seed), 78),
                            "after optimizer step");
   for (std::size_t vi = 0; vi < r.variants.size(); ++vi) {
-    const VariantRepro& v = r.variants[vi];
     const char* c = kColours[vi % 4];
-    const std::string dash = fmt::format("{} {}", 4 + 3 * vi, 3 + vi);
     std::string path;
-    const auto& steps = v.runs.front().steps;
+    const auto& steps = r.variants[vi].runs.front().steps;
     for (std::size_t s = 0; s < steps.size(); ++s) {
       // Offset each variant a little so that equal curves (all at 0) stay visible.
+      const double px = f.x(s);
       const double py =
-          y(static_cast<double>(steps[s].bad_elements)) - 3.0 * static_cast<double>(vi);
-      path += fmt::format("{}{:.2f},{:.2f} ", path.empty() ? "M" : "L", x(s), py);
+          f.y(static_cast<double>(steps[s].bad_elements)) - 3.0 * static_cast<double>(vi);
+      path += fmt::format("{}{:.2f},{:.2f} ", path.empty() ? "M" : "L", px, py);
       if (steps[s].loss_health == Health::kGood) {
         out +=
-            fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3\" fill=\"{}\"/>\n", x(s), py, c);
+            fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3\" fill=\"{}\"/>\n", px, py, c);
       } else {
         out += fmt::format(
             "<text x=\"{:.2f}\" y=\"{:.2f}\" fill=\"{}\" text-anchor=\"middle\" "
             "font-size=\"16\">x</text>\n",
-            x(s), py + 5, c);
+            px, py + 5, c);
       }
     }
-    if (!path.empty()) {
-      out += fmt::format(
-          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" "
-          "stroke-dasharray=\"{}\"/>\n",
-          path, c, dash);
-    }
-    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", w - right + 10,
-                       top + 20 * static_cast<double>(vi + 1), c, v.name);
+    out += f.curve(vi, path, r.variants[vi].name);
   }
   out += fmt::format(
       "<text x=\"{0}\" y=\"{1}\">dot: loss good</text>\n<text x=\"{0}\" y=\"{2}\">x: loss "
       "wrong or NaN</text>\n",
-      w - right + 10, top + 20 * static_cast<double>(r.variants.size() + 2),
-      top + 20 * static_cast<double>(r.variants.size() + 3));
+      f.w - f.right + 10, f.top + 20 * static_cast<double>(r.variants.size() + 2),
+      f.top + 20 * static_cast<double>(r.variants.size() + 3));
   out += "</svg>\n";
   return out;
 }
@@ -220,7 +226,7 @@ std::string repro_svg(const ReproResult& r) {
   double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
   for (const VariantRepro& v : r.variants) {
     for (const StepRecord& s : v.runs.front().steps) {
-      if (std::isfinite(s.loss) && r.mode == Mode::kNumeric) {
+      if (std::isfinite(s.loss)) {
         lo = std::min(lo, s.loss);
         hi = std::max(hi, s.loss);
       }
@@ -232,37 +238,23 @@ std::string repro_svg(const ReproResult& r) {
   f.steps = r.steps;
   f.lo = lo;
   f.hi = hi;
-  const auto x = [&f](std::size_t s) { return f.x(s); };
-  const auto y = [&f](double v) { return f.y(v); };
-  const double w = f.w, right = f.right, top = f.top;
   std::string out = f.open(fitted_title("Loss per step, ", r.scenario,
                                         fmt::format(" (seed {}; x = NaN)", r.first_seed), 78),
                            "step");
   for (std::size_t vi = 0; vi < r.variants.size(); ++vi) {
-    const VariantRepro& v = r.variants[vi];
-    const char* c = kColours[vi % 4];
-    // Later variants dashed wider so that identical curves stay visible on top of each other.
-    const std::string dash = fmt::format("{} {}", 4 + 3 * vi, 3 + vi);
     std::string path;
-    const auto& steps = v.runs.front().steps;
+    const auto& steps = r.variants[vi].runs.front().steps;
     for (std::size_t s = 0; s < steps.size(); ++s) {
-      if (!std::isfinite(steps[s].loss) || r.mode != Mode::kNumeric) {
+      if (!std::isfinite(steps[s].loss)) {
         out += fmt::format(
             "<text x=\"{}\" y=\"{}\" fill=\"{}\" text-anchor=\"middle\" "
             "font-size=\"16\">x</text>\n",
-            x(s), top - 2 + 4 * static_cast<double>(vi), c);
+            f.x(s), f.top - 2 + 4 * static_cast<double>(vi), kColours[vi % 4]);
         continue;
       }
-      path += fmt::format("{}{:.2f},{:.2f} ", path.empty() ? "M" : "L", x(s), y(steps[s].loss));
+      path += fmt::format("{}{:.2f},{:.2f} ", path.empty() ? "M" : "L", f.x(s), f.y(steps[s].loss));
     }
-    if (!path.empty()) {
-      out += fmt::format(
-          "<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" "
-          "stroke-dasharray=\"{}\"/>\n",
-          path, c, dash);
-    }
-    out += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", w - right + 10,
-                       top + 20 * static_cast<double>(vi + 1), c, v.name);
+    out += f.curve(vi, path, r.variants[vi].name);
   }
   out += "</svg>\n";
   return out;

@@ -9,9 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +32,7 @@
 #include "sim/deepspeed_builder.hpp"
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
+#include "sim/parallel.hpp"
 #include "sim/projection.hpp"
 #include "sim/record_inputs.hpp"
 #include "sim/xml.hpp"
@@ -524,34 +523,15 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const std::size_t workers = std::min<std::size_t>(n, cores);
     std::vector<std::optional<Checked>> slots(n);
-    std::vector<std::exception_ptr> errors(n);
-    std::atomic<std::size_t> next{0}, done{0};
-    std::vector<std::thread> pool;
-    for (std::size_t w = 0; w < workers; ++w) {
-      pool.emplace_back([&] {
-        for (std::size_t i; (i = next.fetch_add(1)) < n;) {
-          try {
-            slots[i] = run_job(i, false);
-          } catch (...) {
-            errors[i] = std::current_exception();
-          }
-          done.fetch_add(1);
-        }
-      });
-    }
-    while (done.load() < n) {
-      if (progress_on()) {
-        progress_bar(static_cast<double>(done.load()), total,
-                     fmt::format("building and checking {} schedules on {} cores ({} done)", n,
-                                 workers, done.load()));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    }
-    for (std::thread& t : pool) t.join();
-    for (std::size_t i = 0; i < n; ++i) {
-      if (errors[i]) std::rethrow_exception(errors[i]);
-      results.push_back(std::move(*slots[i]));
-    }
+    parallel_for(
+        n, cores, [&](std::size_t i) { slots[i] = run_job(i, false); },
+        [&](std::size_t done) {
+          if (!progress_on()) return;
+          progress_bar(static_cast<double>(done), total,
+                       fmt::format("building and checking {} schedules on {} cores ({} done)", n,
+                                   workers, done));
+        });
+    for (std::optional<Checked>& slot : slots) results.push_back(std::move(*slot));
   }
   if (matrix && std::all_of(results.begin(), results.end(),
                             [](const Checked& c) { return !c.refused.empty(); })) {
