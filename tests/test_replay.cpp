@@ -353,9 +353,10 @@ TEST(Repro, StaleSecondaryScenariosLoseMoreThanTheBaseline) {
 // the weights of before step 0's update, so every variant's loss is wrong from step 1 on and
 // hpZ off's is not.
 TEST(Repro, DeepSpeed0131sStaleSecondariesMakeTheLossWrongFromStepOne) {
-  const ReproResult r =
-      run_repro(load_scenario(test::scenario_path("stale-after-step")), ReproOptions{});
-  ASSERT_EQ(r.mode, Mode::kTaint);
+  ReproOptions taint;
+  taint.mode = Mode::kTaint;
+  const Scenario sc = load_scenario(test::scenario_path("stale-after-step"));
+  const ReproResult r = run_repro(sc, taint);
   ASSERT_EQ(r.variants.size(), 4u);
   for (const auto& v : r.variants) {
     const auto& steps = v.runs.at(0).steps;
@@ -364,6 +365,20 @@ TEST(Repro, DeepSpeed0131sStaleSecondariesMakeTheLossWrongFromStepOne) {
     const Health later = v.name == "no-hpz" ? Health::kGood : Health::kWrong;
     EXPECT_EQ(steps[1].loss_health, later) << v.name;
     EXPECT_EQ(steps[2].loss_health, later) << v.name;
+  }
+  // With numbers (the scenario's Llama computes, the default): the same loss as hpZ off in
+  // step 0, a finite but different one after the first step's update.
+  const ReproResult n = run_repro(sc, ReproOptions{});
+  ASSERT_EQ(n.mode, Mode::kNumeric);
+  const auto& off = n.variants.back().runs.at(0).steps;
+  for (std::size_t k = 0; k + 1 < n.variants.size(); ++k) {
+    const auto& steps = n.variants[k].runs.at(0).steps;
+    ASSERT_EQ(steps.size(), 3u);
+    EXPECT_EQ(steps[0].loss, off[0].loss) << n.variants[k].name;
+    for (std::size_t i = 1; i < 3; ++i) {
+      EXPECT_TRUE(std::isfinite(steps[i].loss)) << n.variants[k].name;
+      EXPECT_NE(steps[i].loss, off[i].loss) << n.variants[k].name << " step " << i;
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/repro.hpp"
 #include "sim/time/engine.hpp"
@@ -307,21 +308,54 @@ TEST(DeepSpeedTaintReplay, Llama2_7bSmallMaxLiveAnd0135StayClean) {
   }
 }
 
-TEST(DeepSpeedTaintReplay, NumericModeRefusedInOneLine) {
-  const Scenario sc = ds_tiny();
-  EXPECT_EQ(default_mode(sc), Mode::kTaint);
-  try {
-    require_replayable(sc, Mode::kNumeric);
-    FAIL() << "numeric replay of a DeepSpeed-builder schedule was not refused";
-  } catch (const InputError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("numeric replay"), std::string::npos) << what;
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+TEST(DeepSpeedNumericReplay, DefaultModeIsNumericForASmallLlama) {
+  EXPECT_EQ(default_mode(ds_tiny()), Mode::kNumeric);
+  EXPECT_EQ(default_mode(load_scenario(test::scenario_path("tiny"))), Mode::kNumeric);
+  // Llama-2-7B's schedule is too big to compute: taint.
+  EXPECT_EQ(default_mode(load_scenario(test::scenario_path("llama2-7b"))), Mode::kTaint);
+}
+
+/** Whether two runs trained bit for bit alike: every step's loss and weights. */
+void expect_same_training(const ReplayResult& a, const ReplayResult& b, const std::string& what) {
+  ASSERT_EQ(a.steps.size(), b.steps.size()) << what;
+  for (std::size_t k = 0; k < a.steps.size(); ++k) {
+    EXPECT_EQ(a.steps[k].loss, b.steps[k].loss) << what << " step " << k;
+    EXPECT_EQ(a.steps[k].weights_hash, b.steps[k].weights_hash) << what << " step " << k;
   }
-  EXPECT_NO_THROW(require_replayable(sc, Mode::kTaint));
-  Scenario coarse = load_scenario(test::scenario_path("tiny"));
-  EXPECT_EQ(default_mode(coarse), Mode::kNumeric);
-  EXPECT_NO_THROW(require_replayable(coarse, Mode::kNumeric));
+}
+
+TEST(DeepSpeedNumericReplay, StockGoesNanBothFixesAnd0135TrainLikeHpzOff) {
+  // tiny.toml's Llama on DeepSpeed 0.13.4's own schedule, with its 200 us spin ahead of each
+  // secondary copy, through the SimGrid timing engine.
+  ReproOptions o;
+  o.mode = Mode::kNumeric;
+  const ReproResult r = run_repro(ds_tiny({{"run.steps", "4"}}), o);
+  ASSERT_EQ(r.variants.size(), 4u);
+  const ReplayResult& stock = r.variants[0].runs.at(0);
+  const ReplayResult& off = r.variants[3].runs.at(0);
+  ASSERT_EQ(off.steps.size(), 4u);
+  for (const StepRecord& s : off.steps) {
+    EXPECT_TRUE(std::isfinite(s.loss));
+    EXPECT_NE(s.weights_hash, 0u);
+  }
+  EXPECT_LT(off.steps.back().loss, off.steps.front().loss);  // it learns
+  EXPECT_TRUE(std::isnan(stock.steps.back().loss));
+  EXPECT_TRUE(r.variants[0].first_bad.at(0).has_value());
+  expect_same_training(r.variants[1].runs.at(0), off, "host-sync");
+  expect_same_training(r.variants[2].runs.at(0), off, "event-wait");
+  const ReproResult fixed = run_repro(
+      ds_tiny({{"run.steps", "4"}, {"zero.deepspeed_version", "0.13.5"}, {"run.variant", "stock"}}),
+      o);
+  expect_same_training(fixed.variants[0].runs.at(0), off, "0.13.5");
+}
+
+TEST(DeepSpeedNumericReplay, ScheduleOfAnotherModelRefusedInOneLine) {
+  const Schedule s = build_schedule(ds_tiny());
+  Scenario bigger = ds_tiny({{"model.hidden", "128"}});
+  const std::string why = llama_unsupported(bigger, s);
+  EXPECT_NE(why.find("has 16384 elements"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  EXPECT_EQ(llama_unsupported(ds_tiny(), s), "");
 }
 
 }  // namespace

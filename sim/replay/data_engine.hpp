@@ -591,11 +591,15 @@ class DataEngine {
             {dst.buffer, begin, Domain::slice(sum, 0, std::min(Domain::size(sum), end - begin))}};
       }
       case OpKind::kAllReduce: {
+        // zero.Init's broadcast from rank 0 (_zero_init_param, PP:1011 at v0.13.4), logged as an
+        // all-reduce that every rank reads (as the recorder logs it): rank 0's tensor, not the sum.
+        const bool broadcast = o.purpose == Purpose::kParamInit;
         std::optional<Chunk> sum;
         for (std::size_t k = 0; k < inst.members.size(); ++k) {
           if (inst.sends[k].empty()) continue;  // a broadcast's receiver
           if (!sum) {
             sum = inst.sends[k][0];
+            if (broadcast) break;
           } else {
             Domain::accumulate(*sum, inst.sends[k][0]);
           }

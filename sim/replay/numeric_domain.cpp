@@ -1,10 +1,15 @@
 #include "sim/replay/numeric_domain.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "sim/error.hpp"
+#include "sim/model_shape.hpp"
 
 namespace hpz::replay {
 namespace {
@@ -20,11 +25,78 @@ std::uint64_t fnv(const std::vector<float>& v, std::uint64_t h) {
 
 }  // namespace
 
+LlamaDims llama_dims(const Scenario& sc) {
+  const ModelConfig& m = sc.model;
+  return {sc.training.seq_len,
+          sc.training.micro_batch,
+          m.hidden,
+          m.ffn,
+          m.heads,
+          m.kv_heads,
+          m.vocab,
+          m.layers};
+}
+
+std::string llama_unsupported(const Scenario& sc, const Schedule& s) {
+  const ModelConfig& m = sc.model;
+  if (!llama_shaped(m) || m.family != "llama") {
+    return fmt::format(
+        "the numeric replay computes a plain Llama (no biases, untied embeddings, "
+        "a gated MLP, heads x head_dim = hidden); this model ({}) is not one",
+        m.family);
+  }
+  if (m.heads <= 0 || m.kv_heads <= 0 || m.heads % m.kv_heads != 0 || m.hidden % m.heads != 0 ||
+      (m.hidden / m.heads) % 2 != 0) {
+    return "the numeric replay needs heads dividing hidden into even head sizes and kv_heads "
+           "dividing heads";
+  }
+  const LlamaDims d = llama_dims(sc);
+  for (const ParamUnit& u : s.units) {
+    const std::optional<LlamaParam> p = llama_param(u.name);
+    if (!p) return fmt::format("parameter '{}' is none of a Llama's", u.name);
+    if (p->layer >= d.layers || llama_numel(d, p->part) != u.numel) {
+      return fmt::format(
+          "parameter '{}' has {} elements; the scenario's Llama ({} layers, hidden "
+          "{}) has {} there",
+          u.name, u.numel, d.layers, d.hidden, p->layer >= d.layers ? 0 : llama_numel(d, p->part));
+    }
+  }
+  return "";
+}
+
 NumericDomain::NumericDomain(const Scenario& sc, const Schedule& s) : sc_(sc), s_(s) {
   dims_ = {sc.training.seq_len * sc.training.micro_batch, sc.model.hidden, sc.model.ffn,
            sc.model.vocab};
   bufs_.resize(s.ranks.size());
   for (std::size_t r = 0; r < s.ranks.size(); ++r) bufs_[r].resize(s.ranks[r].buffers.size());
+  if (replays_by_ranges(s)) {
+    if (const std::string why = llama_unsupported(sc, s); !why.empty()) {
+      throw InputError(sc.path, "model", why);
+    }
+    llama_ = llama_dims(sc);
+    passes_.assign(s.ranks.size(), LlamaPass(*llama_));
+    pass_at_.assign(s.ranks.size(), {-2, 0});
+  }
+}
+
+std::vector<float> NumericDomain::unit_weights(UnitId u, std::uint64_t seed) const {
+  const ParamUnit& pu = s_.units[u];
+  if (llama_) return llama_initial_weights(*llama_, param(u).part, seed, u);
+  return initial_weights(unit_fn(pu.name), dims_, pu.numel, seed, u);
+}
+
+LlamaParam NumericDomain::param(UnitId u) const {
+  return *llama_param(s_.units[u].name);  // every unit checked by llama_unsupported
+}
+
+LlamaPass& NumericDomain::pass(Rank r, const Op& op) {
+  const std::pair<std::int32_t, std::int32_t> now{op.step, op.micro_step};
+  if (pass_at_[r] != now) {
+    pass_at_[r] = now;
+    const TinyDims flat{llama_->tokens(), llama_->hidden, llama_->ffn, llama_->vocab};
+    passes_[r].begin(synthetic_tokens(flat, sc_.run.seed, r, op.step, op.micro_step));
+  }
+  return passes_[r];
 }
 
 NumericDomain::Chunk NumericDomain::slice(const Chunk& c, std::uint64_t off, std::uint64_t n) {
@@ -80,10 +152,7 @@ void NumericDomain::alloc(Rank r, BufferId b, BufferId previous, Fill fill,
 
 NumericDomain::Chunk NumericDomain::checkpoint(Rank, UnitId u, std::uint64_t first,
                                                std::uint64_t n) const {
-  const ParamUnit& pu = s_.units[u];
-  const Chunk w =
-      initial_weights(unit_fn(pu.name), dims_, pu.numel, sc_.run.seed + kCheckpointSeedOffset, u);
-  return slice(w, first, n);
+  return slice(unit_weights(u, sc_.run.seed + kCheckpointSeedOffset), first, n);
 }
 
 const Access* NumericDomain::access(Rank r, const Op& op, AccessMode m, BufferRole role,
@@ -140,8 +209,7 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::init_kernel(Rank r, cons
     if (a.mode != AccessMode::kWrite) continue;
     const BufferRole role = s_.ranks[r].buffers[a.buffer].role;
     if (role == BufferRole::kFull) {
-      const ParamUnit& pu = s_.units[op.unit];
-      const Chunk w = initial_weights(unit_fn(pu.name), dims_, pu.numel, sc_.run.seed, op.unit);
+      const Chunk w = unit_weights(op.unit, sc_.run.seed);
       out.push_back({a.buffer, a.offset / dt, slice(w, a.offset / dt, a.bytes / dt)});
     } else {
       out.push_back({a.buffer, a.offset / dt, Chunk(a.bytes / dt, 0.0f)});
@@ -152,6 +220,7 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::init_kernel(Rank r, cons
 
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::forward(Rank r, const Op& op,
                                                                 const ReadFn<Chunk>& read) {
+  if (llama_) return llama_forward(r, op, read);
   const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
   const Access* out = access(r, op, AccessMode::kWrite, BufferRole::kActivation, 0);
   assert(w != nullptr && out != nullptr);
@@ -163,6 +232,12 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::forward(Rank r, const Op
 
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::loss(Rank r, const Op& op,
                                                              const ReadFn<Chunk>& read) {
+  if (llama_) {
+    auto& [sum, count] = loss_[op.step];
+    sum += static_cast<double>(pass(r, op).loss());
+    ++count;
+    return {};
+  }
   const Access* in = access(r, op, AccessMode::kRead, BufferRole::kActivation, 0);
   const Access* out = access(r, op, AccessMode::kWrite, BufferRole::kActivation, 0);
   assert(in != nullptr && out != nullptr);
@@ -178,6 +253,7 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::loss(Rank r, const Op& o
 
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::backward(Rank r, const Op& op,
                                                                  const ReadFn<Chunk>& read) {
+  if (llama_) return llama_backward(r, op, read);
   const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
   const Access* dy_in = access(r, op, AccessMode::kRead, BufferRole::kActivation, -1);
   const Access* dx_out = access(r, op, AccessMode::kWrite, BufferRole::kActivation, -1);
@@ -209,28 +285,67 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::grad_norm(Rank r, const 
   return {{out, 0, Chunk{static_cast<float>(ss)}}};
 }
 
+// The DeepSpeed schedules' module kernels: one parameter's part of its module, with the weights
+// the kernel read (a kernel with no parameter, the attention's core or the MLP's activation, is
+// done by the parameter kernel that needs it: llama_model.hpp).
+std::vector<Write<NumericDomain::Chunk>> NumericDomain::llama_forward(Rank r, const Op& op,
+                                                                      const ReadFn<Chunk>& read) {
+  if (op.unit == kNoUnit) return {};
+  const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
+  if (w == nullptr) return {};
+  pass(r, op).forward(param(op.unit), part(read, *w), op.purpose == Purpose::kRecomputeForward);
+  return {};
+}
+
+std::vector<Write<NumericDomain::Chunk>> NumericDomain::llama_backward(Rank r, const Op& op,
+                                                                       const ReadFn<Chunk>& read) {
+  if (op.unit == kNoUnit) return {};
+  const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
+  const Access* g = access(r, op, AccessMode::kWrite, BufferRole::kGradFull, 0);
+  if (w == nullptr || g == nullptr) return {};
+  const Chunk dw = pass(r, op).backward(param(op.unit), part(read, *w));
+  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
+  return {{g->buffer, g->offset / dt, slice(dw, g->offset / dt, g->bytes / dt)}};
+}
+
 // Adam on the fp32 primary shard (the master weights), gradients averaged over ranks and
-// micro-steps and clipped to a global norm of 1 (adam_step).
+// micro-steps and clipped to a global norm of 1 (adam_step). On DeepSpeed's schedules the step
+// reads no gradient bytes: the engine hands it the unit's reduced gradient (kReducedGrad), and
+// it does not clip (DeepSpeed's default gradient_clipping 0; the global norm is not followed).
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::adam(Rank r, const Op& op,
                                                              const ReadFn<Chunk>& read) {
+  if (llama_) {
+    const Access* p_in = access(r, op, AccessMode::kRead, BufferRole::kPrimary, 0);
+    const Access* p_out = access(r, op, AccessMode::kWrite, BufferRole::kPrimary, 0);
+    if (op.unit == kNoUnit || p_in == nullptr || p_out == nullptr) return {};
+    const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
+    Chunk p = part(read, *p_in);
+    Chunk grad = read(kReducedGrad, p_in->offset / dt, p_in->bytes / dt);
+    grad.resize(p.size(), 0.0f);
+    return {{p_out->buffer, p_out->offset / dt, step_unit(r, op, std::move(p), grad, 0.0f, 0.0f)}};
+  }
   const Access* g = access(r, op, AccessMode::kRead, BufferRole::kGradShard, 0);
   const Access* norm = access(r, op, AccessMode::kRead, BufferRole::kScratch, 0);
   const Access* p_in = access(r, op, AccessMode::kRead, BufferRole::kPrimary, 0);
   const Access* p_out = access(r, op, AccessMode::kWrite, BufferRole::kPrimary, 0);
   if (g == nullptr || p_in == nullptr || p_out == nullptr) return {};
-  const Chunk grad = part(read, *g);
-  Chunk p = part(read, *p_in);
-  const float scale = 1.0f / static_cast<float>(s_.world_size * sc_.training.grad_accum);
   const Chunk nsq = norm == nullptr ? Chunk{0.0f} : read(norm->buffer, 0, 1);
+  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
+  return {{p_out->buffer, p_out->offset / dt,
+           step_unit(r, op, part(read, *p_in), part(read, *g), nsq.empty() ? 0.0f : nsq[0], 1.0f)}};
+}
+
+NumericDomain::Chunk NumericDomain::step_unit(Rank r, const Op& op, Chunk p, const Chunk& grad,
+                                              float norm_sq, float max_grad_norm) {
+  const float scale = 1.0f / static_cast<float>(s_.world_size * sc_.training.grad_accum);
   AdamState& st = adam_[{r, op.unit}];
   st.m.resize(p.size(), 0.0f);
   st.v.resize(p.size(), 0.0f);
-  adam_step(p, grad, st.m, st.v, nsq.empty() ? 0.0f : nsq[0], scale, op.step);
+  adam_step(p, grad, st.m, st.v, norm_sq, scale, op.step, max_grad_norm);
   const std::uint64_t key =
       (static_cast<std::uint64_t>(r) << 32) ^ static_cast<std::uint64_t>(op.unit);
   hash_[op.step] ^= fnv(p, 0xcbf29ce484222325ull ^ (key * 0x9e3779b97f4a7c15ull));
-  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
-  return {{p_out->buffer, p_out->offset / dt, std::move(p)}};
+  return p;
 }
 
 std::vector<StepRecord> NumericDomain::steps() const {

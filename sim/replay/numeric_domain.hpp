@@ -1,17 +1,31 @@
-// The numeric value domain: every rank's buffers as fp32 arrays, kernels as the tiny model's
-// real forward, backward, loss, gradient norm and Adam step (tiny_model.hpp).
+// The numeric value domain: every rank's buffers as fp32 arrays, kernels as real math: the coarse
+// builder's attn/mlp units with the tiny model (tiny_model.hpp); DeepSpeed's own schedules
+// (replays_by_ranges: the DeepSpeed builder's and recordings) with transformers' Llama, one
+// parameter's module at a time (llama_model.hpp), its activations kept per rank by a LlamaPass
+// since those schedules carry no activation buffers.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "sim/replay/data_engine.hpp"
+#include "sim/replay/llama_model.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/tiny_model.hpp"
 
 namespace hpz::replay {
+
+/** The Llama the numeric replay computes for a scenario's model (its seq_len and micro_batch). */
+LlamaDims llama_dims(const Scenario& sc);
+
+/** Why the numeric replay cannot compute DeepSpeed's schedule `s` of the scenario's model ("" when
+ *  it can): the model is no plain Llama, or a parameter of `s` is none of that Llama's, or has
+ *  another size. */
+std::string llama_unsupported(const Scenario& sc, const Schedule& s);
 
 class NumericDomain {
  public:
@@ -49,6 +63,15 @@ class NumericDomain {
   Chunk whole(const ReadFn<Chunk>& read, const Access* a) const;
   Chunk part(const ReadFn<Chunk>& read, const Access& a) const;
   std::vector<int> tokens(Rank r, const Op& op) const;
+  /** The rank's Llama pass, begun anew when op starts another micro-step. */
+  LlamaPass& pass(Rank r, const Op& op);
+  LlamaParam param(UnitId u) const;
+  std::vector<Write<Chunk>> llama_forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  std::vector<Write<Chunk>> llama_backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  std::vector<float> unit_weights(UnitId u, std::uint64_t seed) const;
+  /** Adam on one unit's primary shard of rank r (adam_step); folds it into the step's hash. */
+  Chunk step_unit(Rank r, const Op& op, Chunk p, const Chunk& grad, float norm_sq,
+                  float max_grad_norm);
 
   /** The storage of slot b of rank r, created on first use. */
   Chunk& slot(Rank r, BufferId b);
@@ -56,7 +79,10 @@ class NumericDomain {
   const Scenario& sc_;
   const Schedule& s_;
   TinyDims dims_;
-  std::vector<std::vector<Chunk>> bufs_;  // [rank][buffer]
+  std::optional<LlamaDims> llama_;  ///< set for DeepSpeed's own schedules
+  std::vector<LlamaPass> passes_;   ///< [rank]
+  std::vector<std::pair<std::int32_t, std::int32_t>> pass_at_;  ///< [rank]: (step, micro)
+  std::vector<std::vector<Chunk>> bufs_;                        // [rank][buffer]
   std::map<std::pair<Rank, UnitId>, AdamState> adam_;
   std::map<int, std::pair<double, int>> loss_;  // step -> (sum, count)
   std::map<int, std::uint64_t> hash_;           // step -> xor of per-shard hashes

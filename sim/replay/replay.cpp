@@ -20,13 +20,14 @@ bool numeric_fits(const Scenario& sc) {
   const auto& m = sc.model;
   const double params =
       2.0 * m.vocab * m.hidden + m.layers * (4.0 * m.hidden * m.hidden + 3.0 * m.hidden * m.ffn);
-  // The numeric model needs full attention heads and a gated MLP (tiny_model.hpp), and every
-  // rank's buffers (a few copies of the model each) in memory.
+  // Every rank's buffers (a few copies of the model each) in memory, and a Llama: the coarse
+  // builder's tiny model (tiny_model.hpp) with full attention heads, DeepSpeed's schedules
+  // transformers' Llama (llama_model.hpp; llama_unsupported checks the schedule's parameters).
   // In 64 bits: both are ints of up to 2^31 - 1, whose product wraps an int (to 1 for both at
   // the maximum, which passed this check).
   const std::int64_t tokens = std::int64_t{sc.training.seq_len} * sc.training.micro_batch;
-  return m.kv_heads == m.heads && llama_shaped(m) && params * sc.cluster.world_size() < 4e7 &&
-         tokens <= 4096;
+  const bool heads = sc.run.builder == "deepspeed" ? m.family == "llama" : m.kv_heads == m.heads;
+  return heads && llama_shaped(m) && params * sc.cluster.world_size() < 4e7 && tokens <= 4096;
 }
 
 std::string describe_step(const StepRecord& s, Mode mode) {

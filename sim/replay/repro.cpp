@@ -102,37 +102,13 @@ double VariantRepro::share_nan() const {
   return static_cast<double>(n) / static_cast<double>(runs.size());
 }
 
-namespace {
-
-// The numeric replay computes the tiny model per attn/mlp unit (tiny_model.hpp); the DeepSpeed
-// builder's units are single parameters (one per nn.Linear, norm and embedding), whose math the
-// tiny model does not have. The taint replay follows that builder's schedules by their byte
-// ranges (data_engine.hpp).
-constexpr const char* kDeepSpeedNumericRefusal =
-    "the numeric replay computes the coarse builder's attn/mlp units and cannot run the "
-    "DeepSpeed builder's per-parameter schedules; use --mode taint (the default for this "
-    "builder) or run.builder = \"coarse\"";
-
-bool deepspeed_builder(const Scenario& scenario) {
-  return scenario.run.builder == "deepspeed";
-}
-
-}  // namespace
-
 Mode default_mode(const Scenario& scenario) {
-  return numeric_fits(scenario) && !deepspeed_builder(scenario) ? Mode::kNumeric : Mode::kTaint;
-}
-
-void require_replayable(const Scenario& scenario, Mode mode) {
-  if (mode == Mode::kNumeric && deepspeed_builder(scenario)) {
-    throw InputError(scenario.path, "run.builder", kDeepSpeedNumericRefusal);
-  }
+  return numeric_fits(scenario) ? Mode::kNumeric : Mode::kTaint;
 }
 
 ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
   ReproResult out;
   out.mode = o.mode.value_or(default_mode(scenario));
-  require_replayable(scenario, out.mode);
   out.scenario = scenario.path;
   out.timing = o.timing_name;
   out.first_seed = scenario.run.seed;

@@ -57,14 +57,8 @@ struct ReproResult {
 /** Runs every variant of `scenario` (whose run.variant is ignored) per `options`. */
 ReproResult run_repro(const Scenario& scenario, const ReproOptions& options);
 
-/** The replay's mode when none is asked for: numeric when numeric_fits() and the scenario uses
- *  the coarse builder, else taint. */
+/** The replay's mode when none is asked for: numeric when numeric_fits(), else taint. */
 Mode default_mode(const Scenario& scenario);
-
-/** Throws InputError (run.builder) when the data replay cannot follow the schedules `scenario`
- *  builds in `mode`: the numeric replay of the DeepSpeed builder's (repro, repro --order and
- *  explore all call it). The taint replay follows that builder's by byte ranges. */
-void require_replayable(const Scenario& scenario, Mode mode);
 
 /** Replays one given schedule (say, read from a file: there are no variants to build) per
  *  `options`, always in the taint domain (the numeric one runs the builder's tiny model); its

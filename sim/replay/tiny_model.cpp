@@ -4,46 +4,19 @@
 #include <cmath>
 #include <cstddef>
 
+#include "sim/replay/fp32_math.hpp"
+
 namespace hpz::replay {
 namespace {
 
-using CSpan = std::span<const float>;
-using Vec = std::vector<float>;
-
-/** Y[t x o] = X[t x i] W', W [o x i]. */
-Vec matmul_t(CSpan x, CSpan w, int t, int in, int out) {
-  Vec y(static_cast<std::size_t>(t) * out, 0.0f);
-  for (int r = 0; r < t; ++r) {
-    for (int o = 0; o < out; ++o) {
-      float s = 0;
-      for (int k = 0; k < in; ++k) s += x[r * in + k] * w[o * in + k];
-      y[r * out + o] = s;
-    }
-  }
-  return y;
-}
-
-/** dX[t x i] += dY[t x o] W and dW[o x i] += dY' X. */
-void matmul_t_backward(CSpan x, CSpan w, CSpan dy, int t, int in, int out, Vec& dx,
-                       std::span<float> dw) {
-  for (int r = 0; r < t; ++r) {
-    for (int o = 0; o < out; ++o) {
-      const float g = dy[r * out + o];
-      for (int k = 0; k < in; ++k) {
-        dx[r * in + k] += g * w[o * in + k];
-        dw[o * in + k] += g * x[r * in + k];
-      }
-    }
-  }
-}
-
-float silu(float v) {
-  return v / (1.0f + std::exp(-v));
-}
-float silu_grad(float v) {
-  const float s = 1.0f / (1.0f + std::exp(-v));
-  return s * (1.0f + v * (1.0f - s));
-}
+using fp32::CSpan;
+using fp32::matmul_t;
+using fp32::matmul_t_backward;
+using fp32::mix;
+using fp32::silu;
+using fp32::silu_grad;
+using fp32::uniform;
+using fp32::Vec;
 
 /** Prefix mean over positions of a [t x n] matrix. */
 Vec causal_mean(CSpan a, int t, int n) {
@@ -72,34 +45,11 @@ Vec causal_mean_backward(CSpan dm, int t, int n) {
 }
 
 Vec rms_forward(const TinyDims& d, CSpan g, CSpan x) {
-  const int h = d.hidden;
-  Vec y(x.size());
-  for (int r = 0; r < d.seq; ++r) {
-    float ss = 0;
-    for (int k = 0; k < h; ++k) ss += x[r * h + k] * x[r * h + k];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + 1e-6f);
-    for (int k = 0; k < h; ++k) y[r * h + k] = x[r * h + k] * inv * g[k];
-  }
-  return y;
+  return fp32::rms_forward(g, x, d.seq, d.hidden, 1e-6f);
 }
 
 Vec rms_backward(const TinyDims& d, CSpan g, CSpan x, CSpan dy, std::span<float> dg) {
-  const int h = d.hidden;
-  Vec dx(x.size());
-  for (int r = 0; r < d.seq; ++r) {
-    float ss = 0, dot = 0;
-    for (int k = 0; k < h; ++k) ss += x[r * h + k] * x[r * h + k];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + 1e-6f);
-    for (int k = 0; k < h; ++k) {
-      dg[k] += dy[r * h + k] * x[r * h + k] * inv;
-      dot += dy[r * h + k] * g[k] * x[r * h + k];
-    }
-    for (int k = 0; k < h; ++k) {
-      dx[r * h + k] =
-          inv * (dy[r * h + k] * g[k] - x[r * h + k] * inv * inv * dot / static_cast<float>(h));
-    }
-  }
-  return dx;
+  return fp32::rms_backward(g, x, dy, d.seq, d.hidden, 1e-6f, dg);
 }
 
 /** The intermediate values of the attention unit. */
@@ -189,19 +139,6 @@ Vec mlp_backward(const TinyDims& d, CSpan w, CSpan x, CSpan dy, std::span<float>
   matmul_t_backward(x, w.subspan(0, m), dg, t, h, f, dx, dw.subspan(0, m));
   matmul_t_backward(x, w.subspan(m, m), dup, t, h, f, dx, dw.subspan(m, m));
   return dx;
-}
-
-/** SplitMix64: the one source of pseudo-random numbers of the numeric replay. */
-std::uint64_t mix(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/** Uniform in [-1, 1). */
-float uniform(std::uint64_t seed, std::uint64_t i) {
-  return static_cast<float>(static_cast<double>(mix(seed ^ mix(i)) >> 11) * 0x1.0p-52 - 1.0);
 }
 
 }  // namespace
@@ -299,12 +236,11 @@ std::vector<float> initial_weights(UnitFn fn, const TinyDims& d, std::uint64_t n
 }
 
 void adam_step(std::span<float> p, std::span<const float> grad, std::span<float> m,
-               std::span<float> v, float norm_sq, float scale, int step) {
+               std::span<float> v, float norm_sq, float scale, int step, float max_grad_norm) {
   constexpr float kLearningRate = 1e-2f;
   constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f;
-  constexpr float kMaxGradNorm = 1.0f;
   const float total = std::sqrt(norm_sq) * scale;
-  const float clip = std::min(1.0f, kMaxGradNorm / (total + 1e-6f));
+  const float clip = max_grad_norm > 0 ? std::min(1.0f, max_grad_norm / (total + 1e-6f)) : 1.0f;
   const float t = static_cast<float>(step + 1);
   const float c1 = 1 - std::pow(kBeta1, t), c2 = 1 - std::pow(kBeta2, t);
   for (std::size_t i = 0; i < p.size() && i < grad.size(); ++i) {

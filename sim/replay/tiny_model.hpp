@@ -50,11 +50,12 @@ float next_token_loss(const TinyDims& d, std::span<const float> logits, std::spa
 inline constexpr std::uint64_t kCheckpointSeedOffset = 7777;
 
 /** The optimizer step on one rank's primary shard `p`, in place: each gradient times `scale`,
- *  clipped to a global norm of 1 (norm_sq: the summed squares of every gradient before
- *  scaling), then Adam (lr 1e-2, betas 0.9 and 0.999, eps 1e-8) at t = step + 1 with the
- *  moments m and v (p's size each), updated in place. */
+ *  clipped to a global norm of max_grad_norm (norm_sq: the summed squares of every gradient
+ *  before scaling; 0 or less: not clipped), then Adam (lr 1e-2, betas 0.9 and 0.999, eps 1e-8)
+ *  at t = step + 1 with the moments m and v (p's size each), updated in place. */
 void adam_step(std::span<float> p, std::span<const float> grad, std::span<float> m,
-               std::span<float> v, float norm_sq, float scale, int step);
+               std::span<float> v, float norm_sq, float scale, int step,
+               float max_grad_norm = 1.0f);
 
 /** Deterministic initial weights of a unit (same on every rank for a seed). */
 std::vector<float> initial_weights(UnitFn fn, const TinyDims& d, std::uint64_t numel,

@@ -41,11 +41,13 @@ replay::Mode replay_mode(const std::string& mode, const Scenario& sc, const std:
   const replay::Mode m = mode == "auto"    ? replay::default_mode(sc)
                          : mode == "taint" ? replay::Mode::kTaint
                                            : replay::Mode::kNumeric;
-  replay::require_replayable(sc, m);
   if (m == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
     throw InputError(file, "--mode",
-                     "numeric replay needs a small model with kv_heads = heads and a gated MLP "
-                     "(use taint or auto)");
+                     sc.run.builder == "deepspeed"
+                         ? "numeric replay needs a small Llama (no biases, untied embeddings; "
+                           "under 4e7 parameters over all ranks, 4096 tokens; use taint or auto)"
+                         : "numeric replay needs a small model with kv_heads = heads and a gated "
+                           "MLP (use taint or auto)");
   }
   return m;
 }

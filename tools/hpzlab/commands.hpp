@@ -174,9 +174,8 @@ void require_between(const std::string& flag, double value, double min, double m
 void require_within(const std::string& flag, double value, double bound, double max);
 
 /** --mode (auto | numeric | taint) for `scenario`: auto is replay::default_mode (numeric when
- *  the numeric replay can hold the model and the coarse builder builds it, else taint); numeric
- *  on the DeepSpeed builder throws replay::require_replayable's InputError, numeric on a model
- *  it cannot hold InputError naming `file` and --mode. Shared by repro and explore. */
+ *  the numeric replay can hold and compute the model, else taint); numeric on a model it cannot
+ *  throws InputError naming `file` and --mode. Shared by repro and explore. */
 replay::Mode replay_mode(const std::string& mode, const Scenario& scenario,
                          const std::string& file);
 

@@ -1,0 +1,38 @@
+// The numeric replay's dense fp32 building blocks, shared by the coarse builder's tiny model
+// (tiny_model.hpp) and the per-module Llama (llama_model.hpp): row-major matrices, weights in
+// nn.Linear's [out x in] layout, and the replay's one source of pseudo-random numbers.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace hpz::replay::fp32 {
+
+using CSpan = std::span<const float>;
+using Vec = std::vector<float>;
+
+/** Y[t x out] = X[t x in] W', W [out x in] (nn.Linear without a bias). */
+Vec matmul_t(CSpan x, CSpan w, int t, int in, int out);
+
+/** dX[t x in] += dY[t x out] W and dW[out x in] += dY' X. */
+void matmul_t_backward(CSpan x, CSpan w, CSpan dy, int t, int in, int out, Vec& dx,
+                       std::span<float> dw);
+
+float silu(float v);
+/** d silu(v) / dv. */
+float silu_grad(float v);
+
+/** RMSNorm of each of the `rows` rows of x [rows x h]: x / sqrt(mean(x^2) + eps) * g. */
+Vec rms_forward(CSpan g, CSpan x, int rows, int h, float eps);
+
+/** Backward of rms_forward: returns dx; adds the gain's gradient into dg. */
+Vec rms_backward(CSpan g, CSpan x, CSpan dy, int rows, int h, float eps, std::span<float> dg);
+
+/** SplitMix64. */
+std::uint64_t mix(std::uint64_t z);
+
+/** Uniform in [-1, 1), the i-th value of the stream `seed`. */
+float uniform(std::uint64_t seed, std::uint64_t i);
+
+}  // namespace hpz::replay::fp32
