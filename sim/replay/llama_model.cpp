@@ -181,11 +181,7 @@ void LlamaPass::forward(LlamaParam p, std::span<const float> w, bool recompute) 
       L->up = fp32::matmul_t(need(L->n2, "post_attention_layernorm"), w, T, h, d_.ffn);
       return;
     case LlamaPart::kDown: {
-      need(L->gate, "gate_proj");
-      need(L->up, "up_proj");
-      L->m.resize(L->gate.size());
-      for (std::size_t i = 0; i < L->m.size(); ++i) L->m[i] = fp32::silu(L->gate[i]) * L->up[i];
-      cur_ = fp32::matmul_t(L->m, w, T, d_.ffn, h);
+      cur_ = fp32::matmul_t(mlp_product(*L), w, T, d_.ffn, h);
       for (std::size_t i = 0; i < cur_.size(); ++i) cur_[i] += L->h1[i];
       return;
     }
@@ -197,6 +193,20 @@ void LlamaPass::forward(LlamaParam p, std::span<const float> w, bool recompute) 
       logits_ = fp32::matmul_t(need(nf_, "model.norm"), w, T, h, d_.vocab);
       return;
   }
+}
+
+// torch.utils.checkpoint's non-reentrant rerun stops once every tensor backward saved is
+// recomputed (torch/utils/checkpoint.py: _StopRecomputationError, line 994 in 2.1.2, 1077 in
+// 2.10.0): down_proj's input is the
+// MLP product, which the rerun then makes without running down_proj itself.
+const std::vector<float>& LlamaPass::mlp_product(Layer& L) {
+  if (L.m.empty()) {
+    need(L.gate, "gate_proj");
+    need(L.up, "up_proj");
+    L.m.resize(L.gate.size());
+    for (std::size_t i = 0; i < L.m.size(); ++i) L.m[i] = fp32::silu(L.gate[i]) * L.up[i];
+  }
+  return L.m;
 }
 
 void LlamaPass::attention(Layer& L) {
@@ -321,8 +331,7 @@ std::vector<float> LlamaPass::backward(LlamaParam p, std::span<const float> w) {
       break;
     case LlamaPart::kDown:
       dm_ = zeros(static_cast<std::size_t>(T) * f);
-      fp32::matmul_t_backward(need(L->m, "down_proj"), w, need(dh_, "the layer above"), T, f, h,
-                              dm_, dw);
+      fp32::matmul_t_backward(mlp_product(*L), w, need(dh_, "the layer above"), T, f, h, dm_, dw);
       dn_ = zeros(static_cast<std::size_t>(T) * h);
       break;
     case LlamaPart::kUp:
@@ -346,8 +355,8 @@ std::vector<float> LlamaPass::backward(LlamaParam p, std::span<const float> w) {
     }
     case LlamaPart::kO:
       da_ = zeros(static_cast<std::size_t>(T) * qw);
-      fp32::matmul_t_backward(need(L->a, "the attention"), w, need(dh_, "the MLP's backward"), T,
-                              qw, h, da_, dw);
+      if (L->a.empty()) attention(*L);  // a rerun that stopped before o_proj, as for down_proj
+      fp32::matmul_t_backward(L->a, w, need(dh_, "the MLP's backward"), T, qw, h, da_, dw);
       dn_ = zeros(static_cast<std::size_t>(T) * h);
       dq_.clear();
       break;

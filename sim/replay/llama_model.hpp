@@ -100,6 +100,7 @@ class LlamaPass {
     std::vector<float> h0, n1, q, k, v, probs, a, h1, n2, gate, up, m;
   };
   const std::vector<float>& need(const std::vector<float>& v, const char* what) const;
+  const std::vector<float>& mlp_product(Layer& L);
   void attention(Layer& L);
   void attention_backward(Layer& L);
 
