@@ -150,5 +150,35 @@ TEST(LlamaModel, ParameterNames) {
   EXPECT_EQ(llama_numel(kDims, LlamaPart::kK), 2u * 2u * 8u);  // kv_heads x head_dim x hidden
 }
 
+TEST(QwzQuantizer, RoundsAsDeepSpeedsKernel) {
+  // Two groups of four: max 1 (scale 128) and max 0.5 (scale 256).
+  std::vector<float> v = {1.0f, 0.3f, -0.5f, 0.00390625f, 0.5f, -0.25f, 0.001f, 0.0f};
+  fp32::int8_symmetric_round_trip(v, 2);
+  // 1 * 128 = 128 saturates to 127; 0.3 * 128 = 38.4 -> 38; 0.00390625 * 128 = 0.5 -> 0 (even).
+  EXPECT_EQ(v[0], 127.0f / 128.0f);
+  EXPECT_EQ(v[1], 38.0f / 128.0f);
+  EXPECT_EQ(v[2], -0.5f);
+  EXPECT_EQ(v[3], 0.0f);
+  EXPECT_EQ(v[4], 127.0f / 256.0f);
+  EXPECT_EQ(v[5], -0.25f);
+  EXPECT_EQ(v[6], 0.0f);  // 0.256 -> 0
+  EXPECT_EQ(v[7], 0.0f);
+}
+
+TEST(QwzQuantizer, NanBecomesZeroUnlessTheGroupIsAllNan) {
+  const float nan = std::nanf("");
+  std::vector<float> v = {nan, 0.5f, nan, nan};
+  fp32::int8_symmetric_round_trip(v, 2);
+  EXPECT_EQ(v[0], 0.0f);
+  EXPECT_EQ(v[1], 127.0f / 256.0f);
+  EXPECT_TRUE(std::isnan(v[2]));
+  EXPECT_TRUE(std::isnan(v[3]));
+  std::vector<float> zeros(4, 0.0f), uneven = {0.3f, 0.3f, 0.3f};
+  fp32::int8_symmetric_round_trip(zeros, 1);
+  EXPECT_EQ(zeros, std::vector<float>(4, 0.0f));
+  fp32::int8_symmetric_round_trip(uneven, 2);  // 2 groups do not divide 3: untouched
+  EXPECT_EQ(uneven[0], 0.3f);
+}
+
 }  // namespace
 }  // namespace hpz::replay

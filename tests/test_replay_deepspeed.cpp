@@ -15,6 +15,7 @@
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/repro.hpp"
+#include "sim/replay/taint_domain.hpp"
 #include "sim/time/engine.hpp"
 #include "tests/paths.hpp"
 
@@ -347,6 +348,42 @@ TEST(DeepSpeedNumericReplay, StockGoesNanBothFixesAnd0135TrainLikeHpzOff) {
       ds_tiny({{"run.steps", "4"}, {"zero.deepspeed_version", "0.13.5"}, {"run.variant", "stock"}}),
       o);
   expect_same_training(fixed.variants[0].runs.at(0), off, "0.13.5");
+}
+
+TEST(DeepSpeedNumericReplay, QwzRoundsAndIsJudgedAgainstTheIssueOrder) {
+  // qwZ's int8 rounding groups hpZ's secondaries (8192 elements of a 64 x 256 embedding on 2
+  // GPUs a node) otherwise than hpZ off's primary shards (4096): no baseline there. Each variant
+  // is held to its own replay in issue order instead; the fixes equal it, stock does not.
+  ReproOptions o;
+  o.mode = Mode::kNumeric;
+  const ReproResult r =
+      run_repro(ds_tiny({{"run.steps", "3"}, {"zero.zero_quantized_weights", "true"}}), o);
+  EXPECT_EQ(r.baseline, "serialized");
+  ASSERT_EQ(r.variants.size(), 4u);
+  EXPECT_TRUE(r.variants[0].first_bad.at(0).has_value());
+  for (std::size_t k = 1; k < 4; ++k) {
+    EXPECT_FALSE(r.variants[k].first_bad.at(0).has_value()) << r.variants[k].name;
+    expect_same_training(r.variants[k].runs.at(0), r.variants[k].serialized.at(0),
+                         r.variants[k].name);
+  }
+  const double fixed = r.variants[2].runs[0].steps.back().loss;
+  const double off = r.variants[3].runs[0].steps.back().loss;
+  EXPECT_TRUE(std::isfinite(fixed));
+  EXPECT_NE(fixed, off);
+  // Without qwZ the same scenario's fixes end where hpZ off does: the rounding made the gap.
+  const ReproResult plain = run_repro(ds_tiny({{"run.steps", "3"}}), o);
+  EXPECT_EQ(plain.baseline, "no-hpz");
+  EXPECT_NE(plain.variants[2].runs[0].steps.back().loss, fixed);
+}
+
+TEST(DeepSpeedTaintReplay, QwzZeroesNanInAGroupWithNumbers) {
+  const auto tag = [](Health h) { return static_cast<Tag>(h) << 30; };
+  const TaintDomain::Chunk c = {{2, tag(Health::kNan)}, {2, tag(Health::kGood)}};
+  TaintDomain::Chunk one = c, two = c;
+  TaintDomain::quantize_int8(one, 1);  // NaN beside numbers: the quantizer's 0, wrong
+  EXPECT_EQ(one, (TaintDomain::Chunk{{2, tag(Health::kWrong)}, {2, tag(Health::kGood)}}));
+  TaintDomain::quantize_int8(two, 2);  // a group of NaNs stays NaN
+  EXPECT_EQ(two, c);
 }
 
 TEST(DeepSpeedNumericReplay, ScheduleOfAnotherModelRefusedInOneLine) {

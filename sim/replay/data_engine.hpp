@@ -12,6 +12,7 @@
 //   Chunk read(Rank, BufferId, std::uint64_t begin, std::uint64_t n);      n = kWhole: to the end
 //   void write(Rank, BufferId, std::uint64_t begin, const Chunk&);
 //   void alloc(Rank, BufferId slot, BufferId previous_slot, Fill, std::uint64_t elements);
+//   static void quantize_int8(Chunk&, std::uint64_t groups);    qwZ's rounding, in place
 // Storage is per buffer *lifetime* (a slot): each kAlloc opens a new slot, and an op refers to
 // the lifetime current when its rank's host issued it (the IR's buffer ids are reused across
 // lifetimes). A slot is created and filled when its kAlloc is issued: empty() is a host-side
@@ -478,7 +479,7 @@ class DataEngine {
         if (is_gradient_copy(r, o)) take_gradient(r, o, t);
         return moves_no_data(o) ? std::vector<Write<Chunk>>{} : gather_into(r, o, t);
       case OpKind::kQuantize:
-        return moves_no_data(o) ? std::vector<Write<Chunk>>{} : gather_into(r, o, t);
+        return moves_no_data(o) ? std::vector<Write<Chunk>>{} : quantize_by_ranges(r, o, t);
       case OpKind::kDequantize:
         return moves_no_data(o) ? std::vector<Write<Chunk>>{} : dequantize_by_ranges(r, o, t);
       case OpKind::kKernel: {
@@ -541,6 +542,34 @@ class DataEngine {
                      Domain::slice(c, 0, std::min(Domain::size(c), capacity - pos))});
     }
     return out;
+  }
+
+  // qwZ's quantize: the values one for one into the int8 buffer (gather_into), then rounded
+  // group by group as the quantizer rounds them (Domain::quantize_int8); the groups are the
+  // scales the op writes after the values (4 bytes each). The scales themselves are not
+  // written: the rounded values already carry them, and dequantize passes them through.
+  std::vector<Write<Chunk>> quantize_by_ranges(Rank r, const Op& o, double t) {
+    std::vector<Write<Chunk>> pieces = gather_into(r, o, t);
+    const std::vector<const Access*> writes = accesses(r, o, AccessMode::kWrite);
+    if (pieces.empty() || writes.size() != 1) return pieces;
+    const Access& w = *writes.front();
+    const std::uint64_t wes = esize(r, w.buffer), begin = w.offset / wes;
+    std::uint64_t values = 0, read_elems = 0, buffer_elems = 0;
+    for (const Access* a : accesses(r, o, AccessMode::kRead)) {
+      read_elems += a->bytes / esize(r, a->buffer);
+      buffer_elems += s_.ranks[r].buffers[a->buffer].bytes / esize(r, a->buffer);
+    }
+    const std::uint64_t capacity = w.bytes / wes;
+    values = read_elems != capacity && buffer_elems < capacity ? buffer_elems : read_elems;
+    if (values >= capacity || (capacity - values) % 4 != 0) return pieces;
+    const std::uint64_t groups = (capacity - values) / 4;
+    Chunk all = read_at(r, slot(r, o, w.buffer), begin, values, t);
+    for (const Write<Chunk>& p : pieces) {
+      if (p.buffer == w.buffer && p.begin >= begin) Domain::splice(all, p.begin - begin, p.data);
+    }
+    all = Domain::slice(all, 0, values);
+    Domain::quantize_int8(all, groups);
+    return {{w.buffer, begin, std::move(all)}};
   }
 
   // qwZ's dequantize: the gathered int8 values, one for one, into the parameter or flat tensor

@@ -1,6 +1,8 @@
 #include "sim/replay/fp32_math.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace hpz::replay::fp32 {
 
@@ -65,6 +67,27 @@ Vec rms_backward(CSpan g, CSpan x, CSpan dy, int rows, int h, float eps, std::sp
     }
   }
   return dx;
+}
+
+void int8_symmetric_round_trip(std::span<float> v, std::uint64_t groups) {
+  if (groups == 0 || v.size() % groups != 0) return;
+  const std::size_t n = v.size() / groups;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::span<float> x = v.subspan(g * n, n);
+    float max = std::numeric_limits<float>::quiet_NaN();
+    for (float e : x) {
+      if (!std::isnan(e)) max = std::isnan(max) ? std::fabs(e) : std::max(max, std::fabs(e));
+    }
+    const float scale = max == 0.0f ? 1.0f : 256.0f / (2.0f * max);
+    const float stored = 1.0f / scale;
+    for (float& e : x) {
+      const float scaled = e * scale;
+      // cvt.rni.s32.f32: round to nearest even, saturate, NaN to 0.
+      const float q =
+          std::isnan(scaled) ? 0.0f : std::clamp(std::nearbyint(scaled), -128.0f, 127.0f);
+      e = q * stored;
+    }
+  }
 }
 
 std::uint64_t mix(std::uint64_t z) {

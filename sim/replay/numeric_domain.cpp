@@ -10,6 +10,7 @@
 
 #include "sim/error.hpp"
 #include "sim/model_shape.hpp"
+#include "sim/replay/fp32_math.hpp"
 
 namespace hpz::replay {
 namespace {
@@ -114,6 +115,10 @@ void NumericDomain::splice(Chunk& dst, std::uint64_t off, const Chunk& src) {
 void NumericDomain::accumulate(Chunk& acc, const Chunk& x) {
   if (acc.size() < x.size()) acc.resize(x.size(), 0.0f);
   for (std::size_t i = 0; i < x.size(); ++i) acc[i] += x[i];
+}
+
+void NumericDomain::quantize_int8(Chunk& c, std::uint64_t groups) {
+  fp32::int8_symmetric_round_trip(c, groups);
 }
 
 NumericDomain::Chunk NumericDomain::read(Rank r, BufferId b, std::uint64_t begin,

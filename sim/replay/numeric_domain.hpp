@@ -37,6 +37,8 @@ class NumericDomain {
   static Chunk slice(const Chunk& c, std::uint64_t off, std::uint64_t n);
   static void splice(Chunk& dst, std::uint64_t off, const Chunk& src);
   static void accumulate(Chunk& acc, const Chunk& x);
+  /** qwZ's int8 round trip (fp32::int8_symmetric_round_trip). */
+  static void quantize_int8(Chunk& c, std::uint64_t groups);
 
   Chunk read(Rank r, BufferId b, std::uint64_t begin, std::uint64_t n) const;
   void write(Rank r, BufferId b, std::uint64_t begin, const Chunk& c);

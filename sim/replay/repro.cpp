@@ -45,9 +45,10 @@ std::optional<int> first_bad(const ReplayResult& run, const ReplayResult* base) 
   return std::nullopt;
 }
 
-/** `o.runs` seeded replays of one schedule. */
+/** `o.runs` seeded replays of one schedule; `serialized`: also each along the issue order. */
 VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Schedule& given,
-                         Mode mode, const ReproOptions& o, int& done, int total) {
+                         Mode mode, const ReproOptions& o, int& done, int total,
+                         bool serialized = false) {
   // Strided accesses written out once for all the runs, not at each replay().
   std::optional<Schedule> unfolded;
   if (has_strided_accesses(given)) unfolded = unfold_strided(given);
@@ -66,6 +67,7 @@ VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Sche
     } else {
       v.runs.push_back(replay(run, s, t, mode));
     }
+    if (serialized) v.serialized.push_back(replay(run, s, serialized_timeline(s), mode));
     v.mixed_reads += v.runs.back().mixed_reads;
     v.tokens_per_s_per_node += throughput(run, s, t) / o.runs;
     if (o.progress) o.progress(++done, total);
@@ -74,9 +76,9 @@ VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Sche
 }
 
 VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
-                         const ReproOptions& o, int& done, int total) {
+                         const ReproOptions& o, int& done, int total, bool serialized) {
   // The seed moves times and data, not the schedule: one build for every run.
-  return replay_runs(name, sc, build_schedule(sc), mode, o, done, total);
+  return replay_runs(name, sc, build_schedule(sc), mode, o, done, total, serialized);
 }
 
 }  // namespace
@@ -117,20 +119,24 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
   constexpr Variant kHpzVariants[] = {Variant::kStock, Variant::kHostSync, Variant::kEventWait};
   const int total = static_cast<int>(std::size(kHpzVariants) + 1) * o.runs;  // and no-hpz
   int done = 0;
+  const bool serialized = out.mode == Mode::kNumeric && scenario.zero.zero_quantized_weights;
+  if (serialized) out.baseline = "serialized";
   for (Variant v : kHpzVariants) {
     Scenario sc = scenario;
     sc.run.variant = v;
-    out.variants.push_back(run_variant(to_string(v), sc, out.mode, o, done, total));
+    out.variants.push_back(run_variant(to_string(v), sc, out.mode, o, done, total, serialized));
   }
   Scenario off = scenario;
   off.run.variant = Variant::kStock;
   off.zero.zero_hpz_partition_size = 1;
-  out.variants.push_back(run_variant("no-hpz", off, out.mode, o, done, total));
+  out.variants.push_back(run_variant("no-hpz", off, out.mode, o, done, total, serialized));
   const VariantRepro& base = out.variants.back();
   for (VariantRepro& v : out.variants) {
     for (std::size_t k = 0; k < v.runs.size(); ++k) {
-      const bool is_base = &v == &base;
-      v.first_bad.push_back(first_bad(v.runs[k], is_base ? nullptr : &base.runs[k]));
+      const ReplayResult* ref = serialized    ? &v.serialized[k]
+                                : &v == &base ? nullptr
+                                              : &base.runs[k];
+      v.first_bad.push_back(first_bad(v.runs[k], ref));
     }
   }
   return out;

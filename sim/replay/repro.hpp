@@ -33,6 +33,8 @@ struct ReproOptions {
 struct VariantRepro {
   std::string name;                ///< stock | host-sync | event-wait | no-hpz
   std::vector<ReplayResult> runs;  ///< per seed
+  /** Per seed, with ReproResult::baseline "serialized": the replay in issue order. */
+  std::vector<ReplayResult> serialized;
   std::vector<std::optional<int>>
       first_bad;                     ///< per seed: first step whose weights or loss went bad
   double tokens_per_s_per_node = 0;  ///< mean over runs, last step of the timeline
@@ -52,6 +54,11 @@ struct ReproResult {
   int steps = 0;
   double spin_before_copy_us = 0;      ///< the scenario's run.spin_before_copy_us
   std::vector<VariantRepro> variants;  ///< stock, host-sync, event-wait, no-hpz
+  /** What a bad step differs from: "no-hpz" (the same seed with hpZ off), or, for the numeric
+   *  replay with qwZ, "serialized" (the same variant's schedule replayed one op at a time in
+   *  issue order): qwZ rounds hpZ's secondaries in other groups than hpZ off's shards, so their
+   *  numbers differ without any race. */
+  std::string baseline = "no-hpz";
 };
 
 /** Runs every variant of `scenario` (whose run.variant is ignored) per `options`. */

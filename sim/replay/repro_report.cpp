@@ -49,6 +49,12 @@ std::string repro_table(const ReproResult& r) {
         "its tokens/s/node have no spins in them\n",
         r.spin_before_copy_us);
   }
+  if (r.baseline == "serialized") {
+    out +=
+        "first bad: the first step whose loss or weights differ from the same variant replayed "
+        "one op at a time in issue order (with qwZ, hpZ off rounds its shards in other groups "
+        "than hpZ's secondaries, so its numbers are no baseline)\n";
+  }
   out += fmt::format("{:<11} {:>10} {:>14} {:>9} {:>9} {:>14} {:>12}\n", "variant", "first bad",
                      "final loss", "runs bad", "runs NaN", "tokens/s/node", "mixed reads");
   for (const VariantRepro& v : r.variants) {
@@ -269,6 +275,7 @@ std::string repro_json(const ReproResult& r, const std::vector<std::string>& not
   j["first_seed"] = r.first_seed;
   j["steps"] = r.steps;
   j["spin_before_copy_us"] = r.spin_before_copy_us;
+  j["baseline"] = r.baseline;
   nlohmann::json vars = nlohmann::json::object();
   for (const VariantRepro& v : r.variants) {
     nlohmann::json jv;

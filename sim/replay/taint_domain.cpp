@@ -99,6 +99,24 @@ void TaintDomain::accumulate(Chunk& acc, const Chunk& x) {
   acc = std::move(out);
 }
 
+void TaintDomain::quantize_int8(Chunk& c, std::uint64_t groups) {
+  const std::uint64_t n = size(c);
+  if (groups == 0 || n % groups != 0) return;
+  const std::uint64_t g = n / groups;
+  Chunk out;
+  for (std::uint64_t k = 0; k < groups; ++k) {
+    const Chunk part = slice(c, k * g, g);
+    const bool all_nan = std::all_of(part.begin(), part.end(), [](const TagRun& run) {
+      return health(run.tag) == Health::kNan;
+    });
+    for (const TagRun& run : part) {
+      const bool zeroed = !all_nan && health(run.tag) == Health::kNan;
+      push_run(out, run.len, zeroed ? make_tag(Health::kWrong) : run.tag);
+    }
+  }
+  c = std::move(out);
+}
+
 TaintDomain::Chunk TaintDomain::read(Rank r, BufferId b, std::uint64_t begin,
                                      std::uint64_t n) const {
   Chunk out = b < bufs_[r].size() ? slice(bufs_[r][b], begin, n) : Chunk{};

@@ -21,6 +21,7 @@ using Tag = std::uint32_t;
 struct TagRun {
   std::uint64_t len = 0;
   Tag tag = 0;
+  bool operator==(const TagRun&) const = default;
 };
 
 class TaintDomain {
@@ -33,6 +34,11 @@ class TaintDomain {
   static Chunk slice(const Chunk& c, std::uint64_t off, std::uint64_t n);
   static void splice(Chunk& dst, std::uint64_t off, const Chunk& src);
   static void accumulate(Chunk& acc, const Chunk& x);
+  /** qwZ's int8 round trip on tags: in each of `groups` equal groups that holds something other
+   *  than NaN, NaN elements become wrong (the quantizer turns them into 0); a group of NaNs
+   *  stays NaN (fp32::int8_symmetric_round_trip). Good values stay good: the rounding is the
+   *  same in every order. */
+  static void quantize_int8(Chunk& c, std::uint64_t groups);
 
   Chunk read(Rank r, BufferId b, std::uint64_t begin, std::uint64_t n) const;
   void write(Rank r, BufferId b, std::uint64_t begin, const Chunk& c);
