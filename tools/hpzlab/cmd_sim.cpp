@@ -2,18 +2,22 @@
 // [--schedule FILE]`: plays the scenario's schedule (or the one in FILE) forward in simulated time
 // (SimGrid) and reports the step time, tokens/s per node, exposed communication, host stalls, link
 // traffic and which races manifested; --op-times puts every op's times into the JSON for `hpzlab
-// compare`. Exit 0, or 1 when the simulated job hangs, 2 on bad input.
+// compare`; --sensitivity says which cost inputs decide whether the races bite. Exit 0, or 1 when
+// the simulated job hangs, 2 on bad input.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
 #include "sim/time/report.hpp"
+#include "sim/time/sensitivity.hpp"
 #include "sim/time/simulate.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -23,10 +27,44 @@ namespace {
 /** What `hpzlab sim` takes. */
 struct SimCliOptions {
   ScenarioOptions scenario;
-  TraceOptions trace;     ///< --trace FILE, --trace-ranks, --trace-steps: the first run's
-  int runs = 1;           ///< --runs N: jitter seeds run.seed .. run.seed + N - 1
-  bool op_times = false;  ///< --op-times: per-op times in the JSON (for `hpzlab compare`)
+  TraceOptions trace;        ///< --trace FILE, --trace-ranks, --trace-steps: the first run's
+  int runs = 1;              ///< --runs N: jitter seeds run.seed .. run.seed + N - 1
+  bool op_times = false;     ///< --op-times: per-op times in the JSON (for `hpzlab compare`)
+  bool sensitivity = false;  ///< --sensitivity: which cost inputs decide the races' bite
 };
+
+nlohmann::json sensitivity_json(const time::SensitivityResult& r) {
+  const auto margin = [](const std::optional<double>& m) {
+    return m ? nlohmann::json(*m) : nlohmann::json(nullptr);
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const time::SensitivityRow& row : r.rows) {
+    nlohmann::json samples = nlohmann::json::array(), flips = nlohmann::json::array();
+    for (const auto& s : row.samples) {
+      samples.push_back(
+          {{"factor", s.factor}, {"value", s.value}, {"min_margin_s", margin(s.min_margin_s)}});
+    }
+    for (const auto& f : row.flips) {
+      flips.push_back({{"factor", f.factor}, {"value", f.value}, {"bites", f.bites}});
+    }
+    rows.push_back({{"key", row.key},
+                    {"what", row.what},
+                    {"value", row.value},
+                    {"samples", samples},
+                    {"flips", flips}});
+  }
+  return {{"min_margin_s", margin(r.min_margin_s)},
+          {"closest_race", r.closest_race},
+          {"timelines", r.runs},
+          {"inputs", rows},
+          {"sentence", time::sensitivity_sentence(r)}};
+}
+
+bool has_race(const time::SimResult& r) {
+  return std::any_of(r.races.begin(), r.races.end(), [](const time::RaceReport& race) {
+    return race.group.example.kind == check::FindingKind::kRace;
+  });
+}
 
 /** Runs done, the one in progress counted by its share of ops simulated. */
 void progress(double done, int total) {
@@ -47,15 +85,35 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   sim_opts.progress = progress;
   const time::SimResult result =
       on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
+  std::optional<time::SensitivityResult> sens;
+  if (opts.sensitivity && has_race(result)) {
+    sens =
+        time::sensitivity(sc, schedule, check::check_schedule(schedule), [](int done, int total) {
+          progress_bar(done, std::max(done, total),
+                       fmt::format("sensitivity: {} timelines (about {})", done, total));
+        });
+  }
   if (!opts.scenario.json.empty()) {
-    write_output(opts.scenario.json,
-                 time::JsonReporter(opts.op_times, sc.notes).render(schedule, result), "--json");
+    std::string json = time::JsonReporter(opts.op_times, sc.notes).render(schedule, result);
+    if (sens) {
+      nlohmann::json j = nlohmann::json::parse(json);
+      j["sensitivity"] = sensitivity_json(*sens);
+      json = j.dump(2) + "\n";
+    }
+    write_output(opts.scenario.json, json, "--json");
   }
   if (!opts.trace.file.empty()) {
     write_trace(opts.trace, time::TraceReporter(filter).render(schedule, result));
   }
   if (opts.scenario.json != "-") {
-    const std::string text = time::ConsoleReporter().render(schedule, result) + notes_text(sc);
+    std::string text = time::ConsoleReporter().render(schedule, result);
+    if (sens) text += time::sensitivity_table(*sens);
+    if (opts.sensitivity && !sens) {
+      text +=
+          "sensitivity: no race in this schedule (the checker proves it race-free), nothing to "
+          "be sensitive to\n";
+    }
+    text += notes_text(sc);
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
   exit_code = result.mean.hung ? kExitFindings : kExitOk;
@@ -79,6 +137,11 @@ void setup_sim(CLI::App& app, int& exit_code) {
                 "Put every op's [issue_s, start_s, end_s] of the first run (null if it never "
                 "ran) and its kind/purpose/unit label into the --json output (op_times, "
                 "op_labels), for `hpzlab compare`");
+  sub->add_flag("--sensitivity", opts->sensitivity,
+                "Scale each cost input (compute and memory efficiency, launch overhead, kernel "
+                "latency, NIC and NVLink bandwidth and latency, SimGrid's factors) alone from x1/4 "
+                "to x4, simulate again with the same seed, and say at which factor the closest "
+                "race would start or stop biting");
   sub->callback([opts, &exit_code] { run_sim(*opts, exit_code); });
 }
 

@@ -1,0 +1,275 @@
+#include "sim/time/sensitivity.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <utility>
+
+#include "sim/check/finding_log.hpp"
+#include "sim/time/engine.hpp"
+#include "sim/time/simulate.hpp"
+
+namespace hpz::time {
+namespace {
+
+constexpr int kParallel = 2;    // child processes at once (two cores)
+constexpr int kBisections = 5;  // halvings of a flip's bracket, in log factor: to 2^(1/32)-ish
+
+struct Margin {
+  std::optional<double> min;
+  std::string race;
+};
+
+/** The smallest margin of any race in one timeline; `with_races` holds the checker's races. */
+Margin margin_of(const SimResult& with_races, const Timeline& t) {
+  SimResult r = with_races;
+  r.runs.assign(1, StepMetrics{});
+  time_races({&t}, r);
+  Margin m;
+  for (const RaceReport& race : r.races) {
+    if (!race.has_margin || (m.min && race.min_margin_s >= *m.min)) continue;
+    m.min = race.min_margin_s;
+    m.race = check::describe_short(race.group.example.first) + " vs " +
+             check::describe_short(race.group.example.second);
+  }
+  return m;
+}
+
+/** Margins of the scenarios, up to kParallel engine runs at once, each with run.seed. */
+std::vector<Margin> margins(const std::vector<Scenario>& scenarios, const Schedule& schedule,
+                            const SimResult& with_races, int& done, int total,
+                            const std::function<void(int, int)>& progress) {
+  std::vector<Margin> out(scenarios.size());
+  std::deque<std::pair<std::size_t, ChildRun>> running;
+  std::size_t next = 0;
+  while (next < scenarios.size() || !running.empty()) {
+    while (next < scenarios.size() && static_cast<int>(running.size()) < kParallel) {
+      running.emplace_back(next, ChildRun(scenarios[next], schedule, scenarios[next].run.seed));
+      ++next;
+    }
+    auto [index, child] = std::move(running.front());
+    running.pop_front();
+    out[index] = margin_of(with_races, child.wait().timeline);
+    if (progress) progress(++done, total);
+  }
+  return out;
+}
+
+bool bites(const std::optional<double>& margin) {
+  return margin && *margin < 0;
+}
+
+std::string seconds(double s) {
+  const double a = std::abs(s);
+  if (a >= 1) return fmt::format("{:.3f} s", s);
+  if (a >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+std::string factor_text(double f) {
+  if (f >= 1) return fmt::format("x{:.3g}", f);
+  return fmt::format("x1/{:.3g}", 1 / f);
+}
+
+}  // namespace
+
+const std::vector<SensitivityInput>& sensitivity_inputs() {
+  static const std::vector<SensitivityInput> inputs = {
+      {"sim.compute_efficiency", "share of peak FLOP/s kernels reach",
+       [](Scenario& s) -> double& { return s.sim.compute_efficiency; }, 1},
+      {"sim.memory_efficiency", "share of HBM bandwidth copies reach",
+       [](Scenario& s) -> double& { return s.sim.memory_efficiency; }, 1},
+      {"sim.launch_overhead_us", "host time to issue an op (host speed)",
+       [](Scenario& s) -> double& { return s.sim.launch_overhead_us; }, 0},
+      {"sim.kernel_latency_us", "shortest kernel or copy",
+       [](Scenario& s) -> double& { return s.sim.kernel_latency_us; }, 0},
+      {"cluster.nic_gbps", "NIC bandwidth",
+       [](Scenario& s) -> double& { return s.cluster.nic_gbps; }, 0},
+      {"cluster.internode_latency_us", "latency between nodes",
+       [](Scenario& s) -> double& { return s.cluster.internode_latency_us; }, 0},
+      {"cluster.nvlink_gbytes_per_s", "NVLink bandwidth",
+       [](Scenario& s) -> double& { return s.cluster.nvlink_gbytes_per_s; }, 0},
+      {"cluster.nvlink_latency_us", "NVLink latency",
+       [](Scenario& s) -> double& { return s.cluster.nvlink_latency_us; }, 0},
+      {"sim.bandwidth_factor", "share of link bandwidth NCCL reaches (SimGrid)",
+       [](Scenario& s) -> double& { return s.sim.bandwidth_factor; }, 0},
+      {"sim.latency_factor", "NCCL latency factor (SimGrid)",
+       [](Scenario& s) -> double& { return s.sim.latency_factor; }, 0},
+  };
+  return inputs;
+}
+
+const std::vector<double>& sensitivity_factors() {
+  static const std::vector<double> factors = {0.25, 0.5, 0.8, 1, 1.25, 2, 4};
+  return factors;
+}
+
+SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule,
+                              const check::CheckResult& checked,
+                              const std::function<void(int, int)>& progress) {
+  SimResult with_races;
+  attach_races(checked, with_races);
+  const auto& inputs = sensitivity_inputs();
+  const auto& factors = sensitivity_factors();
+  SensitivityResult out;
+  // The grid: every input at every factor its bound allows (factor 1 once, for all).
+  std::vector<Scenario> grid = {scenario};
+  std::vector<std::pair<std::size_t, double>> where = {{0, 1.0}};  // (input, factor)
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    Scenario base = scenario;
+    const double value = inputs[i].field(base);
+    bool bound_done = false;
+    for (std::size_t f = 0; f < factors.size(); ++f) {
+      if (factors[f] == 1 || value == 0) continue;
+      double factor = factors[f];
+      if (inputs[i].max > 0 && value * factor > inputs[i].max) {
+        // Past the bound (an efficiency of 1): the bound itself, once, if above the value.
+        if (bound_done || value >= inputs[i].max) continue;
+        bound_done = true;
+        factor = inputs[i].max / value;
+      }
+      Scenario s = scenario;
+      inputs[i].field(s) = value * factor;
+      grid.push_back(std::move(s));
+      where.emplace_back(i, factor);
+    }
+  }
+  // The bisections are counted as if every input had one flip on each side (an estimate).
+  int done = 0;
+  const int total = static_cast<int>(grid.size()) + static_cast<int>(inputs.size()) * kBisections;
+  const std::vector<Margin> m = margins(grid, schedule, with_races, done, total, progress);
+  out.min_margin_s = m[0].min;
+  out.closest_race = m[0].race;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    SensitivityRow row;
+    row.key = inputs[i].key;
+    row.what = inputs[i].what;
+    Scenario base = scenario;
+    row.value = inputs[i].field(base);
+    row.samples.push_back({1, row.value, m[0].min});
+    for (std::size_t k = 1; k < grid.size(); ++k) {
+      if (where[k].first != i) continue;
+      const double f = where[k].second;
+      row.samples.push_back({f, row.value * f, m[k].min});
+    }
+    std::sort(
+        row.samples.begin(), row.samples.end(),
+        [](const SensitivitySample& a, const SensitivitySample& b) { return a.factor < b.factor; });
+    out.rows.push_back(std::move(row));
+  }
+  // Each sign change between neighbouring factors, bisected in log factor; brackets nearest to
+  // the scenario's value first, all rows' brackets of one halving run together.
+  struct Bracket {
+    std::size_t row;
+    double inner, outer;  // factors: inner on the scenario's side, outer beyond the flip
+    bool outer_bites;
+  };
+  std::vector<Bracket> brackets;
+  for (std::size_t i = 0; i < out.rows.size(); ++i) {
+    const auto& smp = out.rows[i].samples;
+    const auto one = std::find_if(smp.begin(), smp.end(),
+                                  [](const SensitivitySample& x) { return x.factor == 1; });
+    const auto at = static_cast<std::size_t>(one - smp.begin());
+    for (std::size_t k = at; k + 1 < smp.size(); ++k) {  // upwards: the first change only
+      if (bites(smp[k].min_margin_s) != bites(smp[k + 1].min_margin_s)) {
+        brackets.push_back({i, smp[k].factor, smp[k + 1].factor, bites(smp[k + 1].min_margin_s)});
+        break;
+      }
+    }
+    for (std::size_t k = at; k > 0; --k) {  // downwards
+      if (bites(smp[k].min_margin_s) != bites(smp[k - 1].min_margin_s)) {
+        brackets.push_back({i, smp[k].factor, smp[k - 1].factor, bites(smp[k - 1].min_margin_s)});
+        break;
+      }
+    }
+  }
+  for (int h = 0; h < kBisections && !brackets.empty(); ++h) {
+    std::vector<Scenario> mids;
+    for (const Bracket& b : brackets) {
+      Scenario s = scenario;
+      inputs[b.row].field(s) = out.rows[b.row].value * std::sqrt(b.inner * b.outer);
+      mids.push_back(std::move(s));
+    }
+    const std::vector<Margin> mm = margins(mids, schedule, with_races, done, total, progress);
+    for (std::size_t k = 0; k < brackets.size(); ++k) {
+      Bracket& b = brackets[k];
+      const double mid = std::sqrt(b.inner * b.outer);
+      (bites(mm[k].min) == b.outer_bites ? b.outer : b.inner) = mid;
+    }
+  }
+  for (const Bracket& b : brackets) {
+    SensitivityRow& row = out.rows[b.row];
+    row.flips.push_back({b.outer, row.value * b.outer, b.outer_bites});
+  }
+  for (SensitivityRow& row : out.rows) {
+    std::sort(row.flips.begin(), row.flips.end(),
+              [](const SensitivityFlip& a, const SensitivityFlip& b) {
+                return std::abs(std::log(a.factor)) < std::abs(std::log(b.factor));
+              });
+  }
+  out.runs = done;
+  return out;
+}
+
+std::string sensitivity_sentence(const SensitivityResult& r) {
+  if (!r.min_margin_s) return "No instance of a race ran both its ops in this timeline.";
+  const bool bit = *r.min_margin_s < 0;
+  // The flip nearest to the scenario's values, over every input.
+  const SensitivityRow* best_row = nullptr;
+  const SensitivityFlip* best = nullptr;
+  for (const SensitivityRow& row : r.rows) {
+    for (const SensitivityFlip& f : row.flips) {
+      if (best == nullptr || std::abs(std::log(f.factor)) < std::abs(std::log(best->factor))) {
+        best = &f;
+        best_row = &row;
+      }
+    }
+  }
+  std::string s = fmt::format("The closest race ({}) {} by {} in this timeline", r.closest_race,
+                              bit ? "bites" : "misses", seconds(std::abs(*r.min_margin_s)));
+  if (best == nullptr) {
+    return s + fmt::format("; no single input scaled from x1/4 to x4 makes it {}.",
+                           bit ? "stop biting" : "bite");
+  }
+  return s + fmt::format("; it would {} with {} at {} ({:.4g}, {} the scenario's {:.4g}).",
+                         best->bites ? "bite" : "stop biting", best_row->key,
+                         factor_text(best->factor), best->value, best_row->what, best_row->value);
+}
+
+std::string sensitivity_table(const SensitivityResult& r) {
+  std::string out = fmt::format(
+      "sensitivity: the smallest margin of any race (second op's start minus first op's end; "
+      "negative: it bites), each input scaled alone, same seed ({} timelines)\n",
+      r.runs);
+  out += fmt::format("  {:<28} {:>10}", "input", "value");
+  for (double f : sensitivity_factors()) out += fmt::format(" {:>10}", factor_text(f));
+  out += "  flips at\n";
+  for (const SensitivityRow& row : r.rows) {
+    out += fmt::format("  {:<28} {:>10.4g}", row.key, row.value);
+    for (double f : sensitivity_factors()) {
+      const auto s = std::find_if(row.samples.begin(), row.samples.end(),
+                                  [f](const SensitivitySample& x) { return x.factor == f; });
+      out += fmt::format(" {:>10}", s == row.samples.end() ? "-"
+                                    : !s->min_margin_s     ? "none"
+                                                           : seconds(*s->min_margin_s));
+    }
+    for (const SensitivitySample& s : row.samples) {
+      const auto& grid = sensitivity_factors();
+      if (std::find(grid.begin(), grid.end(), s.factor) != grid.end()) continue;
+      out += fmt::format("  (at its bound {:.4g}, {}: {})", s.value, factor_text(s.factor),
+                         s.min_margin_s ? seconds(*s.min_margin_s) : "none");
+    }
+    std::string flips;
+    for (const SensitivityFlip& f : row.flips) {
+      flips += fmt::format("{}{} ({:.4g}): {}", flips.empty() ? "  " : "; ", factor_text(f.factor),
+                           f.value, f.bites ? "bites" : "stops biting");
+    }
+    out += (flips.empty() ? "  -" : flips) + "\n";
+  }
+  out += "  " + sensitivity_sentence(r) + "\n";
+  return out;
+}
+
+}  // namespace hpz::time

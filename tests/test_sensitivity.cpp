@@ -1,0 +1,88 @@
+// `hpzlab sim --sensitivity` (sim/time/sensitivity.hpp) on tiny.toml's DeepSpeed schedule
+// without the spin kernel, where the race misses by tens of microseconds: a faster host (less
+// launch overhead) or a slower inter-node latency makes it bite, bandwidth does not; the flip is
+// bracketed by the samples around it; the same run twice gives the same numbers.
+#include "sim/time/sensitivity.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "sim/builder.hpp"
+#include "sim/check/checker.hpp"
+#include "tests/paths.hpp"
+
+namespace hpz::time {
+namespace {
+
+const SensitivityRow& row(const SensitivityResult& r, const std::string& key) {
+  const auto it = std::find_if(r.rows.begin(), r.rows.end(),
+                               [&](const SensitivityRow& x) { return x.key == key; });
+  EXPECT_NE(it, r.rows.end()) << key;
+  return *it;
+}
+
+SensitivityResult run(const std::vector<Override>& more = {}) {
+  std::vector<Override> o = {{"run.builder", "deepspeed"}, {"run.spin_before_copy_us", "0"}};
+  o.insert(o.end(), more.begin(), more.end());
+  const Scenario sc = load_scenario(test::scenario_path("tiny"), o);
+  const Schedule s = build_schedule(sc);
+  return sensitivity(sc, s, check::check_schedule(s));
+}
+
+TEST(Sensitivity, NamesTheInputsThatDecideTheBite) {
+  const SensitivityResult r = run();
+  ASSERT_TRUE(r.min_margin_s.has_value());
+  EXPECT_GT(*r.min_margin_s, 0);  // it misses without the spin
+  const SensitivityRow& launch = row(r, "sim.launch_overhead_us");
+  ASSERT_FALSE(launch.flips.empty());
+  const SensitivityFlip& f = launch.flips.front();
+  EXPECT_TRUE(f.bites);
+  EXPECT_LT(f.factor, 1);  // a faster host
+  EXPECT_DOUBLE_EQ(f.value, launch.value * f.factor);
+  // The flip lies between the grid's samples on either side of it.
+  const auto below = std::find_if(launch.samples.begin(), launch.samples.end(),
+                                  [](const SensitivitySample& s) { return s.factor == 0.25; });
+  ASSERT_NE(below, launch.samples.end());
+  EXPECT_LT(*below->min_margin_s, 0);
+  EXPECT_GT(f.factor, 0.25);
+  // Bandwidth is not what decides it here.
+  EXPECT_TRUE(row(r, "cluster.nic_gbps").flips.empty());
+  EXPECT_TRUE(row(r, "cluster.nvlink_gbytes_per_s").flips.empty());
+  const std::string sentence = sensitivity_sentence(r);
+  EXPECT_NE(sentence.find("misses by"), std::string::npos) << sentence;
+  EXPECT_NE(sentence.find("would bite with"), std::string::npos) << sentence;
+  // Efficiencies stop at 1: the bound is sampled, nothing past it.
+  for (const SensitivitySample& s : row(r, "sim.compute_efficiency").samples) {
+    EXPECT_LE(s.value, 1.0);
+  }
+}
+
+TEST(Sensitivity, Deterministic) {
+  const SensitivityResult a = run(), b = run();
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  for (std::size_t i = 0; i < a.rows.size(); ++i) {
+    ASSERT_EQ(a.rows[i].samples.size(), b.rows[i].samples.size());
+    for (std::size_t k = 0; k < a.rows[i].samples.size(); ++k) {
+      EXPECT_EQ(a.rows[i].samples[k].min_margin_s, b.rows[i].samples[k].min_margin_s);
+    }
+    ASSERT_EQ(a.rows[i].flips.size(), b.rows[i].flips.size());
+    for (std::size_t k = 0; k < a.rows[i].flips.size(); ++k) {
+      EXPECT_EQ(a.rows[i].flips[k].factor, b.rows[i].flips[k].factor);
+    }
+  }
+  EXPECT_EQ(sensitivity_table(a), sensitivity_table(b));
+}
+
+TEST(Sensitivity, BitingRaceSaysWhatWouldStopIt) {
+  // With tiny.toml's 200 us spin it bites by about 2 ms; no input within x4 stops it.
+  const SensitivityResult r = run({{"run.spin_before_copy_us", "200"}});
+  ASSERT_TRUE(r.min_margin_s.has_value());
+  EXPECT_LT(*r.min_margin_s, 0);
+  const std::string sentence = sensitivity_sentence(r);
+  EXPECT_NE(sentence.find("bites by"), std::string::npos) << sentence;
+}
+
+}  // namespace
+}  // namespace hpz::time
