@@ -3,8 +3,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 
 #include "sim/builder.hpp"
@@ -336,6 +338,19 @@ int main(int argc, char** argv) {
     hpz::cli::end_progress_line();
     std::fprintf(stderr, "hpzlab: internal error (please report): %s\n", e.what());
     return hpz::kExitInternal;
+  }
+  // What went to standard output may still sit in its buffer: a full disk (or a closed file)
+  // shows only when it is flushed. A CI step `check ... --sarif - > results.sarif` must not pass
+  // with a broken file (issue 34).
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int err = errno;
+    hpz::cli::end_progress_line();
+    std::fprintf(stderr,
+                 "hpzlab: error: standard output: cannot write (%s); what it holds is "
+                 "incomplete\n",
+                 err != 0 ? std::strerror(err) : "write error");
+    return hpz::kExitBadInput;
   }
   return exit_code;
 }
