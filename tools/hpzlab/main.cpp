@@ -260,6 +260,21 @@ void check_subcommand_name(const CLI::App& app, int argc, char** argv) {
                   suggestion ? fmt::format("; did you mean '{}'?", *suggestion) : "", allowed));
 }
 
+/** An empty argument (`--json ''`, `--json=`) is never a value hpzlab takes: as an output it
+ *  silently wrote nothing (issue 34). Refused before parsing, naming the option. */
+void check_empty_arguments(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const std::string flag =
+        a.empty() ? (i > 1 ? std::string(argv[i - 1]) : std::string()) : a.substr(0, a.size() - 1);
+    if (a.empty() || (a.starts_with("--") && a.ends_with("="))) {
+      throw InputError("", flag,
+                       "expected a value, got '' (allowed: a value; for an output, a "
+                       "file name or '-' for standard output)");
+    }
+  }
+}
+
 /** CLI11's parse error in the program's one-line form: the subcommand, what is wrong and, for an
  *  option no subcommand option is named, the closest one (CLI11's own message is two lines
  *  without `hpzlab: error:`; issue 35). */
@@ -319,6 +334,7 @@ int main(int argc, char** argv) {
   hpz::cli::setup_version(app, exit_code);
   try {
     hpz::cli::check_subcommand_name(app, argc, argv);
+    hpz::cli::check_empty_arguments(argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

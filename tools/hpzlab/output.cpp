@@ -2,7 +2,8 @@
 // anything is written, then each written whole. A regular file (or none yet) gets a temporary
 // file next to it renamed into place, so a failed run never leaves half a file; a symlink is
 // followed (the temporary file goes next to its target, which the rename replaces, and the link
-// stays); a FIFO, a device (/dev/null) or a socket is written directly, never replaced.
+// stays; links that lead in a loop are refused); a FIFO, a device (/dev/null) or a socket is
+// written directly, never replaced.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -36,6 +37,13 @@ fs::path resolved(const fs::path& path) {
   return ec ? p : canonical;
 }
 
+/** True when following `path`'s links never ends (a link to itself, two links to each other):
+ *  writing there would replace a link by a file. */
+bool link_loop(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_symlink(fs::symlink_status(resolved(path), ec));
+}
+
 /** True when `a` and `b` name the same file (or would, once written). */
 bool same_file(const fs::path& a, const fs::path& b) {
   std::error_code ec;
@@ -49,6 +57,7 @@ bool same_file(const fs::path& a, const fs::path& b) {
 
 /** Throws InputError unless `out` can be written (see check_outputs). */
 void check_writable(const OutputFile& out) {
+  if (link_loop(out.path)) cannot_write(out, "its symbolic links lead in a loop");
   const fs::path target = resolved(out.path);
   std::error_code ec;
   const fs::file_status st = fs::status(target, ec);
@@ -133,6 +142,7 @@ void write_output(const std::string& path, const std::string& text, const std::s
     return;
   }
   const OutputFile out{path, flag};
+  if (link_loop(path)) cannot_write(out, "its symbolic links lead in a loop");
   const fs::path target = resolved(path);
   std::error_code ec;
   const fs::file_status st = fs::status(target, ec);
