@@ -60,7 +60,7 @@ Enum parse_name(const std::array<std::string_view, N>& names, std::string_view s
   }
   std::string allowed;
   for (auto n : names) allowed += (allowed.empty() ? "" : ", ") + std::string(n);
-  throw InputError("", what, "unknown value '" + std::string(s) + "' (allowed: " + allowed + ")");
+  throw InputError("", what, "unknown value '" + shown(s) + "' (allowed: " + allowed + ")");
 }
 
 // Op is the bulk of a large schedule (tens of millions at 1,024 ranks): keep new fields in its

@@ -21,6 +21,8 @@ namespace {
 using nlohmann::json;
 
 constexpr int kFormatVersion = 1;
+/** Largest step (and micro-step) a schedule file may have: far beyond any run. */
+constexpr std::int32_t kMaxScheduleStep = 1'000'000;
 
 json access_to_json(const Access& a) {
   json j = json::array({a.buffer, a.mode == AccessMode::kWrite ? "w" : "r", a.offset, a.bytes});
@@ -212,6 +214,7 @@ Fill parse_fill(std::string_view s) {
 struct OpContext {
   const Schedule& schedule;
   std::unordered_set<EventId> recorded;
+  std::int32_t last_step = -2;  ///< the largest step of the rank's ops so far (-2: none yet)
 };
 
 /** The one event an op refers to must have been recorded earlier on its rank. */
@@ -333,6 +336,25 @@ void read_op(const Reader& rd, const json& j, const std::string& path, RankSched
   op.stream = read_stream(rd, j, path, rank);
   op.step = rd.get<std::int32_t>(j, "step", path);
   op.micro_step = rd.get_or<std::int32_t>(j, "micro_step", 0, path);
+  // Steps come one after another from -1 (init) or 0; an op may go back to an earlier step
+  // (a recording logs some init work after step 0 began) but not skip one. A stray 2147483647
+  // made the step count overflow and killed the simulation child where check called the schedule
+  // clean.
+  const std::int32_t high = std::min(std::max(ctx.last_step + 1, 0), kMaxScheduleStep);
+  if (op.step < -1 || op.step > high) {
+    rd.fail(path + ".step",
+            fmt::format("{} {}: a rank's steps come one after another from -1 (init) or 0 "
+                        "(allowed: -1 to {})",
+                        op.step,
+                        ctx.last_step < -1 ? "as the first op"
+                                           : fmt::format("after steps up to {}", ctx.last_step),
+                        high));
+  }
+  ctx.last_step = std::max(ctx.last_step, op.step);
+  if (op.micro_step < 0 || op.micro_step > kMaxScheduleStep) {
+    rd.fail(path + ".micro_step",
+            fmt::format("{} is out of range (allowed: 0 to {})", op.micro_step, kMaxScheduleStep));
+  }
   op.unit = rd.get_or<UnitId>(j, "unit", kNoUnit, path);
   op.group = rd.get_or<GroupId>(j, "group", kNoGroup, path);
   op.event = rd.get_or<EventId>(j, "event", kNoEvent, path);
@@ -384,7 +406,7 @@ RankSchedule read_rank(const Reader& rd, const json& j, const std::string& path,
     b.on_host = rd.get_or<bool>(buffers[i], "on_host", false, bpath);
     rank.buffers.push_back(std::move(b));
   }
-  OpContext ctx{s, {}};
+  OpContext ctx{s, {}, -2};
   const auto& ops = rd.list(j, "ops", path);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     read_op(rd, ops[i], path + ".ops[" + std::to_string(i) + "]", rank, ctx);

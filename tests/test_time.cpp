@@ -377,13 +377,18 @@ const TraceSlice* enclosing(const std::vector<TraceSlice>& track, std::int64_t t
 // collective on another rank, race arrows from the writer to the reader.
 TEST(Simulate, TraceSlicesNeverOverlapAndFlowsBindToTheirSlices) {
   const std::vector<std::vector<Override>> variants = {
-      {}, {{"run.variant", "host-sync"}}, {{"run.builder", "deepspeed"}}};
+      {},
+      {{"run.variant", "host-sync"}},
+      {{"run.builder", "deepspeed"}},
+      {{"run.builder", "deepspeed"}, {"run.spin_before_copy_us", "0"}}};
   for (const auto& sets : variants) {
     const Scenario sc = scenario("tiny.toml", sets);
     const Schedule schedule = build_schedule(sc);
     const SimResult r = simulate(sc, schedule, {});
     const auto trace = nlohmann::json::parse(TraceReporter().render(schedule, r));
-    const std::string label = sets.empty() ? "stock" : sets[0].second;
+    const std::string label = sets.empty()      ? "stock"
+                              : sets.size() > 1 ? "deepspeed, no spin"
+                                                : sets[0].second;
     std::map<std::pair<int, int>, std::vector<TraceSlice>> tracks;
     for (const auto& e : trace.at("traceEvents")) {
       if (e.at("ph") != "X") continue;
@@ -408,11 +413,19 @@ TEST(Simulate, TraceSlicesNeverOverlapAndFlowsBindToTheirSlices) {
       const TraceSlice* slice = nullptr;
     };
     std::map<std::uint64_t, std::pair<std::string, std::pair<End, End>>> flows;
-    std::vector<std::uint64_t> races;                           // flow ids of race arrows, in order
-    std::vector<std::pair<std::size_t, std::size_t>> instants;  // (writer, reader) of each RACE
+    // Flow ids of race arrows ("race", "race margin"), in order, and the (writer, reader) of
+    // each mark ("RACE manifested", "race missed").
+    std::map<std::string, std::vector<std::uint64_t>> races;
+    std::map<std::string, std::vector<std::pair<std::size_t, std::size_t>>> instants;
     for (const auto& e : trace.at("traceEvents")) {
       const std::string ph = e.at("ph");
-      if (ph == "i") instants.emplace_back(e["args"]["writer_op"], e["args"]["reader_op"]);
+      if (ph == "i") {
+        const std::string arrow = e.at("name") == "race missed" ? "race margin" : "race";
+        instants[arrow].emplace_back(e["args"]["writer_op"], e["args"]["reader_op"]);
+        if (arrow == "race margin") {
+          EXPECT_GE(e["args"]["margin_s"].get<double>(), 0) << label;
+        }
+      }
       if (ph != "s" && ph != "f") continue;
       if (ph == "f") {
         EXPECT_EQ(e.value("bp", ""), "e") << label << ": " << e.dump();
@@ -424,7 +437,7 @@ TEST(Simulate, TraceSlicesNeverOverlapAndFlowsBindToTheirSlices) {
       auto& flow = flows[e.at("id")];
       flow.first = e.at("name");
       (ph == "s" ? flow.second.first : flow.second.second) = {pid, slice};
-      if (ph == "s" && flow.first == "race") races.push_back(e.at("id"));
+      if (ph == "s" && flow.first.starts_with("race")) races[flow.first].push_back(e.at("id"));
     }
     std::map<std::string, int> kinds;
     for (const auto& [id, flow] : flows) {
@@ -446,16 +459,22 @@ TEST(Simulate, TraceSlicesNeverOverlapAndFlowsBindToTheirSlices) {
         EXPECT_LT(from.pid, to.pid);
         ++kinds[name];
       } else {
-        EXPECT_EQ(name, "race");
+        EXPECT_TRUE(name == "race" || name == "race margin") << name;
         ++kinds[name];
       }
     }
-    ASSERT_EQ(races.size(), instants.size()) << label;
-    for (std::size_t k = 0; k < races.size(); ++k) {
-      const auto& [from, to] = flows[races[k]].second;
-      EXPECT_EQ(from.slice->op, instants[k].first) << label << ": race " << k;
-      EXPECT_EQ(to.slice->op, instants[k].second) << label << ": race " << k;
-      EXPECT_EQ(from.pid, to.pid);
+    for (const std::string arrow : {"race", "race margin"}) {
+      ASSERT_EQ(races[arrow].size(), instants[arrow].size()) << label << ": " << arrow;
+      for (std::size_t k = 0; k < races[arrow].size(); ++k) {
+        const auto& [from, to] = flows[races[arrow][k]].second;
+        EXPECT_EQ(from.slice->op, instants[arrow][k].first) << label << ": " << arrow << " " << k;
+        EXPECT_EQ(to.slice->op, instants[arrow][k].second) << label << ": " << arrow << " " << k;
+        EXPECT_EQ(from.pid, to.pid);
+      }
+    }
+    if (label == "deepspeed, no spin") {
+      EXPECT_EQ(kinds["race"], 0);  // no spin: it misses, by its margin
+      EXPECT_GT(kinds["race margin"], 0);
     }
     EXPECT_GT(kinds["event to stream_wait_event"], 0) << label;
     EXPECT_GT(kinds["rendezvous"], 0) << label;

@@ -101,10 +101,11 @@ class TraceWriter {
         R"("ph":"f","bp":"e","id":{},"name":"{}","cat":"flow","pid":{},"tid":{},"ts":{})", id, name,
         r1, tid1, us(t1)));
   }
-  void instant(Rank r, int tid, const std::string& name, std::int64_t t, const std::string& args) {
+  void instant(Rank r, int tid, const std::string& name, std::int64_t t, const std::string& args,
+               std::string_view colour = "terrible") {
     event(fmt::format(R"("ph":"i","s":"p","pid":{},"tid":{},"name":"{}","ts":{},)"
-                      R"("cname":"terrible","args":{{{}}})",
-                      r, tid, name, us(t), args));
+                      R"("cname":"{}","args":{{{}}})",
+                      r, tid, name, us(t), colour, args));
   }
   std::string done() { return out_ + "\n]}\n"; }
 
@@ -243,6 +244,24 @@ std::string TraceReporter::render(const Schedule& s, const SimResult& r) const {
                           race.second, m.overlap_s));
     w.flow("race", race.rank, tid_of(ops[race.first]),
            std::clamp(reader.start_ns, writer.start_ns, last_ns(writer)), race.rank,
+           tid_of(ops[race.second]), reader.start_ns);
+  }
+  // Each race group whose closest instance did not bite (issue 37): an arrow from the writer's
+  // last nanosecond to the reader's start and a mark there with the margin, so that the trace
+  // shows how close it came.
+  for (const RaceReport& report : r.races) {
+    if (!report.has_margin || report.min_margin_s < 0) continue;
+    const RaceInstance& race = report.closest;
+    const auto& ops = s.ranks[static_cast<std::size_t>(race.rank)].ops;
+    const auto& span = spans[static_cast<std::size_t>(race.rank)];
+    const Span& writer = span[race.first];
+    const Span& reader = span[race.second];
+    if (!writer.shown || !reader.shown) continue;
+    w.instant(race.rank, tid_of(ops[race.second]), "race missed", reader.start_ns,
+              fmt::format(R"("writer_op":{},"reader_op":{},"margin_s":{:.9f})", race.first,
+                          race.second, report.min_margin_s),
+              "good");
+    w.flow("race margin", race.rank, tid_of(ops[race.first]), last_ns(writer), race.rank,
            tid_of(ops[race.second]), reader.start_ns);
   }
   return w.done();

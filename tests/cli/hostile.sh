@@ -4,7 +4,8 @@
 # Output paths (items 1 and 14): a symlink is written through (its target replaced, the link
 # kept), a FIFO is written into (never replaced by a file), a directory at PATH.tmp does not stop
 # the write, and a run whose later output cannot be written writes none of its outputs.
-# Empty arguments (item 15): '' for a numeric flag is refused, not read as "not given".
+# Empty arguments (item 15): '' for a numeric flag is refused, not read as "not given"; issue 34:
+# '' for an output, schedule steps out of order, long enum values cut.
 set -u
 hpzlab=$1
 dir=$(mktemp -d "${TMPDIR:-/tmp}/hpzlab-hostile.XXXXXX")
@@ -58,6 +59,33 @@ out=$("$hpzlab" schedule $scenario --rank '' 2>&1)
 out=$("$hpzlab" repro $scenario --steps '' 2>&1)
 [ $? = 2 ] && [ "$out" = "hpzlab: error: --steps: expected a value, got ''" ] ||
   fail "--steps '': '$out'"
+
+# An empty output value (issue 34, item 12): refused, not "no output".
+out=$("$hpzlab" check $scenario --json '' 2>&1)
+[ $? = 2 ] && [ "$out" = "hpzlab: error: --json: expected a value, got ''" ] ||
+  fail "--json '': '$out'"
+
+# A schedule whose steps do not run in order (issue 34, item 11): 2147483647 overflowed the
+# step count and killed the simulation child; -5 and a jump were accepted.
+for step in 2147483647 -5 7; do
+  sed "0,/\"step\": 0/s//\"step\": $step/" tests/data/schedule/host-event-sync.json >"$dir/step.json"
+  out=$("$hpzlab" check --schedule "$dir/step.json" 2>&1)
+  rc=$?
+  case "$out" in
+    *"ranks[0].ops[0].step: $step as the first op: a rank's steps come one after another"*) ;;
+    *) fail "step $step: exit $rc, '$out'" ;;
+  esac
+  [ $rc = 2 ] || fail "step $step: exit $rc"
+done
+
+# An unknown enum value of 4000 characters is cut in the message (item 15).
+long=$(head -c 4000 /dev/zero | tr '\0' x)
+sed "0,/\"kind\": \"kernel\"/s//\"kind\": \"$long\"/" tests/data/schedule/host-event-sync.json \
+  >"$dir/kind.json"
+out=$("$hpzlab" check --schedule "$dir/kind.json" 2>&1)
+rc=$?
+[ $rc = 2 ] && [ ${#out} -lt 400 ] && case "$out" in *"(4000 bytes)"*) true ;; *) false ;; esac ||
+  fail "long kind: exit $rc, ${#out} characters"
 
 [ $failed = 0 ] && echo "hostile input: all cases pass"
 exit $failed

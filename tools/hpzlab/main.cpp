@@ -268,9 +268,7 @@ void check_empty_arguments(int argc, char** argv) {
     const std::string flag =
         a.empty() ? (i > 1 ? std::string(argv[i - 1]) : std::string()) : a.substr(0, a.size() - 1);
     if (a.empty() || (a.starts_with("--") && a.ends_with("="))) {
-      throw InputError("", flag,
-                       "expected a value, got '' (allowed: a value; for an output, a "
-                       "file name or '-' for standard output)");
+      throw InputError("", flag, "expected a value, got ''");
     }
   }
 }
