@@ -5,7 +5,8 @@
 # kept), a FIFO is written into (never replaced by a file), a directory at PATH.tmp does not stop
 # the write, and a run whose later output cannot be written writes none of its outputs.
 # Empty arguments (item 15): '' for a numeric flag is refused, not read as "not given"; issue 34:
-# '' for an output, schedule steps out of order, long enum values cut.
+# '' for an output, schedule steps out of order, long enum values cut, the sweep's files read
+# through the guarded reader.
 set -u
 hpzlab=$1
 dir=$(mktemp -d "${TMPDIR:-/tmp}/hpzlab-hostile.XXXXXX")
@@ -86,6 +87,19 @@ out=$("$hpzlab" check --schedule "$dir/kind.json" 2>&1)
 rc=$?
 [ $rc = 2 ] && [ ${#out} -lt 400 ] && case "$out" in *"(4000 bytes)"*) true ;; *) false ;; esac ||
   fail "long kind: exit $rc, ${#out} characters"
+
+# The sweep's files (issue 34, items 1 and 7): a child's JSON nested 100,000 deep segfaulted
+# --collect; a child's .err linked to /dev/zero was read whole. Now: not run yet, and a failed
+# row that says why.
+"$hpzlab" sweep $scenario --vary cluster.nic_gbps=1,2 --variants stock --emit "$dir/sw" >/dev/null 2>&1 ||
+  fail "sweep --emit: exit $?"
+python3 -c "print('[' * 100000 + ']' * 100000)" >"$dir/sw/out/p0-v0.json"
+ln -s /dev/zero "$dir/sw/out/p1-v0.err"
+out=$(timeout 60 "$hpzlab" sweep --collect "$dir/sw" 2>&1)
+rc=$?
+[ $rc = 1 ] || fail "sweep --collect on hostile children's files: exit $rc (1: a failed row), '$out'"
+grep -q "p1-v0.err: cannot read the child's error output: is not a regular file" "$dir/sw/results.csv" ||
+  fail "sweep --collect: no failed row for the /dev/zero .err"
 
 [ $failed = 0 ] && echo "hostile input: all cases pass"
 exit $failed

@@ -37,8 +37,7 @@ std::pair<nlohmann::json, std::string> collected_repro(const std::string& dir, s
                                                        Collected& c) {
   ++c.replays;
   const std::string base = dir + "/out/" + repro_stem(point);
-  std::ifstream in(base + ".json");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = read_sweep_json(base + ".json");
   if (j.is_object() && j.contains("variants")) return {std::move(j), ""};
   if (fs::exists(base + ".err")) {
     ++c.replays_failed;
@@ -128,8 +127,7 @@ std::size_t emit(const Plan& plan, const std::string& dir, const std::string& pr
 
 Plan read_plan(const std::string& dir) {
   const std::string path = dir + "/sweep.json";
-  std::ifstream in(path);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = read_sweep_json(path);
   if (!j.is_object()) {
     throw InputError(dir, "--collect",
                      "no readable sweep.json here (allowed: a directory `hpzlab sweep --emit` "
@@ -149,8 +147,7 @@ Collected collect(const std::string& dir) {
     for (std::size_t v = 0; v < plan.variants.size(); ++v) {
       ++c.simulations;
       const std::string base = dir + "/out/" + stem(point, v);
-      std::ifstream in(base + ".json");
-      const nlohmann::json sim = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::json sim = read_sweep_json(base + ".json");
       std::vector<Row> rows;
       if (sim.is_object() && sim.contains("runs")) {
         rows = rows_from_sim(plan, {point, v}, sim);

@@ -10,12 +10,18 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <stdexcept>
+
+#include "sim/error.hpp"
+#include "sim/input.hpp"
 
 extern char** environ;
 
 namespace hpz::sweep {
 namespace {
+
+namespace fs = std::filesystem;
 
 pid_t spawn(const std::string& program, const Job& job) {
   posix_spawn_file_actions_t actions;
@@ -76,7 +82,15 @@ void run_jobs(const std::string& program, const std::vector<Job>& jobs, int para
 }
 
 std::string last_error_line(const std::string& stderr_path) {
-  std::ifstream in(stderr_path);
+  std::error_code ec;
+  if (!fs::exists(stderr_path, ec)) return "";
+  std::string text;
+  try {
+    text = read_input_file(stderr_path, stderr_path, "", "cannot read the child's error output");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  std::istringstream in(text);
   std::string line, last, error;
   while (std::getline(in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -88,7 +102,19 @@ std::string last_error_line(const std::string& stderr_path) {
   if (chosen.rfind(prefix, 0) == 0) chosen = chosen.substr(prefix.size());
   // A progress bar's carriage returns: keep what was drawn last.
   const std::size_t cr = chosen.rfind('\r');
-  return cr == std::string::npos ? chosen : chosen.substr(cr + 1);
+  // Bytes that are not UTF-8 (a child's stderr is anything) escaped, the line cut: it goes into
+  // JSON and CSV cells.
+  return shown(cr == std::string::npos ? chosen : chosen.substr(cr + 1), 400);
+}
+
+nlohmann::json read_sweep_json(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return nullptr;
+  try {
+    return parse_json_input(read_input_file(path, path, "", "cannot read"), path, "not JSON");
+  } catch (const InputError&) {
+    return nullptr;
+  }
 }
 
 }  // namespace hpz::sweep

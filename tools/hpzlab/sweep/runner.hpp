@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,14 @@ void run_jobs(const std::string& program, const std::vector<Job>& jobs, int para
               const std::function<void(const Job&, const Outcome&)>& finished);
 
 /** The last line of a child's standard error worth showing as its error ("" if none), without
- *  the "hpzlab: error: " start. */
+ *  the "hpzlab: error: " start. Read through the guarded reader (issue 34): a link to /dev/zero
+ *  or a file over the input cap gives a line saying so, not gigabytes in memory. */
 std::string last_error_line(const std::string& stderr_path);
+
+/** A JSON file a sweep's child or an earlier sweep left (the JSON in DIR/out, sweep.json), read
+ *  through the guarded reader (a regular file, at most kMaxInputBytes, nesting at most
+ *  kMaxJsonDepth): null when it is missing, unreadable or not such JSON. A value nested 100,000
+ *  deep overflowed the stack in nlohmann's plain parse. */
+nlohmann::json read_sweep_json(const std::string& path);
 
 }  // namespace hpz::sweep

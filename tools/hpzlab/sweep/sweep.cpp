@@ -30,13 +30,12 @@ bool non_empty_dir(const std::string& dir) {
 
 void check_same_plan(const Plan& plan, const RunSettings& settings) {
   const std::string path = plan_path(settings);
-  std::ifstream in(path);
-  if (!in) {
+  const nlohmann::json before = read_sweep_json(path);
+  if (before.is_null()) {
     throw InputError(settings.out, "--resume",
-                     "no sweep.json here: not a sweep's directory (allowed: the --out of an "
-                     "earlier sweep, or a new or empty directory)");
+                     "no readable sweep.json here: not a sweep's directory (allowed: the --out of "
+                     "an earlier sweep, or a new or empty directory)");
   }
-  const nlohmann::json before = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (before != plan.to_json()) {
     throw InputError(path, "--resume",
                      "this directory holds a different sweep (scenario, --set, --vary, "
@@ -50,8 +49,7 @@ std::vector<Row> rows_of(const Plan& plan, SimKey key, const std::string& json_p
                          const std::string& err_path, const Outcome& outcome) {
   // `hpzlab sim` exits 1 when the simulated job hangs, with its JSON written all the same.
   if (outcome.exit_code == kExitOk || outcome.exit_code == kExitFindings) {
-    std::ifstream in(json_path);
-    const nlohmann::json sim = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json sim = read_sweep_json(json_path);
     if (sim.is_object() && sim.contains("runs")) return rows_from_sim(plan, key, sim);
   }
   std::string error = last_error_line(err_path);
@@ -115,8 +113,7 @@ ReproOutcome repro_outcome(const std::string& json_path, const std::string& err_
                            const Outcome& outcome) {
   // `hpzlab repro` exits 1 when a fix does not match hpZ off or a variant hangs: results.
   if (outcome.exit_code == kExitOk || outcome.exit_code == kExitFindings) {
-    std::ifstream in(json_path);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json j = read_sweep_json(json_path);
     if (j.is_object() && j.contains("variants")) return {std::move(j), ""};
   }
   const std::string error = last_error_line(err_path);

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "sim/error.hpp"
+#include "sim/input.hpp"
 
 namespace hpz::sweep {
 namespace {
@@ -128,7 +129,9 @@ void append_once(const std::string& path, const std::string& text) {
 /** (point, variant, run) of the CSV lines after the header: the first three fields. */
 std::set<std::tuple<std::size_t, std::string, int>> csv_keys(const std::string& path) {
   std::set<std::tuple<std::size_t, std::string, int>> keys;
-  std::ifstream in(path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return keys;
+  std::istringstream in(read_input_file(path, path, "--resume", "cannot read the sweep's table"));
   std::string line;
   std::getline(in, line);  // the header
   while (std::getline(in, line)) {
@@ -273,9 +276,19 @@ std::string csv_line(const std::vector<std::string>& columns, const Row& row) {
 
 std::vector<Row> read_jsonl(const std::string& path) {
   std::vector<Row> rows;
-  std::ifstream in(path);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return rows;
+  // The guarded reader (issue 34): a regular file of at most kMaxInputBytes (a link to
+  // /dev/zero took 17 GB), each line at most kMaxJsonDepth deep (a deep one overflowed the
+  // stack when the row was written back).
+  std::istringstream in(read_input_file(path, path, "--resume", "cannot read the sweep's rows"));
   std::string line;
   while (std::getline(in, line)) {
+    try {
+      parse_json_input(line, path, "not JSON");
+    } catch (const InputError&) {
+      continue;  // a line cut by a kill, or not a row
+    }
     Row row = Row::parse(line, nullptr, /*allow_exceptions=*/false);
     if (row.is_object()) rows.push_back(std::move(row));
   }
