@@ -214,7 +214,9 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::init_kernel(Rank r, cons
     if (a.mode != AccessMode::kWrite) continue;
     const BufferRole role = s_.ranks[r].buffers[a.buffer].role;
     if (role == BufferRole::kFull) {
-      const Chunk w = unit_weights(op.unit, sc_.run.seed);
+      // One init kernel makes every parameter of a module (DeepSpeed builder): each its own.
+      const UnitId own = s_.ranks[r].buffers[a.buffer].unit;
+      const Chunk w = unit_weights(own != kNoUnit ? own : op.unit, sc_.run.seed);
       out.push_back({a.buffer, a.offset / dt, slice(w, a.offset / dt, a.bytes / dt)});
     } else {
       out.push_back({a.buffer, a.offset / dt, Chunk(a.bytes / dt, 0.0f)});

@@ -10,9 +10,7 @@ namespace hpz::time {
 namespace {
 
 std::string seconds(double s) {
-  if (s >= 1) return fmt::format("{:.3f} s", s);
-  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
-  return fmt::format("{:.1f} us", s * 1e6);
+  return duration_text(s);
 }
 
 /** A margin with its sign: "+1.200 ms" (the later op started after), "-185.0 us" (before). */
@@ -78,6 +76,13 @@ void links(const SimResult& r, std::string& out) {
 }
 
 }  // namespace
+
+std::string duration_text(double s) {
+  const double a = std::abs(s);
+  if (a >= 1) return fmt::format("{:.3f} s", s);
+  if (a >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
 
 std::string render_races(const SimResult& result) {
   std::string out;

@@ -27,6 +27,9 @@ class ConsoleReporter : public Reporter {
   std::string render(const Schedule& schedule, const SimResult& result) const override;
 };
 
+/** A duration for a person: "1.234 s", "2.170 ms", "32.6 us", signed when negative. */
+std::string duration_text(double seconds);
+
 /** ConsoleReporter's race lines alone: each race group with the runs it manifested in, its margin
  *  (how far it bit or missed) and its first manifestation; "" without races. `hpzlab real`
  *  prints them under its own table, from measured times. */

@@ -9,6 +9,7 @@
 
 #include "sim/check/finding_log.hpp"
 #include "sim/time/engine.hpp"
+#include "sim/time/report.hpp"
 #include "sim/time/simulate.hpp"
 
 namespace hpz::time {
@@ -62,10 +63,7 @@ bool bites(const std::optional<double>& margin) {
 }
 
 std::string seconds(double s) {
-  const double a = std::abs(s);
-  if (a >= 1) return fmt::format("{:.3f} s", s);
-  if (a >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
-  return fmt::format("{:.1f} us", s * 1e6);
+  return duration_text(s);
 }
 
 std::string factor_text(double f) {

@@ -231,38 +231,31 @@ std::string TraceReporter::render(const Schedule& s, const SimResult& r) const {
   slices(s, r, spans, hot, w);
   event_flows(s, spans, w);
   rendezvous_flows(s, spans, w);
-  for (const auto& [race, m] : bitten) {
+  // A race instance's mark on the reader's start and its arrow from the writer; `bit`: the
+  // reader started while the writer still ran, and the arrow leaves the writer at that moment
+  // (or at its start, if the reader started first); otherwise from its last nanosecond.
+  const auto draw = [&](const RaceInstance& race, bool bit, const char* what, double seconds) {
     const auto& ops = s.ranks[static_cast<std::size_t>(race.rank)].ops;
     const auto& span = spans[static_cast<std::size_t>(race.rank)];
     const Span& writer = span[race.first];
     const Span& reader = span[race.second];
-    if (!writer.shown || !reader.shown) continue;
-    // The reader starts while the writer still runs: the arrow leaves the writer at that moment
-    // (or at its start, if the reader started first) and ends on the reader's start.
-    w.instant(race.rank, tid_of(ops[race.second]), "RACE manifested", reader.start_ns,
-              fmt::format(R"("writer_op":{},"reader_op":{},"overlap_s":{:.9f})", race.first,
-                          race.second, m.overlap_s));
-    w.flow("race", race.rank, tid_of(ops[race.first]),
-           std::clamp(reader.start_ns, writer.start_ns, last_ns(writer)), race.rank,
-           tid_of(ops[race.second]), reader.start_ns);
-  }
-  // Each race group whose closest instance did not bite (issue 37): an arrow from the writer's
-  // last nanosecond to the reader's start and a mark there with the margin, so that the trace
-  // shows how close it came.
+    if (!writer.shown || !reader.shown) return;
+    w.instant(race.rank, tid_of(ops[race.second]), bit ? "RACE manifested" : "race missed",
+              reader.start_ns,
+              fmt::format(R"("writer_op":{},"reader_op":{},"{}":{:.9f})", race.first, race.second,
+                          what, seconds),
+              bit ? "terrible" : "good");
+    w.flow(bit ? "race" : "race margin", race.rank, tid_of(ops[race.first]),
+           bit ? std::clamp(reader.start_ns, writer.start_ns, last_ns(writer)) : last_ns(writer),
+           race.rank, tid_of(ops[race.second]), reader.start_ns);
+  };
+  for (const auto& [race, m] : bitten) draw(race, true, "overlap_s", m.overlap_s);
+  // Each race group whose closest instance did not bite (issue 37), with its margin, so that
+  // the trace shows how close it came.
   for (const RaceReport& report : r.races) {
-    if (!report.has_margin || report.min_margin_s < 0) continue;
-    const RaceInstance& race = report.closest;
-    const auto& ops = s.ranks[static_cast<std::size_t>(race.rank)].ops;
-    const auto& span = spans[static_cast<std::size_t>(race.rank)];
-    const Span& writer = span[race.first];
-    const Span& reader = span[race.second];
-    if (!writer.shown || !reader.shown) continue;
-    w.instant(race.rank, tid_of(ops[race.second]), "race missed", reader.start_ns,
-              fmt::format(R"("writer_op":{},"reader_op":{},"margin_s":{:.9f})", race.first,
-                          race.second, report.min_margin_s),
-              "good");
-    w.flow("race margin", race.rank, tid_of(ops[race.first]), last_ns(writer), race.rank,
-           tid_of(ops[race.second]), reader.start_ns);
+    if (report.has_margin && report.min_margin_s >= 0) {
+      draw(report.closest, false, "margin_s", report.min_margin_s);
+    }
   }
   return w.done();
 }
