@@ -101,5 +101,12 @@ rc=$?
 grep -q "p1-v0.err: cannot read the child's error output: is not a regular file" "$dir/sw/results.csv" ||
   fail "sweep --collect: no failed row for the /dev/zero .err"
 
+# A FIFO output nobody reads (issue 34, item 10): blocked forever; now one line after 10 s.
+mkfifo "$dir/lonely.fifo"
+out=$(timeout 60 "$hpzlab" schedule $scenario --json "$dir/lonely.fifo" 2>&1)
+rc=$?
+[ $rc = 2 ] && case "$out" in *"--json: cannot write this file: a FIFO that no process read from in 10 s"*) true ;; *) false ;; esac ||
+  fail "FIFO without a reader: exit $rc, '$out'"
+
 [ $failed = 0 ] && echo "hostile input: all cases pass"
 exit $failed

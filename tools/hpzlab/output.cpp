@@ -99,9 +99,33 @@ int open_temporary(const fs::path& target, fs::path& tmp) {
   return -1;
 }
 
+/** How long a FIFO output waits for a reader before the write fails (issue 34: with none it
+ *  blocked forever after all the work was done). */
+constexpr int kFifoReaderWaitMs = 10'000;
+
+/** Opens a FIFO for writing once a reader has it open, polling for up to kFifoReaderWaitMs (a
+ *  non-blocking open fails with ENXIO while there is none); -1 with errno set otherwise. */
+int open_fifo(const fs::path& target) {
+  for (int waited = 0;; waited += 100) {
+    const int fd = ::open(target.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // then block as usual
+      return fd;
+    }
+    if (errno != ENXIO || waited >= kFifoReaderWaitMs) return -1;
+    ::usleep(100'000);
+  }
+}
+
 /** Writes straight into a FIFO, a device or a socket. */
 void write_directly(const OutputFile& out, const fs::path& target, const std::string& text) {
-  const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+  std::error_code ec;
+  const bool fifo = fs::is_fifo(fs::status(target, ec));
+  const int fd = fifo ? open_fifo(target) : ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0 && fifo && errno == ENXIO) {
+    cannot_write(out,
+                 fmt::format("a FIFO that no process read from in {} s", kFifoReaderWaitMs / 1000));
+  }
   if (fd < 0) cannot_write(out, std::strerror(errno));
   const bool ok = write_all(fd, text);
   const int err = errno;
