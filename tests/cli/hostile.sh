@@ -108,5 +108,27 @@ rc=$?
 [ $rc = 2 ] && case "$out" in *"--json: cannot write this file: a FIFO that no process read from in 10 s"*) true ;; *) false ;; esac ||
   fail "FIFO without a reader: exit $rc, '$out'"
 
+# Two sweeps in one directory (issue 34, item 3): the second is refused while the first runs.
+points=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
+"$hpzlab" sweep $scenario --vary cluster.nic_gbps=$points --runs 2 --out "$dir/locked" >/dev/null 2>&1 &
+first=$!
+sleep 2
+out=$("$hpzlab" sweep $scenario --vary cluster.nic_gbps=$points --runs 2 --out "$dir/locked" --resume 2>&1)
+rc=$?
+wait $first || fail "the first sweep: exit $?"
+[ $rc = 2 ] && case "$out" in *"--resume: another hpzlab sweep is working in this directory"*) true ;; *) false ;; esac ||
+  fail "a second sweep in a locked directory: exit $rc, '$out'"
+
+# A link planted at the sweep table's temporary name (issue 34, item 2): its target is left
+# alone (it was truncated and overwritten).
+echo precious >"$dir/precious"
+"$hpzlab" sweep $scenario --vary cluster.nic_gbps=1 --out "$dir/planted" >/dev/null 2>&1 ||
+  fail "planted link: the first sweep: exit $?"
+ln -s "$dir/precious" "$dir/planted/results.csv.tmp"
+"$hpzlab" sweep $scenario --vary cluster.nic_gbps=1 --out "$dir/planted" --resume >/dev/null 2>&1 ||
+  fail "planted link: --resume: exit $?"
+[ "$(cat "$dir/precious")" = precious ] || fail "planted link: its target was overwritten"
+grep -q '^point,variant,run' "$dir/planted/results.csv" || fail "planted link: no table written"
+
 [ $failed = 0 ] && echo "hostile input: all cases pass"
 exit $failed

@@ -138,6 +138,7 @@ Plan read_plan(const std::string& dir) {
 
 Collected collect(const std::string& dir) {
   const Plan plan = read_plan(dir);
+  lock_dir(dir, "--collect");
   Table table(plan, dir);
   table.start();
   Collected c;

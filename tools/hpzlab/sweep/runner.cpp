@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -105,6 +106,23 @@ std::string last_error_line(const std::string& stderr_path) {
   // Bytes that are not UTF-8 (a child's stderr is anything) escaped, the line cut: it goes into
   // JSON and CSV cells.
   return shown(cr == std::string::npos ? chosen : chosen.substr(cr + 1), 400);
+}
+
+void lock_dir(const std::string& dir, const std::string& flag) {
+  const std::string path = dir + "/sweep.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) throw InputError(path, flag, std::string("cannot open: ") + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw InputError(dir, flag,
+                     err == EWOULDBLOCK
+                         ? "another hpzlab sweep is working in this directory (allowed: wait "
+                           "for it to end, or another directory)"
+                         : std::string("cannot lock: ") + std::strerror(err));
+  }
+  // Held open, never closed: the lock lasts as long as this process (children do not inherit
+  // it: O_CLOEXEC).
 }
 
 nlohmann::json read_sweep_json(const std::string& path) {

@@ -37,6 +37,11 @@ void run_jobs(const std::string& program, const std::vector<Job>& jobs, int para
  *  or a file over the input cap gives a line saying so, not gigabytes in memory. */
 std::string last_error_line(const std::string& stderr_path);
 
+/** Takes DIR's lock (DIR/sweep.lock, flock) for the rest of this process, or throws InputError
+ *  naming `flag` when another hpzlab holds it (issue 34: two `--resume` on one directory ran the
+ *  same simulations and deleted each other's files). The lock goes with the process. */
+void lock_dir(const std::string& dir, const std::string& flag);
+
 /** A JSON file a sweep's child or an earlier sweep left (the JSON in DIR/out, sweep.json), read
  *  through the guarded reader (a regular file, at most kMaxInputBytes, nesting at most
  *  kMaxJsonDepth): null when it is missing, unreadable or not such JSON. A value nested 100,000

@@ -150,6 +150,7 @@ void prepare_dir(const Plan& plan, const RunSettings& settings) {
   std::error_code ec;
   fs::create_directories(work_dir(settings), ec);
   if (ec) throw InputError(settings.out, "--out", "cannot create this directory: " + ec.message());
+  lock_dir(settings.out, settings.resume ? "--resume" : "--out");
   std::ofstream(plan_path(settings)) << plan.to_json().dump(2) << "\n";
 }
 

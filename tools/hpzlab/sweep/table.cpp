@@ -102,14 +102,30 @@ std::string csv_field(const nlohmann::ordered_json& value) {
   return quoted + "\"";
 }
 
+// The temporary file is created exclusively (O_EXCL: a link planted or left at PATH.tmp is not
+// followed, its target not truncated; issue 34), then renamed over PATH.
 void write_all(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    if (!out.flush()) throw InputError(path, "--out", "cannot write this file");
-  }
   std::error_code ec;
+  if (std::filesystem::is_symlink(std::filesystem::symlink_status(tmp, ec))) {
+    std::filesystem::remove(tmp, ec);  // the link itself, never what it points to
+  }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw InputError(tmp, "--out", std::string("cannot create this file: ") + std::strerror(errno));
+  }
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  const int saved = errno;
+  if (::close(fd) != 0 || done != text.size()) {
+    std::filesystem::remove(tmp, ec);
+    throw InputError(path, "--out", std::string("cannot write this file: ") + std::strerror(saved));
+  }
   std::filesystem::rename(tmp, path, ec);
   if (ec) throw InputError(path, "--out", "cannot write this file: " + ec.message());
 }
