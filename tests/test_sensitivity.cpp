@@ -2,8 +2,6 @@
 // without the spin kernel, where the race misses by tens of microseconds: a faster host (less
 // launch overhead) or a slower inter-node latency makes it bite, bandwidth does not; the flip is
 // bracketed by the samples around it; the same run twice gives the same numbers.
-#include "sim/time/sensitivity.hpp"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
+#include "sim/time/sensitivity.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::time {
