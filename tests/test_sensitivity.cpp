@@ -8,8 +8,8 @@
 #include <string>
 
 #include "sim/builder.hpp"
-#include "sim/check/checker.hpp"
 #include "sim/time/sensitivity.hpp"
+#include "sim/time/simulate.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::time {
@@ -27,7 +27,7 @@ SensitivityResult run(const std::vector<Override>& more = {}) {
   o.insert(o.end(), more.begin(), more.end());
   const Scenario sc = load_scenario(test::scenario_path("tiny"), o);
   const Schedule s = build_schedule(sc);
-  return sensitivity(sc, s, check::check_schedule(s));
+  return sensitivity(sc, s, simulate(sc, s, {}));
 }
 
 TEST(Sensitivity, NamesTheInputsThatDecideTheBite) {

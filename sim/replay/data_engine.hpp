@@ -495,6 +495,18 @@ class DataEngine {
     }
   }
 
+  /** Elements the reads cover, and elements of the buffers they read from (whole). */
+  std::pair<std::uint64_t, std::uint64_t> read_extent(
+      Rank r, const std::vector<const Access*>& reads) const {
+    std::uint64_t read_elems = 0, buffer_elems = 0;
+    for (const Access* a : reads) {
+      const std::uint64_t es = esize(r, a->buffer);
+      read_elems += a->bytes / es;
+      buffer_elems += s_.ranks[r].buffers[a->buffer].bytes / es;
+    }
+    return {read_elems, buffer_elems};
+  }
+
   // A copy (or qwZ's quantize: int8 values one for one): the i-th read into the i-th write when
   // they pair up; else every read into the one write, one after another. When the reads cover
   // less than the write (a shard's padding is never read), each read keeps the place its
@@ -524,12 +536,7 @@ class DataEngine {
     const std::uint64_t wes = esize(r, w.buffer);
     const std::uint64_t capacity = w.bytes / wes;
     // Counted in elements of the reads (a quantize's int8 values are one for one with them).
-    std::uint64_t read_elems = 0, buffer_elems = 0;
-    for (const Access* a : reads) {
-      const std::uint64_t es = esize(r, a->buffer);
-      read_elems += a->bytes / es;
-      buffer_elems += s_.ranks[r].buffers[a->buffer].bytes / es;
-    }
+    const auto [read_elems, buffer_elems] = read_extent(r, reads);
     const bool by_buffer = read_elems != capacity && buffer_elems == capacity;
     std::uint64_t at = 0;
     for (const Access* a : reads) {
@@ -554,13 +561,10 @@ class DataEngine {
     if (pieces.empty() || writes.size() != 1) return pieces;
     const Access& w = *writes.front();
     const std::uint64_t wes = esize(r, w.buffer), begin = w.offset / wes;
-    std::uint64_t values = 0, read_elems = 0, buffer_elems = 0;
-    for (const Access* a : accesses(r, o, AccessMode::kRead)) {
-      read_elems += a->bytes / esize(r, a->buffer);
-      buffer_elems += s_.ranks[r].buffers[a->buffer].bytes / esize(r, a->buffer);
-    }
+    const auto [read_elems, buffer_elems] = read_extent(r, accesses(r, o, AccessMode::kRead));
     const std::uint64_t capacity = w.bytes / wes;
-    values = read_elems != capacity && buffer_elems < capacity ? buffer_elems : read_elems;
+    const std::uint64_t values =
+        read_elems != capacity && buffer_elems < capacity ? buffer_elems : read_elems;
     if (values >= capacity || (capacity - values) % 4 != 0) return pieces;
     const std::uint64_t groups = (capacity - values) / 4;
     Chunk all = read_at(r, slot(r, o, w.buffer), begin, values, t);

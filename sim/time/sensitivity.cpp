@@ -20,27 +20,26 @@ constexpr int kBisections = 5;  // halvings of a flip's bracket, in log factor: 
 
 struct Margin {
   std::optional<double> min;
-  std::string race;
+  std::uint32_t group = 0;  ///< the race group (SimResult::races) of the smallest
 };
 
-/** The smallest margin of any race in one timeline; `with_races` holds the checker's races. */
-Margin margin_of(const SimResult& with_races, const Timeline& t) {
-  SimResult r = with_races;
-  r.runs.assign(1, StepMetrics{});
-  time_races({&t}, r);
+/** The smallest margin of any of `simulated`'s race instances in the timeline `t`. */
+Margin margin_of(const SimResult& simulated, const Timeline& t) {
   Margin m;
-  for (const RaceReport& race : r.races) {
-    if (!race.has_margin || (m.min && race.min_margin_s >= *m.min)) continue;
-    m.min = race.min_margin_s;
-    m.race = check::describe_short(race.group.example.first) + " vs " +
-             check::describe_short(race.group.example.second);
+  for (const RaceInstance& race : simulated.race_instances) {
+    const Manifestation x = manifestation(t, race);
+    if (x.first_end_s < 0 || x.second_start_s < 0) continue;  // one of them never ran
+    const double margin = x.second_start_s - x.first_end_s;
+    if (m.min && margin >= *m.min) continue;
+    m.min = margin;
+    m.group = race.group;
   }
   return m;
 }
 
 /** Margins of the scenarios, up to kParallel engine runs at once, each with run.seed. */
 std::vector<Margin> margins(const std::vector<Scenario>& scenarios, const Schedule& schedule,
-                            const SimResult& with_races, int& done, int total,
+                            const SimResult& simulated, int& done, int total,
                             const std::function<void(int, int)>& progress) {
   std::vector<Margin> out(scenarios.size());
   std::deque<std::pair<std::size_t, ChildRun>> running;
@@ -52,7 +51,7 @@ std::vector<Margin> margins(const std::vector<Scenario>& scenarios, const Schedu
     }
     auto [index, child] = std::move(running.front());
     running.pop_front();
-    out[index] = margin_of(with_races, child.wait().timeline);
+    out[index] = margin_of(simulated, child.wait().timeline);
     if (progress) progress(++done, total);
   }
   return out;
@@ -105,19 +104,21 @@ const std::vector<double>& sensitivity_factors() {
 }
 
 SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule,
-                              const check::CheckResult& checked,
+                              const SimResult& simulated,
                               const std::function<void(int, int)>& progress) {
-  SimResult with_races;
-  attach_races(checked, with_races);
   const auto& inputs = sensitivity_inputs();
   const auto& factors = sensitivity_factors();
   SensitivityResult out;
-  // The grid: every input at every factor its bound allows (factor 1 once, for all).
-  std::vector<Scenario> grid = {scenario};
-  std::vector<std::pair<std::size_t, double>> where = {{0, 1.0}};  // (input, factor)
+  // The scenario's own values: the simulated run (seed run.seed) already timed them.
+  const Margin own = margin_of(simulated, simulated.timeline);
+  std::vector<double> values;  // each input's value in the scenario
+  Scenario probe = scenario;   // field() gives a reference: read from a copy
+  for (const SensitivityInput& input : inputs) values.push_back(input.field(probe));
+  // The grid: every input at every factor its bound allows, but 1.
+  std::vector<Scenario> grid;
+  std::vector<std::pair<std::size_t, double>> where;  // grid[k]: (input, factor)
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    Scenario base = scenario;
-    const double value = inputs[i].field(base);
+    const double value = values[i];
     bool bound_done = false;
     for (std::size_t f = 0; f < factors.size(); ++f) {
       if (factors[f] == 1 || value == 0) continue;
@@ -137,17 +138,20 @@ SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule
   // The bisections are counted as if every input had one flip on each side (an estimate).
   int done = 0;
   const int total = static_cast<int>(grid.size()) + static_cast<int>(inputs.size()) * kBisections;
-  const std::vector<Margin> m = margins(grid, schedule, with_races, done, total, progress);
-  out.min_margin_s = m[0].min;
-  out.closest_race = m[0].race;
+  const std::vector<Margin> m = margins(grid, schedule, simulated, done, total, progress);
+  out.min_margin_s = own.min;
+  if (own.min) {
+    const check::Finding& race = simulated.races[own.group].group.example;
+    out.closest_race =
+        check::describe_short(race.first) + " vs " + check::describe_short(race.second);
+  }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     SensitivityRow row;
     row.key = inputs[i].key;
     row.what = inputs[i].what;
-    Scenario base = scenario;
-    row.value = inputs[i].field(base);
-    row.samples.push_back({1, row.value, m[0].min});
-    for (std::size_t k = 1; k < grid.size(); ++k) {
+    row.value = values[i];
+    row.samples.push_back({1, row.value, own.min});
+    for (std::size_t k = 0; k < grid.size(); ++k) {
       if (where[k].first != i) continue;
       const double f = where[k].second;
       row.samples.push_back({f, row.value * f, m[k].min});
@@ -190,7 +194,7 @@ SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule
       inputs[b.row].field(s) = out.rows[b.row].value * std::sqrt(b.inner * b.outer);
       mids.push_back(std::move(s));
     }
-    const std::vector<Margin> mm = margins(mids, schedule, with_races, done, total, progress);
+    const std::vector<Margin> mm = margins(mids, schedule, simulated, done, total, progress);
     for (std::size_t k = 0; k < brackets.size(); ++k) {
       Bracket& b = brackets[k];
       const double mid = std::sqrt(b.inner * b.outer);

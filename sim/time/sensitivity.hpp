@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "sim/check/checker.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule.hpp"
+#include "sim/time/simulate.hpp"
 
 namespace hpz::time {
 
@@ -62,10 +62,12 @@ struct SensitivityResult {
 /** The factors every input is scaled by (1 is the scenario's own value). */
 const std::vector<double>& sensitivity_factors();
 
-/** Runs the sensitivity of `schedule` (built from `scenario`, whose races `checked` found;
- *  call only with at least one race). `progress(done, total)` after each timeline. */
+/** Runs the sensitivity of `schedule` (built from `scenario`) from `simulated`, its
+ *  simulate() result: its races and race instances, and its first run's timeline for the
+ *  scenario's own values (call only with at least one race). `progress(done, total)` after each
+ *  further timeline. */
 SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule,
-                              const check::CheckResult& checked,
+                              const SimResult& simulated,
                               const std::function<void(int, int)>& progress = {});
 
 /** One sentence for a user: how close the closest race came and what would flip it. */

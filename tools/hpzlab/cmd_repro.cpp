@@ -207,8 +207,8 @@ void setup_repro(CLI::App& app, int& exit_code) {
       "step, losses, share of runs that went bad (exit 0 when both fixes match no-hpz)");
   add_scenario_options(*sub, o->common);
   add_schedule_option(*sub, o->common.schedule);
-  const CLI::Option* steps = sub->add_option(
-      "--steps", o->steps, "Optimizer steps, 1 or more (default: the scenario's run.steps)");
+  sub->add_option("--steps", o->steps,
+                  "Optimizer steps, 1 or more (default: the scenario's run.steps)");
   sub->add_option("--runs", o->runs, "Runs, seeds run.seed, run.seed + 1, ... (1 or more)");
   sub->add_option("--mode", o->mode, "numeric | taint | auto (numeric when the model is small)")
       ->check(CLI::IsMember({"auto", "numeric", "taint"}));
@@ -218,10 +218,7 @@ void setup_repro(CLI::App& app, int& exit_code) {
       "--order", o->order,
       "Replay the scenario's schedule along this explored order (hpzlab explore "
       "--order-out FILE) and compare with the serialized one (exit 1 when they differ)");
-  sub->callback([o, steps, &exit_code] {
-    require_value(*steps, o->steps.has_value());
-    run_repro_cmd(*o, exit_code);
-  });
+  sub->callback([o, &exit_code] { run_repro_cmd(*o, exit_code); });
 }
 
 }  // namespace hpz::cli

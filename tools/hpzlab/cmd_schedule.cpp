@@ -53,17 +53,13 @@ void setup_schedule(CLI::App& app, int& exit_code) {
       "ops (--rank) or all ranks as JSON (--json)");
   add_scenario_options(*sub, opts->common);
   add_schedule_option(*sub, opts->common.schedule);
-  const CLI::Option* rank =
-      sub->add_option("--rank", opts->rank, "Print the operations of this rank, one line each");
+  sub->add_option("--rank", opts->rank, "Print the operations of this rank, one line each");
   sub->add_flag(
       "--compact", opts->compact,
       "With --json: write each rank that issues another's ops on its own groups as "
       "{\"like\": R, \"groups\", \"accesses\"}, only the accesses that differ (a "
       "DeepSpeed builder's schedule shrinks several times); read back like the full form");
-  sub->callback([opts, rank, &exit_code] {
-    require_value(*rank, opts->rank.has_value());
-    run_schedule(*opts, exit_code);
-  });
+  sub->callback([opts, &exit_code] { run_schedule(*opts, exit_code); });
 }
 
 }  // namespace hpz::cli

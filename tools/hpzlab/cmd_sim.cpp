@@ -87,11 +87,10 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
       on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
   std::optional<time::SensitivityResult> sens;
   if (opts.sensitivity && has_race(result)) {
-    sens =
-        time::sensitivity(sc, schedule, check::check_schedule(schedule), [](int done, int total) {
-          progress_bar(done, std::max(done, total),
-                       fmt::format("sensitivity: {} timelines (about {})", done, total));
-        });
+    sens = time::sensitivity(sc, schedule, result, [](int done, int total) {
+      progress_bar(done, std::max(done, total),
+                   fmt::format("sensitivity: {} timelines (about {})", done, total));
+    });
   }
   if (!opts.scenario.json.empty()) {
     std::string json = time::JsonReporter(opts.op_times, sc.notes).render(schedule, result);

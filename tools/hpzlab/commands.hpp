@@ -162,10 +162,6 @@ void run_showing_progress(double done, int total, const std::string& what,
  *  so that the error is one line like every other input error. */
 void require_at_least(const std::string& flag, double value, double min);
 
-/** Throws InputError ("FLAG: expected a value, got ''") when `option` was given but left
- *  `has_value` false: CLI11 reads '' into an optional<int> as no value at all. */
-void require_value(const CLI::Option& option, bool has_value);
-
 /** As require_at_least, for a flag that must be in [min, max]. */
 void require_between(const std::string& flag, double value, double min, double max);
 

@@ -207,11 +207,6 @@ void require_at_least(const std::string& flag, double value, double min) {
   throw InputError("", flag, fmt::format("{} is out of range (allowed: {} or more)", value, min));
 }
 
-void require_value(const CLI::Option& option, bool has_value) {
-  if (option.count() == 0 || has_value) return;
-  throw InputError("", option.get_name(), "expected a value, got ''");
-}
-
 void require_between(const std::string& flag, double value, double min, double max) {
   if (value >= min && value <= max) return;
   throw InputError("", flag,
@@ -260,8 +255,9 @@ void check_subcommand_name(const CLI::App& app, int argc, char** argv) {
                   suggestion ? fmt::format("; did you mean '{}'?", *suggestion) : "", allowed));
 }
 
-/** An empty argument (`--json ''`, `--json=`) is never a value hpzlab takes: as an output it
- *  silently wrote nothing (issue 34). Refused before parsing, naming the option. */
+/** An empty argument (`--json ''`, `--json=`, `--rank ''`) is never a value hpzlab takes: as an
+ *  output it silently wrote nothing (issue 34), into an optional<int> CLI11 read it as no value
+ *  at all. Refused before parsing, naming the option. */
 void check_empty_arguments(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
