@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <thread>
 
@@ -35,6 +36,7 @@
 #include "real/kernels.hpp"
 #include "real/model_kernels.hpp"
 #include "real/store.hpp"
+#include "sim/replay/llama_model.hpp"
 
 namespace hpz::real {
 namespace {
@@ -89,6 +91,7 @@ class CudaBackend : public Backend {
     }
     if (probe_dev_ != nullptr) cudaFree(probe_dev_);
     release_model();
+    release_llama();
     if (nccl_) {
       for (ncclComm_t c : nccl_->groups) {
         if (c != nullptr) ncclCommDestroy(c);
@@ -166,6 +169,7 @@ class CudaBackend : public Backend {
     }
     if (real_compute_ && !gemm_) make_gemm_runner(plan);
     if (plan.model) prepare_model(plan);
+    if (plan.llama) prepare_llama(plan);
     if (probe_dev_ != nullptr) HPZ_CUDA(cudaFree(probe_dev_));
     probe_dev_ = nullptr;
     if (plan.probes > 0) {
@@ -253,6 +257,10 @@ class CudaBackend : public Backend {
         HPZ_CUDA(model::adam(f(m.out), f(m.x), f(m.grad), f(m.norm), f(m.m), f(m.v), m.x.n, m.scale,
                              m.step, st));
         return;
+      case MK::kLlamaForward:
+      case MK::kLlamaLoss:
+      case MK::kLlamaBackward:
+        return llama(r, s, m);
     }
   }
 
@@ -352,6 +360,7 @@ class CudaBackend : public Backend {
     }
     if (aborted_) throw HangError("HANG: NCCL was aborted after an earlier hang");
     HPZ_CUDA(cudaDeviceSynchronize());
+    if (!llama_error_.empty()) throw std::runtime_error(llama_error_);
     const double shift = origin_host_s_ - origin_s;
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       RankState& rs = ranks_[r];
@@ -454,6 +463,124 @@ class CudaBackend : public Backend {
     consts_dev_.clear();
     tokens_dev_.clear();
     model_scratch_.clear();
+  }
+
+  // --- transformers' Llama on DeepSpeed's own schedules (Plan::llama) ---
+  //
+  // The math is the host's (llama_model.hpp: the numeric replay's own functions), run in
+  // stream order: the weights the kernel reads are copied to pinned memory on its stream, a
+  // host function (cudaLaunchHostFunc) runs the module part once the stream reaches it, and
+  // what it writes (a loss value, the rank's slice of a gradient) is copied back on the same
+  // stream. So the kernel reads the device's bytes when its stream gets there, as a CUDA kernel
+  // would, and a race that corrupts the gathered weights corrupts what it computes; the stream
+  // is held for the host's time instead of a GPU kernel's.
+
+  /** One host call: its rank, op and pinned buffers. */
+  struct LlamaCall {
+    CudaBackend* self = nullptr;
+    Rank rank = 0;
+    const ModelOp* op = nullptr;
+    float* in = nullptr;
+    float* out = nullptr;
+  };
+
+  void prepare_llama(const Plan& plan) {
+    release_llama();
+    std::uint64_t floats = 1;
+    for (const RankPlan& rp : plan.ranks) {
+      for (const PlanOp& po : rp.ops) {
+        floats = std::max({floats, po.model.w.n, po.model.grad.n});
+      }
+    }
+    llama_floats_ = floats;
+    llama_pinned_.assign(ranks_.size(), {});
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      if (!mine(r)) continue;
+      for (std::size_t k = 0; k < ranks_[r].streams.size(); ++k) {
+        void* p = nullptr;  // in, then out: one pair per (rank, stream), reused in stream order
+        HPZ_CUDA(cudaMallocHost(&p, 2 * floats * sizeof(float)));
+        llama_pinned_[r].push_back(static_cast<float*>(p));
+      }
+    }
+    llama_passes_.clear();
+    for (std::size_t r = 0; r < ranks_.size(); ++r) llama_passes_.emplace_back(*plan.llama);
+    llama_at_.assign(ranks_.size(), {-2, 0});
+    llama_mu_ = std::deque<std::mutex>(ranks_.size());
+    llama_calls_.clear();
+    llama_error_.clear();
+  }
+  void release_llama() {
+    for (auto& per_rank : llama_pinned_) {
+      for (float* p : per_rank) cudaFreeHost(p);
+    }
+    llama_pinned_.clear();
+  }
+
+  void llama(Rank r, StreamId s, const ModelOp& m) {
+    using MK = ModelOp::Kind;
+    cudaStream_t st = stream(r, s);
+    float* in = llama_pinned_.at(r).at(static_cast<std::size_t>(s));
+    float* out = in + llama_floats_;
+    if (m.w.n > 0) {
+      HPZ_CUDA(cudaMemcpyAsync(in, at(m.w.at), m.w.n * sizeof(float), cudaMemcpyDeviceToHost, st));
+    }
+    LlamaCall* call = nullptr;
+    {
+      std::lock_guard lock(llama_calls_mu_);
+      llama_calls_.push_back({this, r, &m, in, out});
+      call = &llama_calls_.back();
+    }
+    HPZ_CUDA(cudaLaunchHostFunc(st, &CudaBackend::run_llama, call));
+    if (m.kind == MK::kLlamaLoss) {
+      HPZ_CUDA(cudaMemcpyAsync(at(m.loss), out, sizeof(float), cudaMemcpyHostToDevice, st));
+    } else if (m.kind == MK::kLlamaBackward && m.grad.n > 0) {
+      HPZ_CUDA(cudaMemcpyAsync(at(m.grad.at), out, m.grad.n * sizeof(float), cudaMemcpyHostToDevice,
+                               st));
+    }
+  }
+
+  /** The host function: no CUDA call may be made here. An error (a schedule that runs the
+   *  Llama's modules out of order) is kept for end_run, and the call writes NaN. */
+  static void CUDART_CB run_llama(void* p) {
+    const LlamaCall& c = *static_cast<LlamaCall*>(p);
+    try {
+      c.self->llama_host(c);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(c.self->llama_calls_mu_);
+      if (c.self->llama_error_.empty()) c.self->llama_error_ = e.what();
+      std::fill(c.out, c.out + c.self->llama_floats_, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+
+  void llama_host(const LlamaCall& c) {
+    using MK = ModelOp::Kind;
+    const ModelOp& m = *c.op;
+    std::lock_guard lock(llama_mu_[c.rank]);
+    replay::LlamaPass& pass = llama_passes_[c.rank];
+    const std::pair<std::int32_t, std::int32_t> now{m.step, m.micro};
+    if (llama_at_[c.rank] != now) {
+      llama_at_[c.rank] = now;
+      pass.begin(plan_->tokens.at(static_cast<std::size_t>(m.tokens)));
+    }
+    const replay::LlamaParam param{static_cast<replay::LlamaPart>(m.part), m.layer};
+    const std::span<const float> w(c.in, m.w.n);
+    switch (m.kind) {
+      case MK::kLlamaForward:
+        pass.forward(param, w, m.recompute);
+        return;
+      case MK::kLlamaLoss:
+        c.out[0] = pass.loss();
+        return;
+      case MK::kLlamaBackward: {
+        const std::vector<float> dw = pass.backward(param, w);
+        const std::uint64_t n = std::min<std::uint64_t>(
+            m.grad.n, dw.size() - std::min<std::uint64_t>(dw.size(), m.grad_first));
+        std::copy_n(dw.begin() + static_cast<std::ptrdiff_t>(m.grad_first), n, c.out);
+        return;
+      }
+      default:
+        return;
+    }
   }
 
   /** Whether this process runs rank r (all of them unless one process per rank). */
@@ -647,6 +774,16 @@ class CudaBackend : public Backend {
   std::vector<int*> tokens_dev_;
   std::vector<std::vector<float*>> model_scratch_;  // [rank][stream]: scratch, then a dw
   std::size_t model_scratch_floats_ = 0;
+  // transformers' Llama (Plan::llama): pinned in/out buffers per (rank, stream), each rank's
+  // pass, the host calls of the run (stable addresses) and the first error of one.
+  std::vector<std::vector<float*>> llama_pinned_;
+  std::uint64_t llama_floats_ = 0;
+  std::vector<replay::LlamaPass> llama_passes_;
+  std::vector<std::pair<std::int32_t, std::int32_t>> llama_at_;
+  std::deque<std::mutex> llama_mu_;
+  std::deque<LlamaCall> llama_calls_;
+  std::mutex llama_calls_mu_;
+  std::string llama_error_;
 };
 
 }  // namespace

@@ -188,13 +188,18 @@ class RankThread {
       case OpKind::kCopy:
         b_.op_begin(r_, op.stream, i);
         if (po.model.kind != ModelOp::Kind::kNone) {
+          // A model kernel's actions gather its inputs (the optimizer step's reduced gradient
+          // on DeepSpeed's schedules): before it, on its stream.
+          b_.run_actions(r_, op.stream, po.actions);
           b_.model(r_, op.stream, po.model);
-        } else if (o_.real_compute && po.gemm) {
-          b_.gemm(r_, op.stream, *po.gemm);
-        } else if (po.spin_s > 0) {
-          b_.spin(r_, op.stream, po.spin_s);
+        } else {
+          if (o_.real_compute && po.gemm) {
+            b_.gemm(r_, op.stream, *po.gemm);
+          } else if (po.spin_s > 0) {
+            b_.spin(r_, op.stream, po.spin_s);
+          }
+          b_.run_actions(r_, op.stream, po.actions);
         }
-        b_.run_actions(r_, op.stream, po.actions);
         b_.op_end(r_, op.stream, i);
         return;
       default:

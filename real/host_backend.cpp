@@ -21,6 +21,7 @@
 #include "real/elements.hpp"
 #include "real/executor.hpp"
 #include "real/store.hpp"
+#include "sim/replay/llama_model.hpp"
 #include "sim/replay/tiny_model.hpp"
 
 namespace hpz::real {
@@ -107,6 +108,9 @@ class HostBackend : public Backend {
       times_[r].assign(schedule.ranks[r].ops.size(), {kNaN, kNaN});
     }
     probes_.assign(plan.probes, {});
+    passes_.clear();
+    if (plan.llama) passes_.assign(n, replay::LlamaPass(*plan.llama));
+    pass_at_.assign(n, {-2, 0});
   }
 
   void alloc(Rank r, StreamId, SlotId slot, Fill fill) override {
@@ -130,7 +134,7 @@ class HostBackend : public Backend {
   }
 
   void model(Rank r, StreamId s, const ModelOp& m) override {
-    submit(r, s, [this, &m] { run_model(m); });
+    submit(r, s, [this, r, &m] { run_model(r, m); });
   }
 
   std::vector<float> losses(Rank r) override {
@@ -307,7 +311,7 @@ class HostBackend : public Backend {
   }
 
   /** A kernel of the tiny model's math, with the numeric replay's own functions. */
-  void run_model(const ModelOp& m) {
+  void run_model(Rank r, const ModelOp& m) {
     using MK = ModelOp::Kind;
     const replay::TinyDims d{plan_->dims.seq, plan_->dims.hidden, plan_->dims.ffn,
                              plan_->dims.vocab};
@@ -350,12 +354,37 @@ class HostBackend : public Backend {
         std::vector<float> mom = m.fresh_state ? std::vector<float>(m.m.n, 0.0F) : get(m.m);
         std::vector<float> vel = m.fresh_state ? std::vector<float>(m.v.n, 0.0F) : get(m.v);
         const float norm_sq = m.norm.n > 0 ? get(m.norm)[0] : 0.0F;
-        replay::adam_step(p, get(m.grad), mom, vel, norm_sq, m.scale, m.step);
+        replay::adam_step(p, get(m.grad), mom, vel, norm_sq, m.scale, m.step, m.max_grad_norm);
         put(m.m.at, mom, m.m.n);
         put(m.v.at, vel, m.v.n);
         return put(m.out.at, p, m.out.n);
       }
+      case MK::kLlamaForward:
+        return pass(r, m, tokens).forward(llama(m), get(m.w), m.recompute);
+      case MK::kLlamaLoss:
+        return put(m.loss, {pass(r, m, tokens).loss()}, 1);
+      case MK::kLlamaBackward: {
+        const std::vector<float> dw = pass(r, m, tokens).backward(llama(m), get(m.w));
+        const auto first = static_cast<std::ptrdiff_t>(m.grad_first);
+        return put(m.grad.at,
+                   {dw.begin() + first, dw.begin() + first + static_cast<std::ptrdiff_t>(m.grad.n)},
+                   m.grad.n);
+      }
     }
+  }
+
+  static replay::LlamaParam llama(const ModelOp& m) {
+    return {static_cast<replay::LlamaPart>(m.part), m.layer};
+  }
+  /** The rank's Llama pass, begun anew on another (step, micro-step) than its last kernel's
+   *  (NumericDomain::pass). */
+  replay::LlamaPass& pass(Rank r, const ModelOp& m, const std::vector<int>& tokens) {
+    const std::pair<std::int32_t, std::int32_t> now{m.step, m.micro};
+    if (pass_at_[r] != now) {
+      pass_at_[r] = now;
+      passes_[r].begin(tokens);
+    }
+    return passes_[r];
   }
 
   void run(const Action& a) {
@@ -419,6 +448,8 @@ class HostBackend : public Backend {
   std::unordered_set<std::uint64_t> issued_, done_;
   std::vector<std::vector<std::pair<double, double>>> times_;  // [rank][op]
   std::vector<ProbeValue> probes_;
+  std::vector<replay::LlamaPass> passes_;                       // [rank] (Plan::llama)
+  std::vector<std::pair<std::int32_t, std::int32_t>> pass_at_;  // [rank]: (step, micro)
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "real/pattern.hpp"
 #include "real/plan_builder.hpp"
 #include "sim/error.hpp"
+#include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/tiny_model.hpp"
 #include "sim/shard.hpp"
@@ -21,7 +22,7 @@ using detail::PlanBuilder;
 
 Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model) {
   if (model) {
-    const std::string why = model_math_unfit(scenario);
+    const std::string why = model_math_unfit(scenario, schedule);
     if (!why.empty()) throw InputError(scenario.path, "--compute", why);
   }
   // Accesses are indexed one range each here (run_real writes strided ones out first).
@@ -31,16 +32,31 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model) {
   return PlanBuilder(scenario, schedule, model).build();
 }
 
-std::string model_math_unfit(const Scenario& scenario) {
+std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule) {
+  const bool llama = replay::replays_by_ranges(schedule);
   if (!replay::numeric_fits(scenario)) {
-    return "the tiny model's real math needs a model the numeric replay holds (hpzlab repro "
-           "--mode numeric: kv_heads = heads, a gated MLP, params x ranks < 4e7)";
+    return llama ? "the model's real math on DeepSpeed's schedules needs a Llama the numeric "
+                   "replay holds (hpzlab repro --mode numeric: model.family llama, params x "
+                   "ranks < 4e7, seq_len x micro_batch <= 4096)"
+                 : "the tiny model's real math needs a model the numeric replay holds (hpzlab "
+                   "repro --mode numeric: kv_heads = heads, a gated MLP, params x ranks < 4e7)";
   }
   if (scenario.training.dtype != "fp32") {
-    return fmt::format("the tiny model's real math runs in fp32: training.dtype is \"{}\"",
+    return fmt::format("the model's real math runs in fp32: training.dtype is \"{}\"",
                        scenario.training.dtype);
   }
-  return "";
+  if (!llama) return "";
+  // qwZ: the plan moves the quantized shard's int8 elements one for one, where the numeric
+  // replay rounds them as DeepSpeed's quantizer kernel does (fp32::int8_symmetric_round_trip).
+  for (const RankSchedule& rs : schedule.ranks) {
+    for (const Op& o : rs.ops) {
+      if (o.kind == OpKind::kQuantize && o.phase != Phase::kGradReduce) {
+        return "the model's real math does not round qwZ's quantized weights yet (the numeric "
+               "replay does: hpzlab repro)";
+      }
+    }
+  }
+  return replay::llama_unsupported(scenario, schedule);
 }
 
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i) {

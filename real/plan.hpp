@@ -26,10 +26,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "real/gemm.hpp"
+#include "sim/replay/llama_model.hpp"
 #include "sim/scenario.hpp"
 #include "sim/schedule.hpp"
 
@@ -84,6 +86,11 @@ struct ModelOp {
     kBackward,  ///< out = dx of dy; grad = dw[grad_first, grad_first + grad.n)
     kGradNorm,  ///< out[0] = sum of squares over `parts` (in double, in order)
     kAdam,      ///< out = Adam step of x (the primary shard) with grad, norm, m, v
+    // DeepSpeed's own schedules: transformers' Llama, one parameter's module part a kernel
+    // (sim/replay/llama_model.hpp), its activations in the rank's LlamaPass of the backend.
+    kLlamaForward,   ///< the part's forward (or recompute) with the weights w
+    kLlamaLoss,      ///< the loss of the pass's last forward, to `loss`
+    kLlamaBackward,  ///< the part's backward with the weights w; grad = dw[grad_first, ...)
   };
   Kind kind = Kind::kNone;
   std::uint8_t fn = 0;       ///< replay::UnitFn of the op's unit
@@ -97,6 +104,13 @@ struct ModelOp {
   float scale = 0;               ///< Adam: 1 / (world size x gradient accumulation)
   int step = 0;                  ///< Adam: the op's training step (t = step + 1)
   Loc loss;                      ///< loss: where its value goes (the rank's loss slot)
+  float max_grad_norm = 1.0F;    ///< Adam: clipping (0: none, DeepSpeed's default)
+  // Llama kernels: the parameter, and the micro-step whose pass they belong to (a kernel of
+  // another (step, micro) than the rank's last begins a new pass on `tokens`).
+  std::int32_t layer = -1;
+  std::uint8_t part = 0;  ///< replay::LlamaPart
+  bool recompute = false;
+  std::int32_t micro = 0;
 };
 
 /** Salts of the two patterns. */
@@ -183,9 +197,11 @@ struct ModelDims {
 
 /** Everything the executor needs. */
 struct Plan {
-  int element_bytes = 2;                   ///< 2 (fp16 storage) or 4 (fp32)
-  bool model = false;                      ///< kernels run the tiny model's real math (ModelOp)
-  ModelDims dims;                          ///< model: its sizes
+  int element_bytes = 2;  ///< 2 (fp16 storage) or 4 (fp32)
+  bool model = false;     ///< kernels run the tiny model's real math (ModelOp)
+  ModelDims dims;         ///< model: its sizes
+  /** model on DeepSpeed's own schedules: the Llama's sizes (its kernels are kLlama*). */
+  std::optional<replay::LlamaDims> llama;
   std::vector<std::vector<float>> consts;  ///< model: initial weights (Action::kConst)
   std::vector<std::vector<int>> tokens;    ///< model: each (rank, step, micro-step)'s batch
   std::vector<RankPlan> ranks;
@@ -195,12 +211,15 @@ struct Plan {
 
 /** Builds the plan of `schedule` (built from `scenario`). Throws InputError when the schedule's
  *  collectives do not match (a schedule that would hang is reported, not executed). `model`:
- *  kernels run the tiny model's real math (InputError unless model_math_fits). */
+ *  kernels run the model's real math (InputError unless model_math_unfit says ""): the tiny
+ *  model's on the coarse builder's schedules, transformers' Llama on DeepSpeed's own. */
 Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model = false);
 
-/** Whether the tiny model's real math can run this scenario: the numeric replay holds the
- *  model (replay::numeric_fits) and buffers are fp32. "" when it can, else why not. */
-std::string model_math_unfit(const Scenario& scenario);
+/** Whether the model's real math can run this schedule of the scenario: the numeric replay
+ *  holds the model (replay::numeric_fits; on DeepSpeed's own schedules a Llama whose
+ *  parameters are the schedule's, replay::llama_unsupported) and buffers are fp32. "" when it
+ *  can, else why not. */
+std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule);
 
 /** The synthetic parameter value of element `i` of unit `unit` (the same on every backend). */
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i);

@@ -14,6 +14,7 @@
 #include "real/plan.hpp"
 #include "sim/error.hpp"
 #include "sim/replay/data_engine.hpp"
+#include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/tiny_model.hpp"
 #include "sim/shard.hpp"
@@ -33,6 +34,7 @@ class PlanBuilder {
     if (model) {
       plan_.dims = {sc.training.seq_len * sc.training.micro_batch, sc.model.hidden, sc.model.ffn,
                     sc.model.vocab};
+      if (by_ranges_) plan_.llama = replay::llama_dims(sc);
     }
     plan_.ranks.resize(s.ranks.size());
     access_slot_.resize(s.ranks.size());
@@ -142,7 +144,9 @@ class PlanBuilder {
 
   void effects(Rank r, const Op& o, PlanOp& po) {
     using K = Action::Kind;
-    if (plan_.model && o.kind == OpKind::kKernel && model_kernel(r, o, po)) return;
+    if (plan_.model && o.kind == OpKind::kKernel) {
+      if (plan_.llama ? llama_kernel(r, o, po) : model_kernel(r, o, po)) return;
+    }
     if (o.kind == OpKind::kKernel || o.kind == OpKind::kQuantize || o.kind == OpKind::kDequantize) {
       po.spin_s = cost_.op_s(s_, r, o);
       po.gemm = gemm_shape(sc_, o);
@@ -157,12 +161,7 @@ class PlanBuilder {
         const Span d = span(r, o, static_cast<std::uint32_t>(dst));
         const int src = find(r, o, AccessMode::kRead);
         if (src < 0) {  // a checkpoint load writes the primary shard from storage
-          Action a = checkpoint_pattern(r, o.unit, d, false);
-          if (plan_.model) {
-            a.kind = K::kConst;
-            a.const_id = initial(o.unit, true);
-          }
-          po.actions.push_back(a);
+          po.actions.push_back(checkpoint_pattern(r, o.unit, d, false));
           return;
         }
         const Span s = span(r, o, static_cast<std::uint32_t>(src));
@@ -199,8 +198,11 @@ class PlanBuilder {
           x.unit = o.unit;
           x.pattern_base = d.loc.elem;
           if (plan_.model) {
-            x.kind = K::kConst;
-            x.const_id = initial(o.unit, false);
+            // One init kernel makes every parameter of a module (DeepSpeed builder): each its
+            // own values (NumericDomain::init_kernel).
+            const UnitId own = s_.ranks[r].buffers[a.buffer].unit;
+            x.unit = own != kNoUnit ? own : o.unit;
+            to_const(x, false);
           }
           po.actions.push_back(x);
         } else {
@@ -265,8 +267,13 @@ class PlanBuilder {
     if (fresh) {
       const ParamUnit& pu = s_.units[u];
       const std::uint64_t seed = sc_.run.seed + (checkpoint ? replay::kCheckpointSeedOffset : 0);
-      plan_.consts.push_back(replay::initial_weights(replay::unit_fn(pu.name), dims(), pu.numel,
-                                                     seed, static_cast<int>(u)));
+      if (plan_.llama) {
+        plan_.consts.push_back(
+            replay::llama_initial_weights(*plan_.llama, llama_param(u).part, seed, u));
+      } else {
+        plan_.consts.push_back(replay::initial_weights(replay::unit_fn(pu.name), dims(), pu.numel,
+                                                       seed, static_cast<int>(u)));
+      }
     }
     return static_cast<std::uint32_t>(it->second);
   }
@@ -388,17 +395,88 @@ class PlanBuilder {
         m.scale = 1.0F / static_cast<float>(s_.world_size * sc_.training.grad_accum);
         m.step = o.step;
         // Adam's moments per (rank, unit), as the replay keeps them: slots added at the end.
-        auto [it, fresh] = adam_of_.try_emplace({r, o.unit}, adam_ops_.size());
-        if (fresh) adam_ops_.push_back({r, m.x.n, {}});
-        AdamSlots& st = adam_ops_[it->second];
-        st.n = std::max(st.n, m.x.n);
-        st.ops.push_back(&po);
-        m.fresh_state = fresh;
+        adam_state(r, o.unit, po);
         return true;
       }
       default:
         return false;
     }
+  }
+
+  replay::LlamaParam llama_param(UnitId u) const {
+    return *replay::llama_param(s_.units[u].name);  // every unit checked by model_math_unfit
+  }
+
+  /** The op as a kernel of the Llama on DeepSpeed's own schedules, as NumericDomain's
+   *  llama_forward, loss and llama_backward compute it; false when it is none (init and the
+   *  gradient norm are planned as on the coarse schedules; the optimizer step once every
+   *  rank's gradients are known: reduced_gradients). */
+  bool llama_kernel(Rank r, const Op& o, PlanOp& po) {
+    using MK = ModelOp::Kind;
+    using AM = AccessMode;
+    using BR = BufferRole;
+    ModelOp& m = po.model;
+    const auto pass_of = [&] {
+      m.tokens = tokens(r, o);
+      m.step = o.step;
+      m.micro = o.micro_step;
+    };
+    const auto param = [&](int w) {
+      const replay::LlamaParam p = llama_param(o.unit);
+      m.layer = p.layer;
+      m.part = static_cast<std::uint8_t>(p.part);
+      m.w = part(r, o, w);
+    };
+    switch (o.purpose) {
+      case Purpose::kForwardCompute:
+      case Purpose::kRecomputeForward: {
+        // A kernel with no parameter (the attention's core, the MLP's activation) is done by
+        // the parameter kernel that needs it: it spins here.
+        const int w = o.unit == kNoUnit ? -1 : find_model(r, o, AM::kRead, BR::kFull, 0);
+        if (w < 0) return false;
+        m.kind = MK::kLlamaForward;
+        m.recompute = o.purpose == Purpose::kRecomputeForward;
+        param(w);
+        pass_of();
+        return true;
+      }
+      case Purpose::kLossGradient: {
+        m.kind = MK::kLlamaLoss;
+        pass_of();
+        RankPlan& rp = plan_.ranks[r];
+        m.loss = {r, 0, rp.loss_steps.size()};  // the slot is added once every op is planned
+        rp.loss_steps.push_back(o.step);
+        return true;
+      }
+      case Purpose::kBackwardCompute: {
+        const int w = o.unit == kNoUnit ? -1 : find_model(r, o, AM::kRead, BR::kFull, 0);
+        const int g = find_model(r, o, AM::kWrite, BR::kGradFull, 0);
+        if (w < 0 || g < 0) return false;
+        m.kind = MK::kLlamaBackward;
+        param(w);
+        m.grad = part(r, o, g);
+        m.grad_first = m.grad.at.elem;
+        m.numel = s_.units[o.unit].numel;
+        if (m.grad_first + m.grad.n > m.numel) m.grad.n = m.numel - std::min(m.numel, m.grad_first);
+        pass_of();
+        return true;
+      }
+      case Purpose::kGradNorm:
+        return model_kernel(r, o, po);
+      default:
+        return false;
+    }
+  }
+
+  /** Adam's moments of (rank r, unit u), shared by its steps (slots added by model_slots). */
+  void adam_state(Rank r, UnitId u, PlanOp& po) {
+    ModelOp& m = po.model;
+    auto [it, fresh] = adam_of_.try_emplace({r, u}, adam_ops_.size());
+    if (fresh) adam_ops_.push_back({r, m.x.n, {}});
+    AdamSlots& st = adam_ops_[it->second];
+    st.n = std::max(st.n, m.x.n);
+    st.ops.push_back(&po);
+    m.fresh_state = fresh;
   }
 
   /** The slots only the model math has: each rank's loss values and Adam's moments. */
@@ -408,7 +486,9 @@ class PlanBuilder {
       rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(rp.loss_steps.size(), 1), true});
       for (PlanOp& po : rp.ops) {
         ModelOp& m = po.model;
-        if (m.kind == ModelOp::Kind::kLoss) m.loss.slot = rp.losses;
+        if (m.kind == ModelOp::Kind::kLoss || m.kind == ModelOp::Kind::kLlamaLoss) {
+          m.loss.slot = rp.losses;
+        }
         // Whole-slot ranges: the slot's size once every kernel has grown it.
         if (m.kind == ModelOp::Kind::kForward || m.kind == ModelOp::Kind::kLoss ||
             m.kind == ModelOp::Kind::kBackward) {
@@ -555,12 +635,24 @@ class PlanBuilder {
 
   /** The checkpoint's values of unit `u` written into `d`: its whole parameter (a gathered
    *  buffer) or rank r's primary slice of it. */
-  Action checkpoint_pattern(Rank r, UnitId u, const Span& d, bool whole) const {
+  /** What a checkpoint load writes at d (the primary slice of rank r, or the `whole`
+   *  parameter): the checkpoint pattern, or under the model math the checkpoint's weights. */
+  Action checkpoint_pattern(Rank r, UnitId u, const Span& d, bool whole) {
     Action a{Action::Kind::kPattern, d.loc, d.n, {}};
     a.salt = kCheckpointSalt;
     a.unit = u;
     a.pattern_base = (whole ? 0 : layouts_[u].primary_slice(r).begin) + d.loc.elem;
+    if (plan_.model) to_const(a, true);
     return a;
+  }
+  /** A pattern action of a unit's values as the model's weights (at init or from the
+   *  checkpoint): elements past the parameter's (its padding) are not written, as the replay's
+   *  slice of the weights leaves them. */
+  void to_const(Action& a, bool checkpoint) {
+    a.kind = Action::Kind::kConst;
+    a.const_id = initial(a.unit, checkpoint);
+    const std::uint64_t have = plan_.consts[a.const_id].size();
+    a.n = a.pattern_base >= have ? 0 : std::min(a.n, have - a.pattern_base);
   }
 
   /** A gather whose result is compared with the reference's. */
@@ -725,7 +817,9 @@ class PlanBuilder {
     Rank rank = 0;
     PlanOp* op = nullptr;
     UnitId unit = kNoUnit;
-    Span primary;
+    Span primary;     ///< the primary shard it writes
+    Span primary_in;  ///< ... and reads (the model math's Adam; else `primary`)
+    std::int32_t step = 0;
   };
   /** (rank, stream) -> the slot an in-place reduction on that stream sums into. */
   std::map<std::pair<Rank, StreamId>, SlotId> staging_of_;

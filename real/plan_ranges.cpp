@@ -139,19 +139,28 @@ void PlanBuilder::take_gradient(Rank r, const Op& o, PlanOp& po) {
 void PlanBuilder::optimizer_by_ranges(Rank r, const Op& o, PlanOp& po) {
   const int p = find_role(r, o, AccessMode::kWrite, BufferRole::kPrimary);
   if (p < 0 || o.unit == kNoUnit) return;
-  pending_steps_.push_back({r, &po, o.unit, span(r, o, static_cast<std::uint32_t>(p))});
+  const Span out = span(r, o, static_cast<std::uint32_t>(p));
+  Span in = out;
+  if (plan_.model) {  // NumericDomain::adam reads the primary shard it reads, writes it back
+    const int pi = find_role(r, o, AccessMode::kRead, BufferRole::kPrimary);
+    if (pi < 0) return;
+    in = span(r, o, static_cast<std::uint32_t>(pi));
+  }
+  pending_steps_.push_back({r, &po, o.unit, out, in, o.step});
 }
 
 // Every rank's gradient slots are known: each optimizer step sums the ranks' gradients of its
 // unit over its primary slice (in rank order) into the rank's scratch slot and subtracts 1/16
-// of it from the primary shard.
+// of it from the primary shard; under the model math, Adam steps the primary shard with that
+// sum instead (NumericDomain::adam on the replay's reduced_gradient: no clipping, DeepSpeed's
+// default gradient_clipping 0).
 void PlanBuilder::reduced_gradients() {
   using K = Action::Kind;
   std::map<Rank, SlotId> scratch;
   for (const PendingStep& st : pending_steps_) {
-    const std::uint64_t first =
-        layouts_[st.unit].primary_slice(st.rank).begin + st.primary.loc.elem;
-    std::uint64_t n = st.primary.n;
+    const Span& at = plan_.model ? st.primary_in : st.primary;
+    const std::uint64_t first = layouts_[st.unit].primary_slice(st.rank).begin + at.loc.elem;
+    std::uint64_t n = at.n;
     std::vector<Loc> src;
     for (std::size_t k = 0; k < s_.ranks.size(); ++k) {
       const auto it = grad_slot_.find({static_cast<Rank>(k), st.unit});
@@ -160,6 +169,28 @@ void PlanBuilder::reduced_gradients() {
       if (first >= held) continue;
       n = std::min(n, held - first);
       src.push_back({static_cast<Rank>(k), it->second.slot, first});
+    }
+    if (plan_.model) {
+      // The replay's reduced gradient, zeros past what some rank's gradient holds.
+      if (src.empty()) n = 0;
+      auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
+      if (fresh) sit->second = extra_slot(st.rank, at.n);
+      RankPlan& rp = plan_.ranks[st.rank];
+      rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, at.n);
+      const Loc sum{st.rank, sit->second, 0};
+      if (n > 0) st.op->actions.push_back({K::kSum, sum, n, src});
+      if (n < at.n) st.op->actions.push_back({K::kZero, {st.rank, sit->second, n}, at.n - n, {}});
+      ModelOp& m = st.op->model;
+      st.op->spin_s = 0;  // the math is the kernel
+      m.kind = ModelOp::Kind::kAdam;
+      m.x = {at.loc, at.n};
+      m.out = {st.primary.loc, at.n};
+      m.grad = {sum, at.n};
+      m.scale = 1.0F / static_cast<float>(s_.world_size * sc_.training.grad_accum);
+      m.max_grad_norm = 0.0F;
+      m.step = st.step;
+      adam_state(st.rank, st.unit, *st.op);
+      continue;
     }
     if (src.empty() || n == 0) continue;
     auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
@@ -236,13 +267,22 @@ void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const S
       return finish_reduce(r, o.stream, po, std::move(x), {});
     }
     case OpKind::kAllReduce: {
+      // zero.Init's broadcast from rank 0 (_zero_init_param, PP:1011 at v0.13.4), logged as an
+      // all-reduce that every rank reads (as the recorder logs it): the first sender's tensor,
+      // not the sum (the data replay's rule).
+      const bool broadcast = o.purpose == Purpose::kParamInit;
       Action x{K::kSum, d.loc, d.n, {}};
       for (const std::vector<Span>& snd : in) {
         if (snd.empty()) continue;  // a broadcast's receiver
         x.src.push_back(snd[0].loc);
         x.n = std::min(x.n, snd[0].n);
+        if (broadcast) break;
       }
       if (x.src.empty()) return;
+      if (broadcast) {
+        x.kind = K::kCopy;
+        return finish_reduce(r, o.stream, po, std::move(x), {});
+      }
       if (x.src.size() == members) {
         po.native.kind = NativeCollective::Kind::kAllReduce;
         po.native.count = x.n;

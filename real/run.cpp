@@ -278,16 +278,11 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   std::optional<Schedule> unfolded;
   if (has_strided_accesses(given)) unfolded = unfold_strided(given);
   const Schedule& schedule = unfolded ? *unfolded : given;
-  // --compute real: the tiny model's real math where the numeric replay can run the model,
-  // cuBLAS GEMMs of the layer shapes otherwise.
-  // The tiny model's math follows the coarse builder's units; DeepSpeed's own schedule (byte
-  // ranges, per-Linear parameters, coalesced gathers) runs spin kernels or GEMMs.
+  // --compute real: the model's real math where the numeric replay can run the model (the
+  // tiny model on the coarse builder's units, transformers' Llama on DeepSpeed's own
+  // schedules), cuBLAS GEMMs of the layer shapes otherwise.
   const bool by_ranges = replay::replays_by_ranges(schedule);
-  if (options.compute == "real" && by_ranges && model_math_unfit(scenario).empty()) {
-    throw InputError("", "--compute",
-                     "the tiny model's real math runs only the coarse builder's schedules "
-                     "(run.builder = \"coarse\"); on DeepSpeed's own schedule use --compute spin");
-  }
+  const bool model = options.compute == "real" && model_math_unfit(scenario, schedule).empty();
   // Their gradients reach each optimizer step through the plan's gradient slots of every rank
   // (plan_ranges.cpp), not through a collective: one process must hold every rank.
   if (options.launch && by_ranges) {
@@ -296,7 +291,6 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
                      "emulated on one GPU, or the host backends): their gradients reach the "
                      "optimizer through every rank's memory, not a collective");
   }
-  const bool model = options.compute == "real" && !by_ranges && model_math_unfit(scenario).empty();
   const Plan plan = make_plan(scenario, schedule, model);
   RealResult out;
   out.ranks = schedule.world_size;
@@ -306,8 +300,8 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   std::unique_ptr<Backend> backend;
   if (gemms(plan, options) && options.backend != "cuda") {
     throw InputError("", "--compute",
-                     "real runs cuBLAS GEMMs on this model (too big for the tiny model's math: " +
-                         model_math_unfit(scenario) + ") and needs --backend cuda");
+                     "real runs cuBLAS GEMMs on this model (the model's math cannot run it: " +
+                         model_math_unfit(scenario, schedule) + ") and needs --backend cuda");
   }
   ExecOptions base;
   base.timeout_s = options.timeout_s;
@@ -337,7 +331,11 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   }
   out.backend = backend->name();
   if (gemms(plan, options)) out.mode += "; layer kernels as cuBLAS GEMMs of the layer shapes";
-  if (model) {
+  if (model && plan.llama) {
+    out.mode +=
+        "; kernels run transformers' Llama in fp32, one parameter's module part each (forward, "
+        "recompute, loss, backward, Adam: the numeric replay's)";
+  } else if (model) {
     out.mode +=
         "; kernels run the tiny model's real math (fp32 forward, backward, loss, Adam: "
         "the numeric replay's)";

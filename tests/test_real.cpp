@@ -447,12 +447,15 @@ TEST(RealModel, LazyStockTurnsTheLossNaNAndBothFixesTrainExactly) {
 // The math needs a model the numeric replay holds, in fp32; anything else is refused with the
 // reason (make_plan), and --compute real then means GEMMs, which the host cannot run.
 TEST(RealModel, ModelsTooBigOrNotFp32AreRefusedWithTheReason) {
-  EXPECT_EQ(model_math_unfit(tiny("stock")), "");
+  const Scenario sc = tiny("stock");
+  EXPECT_EQ(model_math_unfit(sc, build_schedule(sc)), "");
   const Scenario half = load_scenario(scenario_path("tiny"), {{"training.dtype", "fp16"}});
-  EXPECT_NE(model_math_unfit(half).find("fp32"), std::string::npos) << model_math_unfit(half);
-  EXPECT_THROW(make_plan(half, build_schedule(half), true), InputError);
+  const Schedule hs = build_schedule(half);
+  EXPECT_NE(model_math_unfit(half, hs).find("fp32"), std::string::npos)
+      << model_math_unfit(half, hs);
+  EXPECT_THROW(make_plan(half, hs, true), InputError);
   const Scenario big = load_scenario(scenario_path("race-1gpu"));
-  EXPECT_NE(model_math_unfit(big).find("numeric replay"), std::string::npos);
+  EXPECT_NE(model_math_unfit(big, build_schedule(big)).find("numeric replay"), std::string::npos);
   EXPECT_THROW(run_model(half, "host"), InputError);  // GEMMs: cuda only
 }
 
@@ -679,16 +682,137 @@ TEST(RealGpuDeepSpeed, BothFixesAnd0135NeverCorrupt) {
   }
 }
 
-TEST(RealDeepSpeed, TinyModelMathIsRefusedWithTheReason) {
-  RealOptions o;
-  o.backend = "host";
-  o.compute = "real";
+// ---- transformers' Llama on DeepSpeed's own schedule (--compute real; llama_model.hpp) ----
+
+// Every parameter's forward, recompute and backward kernel and every loss kernel becomes a Llama
+// op carrying its parameter and micro-step, every optimizer step of a unit an Adam without
+// clipping, whose moments start from zero once per (rank, unit); no model kernel also spins.
+TEST(RealDeepSpeedModel, EveryParameterKernelIsALlamaOp) {
+  const Scenario sc = tiny_ds("event-wait");
+  const Schedule s = build_schedule(sc);
+  const Plan plan = make_plan(sc, s, true);
+  ASSERT_TRUE(plan.llama.has_value());
+  std::map<ModelOp::Kind, int> kinds;
+  std::map<Purpose, int> with_param;
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    std::map<UnitId, int> fresh;
+    for (std::size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
+      const Op& op = s.ranks[r].ops[i];
+      const PlanOp& po = plan.ranks[r].ops[i];
+      if (op.kind == OpKind::kKernel &&
+          (op.unit != kNoUnit || op.purpose == Purpose::kLossGradient)) {
+        ++with_param[op.purpose];
+      }
+      if (po.model.kind == ModelOp::Kind::kNone) continue;
+      ++kinds[po.model.kind];
+      EXPECT_EQ(po.spin_s, 0.0);
+      if (po.model.kind == ModelOp::Kind::kLlamaForward ||
+          po.model.kind == ModelOp::Kind::kLlamaBackward) {
+        EXPECT_EQ(po.model.w.n, s.units[op.unit].numel) << "the whole gathered parameter";
+        EXPECT_EQ(po.model.step, op.step);
+        EXPECT_EQ(po.model.micro, op.micro_step);
+        EXPECT_EQ(po.model.recompute, op.purpose == Purpose::kRecomputeForward);
+      }
+      if (po.model.kind == ModelOp::Kind::kAdam) {
+        EXPECT_EQ(po.model.max_grad_norm, 0.0F);
+        EXPECT_EQ(po.model.norm.n, 0U);
+        if (po.model.fresh_state) ++fresh[op.unit];
+      }
+    }
+    for (const auto& [unit, n] : fresh) EXPECT_EQ(n, 1) << "rank " << r << " unit " << unit;
+    EXPECT_EQ(fresh.size(), s.units.size()) << "rank " << r;
+  }
+  EXPECT_EQ(kinds[ModelOp::Kind::kLlamaForward],
+            with_param[Purpose::kForwardCompute] + with_param[Purpose::kRecomputeForward]);
+  EXPECT_GT(with_param[Purpose::kRecomputeForward], 0);
+  EXPECT_EQ(kinds[ModelOp::Kind::kLlamaBackward], with_param[Purpose::kBackwardCompute]);
+  EXPECT_EQ(kinds[ModelOp::Kind::kLlamaLoss], with_param[Purpose::kLossGradient]);
+  EXPECT_EQ(kinds[ModelOp::Kind::kAdam], with_param[Purpose::kOptimizerStep]);
+  EXPECT_GT(kinds[ModelOp::Kind::kAdam], 0);
+}
+
+// The host reference of DeepSpeed 0.13.4's schedule trains exactly as the numeric replay does
+// (its loss bit for bit, falling), and every release and variant, hpZ off too, ends on the same
+// weights: zero.Init's broadcast, the gathers, the bucket copies and Adam all move the replay's
+// numbers.
+TEST(RealDeepSpeedModel, HostReferenceTrainsExactlyAsTheNumericReplay) {
+  std::set<std::uint64_t> hashes;
+  for (const std::vector<Override>& keys : {std::vector<Override>{},
+                                            {{"run.variant", "host-sync"}},
+                                            {{"zero.deepspeed_version", "0.13.5"}},
+                                            {{"zero.zero_hpz_partition_size", "1"}}}) {
+    const std::string what = keys.empty() ? "stock" : keys[0].first + "=" + keys[0].second;
+    const RealResult r = run_model(tiny_ds("stock", keys), "host");
+    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+    ASSERT_TRUE(r.model);
+    ASSERT_EQ(r.reference_loss.size(), 3U);
+    EXPECT_EQ(r.reference_loss, r.replay_loss) << what;
+    EXPECT_FALSE(any_nan(r.reference_loss)) << what;
+    EXPECT_LT(r.reference_loss.back(), r.reference_loss.front()) << what;
+    EXPECT_EQ(r.corrupted_runs, 0) << what;
+    hashes.insert(r.reference_weights_hash);
+  }
+  EXPECT_EQ(hashes.size(), 1U);
+}
+
+// On the lazy host (every race the schedule allows bites), stock 0.13.4's forward gathers read
+// the NaN of fresh secondaries and its loss turns NaN; both fixes and 0.13.5 train exactly as
+// their reference, which is hpZ off's.
+TEST(RealDeepSpeedModel, LazyStockTurnsTheLossNaNAndTheFixesTrainExactly) {
+  const RealResult stock = run_model(tiny_ds("stock"), "host-lazy");
+  ASSERT_FALSE(stock.reference_hung) << stock.reference_hang;
+  EXPECT_EQ(stock.corrupted_runs, 1);
+  EXPECT_TRUE(any_nan(stock.runs[0].loss));
+  EXPECT_FALSE(any_nan(stock.reference_loss));
+  EXPECT_EQ(stock.runs[0].loss[0], stock.reference_loss[0]) << "step 0 reads no secondary";
+  for (const auto& [variant, version] : {std::pair<const char*, const char*>{"host-sync", "0.13.4"},
+                                         {"event-wait", "0.13.4"},
+                                         {"stock", "0.13.5"}}) {
+    const RealResult r =
+        run_model(tiny_ds(variant, {{"zero.deepspeed_version", version}}), "host-lazy");
+    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+    EXPECT_EQ(r.corrupted_runs, 0) << variant << " " << version;
+    EXPECT_EQ(r.runs[0].loss, r.reference_loss) << variant << " " << version;
+    EXPECT_EQ(r.reference_weights_hash, stock.reference_weights_hash) << variant << " " << version;
+  }
+}
+
+// A model or dtype the Llama's math cannot hold is refused with the reason; --compute real then
+// means GEMMs of the layer shapes, which only the cuda backend runs.
+TEST(RealDeepSpeedModel, ModelsTheMathCannotHoldAreRefusedWithTheReason) {
+  const Scenario half = tiny_ds("stock", {{"training.dtype", "bf16"}});
+  const Schedule hs = build_schedule(half);
+  EXPECT_NE(model_math_unfit(half, hs).find("fp32"), std::string::npos)
+      << model_math_unfit(half, hs);
+  EXPECT_THROW(make_plan(half, hs, true), InputError);
+  EXPECT_THROW(run_model(half, "host"), InputError);
   const Scenario sc = tiny_ds("stock");
-  try {
-    run_real(sc, build_schedule(sc), o);
-    FAIL() << "no InputError";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("coarse builder"), std::string::npos) << e.what();
+  const Schedule s = build_schedule(sc);
+  EXPECT_EQ(model_math_unfit(sc, s), "");
+  Schedule renamed = s;
+  renamed.units[0].name = "transformer.wte.weight";  // GPT-2's: no Llama parameter
+  EXPECT_NE(model_math_unfit(sc, renamed).find("transformer.wte.weight"), std::string::npos)
+      << model_math_unfit(sc, renamed);
+}
+
+// On a GPU (skipped without one): the Llama's math on DeepSpeed's schedule, run in stream order
+// through host functions, trains serialized exactly as the host reference; both fixes and
+// 0.13.5 never corrupt. Whether stock corrupts is what tools/gpu-selftest reports.
+TEST(RealGpuDeepSpeedModel, SerializedRunTrainsAsTheHostAndTheFixesNeverCorrupt) {
+  const DeviceInfo info = probe_devices();
+  if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
+  const RealResult host = run_model(tiny_ds("stock"), "host");
+  for (const auto& [variant, version] : {std::pair<const char*, const char*>{"stock", "0.13.4"},
+                                         {"host-sync", "0.13.4"},
+                                         {"event-wait", "0.13.4"},
+                                         {"stock", "0.13.5"}}) {
+    const RealResult r =
+        run_model(tiny_ds(variant, {{"zero.deepspeed_version", version}}), "cuda", 2);
+    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
+    EXPECT_EQ(r.reference_loss, host.reference_loss) << variant << " " << version;
+    EXPECT_EQ(r.reference_weights_hash, host.reference_weights_hash) << variant << " " << version;
+    if (std::string(variant) == "stock" && std::string(version) == "0.13.4") continue;
+    EXPECT_EQ(r.corrupted_runs, 0) << variant << " " << version;
   }
 }
 
