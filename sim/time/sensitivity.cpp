@@ -274,4 +274,37 @@ std::string sensitivity_table(const SensitivityResult& r) {
   return out;
 }
 
+nlohmann::json sensitivity_json(const SensitivityResult& r) {
+  const auto margin = [](const std::optional<double>& m) {
+    return m ? nlohmann::json(*m) : nlohmann::json(nullptr);
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const SensitivityRow& row : r.rows) {
+    nlohmann::json samples = nlohmann::json::array(), flips = nlohmann::json::array();
+    for (const auto& s : row.samples) {
+      samples.push_back(
+          {{"factor", s.factor}, {"value", s.value}, {"min_margin_s", margin(s.min_margin_s)}});
+    }
+    for (const auto& f : row.flips) {
+      flips.push_back({{"factor", f.factor}, {"value", f.value}, {"bites", f.bites}});
+    }
+    rows.push_back({{"key", row.key},
+                    {"what", row.what},
+                    {"value", row.value},
+                    {"samples", samples},
+                    {"flips", flips}});
+  }
+  return {{"min_margin_s", margin(r.min_margin_s)},
+          {"closest_race", r.closest_race},
+          {"timelines", r.runs},
+          {"inputs", rows},
+          {"sentence", sensitivity_sentence(r)}};
+}
+
+bool has_race(const SimResult& r) {
+  return std::any_of(r.races.begin(), r.races.end(), [](const RaceReport& race) {
+    return race.group.example.kind == check::FindingKind::kRace;
+  });
+}
+
 }  // namespace hpz::time

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,5 +76,12 @@ std::string sensitivity_sentence(const SensitivityResult& r);
 
 /** The text table `hpzlab sim --sensitivity` prints. */
 std::string sensitivity_table(const SensitivityResult& r);
+
+/** Whether the simulated schedule has a race (a data race the checker found; not a stale read or
+ *  a mismatched collective): what the sensitivity needs. */
+bool has_race(const SimResult& r);
+
+/** The sensitivity as `sim --json` and `check --json` write it. */
+nlohmann::json sensitivity_json(const SensitivityResult& r);
 
 }  // namespace hpz::time

@@ -35,6 +35,8 @@
 #include "sim/parallel.hpp"
 #include "sim/projection.hpp"
 #include "sim/record_inputs.hpp"
+#include "sim/time/sensitivity.hpp"
+#include "sim/time/simulate.hpp"
 #include "sim/xml.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -47,13 +49,14 @@ struct CheckOptions {
   std::vector<std::string> sets;       ///< --set key=value, applied to every scenario
   std::string json;                    ///< --json FILE ("-" = standard output)
   std::string schedule;                ///< --schedule FILE: check it instead of building one
-  std::string deepspeed;   ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
-  std::string junit;       ///< --junit FILE: JUnit XML, a test case per checked schedule
-  std::string sarif;       ///< --sarif FILE: SARIF 2.1.0, a result per finding group
-  UserFlags user;          ///< --ds-config, --hf-config, --nodes, --gpus-per-node
-  bool record = false;     ///< --record: the matrix over recordings of real DeepSpeed
-  std::string record_dir;  ///< --record-dir DIR: keep the recordings and their inputs there
-  bool explain = false;    ///< --explain: say what orders the secondary copies of a clean run
+  std::string deepspeed;     ///< --deepspeed V1,V2,...: the version matrix (DeepSpeed builder)
+  std::string junit;         ///< --junit FILE: JUnit XML, a test case per checked schedule
+  std::string sarif;         ///< --sarif FILE: SARIF 2.1.0, a result per finding group
+  UserFlags user;            ///< --ds-config, --hf-config, --nodes, --gpus-per-node
+  bool record = false;       ///< --record: the matrix over recordings of real DeepSpeed
+  std::string record_dir;    ///< --record-dir DIR: keep the recordings and their inputs there
+  bool explain = false;      ///< --explain: say what orders the secondary copies of a clean run
+  bool sensitivity = false;  ///< --sensitivity: how close each race came in the simulation
 };
 
 /** One line of the version matrix: releases whose schedules the builder makes alike (equal
@@ -194,6 +197,9 @@ struct Checked {
   /** --explain on a clean verdict: what orders the secondary copies, and which keys break it. */
   std::optional<check::OrderExplanation> explanation;
   std::vector<Probe> probes;
+  /** --sensitivity on a verdict with a race: the simulated timeline's closest race, and which
+   *  single change of cluster or cost model would flip it (sim/time/sensitivity.hpp). */
+  std::optional<time::SensitivityResult> sensitivity;
 
   /** Checked, nothing found and no known defect: a release to run this on. */
   bool clean() const { return refused.empty() && result.clean() && defects.empty(); }
@@ -223,6 +229,23 @@ std::string progress_what(std::size_t i, std::size_t n, const char* doing, const
 
 /** Runs tools/record (real DeepSpeed on this CPU) with `args`; returns its exit status. Its
  *  progress and errors go to this process's standard error. */
+/** --sensitivity: the schedule simulated once (the scenario's seed) and, when a race is in it,
+ *  every cost input scaled alone (`hpzlab sim --sensitivity`); none for a race-free schedule. */
+std::optional<time::SensitivityResult> timing_margin(const Scenario& sc, const Schedule& schedule,
+                                                     const check::CheckResult& result,
+                                                     bool show_progress) {
+  if (result.group_count(check::FindingKind::kRace) == 0) return std::nullopt;
+  time::SimOptions o;
+  o.runs = 1;
+  const time::SimResult simulated = time::simulate(sc, schedule, o);
+  if (!time::has_race(simulated)) return std::nullopt;
+  return time::sensitivity(sc, schedule, simulated, [show_progress](int done, int total) {
+    if (!show_progress) return;
+    progress_bar(done, std::max(done, total),
+                 fmt::format("sensitivity: {} timelines (about {})", done, total));
+  });
+}
+
 int run_recorder(const std::vector<std::string>& args) {
   const std::string script = recorder_script("--record");
   std::vector<char*> argv;
@@ -497,6 +520,8 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
         }
       });
     }
+    std::optional<time::SensitivityResult> margin;
+    if (opts.sensitivity) margin = timing_margin(sc, schedule, result, progress);
     Checked checked{std::move(result),
                     opts.record ? step_count(schedule) : sc.run.steps,
                     opts.record,
@@ -510,7 +535,8 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
                         ? ""
                         : canonical_deepspeed_version(sc.zero.deepspeed_version),
                     std::move(explanation),
-                    std::move(probes)};
+                    std::move(probes),
+                    std::move(margin)};
     return checked;
   };
   std::vector<Checked> results;
@@ -594,9 +620,15 @@ Checked check_file(const CheckOptions& opts) {
   Schedule schedule;
   run_showing_progress(0, 1, "reading " + opts.schedule,
                        [&] { schedule = read_schedule(opts.schedule); });
+  std::optional<Scenario> sc;
   if (!opts.scenarios.empty() || has_user_files(opts.user)) {
     const std::string path = opts.scenarios.empty() ? "" : opts.scenarios[0];
-    check_world_size(load(path, opts.user, overrides_of(opts)), schedule, opts.schedule);
+    sc = load(path, opts.user, overrides_of(opts));
+    check_world_size(*sc, schedule, opts.schedule);
+  } else if (opts.sensitivity) {
+    throw InputError("", "--sensitivity",
+                     "simulates the schedule, which needs a scenario for the cluster and the "
+                     "costs (give one, whose world size the schedule has)");
   }
   check::CheckResult result;
   run_showing_progress(0.5, 1, "checking " + opts.schedule, [&] {
@@ -617,7 +649,13 @@ Checked check_file(const CheckOptions& opts) {
                   recorded_defects(schedule),
                   is_deepspeed_release(recorded) ? recorded : "",
                   std::nullopt,
-                  {}};
+                  {},
+                  std::nullopt};
+  if (opts.sensitivity) {
+    sc->run.steps = step_count(schedule);  // as sim --schedule takes them
+    checked.sensitivity = on_schedule(
+        opts.schedule, [&] { return timing_margin(*sc, schedule, checked.result, true); });
+  }
   if (opts.explain && clean) {
     run_showing_progress(0.75, 1, "explaining " + opts.schedule, [&] {
       checked.explanation =
@@ -810,6 +848,11 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   const std::vector<std::string> releases =
       opts.schedule.empty() ? releases_of(opts) : std::vector<std::string>{};
   const bool matrix = is_matrix(releases);
+  if (opts.sensitivity && (matrix || opts.record)) {
+    throw InputError("", "--sensitivity",
+                     "simulates one release's schedule (seconds to minutes a scenario): give "
+                     "--deepspeed one release, without --record");
+  }
   const std::vector<Checked> checked = opts.schedule.empty()
                                            ? check_scenarios(opts, releases)
                                            : std::vector<Checked>{check_file(opts)};
@@ -893,6 +936,17 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       explained.push_back(std::move(one));
     }
     if (opts.explain) j["explain"] = explained;
+    if (opts.sensitivity) {
+      nlohmann::json margins = nlohmann::json::array();
+      for (const Checked& c : checked) {
+        if (!c.sensitivity) continue;
+        nlohmann::json one = time::sensitivity_json(*c.sensitivity);
+        one["scenario"] = c.result.scenario;
+        one["schedule"] = check::label_of(c.result);
+        margins.push_back(std::move(one));
+      }
+      j["sensitivity"] = margins;
+    }
     if (std::any_of(checked.begin(), checked.end(),
                     [](const Checked& c) { return !c.releases.empty(); })) {
       j["releases"] = releases_json(checked);
@@ -988,6 +1042,13 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       for (const ReleaseRule* r : checked[i].defects) text += defect_line(*r, true);
       if (checked[i].builder) text += "  " + describe(*checked[i].builder) + "\n";
       text += explain_lines(checked[i]);
+      if (checked[i].sensitivity) {
+        std::string sentence = time::sensitivity_sentence(*checked[i].sensitivity);
+        if (sentence.rfind("The ", 0) == 0) sentence[0] = 't';
+        text += "  in the simulation: " + sentence + "\n";
+      } else if (opts.sensitivity && checked[i].refused.empty() && !checked[i].result.clean()) {
+        text += "  in the simulation: no race of this schedule to time\n";
+      }
       text += note_line(checked[i]);
     }
     // Which DeepSpeed a verdict of the coarse builder stands for, once: it is not the schedule
@@ -1047,6 +1108,11 @@ void setup_check(CLI::App& app, int& exit_code) {
   sub->add_option("--schedule", opts->schedule,
                   "Check the schedule in FILE (hpzlab's schedule JSON, e.g. from `hpzlab record` "
                   "or `hpzlab schedule --json`) instead of building one");
+  sub->add_flag("--sensitivity", opts->sensitivity,
+                "For a race: simulate the schedule on the scenario's cluster and say how close "
+                "the closest race came to biting (or by how much it bit) and which single "
+                "change of cluster or cost model (each scaled from x1/4 to x4) would flip it, "
+                "as `hpzlab sim --sensitivity` does; seconds to minutes");
   sub->callback([opts, &exit_code] { run_check(*opts, exit_code); });
 }
 

@@ -33,39 +33,6 @@ struct SimCliOptions {
   bool sensitivity = false;  ///< --sensitivity: which cost inputs decide the races' bite
 };
 
-nlohmann::json sensitivity_json(const time::SensitivityResult& r) {
-  const auto margin = [](const std::optional<double>& m) {
-    return m ? nlohmann::json(*m) : nlohmann::json(nullptr);
-  };
-  nlohmann::json rows = nlohmann::json::array();
-  for (const time::SensitivityRow& row : r.rows) {
-    nlohmann::json samples = nlohmann::json::array(), flips = nlohmann::json::array();
-    for (const auto& s : row.samples) {
-      samples.push_back(
-          {{"factor", s.factor}, {"value", s.value}, {"min_margin_s", margin(s.min_margin_s)}});
-    }
-    for (const auto& f : row.flips) {
-      flips.push_back({{"factor", f.factor}, {"value", f.value}, {"bites", f.bites}});
-    }
-    rows.push_back({{"key", row.key},
-                    {"what", row.what},
-                    {"value", row.value},
-                    {"samples", samples},
-                    {"flips", flips}});
-  }
-  return {{"min_margin_s", margin(r.min_margin_s)},
-          {"closest_race", r.closest_race},
-          {"timelines", r.runs},
-          {"inputs", rows},
-          {"sentence", time::sensitivity_sentence(r)}};
-}
-
-bool has_race(const time::SimResult& r) {
-  return std::any_of(r.races.begin(), r.races.end(), [](const time::RaceReport& race) {
-    return race.group.example.kind == check::FindingKind::kRace;
-  });
-}
-
 /** Runs done, the one in progress counted by its share of ops simulated. */
 void progress(double done, int total) {
   progress_bar(done, total,
@@ -86,7 +53,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   const time::SimResult result =
       on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
   std::optional<time::SensitivityResult> sens;
-  if (opts.sensitivity && has_race(result)) {
+  if (opts.sensitivity && time::has_race(result)) {
     sens = time::sensitivity(sc, schedule, result, [](int done, int total) {
       progress_bar(done, std::max(done, total),
                    fmt::format("sensitivity: {} timelines (about {})", done, total));
@@ -96,7 +63,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
     std::string json = time::JsonReporter(opts.op_times, sc.notes).render(schedule, result);
     if (sens) {
       nlohmann::json j = nlohmann::json::parse(json);
-      j["sensitivity"] = sensitivity_json(*sens);
+      j["sensitivity"] = time::sensitivity_json(*sens);
       json = j.dump(2) + "\n";
     }
     write_output(opts.scenario.json, json, "--json");
