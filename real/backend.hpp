@@ -16,8 +16,8 @@
 
 #include "real/plan.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/schedule.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::real {
 

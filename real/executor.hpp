@@ -12,8 +12,8 @@
 
 #include "real/backend.hpp"
 #include "real/plan.hpp"
-#include "sim/schedule.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/schedule.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::real {
 

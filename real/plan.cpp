@@ -13,7 +13,7 @@
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/tiny_model.hpp"
-#include "sim/shard.hpp"
+#include "sim/ir/shard.hpp"
 #include "sim/time/cost_model.hpp"
 
 namespace hpz::real {

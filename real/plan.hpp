@@ -33,7 +33,7 @@
 #include "real/gemm.hpp"
 #include "sim/replay/llama_model.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz::real {
 

@@ -11,7 +11,7 @@
 #include "real/executor.hpp"
 #include "real/launch.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/time/simulate.hpp"
 
 namespace hpz::real {

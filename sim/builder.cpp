@@ -13,7 +13,7 @@
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
 #include "sim/model_shape.hpp"
-#include "sim/shard.hpp"
+#include "sim/ir/shard.hpp"
 
 namespace hpz {
 namespace {

@@ -23,7 +23,7 @@
 #pragma once
 
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz {
 

@@ -18,7 +18,7 @@
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/model_shape.hpp"
-#include "sim/shard.hpp"
+#include "sim/ir/shard.hpp"
 
 // Citations: "DS:file:line" is a line of microsoft/DeepSpeed at tag v0.13.4 unless a version is
 // named; PP = runtime/zero/partition_parameters.py, COORD = partitioned_param_coordinator.py,

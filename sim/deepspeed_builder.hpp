@@ -12,7 +12,7 @@
 
 #include "sim/deepspeed_releases.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz {
 

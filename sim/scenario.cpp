@@ -1915,16 +1915,5 @@ const char* to_string(Variant v) {
   return "unknown";
 }
 
-const char* to_string(Fill f) {
-  switch (f) {
-    case Fill::kNan:
-      return "nan";
-    case Fill::kStale:
-      return "stale";
-    case Fill::kZero:
-      return "zero";
-  }
-  return "unknown";
-}
 
 }  // namespace hpz

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "sim/ir/fill.hpp"
+
 namespace hpz {
 
 /** Which DeepSpeed code path issues the secondary partition copy and the hpZ gather. */
@@ -17,12 +19,6 @@ enum class Variant {
   kEventWait,  ///< fix B: an event after the copy, the all-gather stream waits on it
 };
 
-/** What a freshly allocated buffer holds before anything writes it. */
-enum class Fill {
-  kNan,    ///< poisoned with NaN (what a race test does on purpose)
-  kStale,  ///< whatever the caching allocator's block last held
-  kZero,   ///< zeros
-};
 
 /** Peak numbers of one GPU model; chosen by the `cluster.gpu` preset. */
 struct GpuSpec {
@@ -300,6 +296,5 @@ void validate(const Scenario& scenario);
 
 /** Names for printing and JSON. */
 const char* to_string(Variant v);
-const char* to_string(Fill f);
 
 }  // namespace hpz

@@ -6,7 +6,7 @@
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 
 namespace hpz {
 namespace {

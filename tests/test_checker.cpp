@@ -12,7 +12,7 @@
 #include "sim/check/checker.hpp"
 #include "sim/check/report.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::check {

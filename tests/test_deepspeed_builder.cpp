@@ -23,9 +23,9 @@
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
 #include "sim/model_shape.hpp"
-#include "sim/projection.hpp"
+#include "sim/ir/projection.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz {

@@ -9,7 +9,7 @@
 #include "sim/check/checker.hpp"
 #include "sim/check/explain.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::check {

@@ -6,7 +6,7 @@
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
-#include "sim/order.hpp"
+#include "sim/ir/order.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz {

@@ -17,7 +17,7 @@
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
-#include "sim/shard.hpp"
+#include "sim/ir/shard.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::real {

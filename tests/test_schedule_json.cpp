@@ -11,7 +11,7 @@
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz {

@@ -1,7 +1,7 @@
 // Shard arithmetic against hand-computed cases.
 #include <gtest/gtest.h>
 
-#include "sim/shard.hpp"
+#include "sim/ir/shard.hpp"
 
 namespace hpz {
 namespace {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "sim/builder.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "sim/time/collective.hpp"
 #include "sim/time/cost_model.hpp"
 #include "sim/time/report.hpp"

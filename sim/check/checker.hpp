@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "sim/check/finding.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz::check {
 

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz::check {
 

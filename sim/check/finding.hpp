@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz::check {
 

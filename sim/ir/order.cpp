@@ -1,4 +1,4 @@
-#include "sim/order.hpp"
+#include "sim/ir/order.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "sim/error.hpp"
-#include "sim/scenario.hpp"
 
 namespace hpz {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz {
 

@@ -1,4 +1,4 @@
-#include "sim/projection.hpp"
+#include "sim/ir/projection.hpp"
 
 #include <fmt/format.h>
 

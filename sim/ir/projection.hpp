@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz {
 

@@ -1,4 +1,4 @@
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 #include <algorithm>
 #include <array>
@@ -215,6 +215,18 @@ BufferRole parse_buffer_role(std::string_view s) {
 }
 GroupKind parse_group_kind(std::string_view s) {
   return parse_name<GroupKind>(kGroupKindNames, s, "group kind");
+}
+
+const char* to_string(Fill f) {
+  switch (f) {
+    case Fill::kNan:
+      return "nan";
+    case Fill::kStale:
+      return "stale";
+    case Fill::kZero:
+      return "zero";
+  }
+  return "unknown";
 }
 
 }  // namespace hpz

@@ -49,6 +49,8 @@
 #include <string_view>
 #include <vector>
 
+#include "sim/ir/fill.hpp"
+
 namespace hpz {
 
 using Rank = int;
@@ -199,7 +201,7 @@ struct Op {
   double flops = 0;              ///< kernels
   double mem_bytes = 0;          ///< HBM bytes moved by kernels and copies
   std::uint64_t comm_bytes = 0;  ///< collectives, see OpKind
-  std::uint8_t fill = 0;         ///< kAlloc: a Fill value
+  std::uint8_t fill = 0;         ///< kAlloc: a Fill value (sim/ir/fill.hpp)
   float spin_us = 0;             ///< kKernel: when > 0, runs this long whatever its flops
   bool operator==(const Op&) const = default;
 };

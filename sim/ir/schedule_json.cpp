@@ -1,4 +1,4 @@
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,6 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
-#include "sim/scenario.hpp"
 
 namespace hpz {
 namespace {

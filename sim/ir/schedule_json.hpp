@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz {
 

@@ -1,4 +1,4 @@
-#include "sim/shard.hpp"
+#include "sim/ir/shard.hpp"
 
 #include <cassert>
 

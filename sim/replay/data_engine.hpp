@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
-#include "sim/shard.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/schedule.hpp"
+#include "sim/ir/shard.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::replay {
 

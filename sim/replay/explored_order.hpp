@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "sim/schedule.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/schedule.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::replay {
 

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/schedule.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::replay {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz::time {
 

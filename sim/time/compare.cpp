@@ -10,7 +10,7 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace hpz::time {
 namespace {

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/time/collective.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::time {
 

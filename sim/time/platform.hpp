@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 
 namespace simgrid::s4u {
 class Host;

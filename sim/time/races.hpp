@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "sim/check/checker.hpp"
-#include "sim/schedule.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/schedule.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::time {
 

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/time/simulate.hpp"
 
 namespace hpz::time {

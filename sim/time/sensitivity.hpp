@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/time/simulate.hpp"
 
 namespace hpz::time {

@@ -10,11 +10,11 @@
 
 #include "sim/check/checker.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/time/engine.hpp"
 #include "sim/time/platform.hpp"
 #include "sim/time/races.hpp"
-#include "sim/timeline.hpp"
+#include "sim/ir/timeline.hpp"
 
 namespace hpz::time {
 

@@ -8,7 +8,7 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

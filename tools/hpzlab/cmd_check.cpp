@@ -33,7 +33,7 @@
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/parallel.hpp"
-#include "sim/projection.hpp"
+#include "sim/ir/projection.hpp"
 #include "sim/record_inputs.hpp"
 #include "sim/time/sensitivity.hpp"
 #include "sim/time/simulate.hpp"

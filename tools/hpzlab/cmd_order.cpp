@@ -8,7 +8,7 @@
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/input.hpp"
-#include "sim/order.hpp"
+#include "sim/ir/order.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {

@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "sim/error.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "sim/summary.hpp"
 #include "tools/hpzlab/commands.hpp"
 

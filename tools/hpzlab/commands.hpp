@@ -11,7 +11,7 @@
 #include "sim/error.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/time/report.hpp"
 
 namespace hpz::cli {

@@ -14,7 +14,7 @@
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
 #include "sim/scenario.hpp"
-#include "sim/schedule_json.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {

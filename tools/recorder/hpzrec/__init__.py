@@ -7,7 +7,7 @@ Modules, one job each:
   ops          a TorchDispatchMode that logs every aten op's reads and writes
   collectives  torch.distributed calls as NCCL would issue them (streams, handshakes)
   probes       wrappers around DeepSpeed's coordinator that label phase, module, purpose
-  ir           the log -> hpzlab-schedule JSON (sim/schedule_json.cpp reads it)
+  ir           the log -> hpzlab-schedule JSON (sim/ir/schedule_json.cpp reads it)
   model        the Hugging Face model and the training loop
   cli          `hpzlab record`'s arguments, errors and output
 """

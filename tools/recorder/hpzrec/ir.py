@@ -1,10 +1,10 @@
-"""The recording -> hpzlab's schedule IR (the JSON that sim/schedule_json.cpp reads).
+"""The recording -> hpzlab's schedule IR (the JSON that sim/ir/schedule_json.cpp reads).
 
 Buffers. Each storage lifetime becomes IR buffers: one per claimed parameter tensor in it
 (primary shard, secondary shard, gathered parameter, with its unit), or, for a storage DeepSpeed
 never handed to a parameter, one scratch buffer for the whole storage. Padding (DeepSpeed rounds
 each parameter up to a multiple of the world size) is never meaningful, so accesses to it are
-dropped, as the IR requires (sim/schedule.hpp): bytes of a claimed storage outside every claim,
+dropped, as the IR requires (sim/ir/schedule.hpp): bytes of a claimed storage outside every claim,
 a shard's elements past the parameter's end (a claim's valid_end), and storages DeepSpeed
 allocates as padding only (Lifetime.padding).
 

@@ -28,7 +28,7 @@ for accelerate, which the recorder's environment lacks (:76), so an object answe
 `is_zero3()` as HfDeepSpeedConfig does for a stage-3 config stands in for it during the load.
 
 What is logged: everything in phase "checkpoint_load", step -1, purpose "checkpoint_load"
-(sim/schedule.cpp's names), but for __enter__'s gather, which is DeepSpeed fetching the current
+(sim/ir/schedule.cpp's names), but for __enter__'s gather, which is DeepSpeed fetching the current
 shards ("param_fetch"), and what probes.py labels itself (the secondary copy). Rank 0's
 `param.copy_(input_param)` (torch/nn/modules/module.py:2040 at torch 2.1.2, :2493 at 2.10.0)
 writes each gathered parameter's full buffer; the state dict is host memory, so a GPU's host

@@ -6,7 +6,7 @@ lifetime: a storage seen as the fresh output of an op starts a lifetime; every a
 range of one lifetime. DeepSpeed's parameter tensors (primary shard, secondary shard, gathered
 parameter) are *claimed* regions of a lifetime, so that the IR writer can give them their roles.
 A claim's bytes past its parameter's own elements, and a storage DeepSpeed allocates as padding
-only, are padding: the IR writer drops accesses to them (sim/schedule.hpp: accesses cover only
+only, are padding: the IR writer drops accesses to them (sim/ir/schedule.hpp: accesses cover only
 meaningful bytes).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 
 import torch
 
-# Phases and purposes use the IR's names (sim/schedule.cpp to_string).
+# Phases and purposes use the IR's names (sim/ir/schedule.cpp to_string).
 FORWARD, BACKWARD, GRAD_REDUCE, OPTIMIZER, INIT = ("forward", "backward", "grad_reduce",
                                                    "optimizer", "init")
 # The phase, and the purpose, of a checkpoint's load (kPhaseNames and kPurposeNames there).

@@ -7,7 +7,7 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     nothing communicated), and its collectives are replaced by hpzrec.collectives, which log
     them as ProcessGroupNCCL would issue them.
   - Tensor.record_stream: the caching allocator's bookkeeping for CUDA streams. CPU tensors
-    refuse it; the IR's buffer lifetimes are logical (sim/schedule.hpp), so it does nothing.
+    refuse it; the IR's buffer lifetimes are logical (sim/ir/schedule.hpp), so it does nothing.
   - deepspeed.ops' quantizer (qwZ): DeepSpeed's CUDA kernel cannot load on a CPU; a function
     with the same outputs (int8 values, one fp32 scale per group) stands in for it.
   - The same CUDA module's qgZ ops (swizzle_quant, quantized_reduction, dequantize), which

@@ -359,7 +359,7 @@ def test_check_version_matrix_over_recordings_agrees_with_the_builder(tmp_path):
         doc = json.loads(run.stdout)
         # By what races with what, where; not by the group's representative instance (its
         # hook label, or which of a coalesced gather's secondaries it names), which depends on
-        # details the builder's differential test does not compare (sim/projection.hpp).
+        # details the builder's differential test does not compare (sim/ir/projection.hpp).
         groups = sorted((f["kind"], f["count"], f["first"]["purpose"], f["second"]["purpose"],
                          f["first"]["stream"], f["second"]["stream"], tuple(f["ranks"]),
                          tuple(f["layers"]), tuple(f["steps"]))
