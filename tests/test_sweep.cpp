@@ -3,9 +3,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "sim/error.hpp"
+#include "tools/hpzlab/sweep/fields.hpp"
 #include "tools/hpzlab/sweep/plan.hpp"
 #include "tools/hpzlab/sweep/plot.hpp"
 #include "tools/hpzlab/sweep/report.hpp"
@@ -453,6 +455,118 @@ TEST(SweepRunner, RunsJobsAtMostJAtATime) {
   Outcome seen;
   run_jobs("/bin/sh", killed, 2, [&](const Job&, const Outcome& o) { seen = o; });
   EXPECT_EQ(seen.signal, 15);
+}
+
+// Issue 34, item 8: every field read back names the file, the key and what was expected.
+std::string read_error(const std::function<void()>& read) {
+  try {
+    read();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SweepFields, WrongTypesAreOneLineNamingFileAndKey) {
+  Plan plan = two_by_three();
+  nlohmann::json sim = sim_json(0.5);
+  sim["runs"][0]["hung"] = 1;
+  EXPECT_EQ(read_error([&] {
+              rows_from_sim(plan, {0, 0}, sim, "p0-v0.json");
+            }),
+            "p0-v0.json: runs[0].hung: expected true or false, got 1");
+  sim = sim_json(0.5);
+  sim["runs"][0]["races_manifested"] = nullptr;
+  EXPECT_EQ(read_error([&] {
+              rows_from_sim(plan, {0, 0}, sim, "p0-v0.json");
+            }),
+            "p0-v0.json: runs[0].races_manifested: expected a whole number, 0 or more, got null");
+  sim = sim_json(0.5);
+  sim["runs"][0].erase("step_time_s");
+  EXPECT_EQ(read_error([&] {
+              rows_from_sim(plan, {0, 0}, sim, "p0-v0.json");
+            }),
+            "p0-v0.json: runs[0].step_time_s: missing (expected a number or null)");
+  plan.runs = 2;
+  const std::string runs_error = read_error([&] {
+    rows_from_sim(plan, {0, 0}, sim_json(0.5), "p0-v0.json");
+  });
+  EXPECT_TRUE(runs_error.starts_with(
+      "p0-v0.json: runs: expected an array of 2 runs (the sweep's runs), got [{"))
+      << runs_error;
+}
+
+TEST(SweepFields, ResultsRowsCheckedColumnByColumn) {
+  const Plan plan = two_by_three();
+  const Row good = rows_from_sim(plan, {4, 1}, sim_json(0.5)).front();
+  EXPECT_EQ(checked_row(plan, good, "r.jsonl:1").dump(), good.dump());
+  nlohmann::json bad = good;
+  bad["status"] = 5;
+  EXPECT_EQ(read_error([&] { checked_row(plan, bad, "r.jsonl:1"); }),
+            "r.jsonl:1: status: expected ok, hung or failed, got 5");
+  bad = good;
+  bad["c.d"] = "x";
+  EXPECT_EQ(read_error([&] { checked_row(plan, bad, "r.jsonl:1"); }),
+            "r.jsonl:1: c.d: expected \"y\" (point 4's value), got \"x\"");
+  bad = good;
+  bad["point"] = 6;
+  EXPECT_EQ(read_error([&] { checked_row(plan, bad, "r.jsonl:1"); }),
+            "r.jsonl:1: point: expected a whole number from 0 to 5, got 6");
+  bad = good;
+  bad["extra"] = 1;
+  EXPECT_NE(read_error([&] {
+              checked_row(plan, bad, "r.jsonl:1");
+            }).find("r.jsonl:1: extra: not a column of this sweep's table"),
+            std::string::npos);
+  // A line cut by a kill is skipped; the others are rows.
+  const std::string text = good.dump() + "\n" + good.dump().substr(0, 20);
+  EXPECT_EQ(rows_from_jsonl(plan, text, "r.jsonl").size(), 1u);
+}
+
+TEST(SweepFields, PlanFromSweepJsonHasTheCommandLinesLimits) {
+  const Plan plan = two_by_three();
+  nlohmann::json j = plan.to_json();
+  j["runs"] = 2000000000;
+  EXPECT_EQ(read_error([&] { plan_from_json(j, "d/sweep.json"); }),
+            "d/sweep.json: runs: expected a whole number from 1 to 10000, got 2000000000");
+  j = plan.to_json();
+  j["vary"] = nlohmann::json::array();
+  for (int i = 0; i < 6; ++i) {
+    nlohmann::json values = nlohmann::json::array();
+    for (int v = 0; v < 100; ++v) values.push_back(std::to_string(v));
+    j["vary"].push_back({{"key", "a.k" + std::to_string(i)}, {"values", values}});
+  }
+  EXPECT_EQ(read_error([&] { plan_from_json(j, "d/sweep.json"); }),
+            "d/sweep.json: vary: 2000000000000 simulations (allowed: at most 10000000)");
+  j = plan.to_json();
+  j["vary"][1]["key"] = "a.b";
+  EXPECT_NE(read_error([&] {
+              plan_from_json(j, "d/sweep.json");
+            }).find("d/sweep.json: vary[1].key: given twice"),
+            std::string::npos);
+  j = plan.to_json();
+  j["variants"] = {"stock", "stock"};
+  EXPECT_EQ(read_error([&] { plan_from_json(j, "d/sweep.json"); }),
+            "d/sweep.json: variants[1]: given twice");
+  Plan many = plan;
+  many.runs = 10000;
+  many.axes = {{"a.b", Values(1000, "1")}};
+  EXPECT_NE(read_error([&] { check_limits(many, ""); }).find("--runs: 20000000 rows"),
+            std::string::npos);
+}
+
+TEST(SweepFields, TextThatIsNotUtf8GetsReplacementCharacters) {
+  EXPECT_EQ(valid_utf8("ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            "ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(valid_utf8("a\xff\xfe b"), "a\xef\xbf\xbd\xef\xbf\xbd b");
+  EXPECT_EQ(valid_utf8("cut \xe2\x82"), "cut \xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(valid_utf8("\xc0\xaf\xed\xa0\x80"),  // overlong '/', a surrogate
+            "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+  // Into a failed row: the row dumps as JSON.
+  const std::vector<Row> rows =
+      failed_rows(two_by_three(), {0, 0}, error_line_of("hpzlab: error: bad \xff byte\n"));
+  EXPECT_EQ(rows[0]["error"], "bad \xef\xbf\xbd byte");
+  EXPECT_NO_THROW((void)rows[0].dump());
 }
 
 }  // namespace

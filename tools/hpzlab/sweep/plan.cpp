@@ -8,6 +8,7 @@
 #include <set>
 
 #include "sim/error.hpp"
+#include "tools/hpzlab/sweep/fields.hpp"
 
 namespace hpz::sweep {
 namespace {
@@ -20,6 +21,12 @@ constexpr std::size_t kMaxAxisValues = 10'000;
 constexpr std::size_t kMaxCombinations = 1000;
 /// A sweep's points x variants; beyond this the table alone is gigabytes.
 constexpr double kMaxSimulations = 1e7;
+/// A sweep's rows (simulations x runs), for the same reason.
+constexpr double kMaxRows = 1e7;
+/// Scenario loads spent, over the whole validation, trying values the scenario refuses alone with
+/// combinations of the other axes (a load takes about 0.05 ms in a Release build): past this a
+/// plan is refused instead of validating for minutes (issue 34, item 13).
+constexpr std::size_t kMaxCombinationLoads = 100'000;
 
 std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> parts;
@@ -133,14 +140,18 @@ void load_with(const Plan& plan, const Override& extra, const char* where) {
 }
 
 /** Whether the scenario takes axis k's `value` together with some combination of the other
- *  axes' values (the first kMaxCombinations of them, the last axis fastest). */
-bool loads_with_other_axes(const Plan& plan, std::size_t k, const std::string& value) {
+ *  axes' values (the first kMaxCombinations of them, the last axis fastest). Each load counts
+ *  against `budget`; false, with `budget` 0, when it runs out. */
+bool loads_with_other_axes(const Plan& plan, std::size_t k, const std::string& value,
+                           std::size_t& budget) {
   std::size_t others = 1;
   for (std::size_t i = 0; i < plan.axes.size(); ++i) {
     if (i != k) others *= plan.axes[i].values.size();
   }
   if (plan.axes.size() <= 1) return false;
   for (std::size_t m = 0; m < others && m < kMaxCombinations; ++m) {
+    if (budget == 0) return false;
+    --budget;
     std::vector<Override> overrides = base_overrides(plan);
     std::size_t rest = m;
     for (std::size_t i = plan.axes.size(); i-- > 0;) {
@@ -271,64 +282,116 @@ nlohmann::json Plan::to_json() const {
   return j;
 }
 
-Plan plan_from_json(const nlohmann::json& j) {
+Plan plan_from_json(const nlohmann::json& j, const std::string& file) {
+  const Field root(j, file);
   Plan plan;
-  try {
-    plan.scenario = j.at("scenario").get<std::string>();
-    plan.sets = j.at("sets").get<std::vector<std::string>>();
-    plan.runs = j.at("runs").get<int>();
-    plan.repro = j.value("repro", false);
-    if (j.contains("flags")) {
-      plan.flag_args = j.at("flag_args").get<std::vector<std::string>>();
-      for (const nlohmann::json& f : j.at("flags")) {
-        plan.flags.push_back({f.at("flag").get<std::string>(), f.at("key").get<std::string>(),
-                              f.at("value").get<std::string>()});
+  plan.scenario = root.at("scenario").string();
+  plan.sets = root.at("sets").strings();
+  plan.runs = static_cast<int>(root.at("runs").integer(1, kMaxRuns));
+  if (root.at("repro").present()) plan.repro = root.at("repro").boolean();
+  if (root.at("flags").present()) {
+    plan.flag_args = root.at("flag_args").strings();
+    const Field flags = root.at("flags");
+    for (std::size_t i = 0; i < flags.size(); ++i) {
+      const Field f = flags.item(i);
+      plan.flags.push_back({f.at("flag").string(), f.at("key").string(), f.at("value").string()});
+    }
+  }
+  const Field vary = root.at("vary");
+  for (std::size_t i = 0; i < vary.size(); ++i) {
+    const Field a = vary.item(i);
+    plan.axes.push_back({a.at("key").string(), a.at("values").strings()});
+  }
+  const Field variants = root.at("variants");
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    plan.variants.push_back(variant_spec(variants.item(i).one_of(variant_names())));
+  }
+  check_limits(plan, file);
+  return plan;
+}
+
+void check_limits(const Plan& plan, const std::string& file) {
+  // From the command line the flag is named, from sweep.json the file and its key.
+  const auto fail = [&](const std::string& flag, const std::string& flag_key,
+                        const std::string& file_key, const std::string& what) {
+    if (file.empty()) throw InputError(flag, flag_key, what);
+    throw InputError(file, file_key, what);
+  };
+  if (plan.runs < 1 || plan.runs > kMaxRuns) {
+    fail("--runs", "", "runs",
+         fmt::format("{} is out of range (allowed: 1 to {})", plan.runs, kMaxRuns));
+  }
+  if (plan.variants.empty()) {
+    fail("--variants", "", "variants",
+         "none (allowed: one or more of stock, host-sync, "
+         "event-wait, no-hpz)");
+  }
+  for (std::size_t v = 0; v < plan.variants.size(); ++v) {
+    for (std::size_t w = 0; w < v; ++w) {
+      if (plan.variants[w].name == plan.variants[v].name) {
+        fail("--variants", plan.variants[v].name, fmt::format("variants[{}]", v), "given twice");
       }
     }
-    for (const nlohmann::json& a : j.at("vary")) {
-      plan.axes.push_back(
-          {a.at("key").get<std::string>(), a.at("values").get<std::vector<std::string>>()});
-    }
-    for (const nlohmann::json& v : j.at("variants")) {
-      plan.variants.push_back(variant_spec(v.get<std::string>()));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError("sweep.json", "", std::string("not a sweep's plan: ") + e.what());
   }
-  return plan;
+  std::set<std::string> keys;
+  // The cross product, counted without overflow.
+  double simulations = static_cast<double>(plan.variants.size());
+  for (std::size_t i = 0; i < plan.axes.size(); ++i) {
+    const Axis& axis = plan.axes[i];
+    const std::string at = fmt::format("vary[{}]", i);
+    if (axis.key.empty()) fail(kVaryWhere, "", at + ".key", "empty (allowed: a scenario key)");
+    if (axis.key == "run.variant") {
+      fail(kVaryWhere, axis.key, at + ".key",
+           "the variant is swept with --variants (allowed: a key other than run.variant)");
+    }
+    if (!keys.insert(axis.key).second) {
+      fail(kVaryWhere, axis.key, at + ".key",
+           "given twice (allowed: one --vary per key, with all its values)");
+    }
+    if (axis.values.empty() || axis.values.size() > kMaxAxisValues) {
+      fail(kVaryWhere, axis.key, at + ".values",
+           fmt::format("{} values (allowed: 1 to {})", axis.values.size(), kMaxAxisValues));
+    }
+    for (std::size_t k = 0; k < axis.values.size(); ++k) {
+      if (axis.values[k].empty()) {
+        fail(kVaryWhere, axis.key, fmt::format("{}.values[{}]", at, k),
+             "an empty value (allowed: a value the key takes)");
+      }
+    }
+    simulations *= static_cast<double>(axis.values.size());
+  }
+  if (simulations > kMaxSimulations) {
+    fail(kVaryWhere, "", "vary",
+         fmt::format("{:.0f} simulations (allowed: at most {}{})", simulations, kMaxSimulations,
+                     file.empty() ? "; use --emit for a cluster, or fewer values" : ""));
+  }
+  const double rows = simulations * plan.runs;
+  if (rows > kMaxRows) {
+    fail("--runs", "", "runs",
+         fmt::format("{:.0f} rows ({:.0f} simulations x {} runs) (allowed: at most {})", rows,
+                     simulations, plan.runs, kMaxRows));
+  }
 }
 
 void validate(const Plan& plan) {
   load_scenario(plan.scenario, base_overrides(plan), plan.flags);
-  // The cross product, counted without overflow.
-  double simulations = static_cast<double>(plan.variants.size());
-  for (const Axis& axis : plan.axes) simulations *= static_cast<double>(axis.values.size());
-  if (simulations > kMaxSimulations) {
-    throw InputError(kVaryWhere, "",
-                     fmt::format("{:.0f} simulations (allowed: at most {}; use --emit for a "
-                                 "cluster, or fewer values)",
-                                 simulations, kMaxSimulations));
-  }
-  std::set<std::string> keys;
-  for (const Axis& axis : plan.axes) {
-    if (axis.key == "run.variant") {
-      throw InputError(kVaryWhere, axis.key,
-                       "the variant is swept with --variants (allowed: a key other than "
-                       "run.variant)");
-    }
-    if (!keys.insert(axis.key).second) {
-      throw InputError(kVaryWhere, axis.key,
-                       "given twice (allowed: one --vary per key, with all its values)");
-    }
-  }
+  check_limits(plan, "");
+  std::size_t budget = kMaxCombinationLoads;
   for (std::size_t k = 0; k < plan.axes.size(); ++k) {
     for (const std::string& value : plan.axes[k].values) {
       try {
         load_with(plan, {plan.axes[k].key, value}, kVaryWhere);
-      } catch (const InputError&) {
+      } catch (const InputError& e) {
         // A value the scenario refuses only with the other keys as the file has them (an hpZ
         // size larger than the file's world, while another --vary grows the world) is fine.
-        if (!loads_with_other_axes(plan, k, value)) throw;
+        if (loads_with_other_axes(plan, k, value, budget)) continue;
+        if (budget > 0) throw;
+        throw InputError(
+            "", "",
+            fmt::format("{} (the scenario refuses it alone; validation stopped after trying {} "
+                        "combinations of the other --vary values for the values it refuses "
+                        "alone: allowed: fewer such values, or --set what they depend on)",
+                        e.what(), kMaxCombinationLoads));
       }
     }
   }

@@ -70,9 +70,20 @@ struct Plan {
   nlohmann::json to_json() const;
 };
 
-/** The plan Plan::to_json() wrote (sweep.json). Throws InputError("sweep.json", ...) if it is
- *  not one. */
-Plan plan_from_json(const nlohmann::json& j);
+/** The plan Plan::to_json() wrote to `file` (DIR/sweep.json), every field read through Field and
+ *  the plan held to check_limits(): a value that is not what a sweep writes there is
+ *  InputError(file, KEY, ...) naming the key and what was expected. */
+Plan plan_from_json(const nlohmann::json& j, const std::string& file = "sweep.json");
+
+/** The limits the command line holds a plan to, whatever it came from (issue 34: a sweep.json of
+ *  "runs": 2000000000 built 2e9 rows): --runs 1 to kMaxRuns, at least one variant and none
+ *  twice, each --vary key once and not run.variant, each with 1 to 10,000 non-empty values, at
+ *  most 1e7 simulations (points x variants) and 1e7 rows (simulations x runs). With `file` empty
+ *  the message names the flag (--runs, --vary, --variants), else the file and its key. */
+void check_limits(const Plan& plan, const std::string& file);
+
+/** Most jitter runs a sweep's simulation may have (`--runs`). */
+inline constexpr int kMaxRuns = 10'000;
 
 /** Checks the plan before anything runs: loads the scenario with the --set overrides, then once
  *  more for each axis value and each variant on its own. Throws InputError naming the key and

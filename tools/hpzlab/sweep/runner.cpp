@@ -16,6 +16,7 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
+#include "tools/hpzlab/sweep/fields.hpp"
 
 extern char** environ;
 
@@ -82,15 +83,7 @@ void run_jobs(const std::string& program, const std::vector<Job>& jobs, int para
   }
 }
 
-std::string last_error_line(const std::string& stderr_path) {
-  std::error_code ec;
-  if (!fs::exists(stderr_path, ec)) return "";
-  std::string text;
-  try {
-    text = read_input_file(stderr_path, stderr_path, "", "cannot read the child's error output");
-  } catch (const InputError& e) {
-    return e.what();
-  }
+std::string error_line_of(const std::string& text) {
   std::istringstream in(text);
   std::string line, last, error;
   while (std::getline(in, line)) {
@@ -103,9 +96,33 @@ std::string last_error_line(const std::string& stderr_path) {
   if (chosen.rfind(prefix, 0) == 0) chosen = chosen.substr(prefix.size());
   // A progress bar's carriage returns: keep what was drawn last.
   const std::size_t cr = chosen.rfind('\r');
-  // Bytes that are not UTF-8 (a child's stderr is anything) escaped, the line cut: it goes into
-  // JSON and CSV cells.
-  return shown(cr == std::string::npos ? chosen : chosen.substr(cr + 1), 400);
+  // Control characters escaped, the line cut, bytes that are not UTF-8 replaced (a child's
+  // stderr is anything; issue 34: one made dumping the row throw): it goes into JSON and CSV
+  // cells.
+  return valid_utf8(shown(cr == std::string::npos ? chosen : chosen.substr(cr + 1), 400));
+}
+
+std::string last_error_line(const std::string& stderr_path) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(stderr_path, ec))) return "";
+  try {
+    return error_line_of(
+        read_input_file(stderr_path, stderr_path, "", "cannot read the child's error output"));
+  } catch (const InputError& e) {
+    return valid_utf8(e.what());
+  }
+}
+
+std::optional<std::string> read_command_output(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  try {
+    return read_input_file(path, path, "", "cannot read " + what);
+  } catch (const InputError& e) {
+    throw InputError(
+        "", "",
+        std::string(e.what()) + " (allowed: the regular file the command wrote there, or nothing)");
+  }
 }
 
 void lock_dir(const std::string& dir, const std::string& flag) {
@@ -127,7 +144,7 @@ void lock_dir(const std::string& dir, const std::string& flag) {
 
 nlohmann::json read_sweep_json(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return nullptr;
+  if (!fs::exists(fs::symlink_status(path, ec))) return nullptr;
   try {
     return parse_json_input(read_input_file(path, path, "", "cannot read"), path, "not JSON");
   } catch (const InputError&) {

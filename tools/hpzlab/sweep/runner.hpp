@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,17 @@ void run_jobs(const std::string& program, const std::vector<Job>& jobs, int para
  *  the "hpzlab: error: " start. Read through the guarded reader (issue 34): a link to /dev/zero
  *  or a file over the input cap gives a line saying so, not gigabytes in memory. */
 std::string last_error_line(const std::string& stderr_path);
+
+/** The line last_error_line() picks from a child's standard error `text`: the last "hpzlab: "
+ *  line (without "hpzlab: error: "), else the last line that is not blank; control characters
+ *  escaped, cut at 400 characters, bytes that are not UTF-8 replaced by U+FFFD. */
+std::string error_line_of(const std::string& text);
+
+/** What an emitted command left at `path` in DIR/out (its JSON or its standard error, `what`
+ *  for the message): nothing when there is nothing there, else the text through the guarded
+ *  reader. Anything there that is not a regular file of at most kMaxInputBytes (a directory, a
+ *  link loop or a dangling link, a device, a FIFO) is InputError naming the file (issue 34). */
+std::optional<std::string> read_command_output(const std::string& path, const std::string& what);
 
 /** Takes DIR's lock (DIR/sweep.lock, flock) for the rest of this process, or throws InputError
  *  naming `flag` when another hpzlab holds it (issue 34: two `--resume` on one directory ran the

@@ -50,7 +50,15 @@ std::vector<Row> rows_of(const Plan& plan, SimKey key, const std::string& json_p
   // `hpzlab sim` exits 1 when the simulated job hangs, with its JSON written all the same.
   if (outcome.exit_code == kExitOk || outcome.exit_code == kExitFindings) {
     const nlohmann::json sim = read_sweep_json(json_path);
-    if (sim.is_object() && sim.contains("runs")) return rows_from_sim(plan, key, sim);
+    if (sim.is_object() && sim.contains("runs")) {
+      try {
+        return rows_from_sim(plan, key, sim, json_path);
+      } catch (const InputError& e) {
+        // Not what `hpzlab sim` writes: a failed row that says which field (issue 34), not the
+        // sweep stopped halfway.
+        return failed_rows(plan, key, e.what());
+      }
+    }
   }
   std::string error = last_error_line(err_path);
   const std::string how = outcome.signal != 0 ? fmt::format("killed by signal {}", outcome.signal)
@@ -181,7 +189,12 @@ Summary run(const Plan& plan, const RunSettings& settings,
       held[point].push_back(std::move(rows));
       return;
     }
-    fill_repro(rows, it->second.json, it->second.error);
+    try {
+      fill_repro(rows, it->second.json, it->second.error,
+                 work_dir(settings) + "/" + repro_stem(point) + ".json");
+    } catch (const InputError& e) {
+      fill_repro(rows, nullptr, e.what());  // a field of repro's JSON not as repro writes it
+    }
     table.append(rows);
   };
   run_jobs(settings.program, jobs, settings.jobs, [&](const Job& job, const Outcome& outcome) {

@@ -11,11 +11,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
+#include "tools/hpzlab/sweep/fields.hpp"
 
 namespace hpz::sweep {
 namespace {
@@ -47,30 +50,60 @@ Row row_head(const Plan& plan, SimKey key, int run) {
   return row;
 }
 
+/** What the row of run k takes from one race group of sim --json: read through Field once. */
+struct RaceRuns {
+  std::string second;                         ///< the op that read too early, "" if not given
+  std::vector<std::int64_t> manifested;       ///< instances that bit, per run
+  std::vector<std::optional<double>> margin;  ///< the smallest margin per run, null where none
+};
+
+constexpr std::int64_t kMaxCount = std::numeric_limits<std::int64_t>::max();
+
+std::vector<RaceRuns> races_of(const Field& sim) {
+  std::vector<RaceRuns> out;
+  const Field races = sim.at("races");
+  if (!races.present()) return out;
+  for (std::size_t i = 0; i < races.size(); ++i) {
+    const Field race = races.item(i);
+    RaceRuns r;
+    if (race.at("second").present()) r.second = race.at("second").string();
+    const Field per_run = race.at("manifested_per_run");
+    for (std::size_t k = 0; k < per_run.size(); ++k) {
+      r.manifested.push_back(per_run.item(k).integer(0, kMaxCount));
+    }
+    const Field margin = race.at("margin_s");
+    if (margin.present() && margin.at("min_per_run").present()) {
+      const Field min_per_run = margin.at("min_per_run");
+      for (std::size_t k = 0; k < min_per_run.size(); ++k) {
+        r.margin.push_back(min_per_run.item(k).number_or_null());
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 /** The first race sim --json lists that manifested in run `run` ("" if none), and how many
  *  race groups did. */
-std::pair<std::string, int> races_in_run(const nlohmann::json& sim, std::size_t run) {
+std::pair<std::string, int> races_in_run(const std::vector<RaceRuns>& races, std::size_t run) {
   std::string first;
   int groups = 0;
-  for (const nlohmann::json& race : sim.value("races", nlohmann::json::array())) {
-    const nlohmann::json& per_run = race.at("manifested_per_run");
-    if (run >= per_run.size() || per_run[run].get<double>() <= 0) continue;
-    if (groups++ == 0) first = race.value("second", "");
+  for (const RaceRuns& race : races) {
+    if (run >= race.manifested.size() || race.manifested[run] <= 0) continue;
+    if (groups++ == 0) first = race.second;
   }
   return {first, groups};
 }
 
 /** The smallest race margin sim --json gives for run `run` over every race group (second
  *  start - first end: negative where a race bit), null without races. */
-nlohmann::json margin_in_run(const nlohmann::json& sim, std::size_t run) {
-  nlohmann::json least = nullptr;
-  for (const nlohmann::json& race : sim.value("races", nlohmann::json::array())) {
-    if (!race.contains("margin_s")) continue;
-    const nlohmann::json& per_run = race["margin_s"].value("min_per_run", nlohmann::json::array());
-    if (run >= per_run.size() || !per_run[run].is_number()) continue;
-    if (least.is_null() || per_run[run].get<double>() < least.get<double>()) least = per_run[run];
+nlohmann::json margin_in_run(const std::vector<RaceRuns>& races, std::size_t run) {
+  std::optional<double> least;
+  for (const RaceRuns& race : races) {
+    if (run >= race.margin.size() || !race.margin[run]) continue;
+    if (!least || *race.margin[run] < *least) least = race.margin[run];
   }
-  return least;
+  return least ? nlohmann::json(*least) : nlohmann::json(nullptr);
 }
 
 /** The --repro columns in their place (before `error`), empty until fill_repro(). */
@@ -80,10 +113,17 @@ void fill_repro_placeholders(Row& row) {
   row["repro_error"] = "";
 }
 
+/** Text for a cell: one line, and UTF-8 (a child's error output is any bytes; nlohmann::json
+ *  refuses to dump a string that is not UTF-8). */
 std::string one_line(std::string text) {
   std::replace(text.begin(), text.end(), '\n', ' ');
   std::replace(text.begin(), text.end(), '\r', ' ');
-  return text;
+  return valid_utf8(text);
+}
+
+/** A row as a results.jsonl line: bytes that are not UTF-8 replaced, should any reach a cell. */
+std::string jsonl_line(const Row& row) {
+  return row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string csv_field(const nlohmann::ordered_json& value) {
@@ -205,47 +245,65 @@ std::vector<std::string> columns(const Plan& plan) {
   return c;
 }
 
-void fill_repro(std::vector<Row>& rows, const nlohmann::json& repro, const std::string& error) {
+void fill_repro(std::vector<Row>& rows, const nlohmann::json& repro, const std::string& error,
+                const std::string& file) {
+  const Field root(repro, file);
   for (Row& row : rows) {
     row["first_bad_step"] = nullptr;
     row["final_loss"] = nullptr;
     row["repro_error"] = one_line(error);
     if (!error.empty()) continue;
     const std::string variant = row.value("variant", "");
-    const nlohmann::json* runs = nullptr;
-    if (repro.contains("variants") && repro["variants"].contains(variant)) {
-      runs = &repro["variants"][variant]["runs"];
-    }
     const auto run = row.value("run", 0);
-    if (runs == nullptr || !runs->is_array() || run < 0 ||
-        static_cast<std::size_t>(run) >= runs->size()) {
+    const Field of_variant = root.at("variants").at(variant);
+    const Field runs = of_variant.present() ? of_variant.at("runs") : of_variant;
+    if (!runs.present() || run < 0 || static_cast<std::size_t>(run) >= runs.size()) {
       row["repro_error"] = fmt::format("hpzlab repro's JSON has no run {} of {}", run, variant);
       continue;
     }
-    const nlohmann::json& r = (*runs)[static_cast<std::size_t>(run)];
-    row["first_bad_step"] = r.value("first_bad_step", nlohmann::json(nullptr));
-    const nlohmann::json loss = r.value("loss", nlohmann::json::array());
-    if (loss.is_array() && !loss.empty()) row["final_loss"] = loss.back();
-    if (r.contains("hang"))
-      row["repro_error"] = one_line("the replay hangs: " + r.value("hang", ""));
+    const Field r = runs.item(static_cast<std::size_t>(run));
+    if (r.at("first_bad_step").present()) {
+      r.at("first_bad_step").integer_or_null(0, kMaxCount);
+      row["first_bad_step"] = r.at("first_bad_step").json();
+    }
+    const Field loss = r.at("loss");
+    if (loss.present() && loss.size() > 0) {
+      const Field last = loss.item(loss.size() - 1);
+      if (!last.json().is_number() && !last.json().is_string() && !last.is_null()) {
+        last.fail("a number, a string (nan, inf or a taint tag) or null");
+      }
+      row["final_loss"] = last.json();
+    }
+    if (r.at("hang").present()) {
+      row["repro_error"] = one_line("the replay hangs: " + r.at("hang").string());
+    }
   }
 }
 
-std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::json& sim) {
+std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::json& sim,
+                               const std::string& file) {
+  const Field root(sim, file);
+  const Field runs = root.at("runs");
+  if (runs.size() != static_cast<std::size_t>(plan.runs)) {
+    runs.fail(fmt::format("an array of {} runs (the sweep's runs)", plan.runs));
+  }
+  const std::vector<RaceRuns> races = races_of(root);
   std::vector<Row> rows;
-  const nlohmann::json& runs = sim.at("runs");
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    const nlohmann::json& m = runs[i];
+    const Field m = runs.item(i);
     Row row = row_head(plan, key, static_cast<int>(i));
-    row["status"] = m.value("hung", false) ? "hung" : "ok";
+    row["status"] = m.at("hung").present() && m.at("hung").boolean() ? "hung" : "ok";
     for (const char* name : {"step_time_s", "tokens_per_s_per_node", "exposed_comm_s",
-                             "host_stall_s", "host_sync_s", "races_manifested"}) {
-      row[name] = m.at(name);
+                             "host_stall_s", "host_sync_s"}) {
+      const Field value = m.at(name);
+      value.number_or_null();  // JSON has no NaN: nlohmann writes a non-finite number as null
+      row[name] = value.json();
     }
-    const auto [first, groups] = races_in_run(sim, i);
+    row["races_manifested"] = m.at("races_manifested").integer(0, kMaxCount);
+    const auto [first, groups] = races_in_run(races, i);
     row["race_groups"] = groups;
     row["first_race"] = first;
-    row["race_margin_s"] = margin_in_run(sim, i);
+    row["race_margin_s"] = margin_in_run(races, i);
     if (plan.repro) fill_repro_placeholders(row);
     row["error"] = "";
     rows.push_back(std::move(row));
@@ -290,25 +348,86 @@ std::string csv_line(const std::vector<std::string>& columns, const Row& row) {
   return line + "\n";
 }
 
-std::vector<Row> read_jsonl(const std::string& path) {
-  std::vector<Row> rows;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return rows;
-  // The guarded reader (issue 34): a regular file of at most kMaxInputBytes (a link to
-  // /dev/zero took 17 GB), each line at most kMaxJsonDepth deep (a deep one overflowed the
-  // stack when the row was written back).
-  std::istringstream in(read_input_file(path, path, "--resume", "cannot read the sweep's rows"));
-  std::string line;
-  while (std::getline(in, line)) {
-    try {
-      parse_json_input(line, path, "not JSON");
-    } catch (const InputError&) {
-      continue;  // a line cut by a kill, or not a row
+Row checked_row(const Plan& plan, const nlohmann::json& j, const std::string& where) {
+  const Field f(j, where);
+  f.object();
+  Row row;
+  const auto point = static_cast<std::size_t>(
+      f.at("point").integer(0, static_cast<std::int64_t>(plan.points()) - 1));
+  row["point"] = point;
+  std::vector<std::string> names;
+  for (const VariantSpec& v : plan.variants) names.push_back(v.name);
+  row["variant"] = f.at("variant").one_of(names);
+  row["run"] = f.at("run").integer(0, plan.runs - 1);
+  const std::vector<std::string> values = plan.values_at(point);
+  for (std::size_t i = 0; i < plan.axes.size(); ++i) {
+    const nlohmann::json expected = typed_value(values[i]);
+    const Field value = f.at(plan.axes[i].key);
+    if (!value.present() || value.json() != expected) {
+      value.fail(fmt::format("{} (point {}'s value)", expected.dump(), point));
     }
-    Row row = Row::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (row.is_object()) rows.push_back(std::move(row));
+    row[plan.axes[i].key] = expected;
+  }
+  row["status"] = f.at("status").one_of({"ok", "hung", "failed"});
+  for (const char* name :
+       {"step_time_s", "tokens_per_s_per_node", "exposed_comm_s", "host_stall_s", "host_sync_s"}) {
+    f.at(name).number_or_null();
+    row[name] = f.at(name).json();
+  }
+  for (const char* name : {"races_manifested", "race_groups"}) {
+    f.at(name).integer_or_null(0, kMaxCount);
+    row[name] = f.at(name).json();
+  }
+  row["first_race"] = f.at("first_race").string();
+  f.at("race_margin_s").number_or_null();
+  row["race_margin_s"] = f.at("race_margin_s").json();
+  if (plan.repro) {
+    f.at("first_bad_step").integer_or_null(0, kMaxCount);
+    row["first_bad_step"] = f.at("first_bad_step").json();
+    const Field loss = f.at("final_loss");
+    if (!loss.present() ||
+        !(loss.json().is_number() || loss.json().is_string() || loss.json().is_null())) {
+      loss.fail("a number, a string (nan, inf or a taint tag) or null");
+    }
+    row["final_loss"] = loss.json();
+    row["repro_error"] = f.at("repro_error").string();
+  }
+  row["error"] = f.at("error").string();
+  for (const auto& item : j.items()) {
+    if (!row.contains(item.key())) {
+      throw InputError(where, item.key(),
+                       "not a column of this sweep's table (allowed: the columns of "
+                       "results.csv's header)");
+    }
+  }
+  return row;
+}
+
+std::vector<Row> rows_from_jsonl(const Plan& plan, const std::string& text,
+                                 const std::string& path) {
+  std::vector<Row> rows;
+  std::istringstream in(text);
+  std::string line;
+  for (std::size_t number = 1; std::getline(in, line); ++number) {
+    nlohmann::json j;
+    try {
+      j = parse_json_input(line, path, "not JSON");
+    } catch (const InputError&) {
+      continue;  // a line cut by a kill (or a full disk): its simulation runs again
+    }
+    rows.push_back(checked_row(plan, j, fmt::format("{}:{}", path, number)));
   }
   return rows;
+}
+
+std::vector<Row> read_rows(const Plan& plan, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return {};
+  // The guarded reader (issue 34): a regular file of at most kMaxInputBytes (a link to
+  // /dev/zero took 17 GB), each line at most kMaxJsonDepth deep (a deep one overflowed the
+  // stack when the row was written back), each row's fields checked.
+  return rows_from_jsonl(
+      plan, read_input_file(path, path, "--resume", "cannot read the sweep's rows"), path);
 }
 
 Table::Table(const Plan& plan, std::string dir)
@@ -323,7 +442,7 @@ std::set<SimKey> Table::resume() {
   const auto in_csv = csv_keys(csv_path());
   std::map<SimKey, std::set<int>> runs;
   std::vector<Row> kept;
-  for (Row& row : read_jsonl(jsonl_path())) {
+  for (Row& row : read_rows(plan_, jsonl_path())) {
     const auto at = place(plan_, row);
     if (!at ||
         !in_csv.count({std::get<0>(*at), row["variant"].get<std::string>(), std::get<2>(*at)})) {
@@ -348,17 +467,16 @@ void Table::append(const std::vector<Row>& rows) {
   std::string csv, jsonl;
   for (const Row& row : rows) {
     csv += csv_line(columns_, row);
-    jsonl += row.dump() + "\n";
+    jsonl += jsonl_line(row);
   }
   append_once(jsonl_path(), jsonl);
   append_once(csv_path(), csv);
 }
 
 std::vector<Row> Table::finish() {
-  std::vector<Row> rows = read_jsonl(jsonl_path());
-  std::erase_if(rows, [&](const Row& row) { return !place(plan_, row); });
+  std::vector<Row> rows = read_rows(plan_, jsonl_path());
   rewrite(rows);
-  return read_jsonl(jsonl_path());
+  return read_rows(plan_, jsonl_path());
 }
 
 void Table::rewrite(std::vector<Row> rows) const {
@@ -369,7 +487,7 @@ void Table::rewrite(std::vector<Row> rows) const {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (i + 1 < rows.size() && *place(plan_, rows[i]) == *place(plan_, rows[i + 1])) continue;
     csv += csv_line(columns_, rows[i]);
-    jsonl += rows[i].dump() + "\n";
+    jsonl += jsonl_line(rows[i]);
   }
   write_all(csv_path(), csv);
   write_all(jsonl_path(), jsonl);

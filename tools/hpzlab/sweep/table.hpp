@@ -25,17 +25,22 @@ using SimKey = std::pair<std::size_t, std::size_t>;
 /** The table's columns: point, variant, run, the varied keys, then the results. */
 std::vector<std::string> columns(const Plan& plan);
 
-/** The rows of one finished simulation from the JSON `hpzlab sim --json` wrote: one per run,
- *  status "ok" or "hung". */
-std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::json& sim);
+/** The rows of one finished simulation from the JSON `hpzlab sim --json` wrote to `file`: one
+ *  per run, status "ok" or "hung". Every field is read through Field (issue 34): a wrong type,
+ *  a missing key, a null count or a number of runs other than the plan's is
+ *  InputError(file, KEY, "expected ..."). */
+std::vector<Row> rows_from_sim(const Plan& plan, SimKey key, const nlohmann::json& sim,
+                               const std::string& file = "hpzlab sim --json");
 
 /** The rows of a simulation that failed (no JSON): one per run, status "failed", `error` set. */
 std::vector<Row> failed_rows(const Plan& plan, SimKey key, const std::string& error);
 
 /** Fills the --repro columns of one point's rows from the JSON `hpzlab repro --json` wrote for
- *  it: first_bad_step and final_loss of the row's variant and run (repro_error "" ), or, with
- *  `error` not empty (repro failed or was not run), empty columns and repro_error = error. */
-void fill_repro(std::vector<Row>& rows, const nlohmann::json& repro, const std::string& error);
+ *  it (to `file`): first_bad_step and final_loss of the row's variant and run (repro_error "" ),
+ *  or, with `error` not empty (repro failed or was not run), empty columns and repro_error =
+ *  error. A field of the wrong type is InputError(file, KEY, ...). */
+void fill_repro(std::vector<Row>& rows, const nlohmann::json& repro, const std::string& error,
+                const std::string& file = "hpzlab repro --json");
 
 /** A row as one CSV line (with its newline), fields in columns(plan) order, quoted when needed. */
 std::string csv_line(const std::vector<std::string>& columns, const Row& row);
@@ -73,7 +78,19 @@ class Table {
   std::vector<std::string> columns_;
 };
 
-/** Reads results.jsonl: the rows that parse (a torn last line is skipped). */
-std::vector<Row> read_jsonl(const std::string& path);
+/** A results.jsonl row of this plan, checked column by column (issue 34: `"status": 5` was an
+ *  internal error): point, variant and run of the plan, the varied keys at the point's values,
+ *  every result of its type, no other key. Returned in column order. Throws
+ *  InputError(where, KEY, "expected ..."), `where` being e.g. "DIR/results.jsonl:3". */
+Row checked_row(const Plan& plan, const nlohmann::json& row, const std::string& where);
+
+/** The rows of results.jsonl's text (`path` for messages): a line that does not parse (cut by a
+ *  kill) is skipped, every other one goes through checked_row(). */
+std::vector<Row> rows_from_jsonl(const Plan& plan, const std::string& text,
+                                 const std::string& path);
+
+/** rows_from_jsonl() of the file at `path` (none when there is none), read through the guarded
+ *  reader (a regular file of at most kMaxInputBytes). */
+std::vector<Row> read_rows(const Plan& plan, const std::string& path);
 
 }  // namespace hpz::sweep
