@@ -10,10 +10,10 @@
 #include "real/pattern.hpp"
 #include "real/plan_builder.hpp"
 #include "sim/error.hpp"
+#include "sim/ir/shard.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/tiny_model.hpp"
-#include "sim/ir/shard.hpp"
 #include "sim/time/cost_model.hpp"
 
 namespace hpz::real {
@@ -44,6 +44,10 @@ std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule)
   if (scenario.training.dtype != "fp32") {
     return fmt::format("the model's real math runs in fp32: training.dtype is \"{}\"",
                        scenario.training.dtype);
+  }
+  if (schedule.dtype_bytes != 4) {  // a schedule read from a file has its own element size
+    return fmt::format("the model's real math runs in fp32: the schedule's elements are {} bytes",
+                       schedule.dtype_bytes);
   }
   if (!llama) return "";
   // qwZ: the plan moves the quantized shard's int8 elements one for one, where the numeric
