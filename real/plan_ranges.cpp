@@ -170,38 +170,34 @@ void PlanBuilder::reduced_gradients() {
       n = std::min(n, held - first);
       src.push_back({static_cast<Rank>(k), it->second.slot, first});
     }
-    if (plan_.model) {
-      // The replay's reduced gradient, zeros past what some rank's gradient holds.
-      if (src.empty()) n = 0;
-      auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
-      if (fresh) sit->second = extra_slot(st.rank, at.n);
-      RankPlan& rp = plan_.ranks[st.rank];
-      rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, at.n);
-      const Loc sum{st.rank, sit->second, 0};
-      if (n > 0) st.op->actions.push_back({K::kSum, sum, n, src});
-      if (n < at.n) st.op->actions.push_back({K::kZero, {st.rank, sit->second, n}, at.n - n, {}});
-      ModelOp& m = st.op->model;
-      st.op->spin_s = 0;  // the math is the kernel
-      m.kind = ModelOp::Kind::kAdam;
-      m.x = {at.loc, at.n};
-      m.out = {st.primary.loc, at.n};
-      m.grad = {sum, at.n};
-      m.scale = 1.0F / static_cast<float>(s_.world_size * sc_.training.grad_accum);
-      m.max_grad_norm = 0.0F;
-      m.step = st.step;
-      adam_state(st.rank, st.unit, *st.op);
+    if (src.empty()) n = 0;
+    if (n == 0 && !plan_.model) continue;
+    // The sum into the rank's scratch slot; Adam reads the whole shard's gradient, zeros past
+    // what some rank's gradient holds (the replay's reduced_gradient).
+    const std::uint64_t width = plan_.model ? at.n : n;
+    auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
+    if (fresh) sit->second = extra_slot(st.rank, width);
+    RankPlan& rp = plan_.ranks[st.rank];
+    rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, width);
+    const Loc sum{st.rank, sit->second, 0};
+    if (n > 0) st.op->actions.push_back({K::kSum, sum, n, src});
+    if (!plan_.model) {
+      Action x{K::kAxpy, st.primary.loc, n, {sum}};
+      x.scale = -0.0625F;
+      st.op->actions.push_back(x);
       continue;
     }
-    if (src.empty() || n == 0) continue;
-    auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
-    if (fresh) sit->second = extra_slot(st.rank, n);
-    RankPlan& rp = plan_.ranks[st.rank];
-    rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, n);
-    const Loc sum{st.rank, sit->second, 0};
-    st.op->actions.push_back({K::kSum, sum, n, src});
-    Action x{K::kAxpy, st.primary.loc, n, {sum}};
-    x.scale = -0.0625F;
-    st.op->actions.push_back(x);
+    if (n < at.n) st.op->actions.push_back({K::kZero, {st.rank, sit->second, n}, at.n - n, {}});
+    ModelOp& m = st.op->model;
+    st.op->spin_s = 0;  // the math is the kernel
+    m.kind = ModelOp::Kind::kAdam;
+    m.x = {at.loc, at.n};
+    m.out = {st.primary.loc, at.n};
+    m.grad = {sum, at.n};
+    m.scale = 1.0F / static_cast<float>(s_.world_size * sc_.training.grad_accum);
+    m.max_grad_norm = 0.0F;
+    m.step = st.step;
+    adam_state(st.rank, st.unit, *st.op);
   }
 }
 
