@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "sim/check/allocator.hpp"
 #include "sim/check/byte_history.hpp"
 #include "sim/check/clock.hpp"
 #include "sim/check/finding_log.hpp"
@@ -34,6 +35,12 @@ struct BufferState {
   std::uint32_t alloc_op = kNoOp;
   std::uint32_t last_writer = kNoOp;
   bool live = false;
+  // The caching allocator's view (Schedule::allocator), while `tracked`:
+  bool tracked = false;          ///< allocated on a stream through the allocator model
+  std::uint64_t block = 0;       ///< its block's (made-up) address
+  std::uint32_t recorded = 0;    ///< streams named by record_stream, a bit each
+  PendingUses uses;              ///< the last read and the last write of each thread
+  PendingUses inherited;         ///< uses of the freed memory it reuses, not yet ordered
 };
 
 /** A recorded event, kept until its last wait. */
@@ -58,6 +65,7 @@ struct RankState {
   std::unordered_map<EventId, EventSnapshot> events;
   std::vector<std::uint32_t> group_seq;      ///< collectives issued, per group
   std::vector<std::uint32_t> group_last_op;  ///< last collective op issued, per group
+  CachingAllocator allocator;  ///< Schedule::allocator only
   std::vector<std::uint32_t> unit_version;
   std::vector<std::uint32_t> unit_writer;  ///< the op that last wrote the unit's primary shard
   /** (op << 32 | buffer) of copies that wrote a secondary the data it already held. */
@@ -115,6 +123,9 @@ class Checker {
   void track_versions(RankState& rs, std::uint32_t index, const Op& op);
   bool rewrites_same_data(const RankState& rs, const Op& op, BufferId buffer) const;
   void lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index);
+  void record_stream(RankState& rs, const Op& op, std::uint32_t index);
+  void check_reuse(RankState& rs, std::uint32_t index, const Op& op, const Access& a,
+                   const Clock& clock, const AccessStamp& stamp);
   void arrive(RankState& rs, std::uint32_t index, const Op& op);
   void complete(std::uint64_t key, bool forced);
   void check_signatures(GroupId g, std::uint32_t seq, const Instance& inst);
@@ -318,6 +329,9 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
       if (op.stream != kHostStream) absorb_host(rs, op.stream);
       lifetime(rs, op, op.kind == OpKind::kAlloc, index);
       return true;
+    case OpKind::kRecordStream:
+      record_stream(rs, op, index);
+      return true;
     default:
       break;
   }
@@ -357,10 +371,43 @@ void Checker::wait_for_event(RankState& rs, std::uint32_t index, const Op& op, C
 void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index) {
   if (op.buffer >= rs.buffers.size()) malformed(rs, index, "allocation names no buffer");
   BufferState& b = rs.buffers[op.buffer];
+  const Buffer& buf = rs.schedule->buffers[op.buffer];
+  // A use the host already knows complete is ordered before everything the host issues later,
+  // a reuse of the memory included.
+  auto host_knows = [&rs](const PendingUse& u) {
+    return rs.host.own[u.stamp.thread] >= u.stamp.tick;
+  };
+  if (b.tracked) {
+    // The lifetime ends (a free, or an allocation over a live buffer: the tensor replaced).
+    // free(): streams named by record_stream hold the block until their work at the free is
+    // done (insert_events), so their uses are over before any reuse.
+    PendingUses pending;
+    for (const PendingUse& u : b.uses) {
+      const bool recorded = u.stamp.thread > 0 && (b.recorded >> (u.stamp.thread - 1)) & 1u;
+      if (recorded || host_knows(u)) continue;
+      PendingUse p = u;
+      p.buffer = op.buffer;
+      p.free_op = index;
+      pending.push_back(p);
+    }
+    rs.allocator.free(b.block, std::move(pending));
+    b.tracked = false;
+  }
+  b.uses.clear();
+  b.inherited.clear();
+  b.recorded = 0;
   if (alloc) {
-    b.history.reset(rs.schedule->buffers[op.buffer].bytes);
+    b.history.reset(buf.bytes);
     b.alloc_op = index;
     b.live = true;
+    if (schedule_.allocator && op.stream != kHostStream && !buf.on_host) {
+      auto [address, inherited] = rs.allocator.allocate(op.stream, buf.bytes);
+      b.tracked = true;
+      b.block = address;
+      for (const PendingUse& u : inherited) {
+        if (!host_knows(u)) b.inherited.push_back(u);
+      }
+    }
   } else {
     b.history.clear();
     b.alloc_op = kNoOp;
@@ -368,6 +415,54 @@ void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t in
   }
   b.version = 0;
   b.last_writer = kNoOp;
+}
+
+void Checker::record_stream(RankState& rs, const Op& op, std::uint32_t index) {
+  if (op.buffer >= rs.buffers.size()) malformed(rs, index, "record_stream names no buffer");
+  if (op.stream == kHostStream || op.stream >= static_cast<StreamId>(rs.streams.size())) {
+    malformed(rs, index, "record_stream names no stream");
+  }
+  BufferState& b = rs.buffers[op.buffer];
+  // recordStream: a use on the block's own stream needs nothing, and the allocator ignores it;
+  // the bit is harmless there (that stream's uses are FIFO before the reuse anyway).
+  b.recorded |= 1u << op.stream;
+}
+
+// The caching allocator's reuse (allocator.hpp): this access touches memory that a freed
+// buffer's pending use may still touch. Unordered, with a write on either side, the new owner
+// and the old use corrupt each other: a use after free across streams.
+void Checker::check_reuse(RankState& rs, std::uint32_t index, const Op& op, const Access& a,
+                          const Clock& clock, const AccessStamp& stamp) {
+  BufferState& b = rs.buffers[a.buffer];
+  if (!b.tracked) return;
+  const std::uint64_t lo = b.block + a.offset;
+  const std::uint64_t hi = b.block + a.end();
+  for (auto it = b.inherited.begin(); it != b.inherited.end();) {
+    const PendingUse& u = *it;
+    const bool ordered = clock.own[u.stamp.thread] >= u.stamp.tick;
+    const bool overlaps = u.lo < hi && lo < u.hi;
+    const bool harmful = u.mode == AccessMode::kWrite || a.mode == AccessMode::kWrite;
+    if (ordered || !overlaps || !harmful) {
+      ++it;
+      continue;
+    }
+    log_.use_after_free(rs.schedule->rank, u.stamp.op, u.mode, u.free_op, u.buffer, index,
+                        a.mode, a.buffer);
+    it = b.inherited.erase(it);  // once per old use and new lifetime
+  }
+  // ProcessGroupNCCL records the NCCL stream on a collective's tensors (or stashes them until
+  // the work is waited for): the allocator holds the block for it (docs/checker.md).
+  if (is_collective(op.kind)) return;
+  for (PendingUse& u : b.uses) {
+    if (u.stamp.thread == stamp.thread && u.mode == a.mode) {
+      u.stamp = stamp;
+      return;
+    }
+  }
+  PendingUse u;
+  u.stamp = stamp;
+  u.mode = a.mode;
+  b.uses.push_back(u);
 }
 
 void Checker::check_accesses(RankState& rs, std::uint32_t index, const Op& op, const Clock& clock,
@@ -392,6 +487,7 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Op& op, c
       b.live = true;
     }
     if (a.end() > b.history.size()) malformed(rs, index, "access past the end of its buffer");
+    check_reuse(rs, index, op, a, clock, stamp);
     bool uninit_seen = false;
     std::uint64_t uninit_lo = 0;
     std::uint64_t uninit_hi = 0;

@@ -15,17 +15,18 @@ namespace hpz::check {
 /** The four kinds of ordering bug the checker proves or refutes. */
 enum class FindingKind : std::uint8_t {
   kRace,                ///< overlapping bytes, one a write, not ordered by happens-before
+  kUseAfterFree,        ///< a freed buffer's memory reused while another stream still used it
   kStaleRead,           ///< a secondary shard read after its unit's primary shard changed
   kUninitializedRead,   ///< bytes read that nothing wrote since the allocation
   kCollectiveMismatch,  ///< ranks of one group issue different collectives: the job hangs
 };
 
 /** Kinds from worst to mildest: silent corruption first, a loud hang last. */
-inline constexpr FindingKind kAllKinds[] = {FindingKind::kRace, FindingKind::kStaleRead,
-                                            FindingKind::kUninitializedRead,
-                                            FindingKind::kCollectiveMismatch};
+inline constexpr FindingKind kAllKinds[] = {
+    FindingKind::kRace, FindingKind::kUseAfterFree, FindingKind::kStaleRead,
+    FindingKind::kUninitializedRead, FindingKind::kCollectiveMismatch};
 
-/** "race", "stale-read", "uninitialized-read", "collective-mismatch". */
+/** "race", "use-after-free", "stale-read", "uninitialized-read", "collective-mismatch". */
 std::string_view to_string(FindingKind k);
 
 /** One op of a schedule, with every label a report needs (so reports outlive the schedule). */
@@ -46,14 +47,15 @@ struct OpLabel {
 /** One concrete bug: two ops and the bytes or the collective position they disagree on. */
 struct Finding {
   FindingKind kind = FindingKind::kRace;
-  /** The earlier op in host order: the unordered writer, the allocation, the primary write, or
-   *  (mismatch) the op most ranks issued. */
+  /** The earlier op in host order: the unordered writer, the allocation, the primary write,
+   *  the freed buffer's pending use, or (mismatch) the op most ranks issued. */
   OpLabel first;
-  /** The later op: the unordered access, the read, or (mismatch) the op that disagrees. */
+  /** The later op: the unordered access, the read, the reused memory's new owner's access, or
+   *  (mismatch) the op that disagrees. */
   OpLabel second;
   AccessMode first_mode = AccessMode::kWrite;
   AccessMode second_mode = AccessMode::kRead;
-  std::string buffer;  ///< buffer name ("" for a mismatch)
+  std::string buffer;  ///< buffer name ("" for a mismatch; use-after-free: the freed one)
   BufferRole role = BufferRole::kScratch;
   std::uint64_t offset = 0;    ///< first byte involved
   std::uint64_t bytes = 0;     ///< bytes involved

@@ -29,6 +29,8 @@ std::string_view to_string(FindingKind k) {
   switch (k) {
     case FindingKind::kRace:
       return "race";
+    case FindingKind::kUseAfterFree:
+      return "use-after-free";
     case FindingKind::kStaleRead:
       return "stale-read";
     case FindingKind::kUninitializedRead:
@@ -116,6 +118,48 @@ void FindingLog::race(Rank r, std::uint32_t prior, AccessMode prior_mode, std::u
                         f.first.stream, describe_short(f.first), f.second.stream,
                         describe_short(f.second));
   }
+}
+
+void FindingLog::use_after_free(Rank r, std::uint32_t use, AccessMode use_mode,
+                                std::uint32_t free_op, BufferId freed, std::uint32_t op,
+                                AccessMode mode, BufferId reuser) {
+  const RankSchedule& rs = schedule_.ranks[r];
+  const Op& u = rs.ops[use];
+  const Op& o = rs.ops[op];
+  const Buffer& x = rs.buffers[freed];
+  const Buffer& y = rs.buffers[reuser];
+  const std::uint64_t key =
+      pack({static_cast<unsigned>(FindingKind::kUseAfterFree), static_cast<unsigned>(u.purpose),
+            static_cast<unsigned>(o.purpose), stream_code(u), stream_code(o),
+            static_cast<unsigned>(x.role), static_cast<unsigned>(y.role)});
+  FindingGroup* g = slot(key, r, use, op, true);
+  if (!g) return;
+  Finding& f = g->example;
+  f.kind = FindingKind::kUseAfterFree;
+  f.first = label(r, use);
+  f.second = label(r, op);
+  f.first_mode = use_mode;
+  f.second_mode = mode;
+  f.buffer = x.name;
+  f.role = x.role;
+  f.offset = 0;
+  f.bytes = x.bytes;
+  const OpLabel freed_by = label(r, free_op);
+  const std::string block_stream =
+      freed_by.index == kNoOp ? "its stream" : "its allocation stream";
+  f.detail = fmt::format(
+      "{} {} {}, whose memory the caching allocator took back from {} when the host freed it "
+      "({}) and handed to {}; {} still {} {} on {} with nothing ordering it before the reuse "
+      "(no record_stream({}) on {}, no sync): the two {} the same bytes",
+      describe_short(f.second), verb(mode), y.name, x.name, describe(freed_by), y.name,
+      describe_short(f.first), use_mode == AccessMode::kRead ? "reading" : "writing", x.name,
+      f.first.stream, f.first.stream, x.name,
+      use_mode == AccessMode::kWrite && mode == AccessMode::kWrite ? "write" : "touch");
+  f.fix = fmt::format(
+      "call {}.record_stream({}) after {} uses it on that stream (the allocator then keeps the "
+      "block until {}'s work is done), or make {} wait for {} before the free",
+      x.name, f.first.stream, describe_short(f.first), f.first.stream, block_stream,
+      f.first.stream);
 }
 
 void FindingLog::uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, BufferId b,

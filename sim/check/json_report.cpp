@@ -46,7 +46,7 @@ json group_json(const CheckResult& r, const FindingGroup& g) {
   } else {
     j["buffer"] = json{
         {"name", f.buffer}, {"role", to_string(f.role)}, {"offset", f.offset}, {"bytes", f.bytes}};
-    if (f.kind == FindingKind::kRace) {
+    if (f.kind == FindingKind::kRace || f.kind == FindingKind::kUseAfterFree) {
       j["first"]["mode"] = f.first_mode == AccessMode::kRead ? "read" : "write";
       j["second"]["mode"] = f.second_mode == AccessMode::kRead ? "read" : "write";
     }

@@ -28,6 +28,9 @@ struct RuleText {
 constexpr RuleText kRules[] = {
     {FindingKind::kRace, "UnorderedAccess",
      "Two GPU streams touch the same bytes with nothing ordering them, and one writes."},
+    {FindingKind::kUseAfterFree, "UseAfterFreeAcrossStreams",
+     "A freed tensor's memory is reused by the caching allocator while another stream still "
+     "uses it (no record_stream)."},
     {FindingKind::kStaleRead, "StaleSecondaryRead",
      "A secondary (hpZ) shard is read after its primary shard was written and before it was "
      "refreshed."},

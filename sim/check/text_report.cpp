@@ -31,6 +31,14 @@ std::string explain(const Finding& f) {
       return "Two GPU streams touch the same bytes with no event, stream wait or synchronization "
              "between them, and at least one writes. Which one gets there first depends on "
              "timing, so results can silently differ from run to run.";
+    case FindingKind::kUseAfterFree:
+      return "PyTorch's caching allocator gives a freed tensor's memory to the next allocation "
+             "on the stream the tensor was allocated on, at once, unless record_stream() named "
+             "the other streams that used it. Here another stream still used the tensor when "
+             "the host dropped it, and a new tensor got its memory: the old use and the new "
+             "owner touch the same bytes in an order nothing fixes. PyTorch's CUDA sanitizer "
+             "does not see this (it tracks tensors, not reused blocks); DeepSpeed's ZeRO-2 NaN "
+             "of issue 7965 is one.";
     case FindingKind::kStaleRead:
       return "The hpZ secondary shard still holds weights from before the primary shard was "
              "last written. The backward all-gather hands these old weights to the whole node, "
@@ -80,6 +88,8 @@ std::string remedy(const Finding& f) {
         return "upgrade DeepSpeed to 0.18.8 or later (PR 7897, issue 7898), or run forward and "
                "backward from the default stream";
       }
+      break;
+    case FindingKind::kUseAfterFree:
       break;
     case FindingKind::kStaleRead:
       if (a == Purpose::kCheckpointLoad) {
@@ -158,13 +168,17 @@ std::string describe_group(const FindingGroup& g) {
     out += fmt::format("  but:      {}\n", describe(f.second));
   } else {
     const bool loaded = f.first.purpose == Purpose::kCheckpointLoad;
+    const bool uaf = f.kind == FindingKind::kUseAfterFree;
     const char* first_role = f.kind == FindingKind::kRace ? "first: "
+                             : uaf                        ? "still used by:"
                              : f.kind == FindingKind::kStaleRead
                                  ? (loaded ? "weights loaded by:" : "primary written by:")
                                  : "allocated by:";
+    const char* second_role = f.kind == FindingKind::kRace ? "second:"
+                              : uaf                        ? "reused by:"
+                                                           : "read by:";
     out += fmt::format("  {} {}\n", first_role, describe(f.first));
-    out += fmt::format("  {} {}\n",
-                       f.kind == FindingKind::kRace ? "second:" : "read by:", describe(f.second));
+    out += fmt::format("  {} {}\n", second_role, describe(f.second));
     out += fmt::format("  buffer: {}\n", describe_bytes(f));
   }
   out += fmt::format("  what:   {}\n", f.detail);

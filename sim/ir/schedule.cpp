@@ -9,7 +9,7 @@
 namespace hpz {
 namespace {
 
-constexpr std::array<std::string_view, 15> kOpKindNames = {"kernel",
+constexpr std::array<std::string_view, 16> kOpKindNames = {"kernel",
                                                            "copy",
                                                            "all_gather",
                                                            "reduce_scatter",
@@ -23,7 +23,8 @@ constexpr std::array<std::string_view, 15> kOpKindNames = {"kernel",
                                                            "host_device_sync",
                                                            "alloc",
                                                            "free",
-                                                           "host_event_sync"};
+                                                           "host_event_sync",
+                                                           "record_stream"};
 constexpr std::array<std::string_view, 6> kPhaseNames = {
     "init", "checkpoint_load", "forward", "backward", "grad_reduce", "optimizer"};
 constexpr std::array<std::string_view, 28> kPurposeNames = {
@@ -78,6 +79,10 @@ bool is_collective(OpKind kind) {
 bool is_host_sync(OpKind kind) {
   return kind == OpKind::kHostStreamSync || kind == OpKind::kHostDeviceSync ||
          kind == OpKind::kHostEventSync;
+}
+
+bool on_host(const Op& op) {
+  return op.stream == kHostStream || is_host_sync(op.kind) || op.kind == OpKind::kRecordStream;
 }
 
 std::vector<Op>& OpList::mut() {

@@ -27,6 +27,13 @@
 //    in different lifetimes never conflict, because PyTorch's caching allocator only reuses a
 //    block once every stream that used it is done (record_stream). Contents do carry over
 //    when `fill` is stale.
+//  - The caching allocator (CUDACachingAllocator.cpp), where Schedule::allocator says the
+//    schedule has every allocation, free and record_stream call of its buffers: a kAlloc's
+//    stream is the stream current at the allocation, the block's stream; only that stream's
+//    later allocations reuse the block after its kFree, at once unless kRecordStream named
+//    other streams on it, then after the work they had at the free. kRecordStream is a host
+//    op: `stream` names the stream recorded, `buffer` the tensor's buffer; no accesses. The
+//    checker's use-after-free rule follows these (sim/check/allocator.hpp).
 //  - Access ranges are in bytes, half-open [offset, offset + bytes), and cover only meaningful
 //    bytes: padding that DeepSpeed adds to make a parameter divisible by the world size is never
 //    read, so it never appears in an access. A strided access (count > 1) is its slices, each
@@ -86,6 +93,7 @@ enum class OpKind : std::uint8_t {
   kAlloc,            ///< buffer allocation; contents per `fill`
   kFree,             ///< buffer release
   kHostEventSync,    ///< the host waits for `event` (recorded earlier on this rank) to complete
+  kRecordStream,     ///< the host calls buffer.record_stream(stream): a host op, see below
 };
 
 /** Where in a training step an op belongs. */
@@ -389,6 +397,12 @@ struct Schedule {
   /** Where a recorded schedule came from ("recorder", "deepspeed", "command", ...); empty for
    *  a built one. */
   std::map<std::string, std::string> source;
+  /** True when the schedule holds every allocation and free of its buffers, on the stream
+   *  current at each, and every record_stream call: the caching allocator's reuse can be
+   *  modelled (a recording made with `hpzlab record` since it captures them). False for
+   *  schedules whose buffers stand for some tensors only: the checker then takes lifetimes
+   *  as independent memory, as it always did. */
+  bool allocator = false;
 
   /** The accesses of one op of rank r. */
   std::span<const Access> accesses_of(Rank r, const Op& op) const {
@@ -409,6 +423,10 @@ bool is_collective(OpKind kind);
 
 /** True for the kinds that block the host thread: stream, device and event syncs. */
 bool is_host_sync(OpKind kind);
+
+/** True for an op the host thread does itself (no stream runs it): host syncs, ops on
+ *  kHostStream and kRecordStream, whose `stream` names the stream it records. */
+bool on_host(const Op& op);
 
 /** The optimizer steps a schedule covers: its largest op step + 1 (at least 1). */
 int step_count(const Schedule& schedule);

@@ -256,6 +256,10 @@ void check_kind(const Reader& rd, const Op& op, const std::string& path, Rank ra
     case OpKind::kFree:
       if (op.buffer == kNoBuffer) rd.fail(path + ".buffer", "missing");
       return;
+    case OpKind::kRecordStream:
+      if (!on_stream) rd.fail(path + ".stream", "names the stream recorded on the buffer (not -1)");
+      if (op.buffer == kNoBuffer) rd.fail(path + ".buffer", "missing");
+      return;
     default:
       return;
   }
@@ -616,6 +620,7 @@ json schedule_to_json(const Schedule& s, bool compact) {
   // Only recorded schedules have these: a built one's JSON stays as it was.
   if (!s.labels.empty()) j["labels"] = s.labels;
   if (!s.source.empty()) j["source"] = s.source;
+  if (s.allocator) j["allocator"] = true;
   return j;
 }
 
@@ -633,6 +638,7 @@ Schedule schedule_from_json(const json& j, const std::string& where) {
   s.variant = rd.get<std::string>(j, "variant", "");
   read_sizes(rd, j, s);
   read_provenance(rd, j, s);
+  if (j.contains("allocator")) s.allocator = rd.get<bool>(j, "allocator", "");
   read_units(rd, j, s);
   read_groups(rd, j, s);
   read_ranks(rd, j, s);

@@ -129,7 +129,7 @@ class OrderScheduler {
       const auto& ops = s_.ranks[r].ops;
       for (std::size_t& pc = host_pc_[r]; pc < ops.size(); ++pc) {
         const Op& op = ops[pc];
-        if (is_host_sync(op.kind) || op.stream == kHostStream) {
+        if (on_host(op)) {
           if (!host_may_pass(r, pc)) break;
           timeline_.ranks[r][pc] = {t, t, t};
           ran_[r][pc] = true;

@@ -147,7 +147,8 @@ double duration(const json& t) {
  *  measured duration of either says nothing about the model. */
 bool has_modelled_duration(const std::string& label) {
   const OpKind kind = parse_op_kind(std::string_view(label).substr(0, label.find('/')));
-  return !is_host_sync(kind) && kind != OpKind::kEventRecord && kind != OpKind::kStreamWaitEvent;
+  return !is_host_sync(kind) && kind != OpKind::kEventRecord && kind != OpKind::kStreamWaitEvent &&
+         kind != OpKind::kRecordStream;
 }
 
 double step_time(const json& j) {

@@ -100,11 +100,6 @@ struct RankState {
   HostWait blocked_on;          ///< what the host waits for in op `next` (kNothing: not blocked)
 };
 
-/** Host syncs run on the host thread; a stream sync's `stream` names the stream it waits for. */
-bool on_host(const Op& op) {
-  return is_host_sync(op.kind) || op.stream == kHostStream;
-}
-
 class Simulation {
  public:
   Simulation(const Scenario& sc, const Schedule& schedule, std::uint64_t seed,
@@ -305,6 +300,7 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
  *  recorded), or every stream of the rank (kHostDeviceSync and any other op on the host). */
 HostWait Simulation::sync_target(const RankState& s, std::uint32_t i, const Op& op) const {
   using K = HostWait::Kind;
+  if (op.kind == OpKind::kRecordStream) return {};  // allocator bookkeeping: nothing to wait for
   if (op.kind == OpKind::kHostStreamSync) {
     if (op.stream == kHostStream) return {};
     return {K::kStream, static_cast<std::uint32_t>(op.stream)};

@@ -31,9 +31,9 @@ struct Span {
   bool shown = false;  ///< the op ran, so it has a slice
 };
 
-/** Host syncs go on the host track: the host is what they block. */
+/** Host ops go on the host track: syncs block the host, record_stream is a host call. */
 int tid_of(const Op& op) {
-  return is_host_sync(op.kind) || op.stream == kHostStream ? 0 : op.stream + 1;
+  return on_host(op) ? 0 : op.stream + 1;
 }
 
 /** Every op's slice, rank by rank. Both ends are rounded to whole nanoseconds from the same
