@@ -158,7 +158,8 @@ class RankThread {
 
  private:
   static bool is_stream_work(OpKind k) {
-    return k != OpKind::kAlloc && k != OpKind::kFree && !is_host_sync(k);
+    return k != OpKind::kAlloc && k != OpKind::kFree && k != OpKind::kRecordStream &&
+           !is_host_sync(k);
   }
 
   void issue(const Op& op, std::uint32_t i, OpTime& ot) {
@@ -181,6 +182,10 @@ class RankThread {
       case OpKind::kHostEventSync:
         b_.host_event_sync(r_, op.event, o_.timeout_s);
         ot.end_s = now_s() - origin_;
+        return;
+      case OpKind::kRecordStream:
+        // The executor's slots outlive every stream's use (cuda_backend.cpp frees a slot only
+        // when every stream has passed the free), which is what record_stream asks for.
         return;
       case OpKind::kKernel:
       case OpKind::kQuantize:
