@@ -43,6 +43,7 @@ struct PendingUse {
   AccessMode mode = AccessMode::kRead;
   BufferId buffer = kNoBuffer;  ///< the buffer it accessed, in the lifetime that was freed
   std::uint32_t free_op = kNoOp;  ///< the kFree that ended that lifetime
+  StreamId block_stream = 0;      ///< the stream the freed buffer was allocated on
   std::uint64_t lo = 0;           ///< the memory it is pending on: [lo, hi), made-up addresses
   std::uint64_t hi = 0;
   bool operator==(const PendingUse&) const = default;

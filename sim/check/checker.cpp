@@ -388,6 +388,7 @@ void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t in
       PendingUse p = u;
       p.buffer = op.buffer;
       p.free_op = index;
+      p.block_stream = rs.schedule->ops[b.alloc_op].stream;
       pending.push_back(p);
     }
     rs.allocator.free(b.block, std::move(pending));
@@ -446,8 +447,7 @@ void Checker::check_reuse(RankState& rs, std::uint32_t index, const Op& op, cons
       ++it;
       continue;
     }
-    log_.use_after_free(rs.schedule->rank, u.stamp.op, u.mode, u.free_op, u.buffer, index,
-                        a.mode, a.buffer);
+    log_.use_after_free(rs.schedule->rank, u, index, a.mode, a.buffer);
     it = b.inherited.erase(it);  // once per old use and new lifetime
   }
   // ProcessGroupNCCL records the NCCL stream on a collective's tensors (or stashes them until

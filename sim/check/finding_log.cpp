@@ -120,46 +120,51 @@ void FindingLog::race(Rank r, std::uint32_t prior, AccessMode prior_mode, std::u
   }
 }
 
-void FindingLog::use_after_free(Rank r, std::uint32_t use, AccessMode use_mode,
-                                std::uint32_t free_op, BufferId freed, std::uint32_t op,
-                                AccessMode mode, BufferId reuser) {
+void FindingLog::use_after_free(Rank r, const PendingUse& use, std::uint32_t op, AccessMode mode,
+                                BufferId reuser) {
   const RankSchedule& rs = schedule_.ranks[r];
-  const Op& u = rs.ops[use];
+  const Op& u = rs.ops[use.stamp.op];
   const Op& o = rs.ops[op];
-  const Buffer& x = rs.buffers[freed];
+  const Buffer& x = rs.buffers[use.buffer];
   const Buffer& y = rs.buffers[reuser];
   const std::uint64_t key =
       pack({static_cast<unsigned>(FindingKind::kUseAfterFree), static_cast<unsigned>(u.purpose),
             static_cast<unsigned>(o.purpose), stream_code(u), stream_code(o),
             static_cast<unsigned>(x.role), static_cast<unsigned>(y.role)});
-  FindingGroup* g = slot(key, r, use, op, true);
+  FindingGroup* g = slot(key, r, use.stamp.op, op, true);
   if (!g) return;
   Finding& f = g->example;
   f.kind = FindingKind::kUseAfterFree;
-  f.first = label(r, use);
+  f.first = label(r, use.stamp.op);
   f.second = label(r, op);
-  f.first_mode = use_mode;
+  f.first_mode = use.mode;
   f.second_mode = mode;
   f.buffer = x.name;
   f.role = x.role;
   f.offset = 0;
   f.bytes = x.bytes;
-  const OpLabel freed_by = label(r, free_op);
-  const std::string block_stream =
-      freed_by.index == kNoOp ? "its stream" : "its allocation stream";
+  const std::string block = rs.streams[static_cast<std::size_t>(use.block_stream)].name;
   f.detail = fmt::format(
-      "{} {} {}, whose memory the caching allocator took back from {} when the host freed it "
-      "({}) and handed to {}; {} still {} {} on {} with nothing ordering it before the reuse "
-      "(no record_stream({}) on {}, no sync): the two {} the same bytes",
-      describe_short(f.second), verb(mode), y.name, x.name, describe(freed_by), y.name,
-      describe_short(f.first), use_mode == AccessMode::kRead ? "reading" : "writing", x.name,
-      f.first.stream, f.first.stream, x.name,
-      use_mode == AccessMode::kWrite && mode == AccessMode::kWrite ? "write" : "touch");
-  f.fix = fmt::format(
-      "call {}.record_stream({}) after {} uses it on that stream (the allocator then keeps the "
-      "block until {}'s work is done), or make {} wait for {} before the free",
-      x.name, f.first.stream, describe_short(f.first), f.first.stream, block_stream,
-      f.first.stream);
+      "{} {} {}, whose memory the caching allocator gave back to {}'s pool when the host freed "
+      "{} ({}) and then handed to {}; {} {} {} on {}, and nothing orders that before the new "
+      "owner's access: the two {} the same bytes",
+      describe_short(f.second), verb(mode), y.name, block, x.name,
+      describe(label(r, use.free_op)), y.name, describe_short(f.first), verb(use.mode), x.name,
+      f.first.stream,
+      use.mode == AccessMode::kWrite && mode == AccessMode::kWrite ? "write" : "touch");
+  if (f.first.stream != block) {
+    // The old tensor was used off its allocation stream: what record_stream is for.
+    f.fix = fmt::format(
+        "call {}.record_stream({}) once {} has used it (the allocator then keeps the block "
+        "until {}'s work is done), or make {} wait for {} before {} is freed",
+        x.name, f.first.stream, f.first.stream, f.first.stream, block, f.first.stream, x.name);
+  } else {
+    // The new tensor is used off its allocation stream without waiting for it.
+    f.fix = fmt::format(
+        "make {} wait for {} (where {} was allocated) before it uses {}: a tensor used on a "
+        "stream other than its allocation stream must wait for that stream first",
+        f.second.stream, block, y.name, y.name);
+  }
 }
 
 void FindingLog::uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, BufferId b,

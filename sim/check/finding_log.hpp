@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "sim/check/allocator.hpp"
 #include "sim/check/finding.hpp"
 #include "sim/ir/schedule.hpp"
 
@@ -20,10 +21,10 @@ class FindingLog {
   /** Rank r's op `op` accesses [lo, hi) of buffer b, unordered with `prior`'s access. */
   void race(Rank r, std::uint32_t prior, AccessMode prior_mode, std::uint32_t op, AccessMode mode,
             BufferId b, std::uint64_t lo, std::uint64_t hi);
-  /** Rank r's op `op` accesses buffer `reuser`, whose memory the caching allocator took from
-   *  `freed` (ended by `free_op`) while `use` of it may still run on another stream. */
-  void use_after_free(Rank r, std::uint32_t use, AccessMode use_mode, std::uint32_t free_op,
-                      BufferId freed, std::uint32_t op, AccessMode mode, BufferId reuser);
+  /** Rank r's op `op` accesses buffer `reuser`, whose memory the caching allocator took from a
+   *  freed buffer while `use` of it may still run, unordered with `op`. */
+  void use_after_free(Rank r, const PendingUse& use, std::uint32_t op, AccessMode mode,
+                      BufferId reuser);
   /** Rank r's op reads [lo, hi) of buffer b, unwritten since `alloc` (kNoOp: never allocated). */
   void uninitialized(Rank r, std::uint32_t alloc, std::uint32_t op, BufferId b, std::uint64_t lo,
                      std::uint64_t hi);

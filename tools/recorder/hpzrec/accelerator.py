@@ -99,6 +99,8 @@ def _stream_name() -> str:
             return "S_ag"
         if path.endswith("stage3.py"):
             return "S_rs"
+        if path.endswith("stage_1_and_2.py"):  # ZeRO-1/2's reduction_stream (overlap_comm)
+            return "S_reduction"
         if "deepspeed" in path:
             return "S_" + frame.f_code.co_name
         frame = frame.f_back

@@ -78,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
                    "\"optimizer\" section has them) or hf-trainer (the HF Trainer's own optimizer, "
                    "which it makes when the ds_config has no \"optimizer\" section: two groups, "
                    "with weight decay and without, as Trainer.create_optimizer makes them)")
+    p.add_argument("--allocator", action="store_true",
+                   help="record what PyTorch's caching allocator needs: every storage's "
+                   "allocation and free (none dropped), and each Tensor.record_stream call as a "
+                   "record_stream op; the file says \"allocator\": true, and the checker "
+                   "applies its allocator rules to it")
     p.add_argument("--out", required=True, help="where to write the schedule JSON")
     p.add_argument("--verbose", action="store_true", help="DeepSpeed's own INFO logs too")
     p.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)
@@ -155,11 +160,22 @@ def validate(args: argparse.Namespace) -> None:
     _read_json(args.hf_config, "model config")
     ds = _read_json(args.ds_config, "DeepSpeed config")
     zero = ds.get("zero_optimization", {})
-    if not isinstance(zero, dict) or zero.get("stage") != 3:
+    if not isinstance(zero, dict) or zero.get("stage") not in (1, 2, 3) or isinstance(
+            zero.get("stage"), bool):
         raise InputError(f"{args.ds_config}: zero_optimization.stage: the recorder records "
-                         f"ZeRO stage 3 (hpZ exists only there); got {zero.get('stage')!r}"
+                         f"ZeRO stages 1, 2 and 3 (allowed: 1, 2, 3); got {zero.get('stage')!r}"
                          if isinstance(zero, dict) else
                          f"{args.ds_config}: zero_optimization: expected an object")
+    stage = zero["stage"]
+    if stage < 3 and zero.get("zero_hpz_partition_size", 1) != 1:
+        raise InputError(f"{args.ds_config}: zero_optimization.zero_hpz_partition_size: "
+                         f"{zero['zero_hpz_partition_size']!r} with stage {stage}: hpZ exists "
+                         "only in stage 3 (allowed: 1 below stage 3)")
+    if stage < 3 and args.load == "pretrained":
+        raise InputError(f"--load pretrained with zero_optimization.stage {stage}: the load is "
+                         "transformers' ZeRO-3 loader (GatheredParameters); below stage 3 "
+                         "from_pretrained loads before DeepSpeed partitions anything (allowed: "
+                         "--load none)")
     for key in ("offload_param", "offload_optimizer"):
         # DeepSpeed offloads to host memory when the device is "cpu" or "nvme" (a missing or
         # "none" device, or a null section, offloads nothing: runtime/zero/offload_config.py).
@@ -229,6 +245,11 @@ def rank_kinds(doc: dict, rank0_alone: bool = False) -> list:
     `module._load_from_state_dict` inside GatheredParameters and is the broadcast's source
     (transformers' ZeRO-3 loader, hpzrec.load). Ascending, rank 0's first."""
     world, hpz = doc["world_size"], max(1, doc["hpz_size"])
+    if zero_stage(doc) < 3:
+        # ZeRO-1/2 partition the flattened group of every parameter, not each parameter: each
+        # rank copies and steps its own slice of the gradient buckets (allreduce_and_copy with
+        # its bucket_ranks, average_tensor's partition ids), so every rank is a kind of its own.
+        return [[r] for r in range(world)]
     kinds: dict = {}
     for r in range(world):
         key = tuple((own_elements(u["numel"], u["shard_numel"], r),
@@ -236,6 +257,15 @@ def rank_kinds(doc: dict, rank0_alone: bool = False) -> list:
                      if u["secondary_numel"] else 0) for u in doc["units"])
         kinds.setdefault((rank0_alone and r == 0, key), []).append(r)
     return sorted(kinds.values())
+
+
+def zero_stage(doc: dict) -> int:
+    """The ZeRO stage a recording ran with (its source's ds_config_used)."""
+    try:
+        used = json.loads(doc["source"]["ds_config_used"])
+        return int(used["zero_optimization"]["stage"])
+    except (KeyError, TypeError, ValueError):
+        return 3
 
 
 def _run_ranks(argv: list, args: argparse.Namespace, ranks: list, tmp: str,
@@ -308,6 +338,10 @@ def record_ranks(argv: list, args: argparse.Namespace) -> int:
                 slices = len(rank_kinds(docs[0])) if loads else len(kinds)
                 why = (f"the model's parameters do not divide by {world} ranks, so the ranks "
                        f"hold {slices} kinds of slices" if slices > 1 else "")
+                if zero_stage(docs[0]) < 3:
+                    why = (f"ZeRO stage {zero_stage(docs[0])}: each rank copies and steps its "
+                           "own slice of the flattened gradients")
+                    recorded, what = "all", "each recorded as itself"
                 if loads:
                     why += ("; " if why else "") + ("only rank 0 copies the checkpoint in "
                                                     "(--load pretrained)")

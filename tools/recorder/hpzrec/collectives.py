@@ -147,7 +147,12 @@ def all_reduce_coalesced(tensors, op=None, group=None, async_op=False):
 
 
 def reduce(tensor, dst, op=None, group=None, async_op=False):
-    return _issue("all_reduce", group, [tensor], [tensor], _nbytes(tensor), async_op)
+    """NCCL's reduce, logged as an all-reduce (the IR has no reduce) with a reduce's accesses:
+    the root (`dst`, a global rank) reads its contribution and writes the sum in place; every
+    other member only reads its buffer (ncclReduce leaves it as it was)."""
+    root = dist.get_rank() == dst
+    return _issue("all_reduce", group, [tensor], [tensor] if root else [], _nbytes(tensor),
+                  async_op)
 
 
 def broadcast(tensor, src, group=None, async_op=False):

@@ -77,6 +77,10 @@ NEEDS_NEWER_TORCH = {
               "and its setup.py imports it: it does not even install",
     "0.18.8": "runtime/zero/linear.py:35 calls torch.amp.custom_fwd (torch 2.4) when imported, "
               "and its setup.py imports it: it does not even install",
+    "0.18.9": "compile/custom_ops/all_to_all.py:12 decorates with torch.library.custom_op "
+              "(torch 2.4) when imported, and its setup.py imports it: it does not even install",
+    "0.19.0": "compile/custom_ops/all_to_all.py:12 decorates with torch.library.custom_op "
+              "(torch 2.4) when imported, and its setup.py imports it: it does not even install",
     "0.19.8": "runtime/zero/parameter_offload.py:68 calls torch.compiler.is_compiling (torch "
               "2.3) at every parameter access",
 }

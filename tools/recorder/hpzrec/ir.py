@@ -14,6 +14,12 @@ of theirs; a byte the group writes before it reads it is internal to the group a
 A buffer that lives and dies inside one such op disappears. Host order, stream order, events,
 syncs, collectives, allocations and frees of parameter tensors stay exactly as recorded.
 
+Allocator mode (--allocator, "allocator": true in the document). Every storage's deallocation is
+logged (recording.Recording.start_allocator), every buffer is kept with its alloc and free,
+intermediates included, and each Tensor.record_stream call is an op {"kind": "record_stream",
+"stream": S, "buffer": B, ...} per IR buffer of the tensor's storage (the allocator's block): what
+PyTorch's caching allocator needs to pick and reuse blocks (sim/check/allocator.hpp).
+
 Other ranks. DeepSpeed's host logic does not depend on the rank beyond its slices' bounds:
 every rank runs the same module hooks, the same coordinator decisions and the same collectives
 on its own groups. So rank r's schedule is the recorded rank's with each process group replaced
@@ -32,6 +38,7 @@ from . import recording
 _PURPOSE_IN_CONTEXT = {
     # (context purpose, entry kind) -> IR purpose
     ("secondary_partition_copy", "alloc"): "secondary_alloc",
+    ("secondary_partition_copy", "free"): "secondary_alloc",  # allocator mode: a replaced one
     ("secondary_partition_copy", "host_stream_sync"): "fix_host_sync",
     ("fetch_wait", "kernel"): "param_fetch",
     ("fetch_wait", "copy"): "param_fetch",
@@ -58,10 +65,16 @@ class _Buffers:
             life = self.rec.lifetimes[life_id]
             regions = []
             if life.claims:
+                at = 0
                 for begin, end, role, unit, valid_end in sorted(life.claims):
+                    if self.rec.allocator and begin > at:
+                        regions.append(self._padding(life_id, at, begin))
                     name = f"{self.rec.units[unit]['name']}.{role}"
                     regions.append((begin, end, self._new(name, role, unit, end - begin),
                                     valid_end))
+                    at = max(at, end)
+                if self.rec.allocator and life.nbytes > at:
+                    regions.append(self._padding(life_id, at, life.nbytes))
             else:
                 valid_end = 0 if life.padding else life.nbytes
                 regions.append((0, life.nbytes, self._new(f"tensor{life_id}", "scratch", -1,
@@ -69,6 +82,13 @@ class _Buffers:
             self.of_lifetime[life_id] = regions
             self.starts[life_id] = [r[0] for r in regions]
         return self.of_lifetime[life_id]
+
+    def _padding(self, life_id: int, begin: int, end: int) -> tuple:
+        """Allocator mode: bytes of a claimed storage outside every claim, as a buffer of their
+        own that no access reaches, so that a storage's buffers add up to its size (the block
+        the caching allocator hands out)."""
+        return (begin, end, self._new(f"tensor{life_id}.padding{begin}", "scratch", -1,
+                                      end - begin), begin)
 
     def _new(self, name: str, role: str, unit: int, nbytes: int) -> int:
         self.table.append({"name": name, "role": role, "bytes": nbytes, "unit": unit})
@@ -206,6 +226,13 @@ def rank_ops(rec: recording.Recording) -> tuple[list, list]:
                 if r_begin < e.region[1] and e.region[0] < r_end and buf not in freed:
                     freed.add(buf)
                     ops.append(dict(_base(e, "free"), buffer=buf))
+        elif e.kind == "record_stream":  # allocator mode only (stand_ins.record_stream_as_recorded)
+            # recordStream marks the block of the storage's data pointer, whatever bytes the
+            # view spans (CUDACachingAllocator.cpp recordStream -> get_allocated_block): every
+            # buffer of the storage.
+            for _, _, buf, _ in buffers.regions(e.lifetime):
+                if buf not in freed:
+                    ops.append(dict(_base(e, "record_stream"), buffer=buf))
         elif e.kind in _COLLECTIVES:
             op = _base(e, e.kind)
             op["group"] = e.group
@@ -219,6 +246,9 @@ def rank_ops(rec: recording.Recording) -> tuple[list, list]:
         else:  # host_stream_sync, host_device_sync
             ops.append(_base(e, e.kind))
     flush()
+    if rec.allocator:  # every allocation and free stays, with its size: the allocator's blocks
+        return ops, [{k: v for k, v in b.items() if not (k == "unit" and v < 0)}
+                     for b in buffers.table]
     return _drop_internal_buffers(ops, buffers.table)
 
 
@@ -330,10 +360,13 @@ def schedule(rec: recording.Recording, per_node: int, source: dict, variant: str
         else:  # the recorded rank's schedule on this rank's own groups (schedule_json.cpp)
             mapping = sorted(_group_map(groups, rec.rank, r).items())
             ranks.append({"rank": r, "like": rec.rank, "groups": [[a, b] for a, b in mapping]})
-    return {
+    doc = {
         "format": "hpzlab-schedule", "version": 1, "scenario": source.get("command", ""),
         "variant": variant, "world_size": rec.world_size, "hpz_size": hpz,
         "dtype_bytes": dtype_bytes, "source": source, "labels": rec.labels, "units": rec.units,
         "groups": [{k: g[k] for k in ("name", "kind", "ranks")} for g in groups],
         "ranks": ranks
     }
+    if rec.allocator:  # the checker applies its caching-allocator rules to this recording only
+        doc["allocator"] = True
+    return doc

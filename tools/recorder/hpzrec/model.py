@@ -175,8 +175,12 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         # As from_pretrained does (_fast_init), transformers' _init_weights pass is skipped:
         # under zero.Init it gathers every parameter once more (apply_with_gather) to write
         # values that training from a checkpoint would overwrite.
-        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype), \
-                stand_ins.constant_initialization(), skip_init_weights_pass():
+        # ZeRO-1 and 2 keep every parameter whole on every rank: the model is built as it is,
+        # and DeepSpeed's optimizer flattens and partitions the groups in deepspeed.initialize.
+        stage = int(ds_config.get("zero_optimization", {}).get("stage", 3))
+        partitioned = (deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype)
+                       if stage == 3 else contextlib.nullcontext())
+        with partitioned, stand_ins.constant_initialization(), skip_init_weights_pass():
             try:
                 # transformers 5 renamed torch_dtype to dtype (5.24.0 modeling_utils.py:1402-1406
                 # still reads the old name, with a deprecation warning)
@@ -233,6 +237,8 @@ def train(model_config, ds_config: dict, training: Training) -> dict:
         with rec.context(step=step, phase=recording.OPTIMIZER, purpose="step_sync", label=-1):
             loss.item()
         _progress(f"step {step + 1} of {training.steps} recorded")
+    # What the loop dropped is freed here; the teardown after (engine, model) is not training.
+    rec.close()
     facts = {"dtype": str(dtype).replace("torch.", "")}
     if skipped:
         facts["skipped_steps"] = ",".join(str(step) for step in skipped)

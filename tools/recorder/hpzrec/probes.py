@@ -11,7 +11,9 @@ reduce_independent_p_g_buckets_and_remove_grads 1213, __reduce_and_partition_ipg
 comm/coalesced_collectives.py: reduce_scatter_coalesced 82, whose padding it marks).
 A function a version lacks is skipped, and the recording says so. Frees are logged by the
 wrappers of free_param and invalidate_secondary_tensor, and, up to 0.13.1, where
-_partition_param_sec drops a secondary it replaces (_free_when_dropped).
+_partition_param_sec drops a secondary it replaces (_free_when_dropped); in the allocator mode
+(--allocator) by none of them: every storage's deallocation is logged (hpzrec.recording), once,
+inside the same calls.
 """
 from __future__ import annotations
 
@@ -96,6 +98,8 @@ def _free_when_dropped(param) -> Optional[weakref.finalize]:
     if getattr(param, "ds_status", None) is not ZeroParamStatus.AVAILABLE:
         return None
     rec = recording.current()
+    if rec.allocator:  # the storage's own deallocation is logged, at the same place
+        return None
     unit = unit_of(param)
     old = getattr(param, "ds_secondary_tensor", None)
     if old is None or unit < 0 or old.untyped_storage()._cdata not in rec.live:
@@ -134,6 +138,9 @@ def register_units(model: torch.nn.Module, world_size: int, hpz: int) -> None:
     """Names and sizes of the units, once the model is built (by parameter name)."""
     rec = recording.current()
     for name, p in model.named_parameters():
+        if not hasattr(p, "ds_tensor"):  # ZeRO-1/2: a plain parameter, whole on every rank
+            _register_whole(name, p)
+            continue
         register_param(p)
         shard = p.ds_tensor.ds_numel
         padded = shard * world_size
@@ -148,6 +155,24 @@ def register_units(model: torch.nn.Module, world_size: int, hpz: int) -> None:
             "persistent": bool(getattr(p, "ds_persist", False))
         })
     claim_all(model.parameters())
+
+
+def _register_whole(name: str, p) -> None:
+    """A unit for a parameter ZeRO-1/2 keeps whole (no shard, no secondary of its own: the
+    optimizer partitions the flattened group, hpzrec.cli.rank_kinds). Its tensors are not
+    claimed: each storage stays one IR buffer."""
+    rec = recording.current()
+    if id(p) in rec.unit_of_param:
+        return
+    parts = name.split(".")
+    layer = -1
+    if "layers" in parts and parts.index("layers") + 1 < len(parts):
+        tail = parts[parts.index("layers") + 1]
+        layer = int(tail) if tail.isdigit() else -1
+    rec.unit_of_param[id(p)] = len(rec.units)
+    rec.units.append({"name": name, "layer": layer, "numel": int(p.numel()),
+                      "padded_numel": int(p.numel()), "shard_numel": 0, "secondary_numel": 0,
+                      "forward_flops": 0.0, "persistent": False})
 
 
 def _module_name(module) -> str:
@@ -263,6 +288,13 @@ def install() -> None:
             rec = recording.current()
             unit = unit_of(param)
             claim_param(param)
+            if rec.allocator:
+                # The free is the storage's deallocation (Recording.start_allocator): after
+                # free_param's record_stream, where `param.data = torch.empty(0)` drops the last
+                # reference, and for a coalesced gather's flat buffer when its last parameter is
+                # released. Logged once, with this parameter as the unit.
+                with rec.context(unit=unit if unit >= 0 else rec.ctx.unit):
+                    return original(param, *args, **kwargs)
             span = rec.byte_range(param.data)
             if unit >= 0 and span is not None:
                 with rec.context(unit=unit, purpose=rec.ctx.purpose):
@@ -278,6 +310,9 @@ def install() -> None:
     def invalidate(original):
         def wrapper(self, *args, **kwargs):
             rec = recording.current()
+            if rec.allocator:  # each secondary's deallocation is logged where it is dropped
+                with rec.context(purpose="secondary_invalidate"):
+                    return original(self, *args, **kwargs)
             for group in self.fp16_groups:
                 for param in group:
                     sec = getattr(param, "ds_secondary_tensor", None)
@@ -317,3 +352,18 @@ def install() -> None:
         return wrapper
 
     _wrap(stage3, "reduce_scatter_coalesced", padding_allocs)
+
+    # ZeRO-1/2 (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer): the gradient buckets'
+    # reduction, labelled as stage 3's is. Not required: a version without one of them, or a
+    # stage-3 run, records the same without its label (nothing is added to `missing`, so the
+    # stage-3 recordings made before keep their source).
+    try:
+        from deepspeed.runtime.zero import stage_1_and_2
+    except ImportError:
+        return
+    zero12 = stage_1_and_2.DeepSpeedZeroOptimizer
+    for name in ("reduce_ipg_grads", "average_tensor", "allreduce_and_copy",
+                 "allreduce_and_copy_with_multiple_ranks", "buffered_reduce_fallback",
+                 "reduce_gradients"):
+        if hasattr(zero12, name):
+            _wrap(zero12, name, reducing)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import weakref
 from typing import Iterator, Optional
 
 import torch
@@ -46,8 +47,8 @@ class Entry:
     accesses: list = dataclasses.field(default_factory=list)  # (lifetime, mode, begin, end)
     event: int = -1
     group: int = -1
-    lifetime: int = -1  # alloc / free
-    region: Optional[tuple] = None  # free: (begin, end) bytes of the lifetime
+    lifetime: int = -1  # alloc / free / record_stream
+    region: Optional[tuple] = None  # free, record_stream: (begin, end) bytes of the lifetime
     fill: str = ""
     flops: float = 0.0
     mem_bytes: float = 0.0
@@ -103,6 +104,15 @@ class Recording:
         # (hpzrec.load). A copy_ from one of them into device memory makes the host wait for
         # the stream on a GPU (ops.py); empty outside a load.
         self.host_storages: set = set()
+        # The allocator mode (--allocator): every storage's deallocation is logged as a free of
+        # its whole lifetime, and Tensor.record_stream as a record_stream entry, so that the IR
+        # carries what PyTorch's caching allocator needs (each block's alloc, free, streams).
+        self.allocator = False
+        self.closed = False  # the training loop ended: deallocations are no longer logged
+        self._watched: dict[int, int] = {}  # StorageImpl address -> lifetime, until it is freed
+        self._held: dict[int, object] = {}  # (polling) address -> our own reference to it
+        self._polling = False  # inside poll(): its frees do not poll again
+        self.storage_frees = ""  # how deallocations are observed: "finalizer" or "use-count"
 
     # ----- context -------------------------------------------------------------------------
     def label_id(self, name: str) -> int:
@@ -120,6 +130,8 @@ class Recording:
         try:
             yield
         finally:
+            if self._held and not self._polling:
+                self.poll()  # use-count: what the block dropped is freed in its context
             self.ctx = saved
 
     @contextlib.contextmanager
@@ -144,6 +156,8 @@ class Recording:
 
     def push(self, kind: str, stream: int, **fields) -> Entry:
         """Appends one entry with the current context."""
+        if self._held and not self._polling:
+            self.poll()  # storages dropped since the last entry are freed before it
         ctx = self.ctx
         if self.recomputing and ctx.purpose == "backward_compute":
             ctx = dataclasses.replace(ctx, purpose="recompute_forward")
@@ -185,12 +199,91 @@ class Recording:
         self.lifetimes.append(Lifetime(nbytes=storage.nbytes()))
         life_id = len(self.lifetimes) - 1
         self.live[key] = life_id
+        if self.allocator and not self.closed:
+            self._watch(storage, key, life_id)
         if not fresh:
             with self.context(purpose="other"):
                 self.push("alloc", self.current_stream, lifetime=life_id, fill="zero")
                 self.push("kernel", self.current_stream,
                           accesses=[(life_id, WRITE, 0, storage.nbytes())], aten="(outside)")
         return life_id
+
+    # ----- deallocations (allocator mode) ------------------------------------------------------
+    def start_allocator(self) -> None:
+        """Turns the allocator mode on, choosing how deallocations are observed.
+
+        From torch 2.2 or so (checked on 2.10.0) a storage's Python object is preserved as a
+        tensor's is: `t.untyped_storage()` is the same object for as long as the StorageImpl
+        lives, and it dies exactly when the StorageImpl does, so a weakref.finalize on it runs
+        at the deallocation ("finalizer"). torch 2.1.2 makes a new Python object at each call,
+        which holds a reference of its own, and its weak references never fire (nor survive
+        the interpreter's exit): there the recorder holds one reference to each watched storage
+        and, before each entry it logs and when a context block ends, frees those whose only
+        holder it is (torch._C._storage_Use_Count == 1, "use-count"). Both log a free before
+        the first entry issued after the deallocation, in host order."""
+        probe = torch.empty(1)
+        preserved = probe.untyped_storage() is probe.untyped_storage()
+        self.storage_frees = "finalizer" if preserved else "use-count"
+        self.allocator = True
+
+    def _watch(self, storage, key: int, life_id: int) -> None:
+        if key in self._watched:  # the storage grew (a second lifetime): the old block is freed
+            self._storage_freed(key, keep_watching=True)
+        self._watched[key] = life_id
+        if self.storage_frees == "finalizer":
+            if key not in self._held:
+                finalizer = weakref.finalize(storage, self._storage_freed, key)
+                finalizer.atexit = False
+                self._held[key] = finalizer
+        else:
+            self._held[key] = storage
+
+    def _storage_freed(self, key: int, keep_watching: bool = False) -> None:
+        """The storage at `key` was deallocated: a free of its whole current lifetime."""
+        life_id = self._watched.get(key)
+        if life_id is None:
+            return
+        if not keep_watching:
+            del self._watched[key]
+            self._held.pop(key, None)
+            if self.live.get(key) == life_id:
+                del self.live[key]
+        if self.closed:
+            return
+        self._polling = True
+        try:
+            self.push("free", self.current_stream, lifetime=life_id,
+                      region=(0, self.lifetimes[life_id].nbytes))
+        finally:
+            self._polling = False
+
+    def poll(self) -> None:
+        """use-count: frees the watched storages that only the recorder still holds."""
+        if self.storage_frees != "use-count":
+            return
+        use_count = torch._C._storage_Use_Count
+        dropped = [key for key, storage in self._held.items() if use_count(storage._cdata) == 1]
+        for key in dropped:
+            self._storage_freed(key)
+
+    def close(self) -> None:
+        """The training loop ended: what was dropped until now is freed, nothing after."""
+        if self.allocator:
+            self.poll()
+        self.closed = True
+        self._held.clear()
+
+    def record_stream(self, t: torch.Tensor, stream: int) -> None:
+        """t.record_stream(stream): the caching allocator marks t's whole block (storage) as used
+        by `stream`; the IR writer gives one op per IR buffer of the storage, whatever bytes t
+        spans (the allocator marks the block of the storage's data pointer). Nothing where
+        the storage is empty, as PyTorch does nothing for a null data pointer
+        (CUDACachingAllocator recordStream)."""
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0:
+            return
+        span = self.byte_range(t) or (0, storage.nbytes())
+        self.push("record_stream", stream, lifetime=self.lifetime_of(t), region=span)
 
     def byte_range(self, t: torch.Tensor) -> Optional[tuple]:
         """The bytes of its storage a tensor spans, [begin, end); None when empty."""

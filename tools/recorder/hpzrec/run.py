@@ -83,6 +83,8 @@ def main() -> int:
                                  if isinstance(ds.get("train_micro_batch_size_per_gpu"), int)
                                  else 1)
     rec = recording.start(args.rank, world)
+    if args.allocator:
+        rec.start_allocator()
     stand_ins.install(args.rank, world, args.gpus_per_node)
 
     import deepspeed
@@ -151,6 +153,8 @@ def main() -> int:
         source["load"] = args.load
     if "skipped_steps" in facts:  # fp16's overflow, 0.19.8's invalid norm (run.skipped_steps)
         source["skipped_steps"] = facts["skipped_steps"]
+    if args.allocator:  # how deallocations were observed (Recording.start_allocator)
+        source["storage_frees"] = rec.storage_frees
     if probes.missing:
         source["unlabelled"] = ", ".join(probes.missing)
     dtype_bytes = {"bfloat16": 2, "float16": 2}.get(facts["dtype"], 4)

@@ -7,7 +7,9 @@ Nothing in DeepSpeed's files is edited. What is replaced, and why:
     nothing communicated), and its collectives are replaced by hpzrec.collectives, which log
     them as ProcessGroupNCCL would issue them.
   - Tensor.record_stream: the caching allocator's bookkeeping for CUDA streams. CPU tensors
-    refuse it; the IR's buffer lifetimes are logical (sim/ir/schedule.hpp), so it does nothing.
+    refuse it. With --allocator it is logged (a record_stream entry: the stream, the tensor's
+    storage and bytes, in issue order on the host), which the checker's model of the caching
+    allocator reads; without, it does nothing (the IR's buffer lifetimes are logical there).
   - deepspeed.ops' quantizer (qwZ): DeepSpeed's CUDA kernel cannot load on a CPU; a function
     with the same outputs (int8 values, one fp32 scale per group) stands in for it.
   - The same CUDA module's qgZ ops (swizzle_quant, quantized_reduction, dequantize), which
@@ -90,9 +92,21 @@ def replace_collectives() -> None:
                 setattr(module, name, fn)
 
 
-def ignore_record_stream() -> None:
-    """Tensor.record_stream accepts the recording streams and does nothing."""
-    torch.Tensor.record_stream = lambda self, stream: None
+def record_stream_as_recorded() -> None:
+    """Tensor.record_stream accepts the recording streams (hpzrec.accelerator) and, in the
+    allocator mode, logs the call (Recording.record_stream); otherwise it does nothing."""
+
+    def record_stream(self, stream) -> None:
+        rec = recording.current()
+        if not rec.allocator or rec.closed:
+            return
+        index = getattr(stream, "index", None)
+        if not isinstance(index, int):
+            raise TypeError(f"hpzlab record: record_stream({stream!r}): not a stream of the "
+                            "recording accelerator")
+        rec.record_stream(self, index)
+
+    torch.Tensor.record_stream = record_stream
 
 
 class QuantizerKernels:
@@ -371,6 +385,6 @@ def install(rank: int, world_size: int, local_size: int) -> None:
     pytree_registration_for_transformers()
     init_fake_world(rank, world_size, local_size)
     replace_collectives()
-    ignore_record_stream()
+    record_stream_as_recorded()
     replace_gradient_quantizer()
     one_hot_as_on_cuda()

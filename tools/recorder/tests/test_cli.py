@@ -39,7 +39,7 @@ def ds_with(**zero) -> dict:
     ({"extra": ["--deepspeed", "0.12.0"]},
      "--deepspeed: unknown version '0.12.0' (supported: 0.10.0, 0.10.1, 0.10.3, 0.11.0, 0.12.3, "
      "0.12.6, 0.13.1, 0.13.4, 0.13.5, 0.14.2, 0.14.4, 0.15.4, 0.16.4, 0.16.9, 0.17.2, 0.17.6, "
-     "0.18.2, 0.18.3, 0.18.7, 0.18.8, 0.19.8)"),
+     "0.18.2, 0.18.3, 0.18.7, 0.18.8, 0.18.9, 0.19.0, 0.19.8)"),
     ({"extra": ["--deepspeed", "0.18.7"]},
      "--deepspeed 0.18.7 does not run on torch 2.1.2: runtime/zero/linear.py:35 calls "
      "torch.amp.custom_fwd (torch 2.4)"),
@@ -48,8 +48,13 @@ def ds_with(**zero) -> dict:
      "--transformers: unknown version '4.51.3' (supported: 5.24.0 with --torch 2.10.0)"),
     ({"hf": "missing.json"}, "missing.json: model config: no such file"),
     ({"ds": ("bad.json", "{not json")}, "bad.json: DeepSpeed config: not JSON (line 1"),
-    ({"ds": ("stage2.json", ds_with(stage=2))}, "zero_optimization.stage: the recorder records "
-     "ZeRO stage 3"),
+    ({"ds": ("stage0.json", ds_with(stage=0))}, "zero_optimization.stage: the recorder records "
+     "ZeRO stages 1, 2 and 3 (allowed: 1, 2, 3); got 0"),
+    ({"ds": ("stage2-hpz.json", ds_with(stage=2))}, "zero_optimization.zero_hpz_partition_size: "
+     "8 with stage 2: hpZ exists only in stage 3"),
+    ({"ds": ("stage2.json", ds_with(stage=2, zero_hpz_partition_size=1)),
+      "extra": ["--load", "pretrained"]},
+     "--load pretrained with zero_optimization.stage 2: the load is transformers' ZeRO-3 loader"),
     ({"ds": ("hpz3.json", ds_with(zero_hpz_partition_size=3))},
      "zero_optimization.zero_hpz_partition_size: 3 does not divide the world size 16"),
     ({"ds": ("typo.json", ds_with(stage3_param_persitance_threshold=10))},
@@ -68,7 +73,7 @@ def ds_with(**zero) -> dict:
      "argument --load: invalid choice: 'checkpoint'"),
     ({"extra": ["--load", "pretrained", "--rank", "3"]},
      "--rank 3 with --load pretrained: only rank 0 copies the checkpoint in"),
-], ids=["version", "needs-newer-torch", "torch", "transformers-of-torch", "missing", "not-json", "stage-2", "hpz-size", "deepspeed-refuses",
+], ids=["version", "needs-newer-torch", "torch", "transformers-of-torch", "missing", "not-json", "stage-0", "stage-2-hpz", "stage-2-load", "hpz-size", "deepspeed-refuses",
         "hf-size", "hf-type", "nodes", "offload", "transformers", "load", "load-one-rank"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, case, expected):
     kwargs = {}
