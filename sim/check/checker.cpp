@@ -235,6 +235,7 @@ CheckResult Checker::run() {
   result.variant = schedule_.variant;
   result.source = schedule_.source;
   result.world_size = schedule_.world_size;
+  result.allocator = schedule_.allocator;
   result.groups = log_.take();
   stats_.clock_bases = arena_.base_count();
   result.stats = stats_;

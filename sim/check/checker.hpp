@@ -29,6 +29,11 @@
 //  - race: two accesses of overlapping bytes of one buffer lifetime, at least one a write, not
 //    ordered by HB. Ranges are byte-exact: disjoint slices never conflict, an overlapping view
 //    always does.
+//  - use-after-free (Schedule::allocator only): the caching allocator (allocator.hpp) gives a
+//    freed buffer's block to a later allocation on the block's stream; an access to that memory
+//    not ordered by HB after a use of the freed buffer that was still pending at the free (not
+//    on a stream named by kRecordStream, not known complete by the host, not a collective's own,
+//    which ProcessGroupNCCL protects), one of the two a write.
 //  - uninitialized-read: a read of bytes that no op issued since the buffer's kAlloc wrote
 //    (whatever the allocator's fill). A buffer accessed without a kAlloc is taken as allocated
 //    and unwritten at the start. kAlloc and kFree delimit lifetimes; they are not accesses.
@@ -72,6 +77,7 @@ struct CheckResult {
   std::string variant;                        ///< Schedule::variant
   std::map<std::string, std::string> source;  ///< Schedule::source: a recorded schedule's origin
   int world_size = 0;
+  bool allocator = false;  ///< Schedule::allocator: the caching allocator's reuse was checked
   std::vector<FindingGroup> groups;  ///< worst kind first, then most frequent
   CheckStats stats;
 

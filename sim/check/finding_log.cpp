@@ -143,6 +143,8 @@ void FindingLog::use_after_free(Rank r, const PendingUse& use, std::uint32_t op,
   f.role = x.role;
   f.offset = 0;
   f.bytes = x.bytes;
+  f.reused = y.name;
+  f.reused_role = y.role;
   const std::string block = rs.streams[static_cast<std::size_t>(use.block_stream)].name;
   f.detail = fmt::format(
       "{} {} {}, whose memory the caching allocator gave back to {}'s pool when the host freed "

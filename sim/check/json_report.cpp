@@ -46,6 +46,9 @@ json group_json(const CheckResult& r, const FindingGroup& g) {
   } else {
     j["buffer"] = json{
         {"name", f.buffer}, {"role", to_string(f.role)}, {"offset", f.offset}, {"bytes", f.bytes}};
+    if (f.kind == FindingKind::kUseAfterFree) {
+      j["reused_by"] = json{{"name", f.reused}, {"role", to_string(f.reused_role)}};
+    }
     if (f.kind == FindingKind::kRace || f.kind == FindingKind::kUseAfterFree) {
       j["first"]["mode"] = f.first_mode == AccessMode::kRead ? "read" : "write";
       j["second"]["mode"] = f.second_mode == AccessMode::kRead ? "read" : "write";
@@ -63,7 +66,11 @@ std::string JsonReporter::render(std::span<const CheckResult> results) const {
   for (const CheckResult& r : results) {
     clean = clean && r.clean();
     json counts = json::object();
-    for (FindingKind k : kAllKinds) counts[std::string(to_string(k))] = r.count(k);
+    for (FindingKind k : kAllKinds) {
+      // Counted only where it was checked: a schedule without the allocator's events.
+      if (k == FindingKind::kUseAfterFree && !r.allocator) continue;
+      counts[std::string(to_string(k))] = r.count(k);
+    }
     scenarios.push_back(json{{"scenario", r.scenario},
                              {"variant", r.variant},
                              {"world_size", r.world_size},
@@ -74,6 +81,7 @@ std::string JsonReporter::render(std::span<const CheckResult> results) const {
                              {"collectives", r.stats.collectives},
                              {"same_data_rewrites", r.stats.same_data_rewrites}});
     if (!r.source.empty()) scenarios.back()["source"] = r.source;
+    if (r.allocator) scenarios.back()["allocator"] = true;
     for (const FindingGroup& g : r.groups) findings.push_back(group_json(r, g));
   }
   json doc{{"clean", clean}, {"scenarios", scenarios}, {"findings", findings}};

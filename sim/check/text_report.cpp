@@ -83,6 +83,16 @@ std::string remedy(const Finding& f) {
                "stream: less overlap), or zero_hpz_partition_size 1 (hpZ off: backward gathers "
                "cross nodes again)";
       }
+      if (((a == Purpose::kBackwardCompute && b == Purpose::kGradReduce) ||
+           (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) &&
+          (f.first.stream == "S_reduction" || f.second.stream == "S_reduction")) {
+        // ZeRO-1/2's reduction stream (stage_1_and_2.py reduction_stream; the recorder's name):
+        // the gradient hook writes the bucket the reduction still uses, issue 7188.
+        return "upgrade DeepSpeed to 0.17.5 or later (PR 7371 makes the compute stream wait for "
+               "each reduction; 0.18.5's PR 7805 fixes the bucket index instead and gives the "
+               "overlap back; issue 7188: 0.17.2-0.17.4 reset the ping-pong bucket's index), or "
+               "set zero_optimization.overlap_comm false";
+      }
       if ((a == Purpose::kBackwardCompute && b == Purpose::kGradReduce) ||
           (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) {
         return "upgrade DeepSpeed to 0.18.8 or later (PR 7897, issue 7898), or run forward and "
@@ -90,6 +100,22 @@ std::string remedy(const Finding& f) {
       }
       break;
     case FindingKind::kUseAfterFree:
+      if (f.reused_role == BufferRole::kSecondary) {
+        // The hpZ gather reads a secondary whose block S0 may still be writing: the same
+        // missing edge as the hpZ race (the copy on S0, the gather elsewhere).
+        return "upgrade DeepSpeed to 0.13.5 or later (PR 5216: the host waits for the compute "
+               "stream after each secondary copy, which orders the block's earlier use too), or "
+               "set zero_hpz_partition_size 1 (hpZ off)";
+      }
+      if (f.first.stream == "S_reduction") {
+        // ZeRO-1/2: a gradient the reduction stream still divides or reads, freed by the host
+        // (traces/deepspeed/tiny-zero2-7965-*: the gradients of the extra-large path).
+        return "no release fixes it on every rank: 0.19.0 (PR 7965) records the reduction "
+               "stream only on gradients the rank keeps a slice of, and 0.19.0-0.19.8 still "
+               "free the others early; set zero_optimization.reduce_bucket_size to at least "
+               "the largest parameter's element count (no gradient then takes the extra-large "
+               "path), or overlap_comm false";
+      }
       break;
     case FindingKind::kStaleRead:
       if (a == Purpose::kCheckpointLoad) {
@@ -142,9 +168,10 @@ std::string verdict_line(const CheckResult& r) {
                 r.stats.same_data_rewrites, r.stats.same_data_rewrites == 1 ? "" : "s");
   if (r.clean()) {
     return fmt::format(
-        "{}: clean: no race, stale-read, uninitialized-read or collective-mismatch "
+        "{}: clean: no race, {}stale-read, uninitialized-read or collective-mismatch "
         "({} ranks, {} ops, {} collectives checked{})\n",
-        name, r.world_size, r.stats.ops, r.stats.collectives, rewrites);
+        name, r.allocator ? "use-after-free, " : "", r.world_size, r.stats.ops,
+        r.stats.collectives, rewrites);
   }
   std::uint64_t total = 0;
   std::string kinds;
