@@ -2956,8 +2956,9 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
         sc.path, "zero.stage",
         fmt::format("{} (zero_optimization.stage): the DeepSpeed builder models ZeRO stage 3 only, "
                     "so this run gets no verdict; hpZ exists only at stage 3, so none of hpZ's "
-                    "ordering bugs can occur in it, but ZeRO-1/2's own (DeepSpeed issues 7188, "
-                    "7965, 8061) are not modelled yet (allowed: 3)",
+                    "ordering bugs can occur in it; ZeRO-1/2's own (DeepSpeed issues 5545, 7188, "
+                    "7965) are checked on a recording of real DeepSpeed: add --record "
+                    "(allowed: 3)",
                     sc.zero.stage));
   }
   if (sc.zero.offload_param) {

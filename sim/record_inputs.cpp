@@ -88,12 +88,13 @@ json recorder_ds_config(const Scenario& sc) {
     zero.erase(alias);
   }
   const ZeroConfig& z = sc.zero;
-  // Below stage 3 hpzlab checks stage 3 without hpZ in its place (a note says so), and the
-  // recorder records stage 3 only: the same.
-  zero["stage"] = 3;
-  zero["zero_hpz_partition_size"] = z.zero_hpz_partition_size;
-  zero["zero_quantized_weights"] = z.zero_quantized_weights;
-  zero["zero_quantized_gradients"] = z.zero_quantized_gradients;
+  // ZeRO-1 and ZeRO-2 are recorded as they are (issue 32: their own ordering bugs); hpZ and
+  // ZeRO++'s quantization exist at stage 3 only (the scenario turned them off with a note).
+  const bool stage3 = z.stage == 3;
+  zero["stage"] = z.stage;
+  zero["zero_hpz_partition_size"] = stage3 ? z.zero_hpz_partition_size : 1;
+  zero["zero_quantized_weights"] = stage3 && z.zero_quantized_weights;
+  zero["zero_quantized_gradients"] = stage3 && z.zero_quantized_gradients;
   zero["overlap_comm"] = z.overlap_comm;
   zero["stage3_prefetch_bucket_size"] = z.stage3_prefetch_bucket_size;
   zero["stage3_max_live_parameters"] = z.stage3_max_live_parameters;
@@ -150,8 +151,13 @@ std::vector<std::string> recorder_args(const Scenario& sc) {
     args.push_back("--param-groups");
     args.push_back(sc.training.param_groups);
   }
-  // run.load (issue 7606): the recorder loads a checkpoint as from_pretrained does.
-  if (sc.run.load != "none") {
+  // ZeRO-1/2: every allocation, free and record_stream call, for the caching allocator's rules
+  // (docs/checker.md); stage 3 is recorded as before, op for op what the builder is held to.
+  if (sc.zero.stage != 3) args.push_back("--allocator");
+  // run.load (issue 7606): the recorder loads a checkpoint as from_pretrained does, through
+  // transformers' ZeRO-3 loader. Below stage 3 from_pretrained loads the weights before
+  // DeepSpeed sees the model: nothing of the schedule changes, and the recorder refuses it.
+  if (sc.run.load != "none" && sc.zero.stage == 3) {
     args.push_back("--load");
     args.push_back(sc.run.load);
   }

@@ -248,6 +248,40 @@ TEST(UseAfterFree, TheTextReportNamesTheMissingRecordStream) {
   EXPECT_NE(text.find("reused by:"), std::string::npos) << text;
 }
 
+// ---- DeepSpeed issue 8061: a bucket filled from several streams ----
+// The pattern of PR 8080's diff (stage_1_and_2.py, first in 0.19.3), hand-built: the recorder
+// cannot show it, since the bucket copies land on several streams only under torch.compile's
+// CUDA graphs, which a CPU recording does not run (docs/research-allocator-bugs.md, section 6).
+// S0 is the hook's current stream, S1 a second producer, S2 the reduction stream.
+
+/** Two gradient copies into one bucket, from S1 and S0; then the reduction on S2 waits for the
+ *  streams in `waited` and divides the bucket in place. */
+CheckResult bucket_from_two_streams(std::initializer_list<StreamId> waited) {
+  Builder b(1);
+  const BufferId bucket = b.buffer("ipg_bucket", 400);
+  b.alloc(0, 0, bucket);
+  const EventId made = b.record(0, 0);
+  b.wait(0, 1, made);
+  b.op(0, 1, {W(bucket, 0, 200)}, OpKind::kCopy, Purpose::kBackwardCompute);
+  b.op(0, 0, {W(bucket, 200, 200)}, OpKind::kCopy, Purpose::kBackwardCompute);
+  for (const StreamId s : waited) b.wait(0, 2, b.record(0, s));  // reduction_stream.wait_stream
+  b.op(0, 2, {R(bucket, 0, 400), W(bucket, 0, 400)}, OpKind::kKernel, Purpose::kGradReduce);
+  return b.check();
+}
+
+TEST(BucketProducers, WaitingOnlyOnTheCurrentStreamRacesWithTheOtherProducer) {
+  // Before PR 8080: average_tensor's reduction_stream.wait_stream(current_stream()).
+  const CheckResult r = bucket_from_two_streams({0});
+  ASSERT_EQ(r.count(FindingKind::kRace), 1u);
+  EXPECT_EQ(r.groups[0].example.first.stream, "S1");
+  EXPECT_EQ(r.groups[0].example.second.stream, "S2");
+}
+
+TEST(BucketProducers, WaitingOnEveryProducerStreamIsClean) {
+  // PR 8080: a wait on every stream in bucket.copy_streams.
+  EXPECT_TRUE(bucket_from_two_streams({0, 1}).clean());
+}
+
 // ---- the IR ----
 
 TEST(RecordStreamOp, RoundTripsThroughJsonWithTheAllocatorFlag) {

@@ -28,6 +28,14 @@ std::string explain(const Finding& f) {
                "loss turns NaN (or 0, or huge) within a step or two. Whether it shows depends on "
                "timing: link speed, prefetch depth and batch size.";
       }
+      if (f.first.stream == "S_reduction" || f.second.stream == "S_reduction") {
+        return "ZeRO-1/2 with overlap_comm: the gradient hook copies each gradient into a bucket "
+               "on the compute stream, and a full bucket is divided, gathered and all-reduced on "
+               "the reduction stream while backward goes on. Here the compute stream writes a "
+               "bucket the reduction stream is still reducing (or the reverse), so the reduced "
+               "gradients mix two buckets' values: wrong or NaN gradients on every rank "
+               "(DeepSpeed issues 5545 and 7188).";
+      }
       return "Two GPU streams touch the same bytes with no event, stream wait or synchronization "
              "between them, and at least one writes. Which one gets there first depends on "
              "timing, so results can silently differ from run to run.";
@@ -87,11 +95,13 @@ std::string remedy(const Finding& f) {
            (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) &&
           (f.first.stream == "S_reduction" || f.second.stream == "S_reduction")) {
         // ZeRO-1/2's reduction stream (stage_1_and_2.py reduction_stream; the recorder's name):
-        // the gradient hook writes the bucket the reduction still uses, issue 7188.
-        return "upgrade DeepSpeed to 0.17.5 or later (PR 7371 makes the compute stream wait for "
-               "each reduction; 0.18.5's PR 7805 fixes the bucket index instead and gives the "
-               "overlap back; issue 7188: 0.17.2-0.17.4 reset the ping-pong bucket's index), or "
-               "set zero_optimization.overlap_comm false";
+        // the gradient hook writes the bucket the reduction still uses: issue 5545 up to
+        // 0.14.2, issue 7188 on 0.17.2-0.17.4 (traces/deepspeed/tiny-zero*-5545-*, -7188-*).
+        return "upgrade DeepSpeed to 0.17.5 or later, or 0.14.3-0.17.1 (the compute stream must "
+               "wait for a reduction before it refills that bucket: PR 5606 in 0.14.3 for issue "
+               "5545; 0.17.2-0.17.4 reset the ping-pong bucket's index, issue 7188, which PR 7371 "
+               "in 0.17.5 and PR 7805 in 0.18.5 fix), or set zero_optimization.overlap_comm "
+               "false";
       }
       if ((a == Purpose::kBackwardCompute && b == Purpose::kGradReduce) ||
           (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) {

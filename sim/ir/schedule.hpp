@@ -23,10 +23,10 @@
 //    its receive bytes.
 //  - kAlloc starts the lifetime of `buffer` with contents given by `fill`; kFree ends it. Both
 //    are ordered on their stream like any other op. A buffer id names a logical tensor (say, the
-//    secondary shard of layer 12 on rank 3) and is reused by each new allocation of it: accesses
-//    in different lifetimes never conflict, because PyTorch's caching allocator only reuses a
-//    block once every stream that used it is done (record_stream). Contents do carry over
-//    when `fill` is stale.
+//    secondary shard of layer 12 on rank 3) and is reused by each new allocation of it. Accesses
+//    in different lifetimes of a buffer never conflict as accesses of one buffer; whether the
+//    allocator's reuse of memory makes them collide is the next point's business. Contents do
+//    carry over when `fill` is stale.
 //  - The caching allocator (CUDACachingAllocator.cpp), where Schedule::allocator says the
 //    schedule has every allocation, free and record_stream call of its buffers: a kAlloc's
 //    stream is the stream current at the allocation, the block's stream; only that stream's

@@ -275,6 +275,11 @@ Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
                                  "what-ifs)",
                                  to_string(sc.run.variant)));
   }
+  if (sc.zero.stage == 0) {
+    throw InputError(sc.path, "zero.stage",
+                     "0 cannot be recorded: the recorder runs DeepSpeed's ZeRO optimizers, and "
+                     "stage 0 has none (allowed: 1, 2, 3)");
+  }
   if (sc.zero.offload_param) {
     // The recorder refuses it too (hpzrec/cli.py): said here before anything is written.
     throw InputError(sc.path, "zero.offload_param",

@@ -514,3 +514,26 @@ def test_0131s_pretrained_load_frees_the_old_secondary_between_alloc_and_copy(tm
     out.write_text(json.dumps(doc))
     code, report = check(out)
     assert code == 1 and kinds(report) == {"stale-read"}
+
+
+def test_check_record_of_a_zero2_config_checks_the_allocator(tmp_path):
+    """ZeRO-2 goes through the recorder as it is, in allocator mode (issue 32): with overlap_comm
+    and a bucket that fills several times a step, DeepSpeed 0.13.4's gradient hook refills the
+    bucket the reduction stream still reduces (issue 5545, fixed in 0.14.3), and the builder,
+    which models stage 3 only, says so beside the verdict instead of giving one."""
+    ds = json.loads((DATA / "ds-hpz8.json").read_text())
+    ds["zero_optimization"] = {"stage": 2, "overlap_comm": True, "contiguous_gradients": True,
+                               "reduce_scatter": True, "reduce_bucket_size": 20000}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    run = subprocess.run([HPZLAB, "check", "--hf-config", str(DATA / "llama-tiny.json"),
+                          "--ds-config", str(tmp_path / "ds.json"), "--nodes", "1",
+                          "--gpus-per-node", "4", "--deepspeed", "0.13.4", "--record",
+                          "--json", "-"], capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr[-3000:]
+    doc = json.loads(run.stdout)
+    (scenario, ) = doc["scenarios"]
+    assert scenario["allocator"] is True
+    assert scenario["counts"]["race"] > 0 and scenario["counts"]["use-after-free"] == 0
+    assert any("issue 5545" in f["remedy"] for f in doc["findings"])
+    (compared, ) = doc["builder_comparisons"]
+    assert "models ZeRO stage 3 only" in compared["error"], compared
