@@ -41,7 +41,7 @@ namespace hpz::check {
 struct PendingUse {
   AccessStamp stamp;
   AccessMode mode = AccessMode::kRead;
-  BufferId buffer = kNoBuffer;  ///< the buffer it accessed, in the lifetime that was freed
+  BufferId buffer = kNoBuffer;    ///< the buffer it accessed, in the lifetime that was freed
   std::uint32_t free_op = kNoOp;  ///< the kFree that ended that lifetime
   StreamId block_stream = 0;      ///< the stream the freed buffer was allocated on
   std::uint64_t lo = 0;           ///< the memory it is pending on: [lo, hi), made-up addresses
@@ -55,12 +55,12 @@ using PendingUses = boost::container::small_vector<PendingUse, 2>;
  *  merging are the allocator's. */
 class CachingAllocator {
  public:
-  static constexpr std::uint64_t kMinBlockSize = 512;        ///< round_size's unit
-  static constexpr std::uint64_t kSmallSize = 1u << 20;      ///< largest small-pool request
-  static constexpr std::uint64_t kSmallBuffer = 2u << 20;    ///< small-pool segment
+  static constexpr std::uint64_t kMinBlockSize = 512;         ///< round_size's unit
+  static constexpr std::uint64_t kSmallSize = 1u << 20;       ///< largest small-pool request
+  static constexpr std::uint64_t kSmallBuffer = 2u << 20;     ///< small-pool segment
   static constexpr std::uint64_t kMinLargeAlloc = 10u << 20;  ///< up to this: a kLargeBuffer
-  static constexpr std::uint64_t kLargeBuffer = 20u << 20;   ///< large-pool segment
-  static constexpr std::uint64_t kRoundLarge = 2u << 20;     ///< larger segments round to this
+  static constexpr std::uint64_t kLargeBuffer = 20u << 20;    ///< large-pool segment
+  static constexpr std::uint64_t kRoundLarge = 2u << 20;      ///< larger segments round to this
 
   /** The rounded size of a request (round_size). */
   static std::uint64_t round_size(std::uint64_t bytes);
@@ -86,7 +86,8 @@ class CachingAllocator {
     bool free = false;
     PendingUses pending;
   };
-  using Key = std::tuple<StreamId, bool, std::uint64_t, std::uint64_t>;  // stream, small, size, addr
+  using Key =
+      std::tuple<StreamId, bool, std::uint64_t, std::uint64_t>;  // stream, small, size, addr
 
   void insert_free(std::uint64_t address, Block& b);
   void erase_free(std::uint64_t address, const Block& b);

@@ -35,12 +35,16 @@ struct BufferState {
   std::uint32_t alloc_op = kNoOp;
   std::uint32_t last_writer = kNoOp;
   bool live = false;
-  // The caching allocator's view (Schedule::allocator), while `tracked`:
-  bool tracked = false;          ///< allocated on a stream through the allocator model
-  std::uint64_t block = 0;       ///< its block's (made-up) address
-  std::uint32_t recorded = 0;    ///< streams named by record_stream, a bit each
-  PendingUses uses;              ///< the last read and the last write of each thread
-  PendingUses inherited;         ///< uses of the freed memory it reuses, not yet ordered
+};
+
+/** The caching allocator's view of one buffer of one rank (Schedule::allocator only: kept
+ *  apart from BufferState, of which a 1,024-rank check holds millions). */
+struct BlockState {
+  bool tracked = false;        ///< allocated on a stream through the allocator model
+  std::uint64_t block = 0;     ///< its block's (made-up) address
+  std::uint32_t recorded = 0;  ///< streams named by record_stream, a bit each
+  PendingUses uses;            ///< the last read and the last write of each thread
+  PendingUses inherited;       ///< uses of the freed memory it reuses, not yet ordered
 };
 
 /** A recorded event, kept until its last wait. */
@@ -65,7 +69,8 @@ struct RankState {
   std::unordered_map<EventId, EventSnapshot> events;
   std::vector<std::uint32_t> group_seq;      ///< collectives issued, per group
   std::vector<std::uint32_t> group_last_op;  ///< last collective op issued, per group
-  CachingAllocator allocator;  ///< Schedule::allocator only
+  CachingAllocator allocator;                ///< Schedule::allocator only
+  std::vector<BlockState> blocks;            ///< per buffer; Schedule::allocator only, else empty
   std::vector<std::uint32_t> unit_version;
   std::vector<std::uint32_t> unit_writer;  ///< the op that last wrote the unit's primary shard
   /** (op << 32 | buffer) of copies that wrote a secondary the data it already held. */
@@ -123,6 +128,7 @@ class Checker {
   void track_versions(RankState& rs, std::uint32_t index, const Op& op);
   bool rewrites_same_data(const RankState& rs, const Op& op, BufferId buffer) const;
   void lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index);
+  void end_block(RankState& rs, BlockState& k, const Op& op, std::uint32_t index);
   void record_stream(RankState& rs, const Op& op, std::uint32_t index);
   void check_reuse(RankState& rs, std::uint32_t index, const Op& op, const Access& a,
                    const Clock& clock, const AccessStamp& stamp);
@@ -185,6 +191,7 @@ Checker::Checker(const Schedule& schedule, const Ablation& ablation)
     rs.stream_gen.assign(sched.streams.size(), 0);
     rs.pending.assign(sched.streams.size(), kNotPending);
     rs.buffers.resize(sched.buffers.size());
+    if (schedule.allocator) rs.blocks.resize(sched.buffers.size());
     rs.group_seq.assign(schedule.groups.size(), 0);
     rs.group_last_op.assign(schedule.groups.size(), kNoOp);
     // A unit's first data (whatever init writes) is version 1; 0 means "holds no data", so
@@ -369,47 +376,33 @@ void Checker::wait_for_event(RankState& rs, std::uint32_t index, const Op& op, C
   if (--it->second.waits_left == 0) rs.events.erase(it);
 }
 
+/** A use the host already knows complete is ordered before everything the host issues later,
+ *  a reuse of the memory included. */
+bool host_knows(const RankState& rs, const PendingUse& u) {
+  return rs.host.own[u.stamp.thread] >= u.stamp.tick;
+}
+
 void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index) {
   if (op.buffer >= rs.buffers.size()) malformed(rs, index, "allocation names no buffer");
   BufferState& b = rs.buffers[op.buffer];
   const Buffer& buf = rs.schedule->buffers[op.buffer];
-  // A use the host already knows complete is ordered before everything the host issues later,
-  // a reuse of the memory included.
-  auto host_knows = [&rs](const PendingUse& u) {
-    return rs.host.own[u.stamp.thread] >= u.stamp.tick;
-  };
-  if (b.tracked) {
-    // The lifetime ends (a free, or an allocation over a live buffer: the tensor replaced).
-    // free(): streams named by record_stream hold the block until their work at the free is
-    // done (insert_events), so their uses are over before any reuse.
-    PendingUses pending;
-    for (const PendingUse& u : b.uses) {
-      const bool recorded = u.stamp.thread > 0 && (b.recorded >> (u.stamp.thread - 1)) & 1u;
-      if (recorded || host_knows(u)) continue;
-      PendingUse p = u;
-      p.buffer = op.buffer;
-      p.free_op = index;
-      p.block_stream = rs.schedule->ops[b.alloc_op].stream;
-      pending.push_back(p);
+  // The caching allocator's side (allocator.hpp), on schedules that carry its events.
+  if (!rs.blocks.empty()) {
+    BlockState& k = rs.blocks[op.buffer];
+    end_block(rs, k, op, index);
+    if (alloc && op.stream != kHostStream && !buf.on_host) {
+      auto [address, inherited] = rs.allocator.allocate(op.stream, buf.bytes);
+      k.tracked = true;
+      k.block = address;
+      for (const PendingUse& u : inherited) {
+        if (!host_knows(rs, u)) k.inherited.push_back(u);
+      }
     }
-    rs.allocator.free(b.block, std::move(pending));
-    b.tracked = false;
   }
-  b.uses.clear();
-  b.inherited.clear();
-  b.recorded = 0;
   if (alloc) {
     b.history.reset(buf.bytes);
     b.alloc_op = index;
     b.live = true;
-    if (schedule_.allocator && op.stream != kHostStream && !buf.on_host) {
-      auto [address, inherited] = rs.allocator.allocate(op.stream, buf.bytes);
-      b.tracked = true;
-      b.block = address;
-      for (const PendingUse& u : inherited) {
-        if (!host_knows(u)) b.inherited.push_back(u);
-      }
-    }
   } else {
     b.history.clear();
     b.alloc_op = kNoOp;
@@ -419,15 +412,37 @@ void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t in
   b.last_writer = kNoOp;
 }
 
+// A lifetime ends (a free, or an allocation over a live buffer: the tensor replaced). free():
+// streams named by record_stream hold the block until their work at the free is done
+// (insert_events), so their uses are over before any reuse; what is left goes with the block.
+void Checker::end_block(RankState& rs, BlockState& k, const Op& op, std::uint32_t index) {
+  if (k.tracked) {
+    PendingUses pending;
+    for (const PendingUse& u : k.uses) {
+      const bool recorded = u.stamp.thread > 0 && (k.recorded >> (u.stamp.thread - 1)) & 1u;
+      if (recorded || host_knows(rs, u)) continue;
+      PendingUse p = u;
+      p.buffer = op.buffer;
+      p.free_op = index;
+      p.block_stream = rs.schedule->ops[rs.buffers[op.buffer].alloc_op].stream;
+      pending.push_back(p);
+    }
+    rs.allocator.free(k.block, std::move(pending));
+    k.tracked = false;
+  }
+  k.uses.clear();
+  k.inherited.clear();
+  k.recorded = 0;
+}
+
 void Checker::record_stream(RankState& rs, const Op& op, std::uint32_t index) {
   if (op.buffer >= rs.buffers.size()) malformed(rs, index, "record_stream names no buffer");
   if (op.stream == kHostStream || op.stream >= static_cast<StreamId>(rs.streams.size())) {
     malformed(rs, index, "record_stream names no stream");
   }
-  BufferState& b = rs.buffers[op.buffer];
   // recordStream: a use on the block's own stream needs nothing, and the allocator ignores it;
   // the bit is harmless there (that stream's uses are FIFO before the reuse anyway).
-  b.recorded |= 1u << op.stream;
+  if (!rs.blocks.empty()) rs.blocks[op.buffer].recorded |= 1u << op.stream;
 }
 
 // The caching allocator's reuse (allocator.hpp): this access touches memory that a freed
@@ -435,7 +450,8 @@ void Checker::record_stream(RankState& rs, const Op& op, std::uint32_t index) {
 // and the old use corrupt each other: a use after free across streams.
 void Checker::check_reuse(RankState& rs, std::uint32_t index, const Op& op, const Access& a,
                           const Clock& clock, const AccessStamp& stamp) {
-  BufferState& b = rs.buffers[a.buffer];
+  if (rs.blocks.empty()) return;
+  BlockState& b = rs.blocks[a.buffer];
   if (!b.tracked) return;
   const std::uint64_t lo = b.block + a.offset;
   const std::uint64_t hi = b.block + a.end();

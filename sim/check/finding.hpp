@@ -57,9 +57,9 @@ struct Finding {
   AccessMode second_mode = AccessMode::kRead;
   std::string buffer;  ///< buffer name ("" for a mismatch; use-after-free: the freed one)
   BufferRole role = BufferRole::kScratch;
-  std::uint64_t offset = 0;    ///< first byte involved
-  std::uint64_t bytes = 0;     ///< bytes involved
-  std::string reused;          ///< use-after-free: the buffer that got the freed memory
+  std::uint64_t offset = 0;  ///< first byte involved
+  std::uint64_t bytes = 0;   ///< bytes involved
+  std::string reused;        ///< use-after-free: the buffer that got the freed memory
   BufferRole reused_role = BufferRole::kScratch;
   std::string group;           ///< mismatch: the process group
   std::uint32_t position = 0;  ///< mismatch: the 0-based collective position on that group

@@ -150,9 +150,8 @@ void FindingLog::use_after_free(Rank r, const PendingUse& use, std::uint32_t op,
       "{} {} {}, whose memory the caching allocator gave back to {}'s pool when the host freed "
       "{} ({}) and then handed to {}; {} {} {} on {}, and nothing orders that before the new "
       "owner's access: the two {} the same bytes",
-      describe_short(f.second), verb(mode), y.name, block, x.name,
-      describe(label(r, use.free_op)), y.name, describe_short(f.first), verb(use.mode), x.name,
-      f.first.stream,
+      describe_short(f.second), verb(mode), y.name, block, x.name, describe(label(r, use.free_op)),
+      y.name, describe_short(f.first), verb(use.mode), x.name, f.first.stream,
       use.mode == AccessMode::kWrite && mode == AccessMode::kWrite ? "write" : "touch");
   if (f.first.stream != block) {
     // The old tensor was used off its allocation stream: what record_stream is for.

@@ -180,8 +180,8 @@ std::string verdict_line(const CheckResult& r) {
     return fmt::format(
         "{}: clean: no race, {}stale-read, uninitialized-read or collective-mismatch "
         "({} ranks, {} ops, {} collectives checked{})\n",
-        name, r.allocator ? "use-after-free, " : "", r.world_size, r.stats.ops,
-        r.stats.collectives, rewrites);
+        name, r.allocator ? "use-after-free, " : "", r.world_size, r.stats.ops, r.stats.collectives,
+        rewrites);
   }
   std::uint64_t total = 0;
   std::string kinds;
