@@ -417,6 +417,7 @@ void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t in
 // (insert_events), so their uses are over before any reuse; what is left goes with the block.
 void Checker::end_block(RankState& rs, BlockState& k, const Op& op, std::uint32_t index) {
   if (k.tracked) {
+    const StreamId block_stream = rs.schedule->ops[rs.buffers[op.buffer].alloc_op].stream;
     PendingUses pending;
     for (const PendingUse& u : k.uses) {
       const bool recorded = u.stamp.thread > 0 && (k.recorded >> (u.stamp.thread - 1)) & 1u;
@@ -424,7 +425,7 @@ void Checker::end_block(RankState& rs, BlockState& k, const Op& op, std::uint32_
       PendingUse p = u;
       p.buffer = op.buffer;
       p.free_op = index;
-      p.block_stream = rs.schedule->ops[rs.buffers[op.buffer].alloc_op].stream;
+      p.block_stream = block_stream;
       pending.push_back(p);
     }
     rs.allocator.free(k.block, std::move(pending));

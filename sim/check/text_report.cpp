@@ -13,6 +13,14 @@ bool is_hpz_copy_race(const Finding& f) {
           f.second.purpose == Purpose::kSecondaryPartitionCopy);
 }
 
+/** ZeRO-1/2's reduction stream (stage_1_and_2.py `reduction_stream`), as the recorder names it:
+ *  the findings on it are ZeRO-1/2's own bugs (5545, 7188, 7965), not stage 3's. */
+constexpr std::string_view kZero12Reduction = "S_reduction";
+
+bool on_zero12_reduction(const Finding& f) {
+  return f.first.stream == kZero12Reduction || f.second.stream == kZero12Reduction;
+}
+
 }  // namespace
 
 std::string explain(const Finding& f) {
@@ -28,7 +36,7 @@ std::string explain(const Finding& f) {
                "loss turns NaN (or 0, or huge) within a step or two. Whether it shows depends on "
                "timing: link speed, prefetch depth and batch size.";
       }
-      if (f.first.stream == "S_reduction" || f.second.stream == "S_reduction") {
+      if (on_zero12_reduction(f)) {
         return "ZeRO-1/2 with overlap_comm: the gradient hook copies each gradient into a bucket "
                "on the compute stream, and a full bucket is divided, gathered and all-reduced on "
                "the reduction stream while backward goes on. Here the compute stream writes a "
@@ -91,22 +99,19 @@ std::string remedy(const Finding& f) {
                "stream: less overlap), or zero_hpz_partition_size 1 (hpZ off: backward gathers "
                "cross nodes again)";
       }
-      if (((a == Purpose::kBackwardCompute && b == Purpose::kGradReduce) ||
-           (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) &&
-          (f.first.stream == "S_reduction" || f.second.stream == "S_reduction")) {
-        // ZeRO-1/2's reduction stream (stage_1_and_2.py reduction_stream; the recorder's name):
-        // the gradient hook writes the bucket the reduction still uses: issue 5545 up to
+      if ((a == Purpose::kBackwardCompute && b == Purpose::kGradReduce) ||
+          (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) {
+        if (!on_zero12_reduction(f)) {
+          return "upgrade DeepSpeed to 0.18.8 or later (PR 7897, issue 7898), or run forward and "
+                 "backward from the default stream";
+        }
+        // The gradient hook writes the bucket the reduction still uses: issue 5545 up to
         // 0.14.2, issue 7188 on 0.17.2-0.17.4 (traces/deepspeed/tiny-zero*-5545-*, -7188-*).
         return "upgrade DeepSpeed to 0.17.5 or later, or 0.14.3-0.17.1 (the compute stream must "
                "wait for a reduction before it refills that bucket: PR 5606 in 0.14.3 for issue "
                "5545; 0.17.2-0.17.4 reset the ping-pong bucket's index, issue 7188, which PR 7371 "
                "in 0.17.5 and PR 7805 in 0.18.5 fix), or set zero_optimization.overlap_comm "
                "false";
-      }
-      if ((a == Purpose::kBackwardCompute && b == Purpose::kGradReduce) ||
-          (a == Purpose::kGradReduce && b == Purpose::kBackwardCompute)) {
-        return "upgrade DeepSpeed to 0.18.8 or later (PR 7897, issue 7898), or run forward and "
-               "backward from the default stream";
       }
       break;
     case FindingKind::kUseAfterFree:
@@ -117,7 +122,7 @@ std::string remedy(const Finding& f) {
                "stream after each secondary copy, which orders the block's earlier use too), or "
                "set zero_hpz_partition_size 1 (hpZ off)";
       }
-      if (f.first.stream == "S_reduction") {
+      if (f.first.stream == kZero12Reduction) {
         // ZeRO-1/2: a gradient the reduction stream still divides or reads, freed by the host
         // (traces/deepspeed/tiny-zero2-7965-*: the gradients of the extra-large path).
         return "no release fixes it on every rank: 0.19.0 (PR 7965) records the reduction "
