@@ -1473,7 +1473,12 @@ void RankBuilder::partition(int p, bool has_been_updated) {
   ParamState& st = ps_[p];
   const UnitId saved = unit_;
   unit_ = p;
-  if (hpz_ > 1 && st.status == Status::kAvailable) {
+  // [bugs] secondary_mismatch_rank (the bug class of DeepSpeed issue 5030 as hpzlab re-creates
+  // it): that rank's parameters never get a secondary, so its ds_secondary_tensor stays None and
+  // its gathers take the world group (PP:1156-1260's use_secondary_tensor) while its hpZ peers
+  // take theirs.
+  const bool mismatched = rank_ == sc_.bugs.secondary_mismatch_rank;
+  if (hpz_ > 1 && st.status == Status::kAvailable && !mismatched) {
     const bool create = !st.has_secondary;
     // The early return (PP:1611-1613 at v0.13.1, PP:1772-1773 at v0.18.2) skips the copy when a
     // secondary exists, unless has_been_updated reaches it (VersionRules::secondary_sees_update).
@@ -2984,16 +2989,22 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
                                  "\"\", or training.dtype fp16)",
                                  v.name, sc.training.dtype));
   }
-  // The [bugs] keys re-create bug classes in the coarse builder; here DeepSpeed's behaviour comes
-  // from zero.deepspeed_version, so a [bugs] key would be silently ignored: refused instead.
+  // Three [bugs] keys re-create in the coarse builder what DeepSpeed's own releases do here: a
+  // key that would be silently ignored is refused, naming the release or key that has it.
+  // (secondary_mismatch_rank is applied: RankBuilder::partition.)
   const BugConfig none;
   const BugConfig& bugs = sc.bugs;
-  if (bugs.skip_secondary_invalidation != none.skip_secondary_invalidation ||
-      bugs.checkpoint_load_at_step != none.checkpoint_load_at_step ||
-      bugs.legacy_copy_bounds != none.legacy_copy_bounds ||
-      bugs.secondary_mismatch_rank != none.secondary_mismatch_rank) {
-    refuse("the [bugs] keys (it takes DeepSpeed's behaviour from zero.deepspeed_version)",
-           "remove them");
+  if (bugs.skip_secondary_invalidation != none.skip_secondary_invalidation) {
+    refuse("bugs.skip_secondary_invalidation (issue 4851 is DeepSpeed 0.13.1's own)",
+           "remove it and set zero.deepspeed_version = \"0.13.1\"");
+  }
+  if (bugs.checkpoint_load_at_step != none.checkpoint_load_at_step) {
+    refuse("bugs.checkpoint_load_at_step (issue 7606's load is run.load)",
+           "remove it and set run.load = \"checkpoint\"");
+  }
+  if (bugs.legacy_copy_bounds != none.legacy_copy_bounds) {
+    refuse("bugs.legacy_copy_bounds (the copy bounds before PR 5216 are DeepSpeed 0.13.4's own)",
+           "remove it and set zero.deepspeed_version = \"0.13.4\"");
   }
 
   Model md = build_model(sc.model, tf451 || tf457 || tf5, tf5_moe);

@@ -328,13 +328,9 @@ TEST(Repro, StaleFillGivesWrongFiniteLoss) {
 // fix B, so the secondary-copy race is ordered and only the bug class is seen.
 TEST(Repro, StaleSecondaryScenariosLoseMoreThanTheBaseline) {
   for (const char* name : {"stale-after-step", "stale-after-load"}) {
-    // stale-after-step.toml is DeepSpeed 0.13.1 itself (the DeepSpeed builder, taint replay
-    // only, below); the coarse builder re-creates issue 4851 with a [bugs] key, in real math.
-    const std::vector<Override> coarse = {{"run.builder", "coarse"},
-                                          {"bugs.skip_secondary_invalidation", "true"}};
-    const Scenario sc =
-        load_scenario(test::scenario_path(name),
-                      std::string(name) == "stale-after-step" ? coarse : std::vector<Override>{});
+    // Both are DeepSpeed's own schedules: 0.13.1's missing invalidation, 0.13.4's load
+    // (run.load = "checkpoint"), replayed with the small Llama's real math.
+    const Scenario sc = load_scenario(test::scenario_path(name));
     const ReproResult r = run_repro(sc, ReproOptions{});
     const auto& stale = r.variants[2].runs[0].steps;  // event-wait, the scenario's own variant
     const auto& base = r.variants[3].runs[0].steps;   // no-hpz

@@ -119,16 +119,17 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
     EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 0) << name;
     return s;
   };
-  // Issue 4851 is DeepSpeed 0.13.1's own behaviour and the copy bounds 0.13.4's; the other bug
-  // classes are [bugs] keys of the coarse builder.
+  // Issue 4851 is DeepSpeed 0.13.1's own behaviour, the copy bounds 0.13.4's and the load
+  // run.load's; the mismatch is a [bugs] key the DeepSpeed builder applies.
   const Scenario step = bug("stale-after-step.toml");
   EXPECT_FALSE(step.bugs.skip_secondary_invalidation);
   EXPECT_EQ(step.run.builder, "deepspeed");
   EXPECT_EQ(step.zero.deepspeed_version, "0.13.1");
   EXPECT_EQ(step.run.steps, 3);
   const Scenario load = bug("stale-after-load.toml");
-  EXPECT_EQ(load.bugs.checkpoint_load_at_step, 0);
-  EXPECT_EQ(load.run.builder, "coarse");
+  EXPECT_EQ(load.bugs.checkpoint_load_at_step, -1);
+  EXPECT_EQ(load.run.load, "checkpoint");
+  EXPECT_EQ(load.run.builder, "deepspeed");
   const Scenario slice = bug("zero-element-slice.toml");  // DeepSpeed 0.13.4's copy bounds
   EXPECT_EQ(slice.run.builder, "deepspeed");
   EXPECT_EQ(slice.zero.deepspeed_version, "0.13.4");
@@ -141,7 +142,7 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   EXPECT_EQ(slice.model.vocab, 64);
   const Scenario mismatch = bug("mismatched-collectives.toml");
   EXPECT_EQ(mismatch.bugs.secondary_mismatch_rank, 3);
-  EXPECT_EQ(mismatch.run.builder, "coarse");
+  EXPECT_EQ(mismatch.run.builder, "deepspeed");
 }
 
 // --- presets ----------------------------------------------------------------------------------
