@@ -28,8 +28,8 @@ std::vector<const ReleaseRule*> scenario_defects(const Scenario& scenario);
  *  sim/deepspeed_releases.hpp) for the scenario (Llama-shaped
  *  models with qwZ, qgZ, persistence and accumulation; variant stock, host-sync or event-wait on
  *  top of that version). Throws InputError for an unknown version or what it does not model
- *  (other model families, offload_param, the [bugs] keys) and where DeepSpeed itself would stop
- *  (qwZ on a shard that is not a multiple of 8 elements). */
+ *  (other model families, offload_param with qwZ, the [bugs] keys) and where DeepSpeed itself
+ *  would stop (qwZ on a shard that is not a multiple of 8 elements). */
 Schedule build_deepspeed_schedule(const Scenario& scenario, const std::string& version);
 
 }  // namespace hpz

@@ -802,6 +802,14 @@ Setting ds_offload(const json& value, const std::string& file) {
   const std::vector<std::string> devices = {"none", "cpu", "nvme"};
   const std::string name =
       choice_of(json_setting(device, file, key + ".device", "a string"), key + ".device", devices);
+  if (name == "nvme") {
+    // zero.offload_param = true is the CPU (docs/research-offload.md); NVMe swaps shards through
+    // AsyncPartitionedParameterSwapper's aio reads and writes (partition_parameters.py, v0.13.4
+    // lines 989-990, 1421-1426), which no builder models.
+    throw InputError(file, key + ".device",
+                     "nvme is not modelled by hpzlab (the shards' asynchronous swaps to NVMe "
+                     "and back) (allowed: none, cpu)");
+  }
   return Setting{Raw{name != "none"}, file, {}};
 }
 
