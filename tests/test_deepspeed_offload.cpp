@@ -61,7 +61,8 @@ TEST(DeepSpeedOffload, ShardsLiveInHostMemory) {
     EXPECT_GT(secondaries, 0);
   }
   // Without offload nothing is in host memory.
-  for (const Buffer& b : build_schedule(tiny("0.13.4", false)).ranks[0].buffers) {
+  const Schedule on_device = build_schedule(tiny("0.13.4", false));  // outlives the loop
+  for (const Buffer& b : on_device.ranks[0].buffers) {
     EXPECT_FALSE(b.on_host) << b.name;
   }
 }

@@ -52,9 +52,12 @@ TEST(RealDevice, SpinKernelHoldsTheStreamForTheRequestedTime) {
 namespace hpz::real {
 namespace {
 
+// The coarse builder's schedule of tiny.toml: the executor's spin mode with pattern values and
+// the tiny model's math run on its attn/mlp units (DeepSpeed's own schedules: tiny_ds below).
 Scenario tiny(const std::string& variant, int hpz = 2) {
   return load_scenario(scenario_path("tiny"),
-                       {{"run.variant", variant},
+                       {{"run.builder", "coarse"},
+                        {"run.variant", variant},
                         {"zero.zero_hpz_partition_size", std::to_string(hpz)},
                         {"run.steps", "3"}});
 }
@@ -449,7 +452,8 @@ TEST(RealModel, LazyStockTurnsTheLossNaNAndBothFixesTrainExactly) {
 TEST(RealModel, ModelsTooBigOrNotFp32AreRefusedWithTheReason) {
   const Scenario sc = tiny("stock");
   EXPECT_EQ(model_math_unfit(sc, build_schedule(sc)), "");
-  const Scenario half = load_scenario(scenario_path("tiny"), {{"training.dtype", "fp16"}});
+  const Scenario half =
+      load_scenario(scenario_path("tiny"), {{"run.builder", "coarse"}, {"training.dtype", "fp16"}});
   const Schedule hs = build_schedule(half);
   EXPECT_NE(model_math_unfit(half, hs).find("fp32"), std::string::npos)
       << model_math_unfit(half, hs);

@@ -163,16 +163,25 @@ TEST(NumericReplay, GatherBeforeCopyEndsReadsNan) {
   const Schedule s = build_schedule(sc);
   Timeline t = serial(s);
   for (Rank r = 0; r < static_cast<Rank>(s.ranks.size()); ++r) {
-    auto is_copy = [](const Op& o) {
-      return o.purpose == Purpose::kSecondaryPartitionCopy && o.step == 1 && o.unit == 2;
-    };
-    const std::size_t c = find_op(s, r, is_copy);
-    ASSERT_LT(c, s.ranks[r].ops.size());
-    const UnitId u = s.ranks[r].ops[c].unit;
-    const std::size_t g = find_op(s, r, [&](const Op& o) {
-      return o.kind == OpKind::kAllGather && o.unit == u && o.step == 1 &&
-             o.phase == Phase::kBackward;
+    // Step 1's secondary copy of a q_proj (a weight its backward reads; the embedding's does
+    // not), and the first gather after it that reads that secondary.
+    const std::size_t c = find_op(s, r, [&](const Op& o) {
+      return o.purpose == Purpose::kSecondaryPartitionCopy && o.step == 1 &&
+             s.units[o.unit].name.find("q_proj") != std::string::npos;
     });
+    ASSERT_LT(c, s.ranks[r].ops.size());
+    const BufferId secondary = s.accesses_of(r, s.ranks[r].ops[c]).back().buffer;
+    ASSERT_EQ(s.ranks[r].buffers[secondary].role, BufferRole::kSecondary);
+    std::size_t g = c + 1;
+    for (; g < s.ranks[r].ops.size(); ++g) {
+      const Op o = s.ranks[r].ops[g];
+      const auto acc = s.accesses_of(r, o);
+      if (o.kind == OpKind::kAllGather && std::any_of(acc.begin(), acc.end(), [&](const Access& a) {
+            return a.buffer == secondary && a.mode == AccessMode::kRead;
+          })) {
+        break;
+      }
+    }
     ASSERT_LT(g, s.ranks[r].ops.size());
     t.ranks[r][c].start_s = t.ranks[r][g].start_s + 0.5;  // the gather reads first
     t.ranks[r][c].end_s = t.ranks[r][g].end_s + 1;
@@ -281,14 +290,21 @@ TEST(Repro, AScheduleTheReplayCannotFollowIsRefusedByName) {
   Scenario sc = tiny(1);
   Schedule s = build_schedule(sc);
   EXPECT_EQ(replay_unsupported(s), "");
-  const std::size_t gather =
-      find_op(s, 1, [](const Op& op) { return op.kind == OpKind::kAllGather; });
-  ASSERT_LT(gather, s.ranks[1].ops.size());
-  s.ranks[1].ops.mut()[gather].unit = kNoUnit;
+  // DeepSpeed's schedules are followed by byte ranges, but an optimizer step that writes must
+  // name the parameter whose weights it updates.
+  const std::size_t adam = find_op(s, 1, [&](const Op& op) {
+    const auto acc = s.accesses_of(1, op);
+    return op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep &&
+           std::any_of(acc.begin(), acc.end(),
+                       [](const Access& x) { return x.mode == AccessMode::kWrite; });
+  });
+  ASSERT_LT(adam, s.ranks[1].ops.size());
+  const UnitId unit = s.ranks[1].ops[adam].unit;
+  s.ranks[1].ops.mut()[adam].unit = kNoUnit;
   const std::string why = replay_unsupported(s);
-  EXPECT_EQ(why.rfind(fmt::format("rank 1 op {} (all_gather ", gather), 0), 0u) << why;
+  EXPECT_EQ(why.rfind(fmt::format("rank 1 op {} (kernel optimizer_step) ", adam), 0), 0u) << why;
   EXPECT_NE(why.find("needs a parameter unit"), std::string::npos) << why;
-  s.ranks[1].ops.mut()[gather].unit = build_schedule(sc).ranks[1].ops[gather].unit;
+  s.ranks[1].ops.mut()[adam].unit = unit;
   // A reduction that receives must send; one that touches nothing is no trouble.
   const std::size_t reduce =
       find_op(s, 0, [](const Op& op) { return op.kind == OpKind::kAllReduce; });
@@ -303,10 +319,10 @@ TEST(Repro, AScheduleTheReplayCannotFollowIsRefusedByName) {
   EXPECT_NE(replay_unsupported(s).find("receives but sends nothing"), std::string::npos);
   op.access_count = 0;
   EXPECT_EQ(replay_unsupported(s), "");
-  s.ranks[1].ops.mut()[gather].unit = kNoUnit;
+  s.ranks[1].ops.mut()[adam].unit = kNoUnit;
   try {
     replay_schedule(sc, s, "file.json", ReproOptions{});
-    FAIL() << "replayed a gather without a unit";
+    FAIL() << "replayed an optimizer step without a unit";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("file.json: the data replay cannot follow", 0), 0u)
         << e.what();

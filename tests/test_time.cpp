@@ -318,7 +318,8 @@ TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {
   }
   EXPECT_EQ(processes.size(), static_cast<std::size_t>(sc.cluster.world_size()));
   EXPECT_TRUE(processes.count("rank 0"));
-  for (const char* t : {"host", "S0", "S_ag", "S_nccl"}) EXPECT_TRUE(threads.count(t)) << t;
+  // DeepSpeed's streams: the host thread, S0, S_ag and a NCCL stream per process group.
+  for (const char* t : {"host", "S0", "S_ag", "nccl.hpz"}) EXPECT_TRUE(threads.count(t)) << t;
   EXPECT_GT(flows, 0);
   EXPECT_GT(host_stalls, 0);
 }
