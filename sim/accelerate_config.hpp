@@ -1,8 +1,8 @@
 // Hugging Face accelerate's config file (the YAML `accelerate config` writes, or TRL's
 // examples/accelerate_configs/deepspeed_zero3.yaml) read as `accelerate launch --config_file FILE`
 // reads it: the DeepSpeed config accelerate hands DeepSpeed, and the cluster it launches (issue 35,
-// "inputs people have"). `--ds-config FILE.yaml` goes through here (scenario.cpp,
-// apply_ds_config); accelerate_config.cpp cites the accelerate code it follows.
+// "inputs people have"). `--ds-config FILE.yaml` goes through here (sim/scenario/ds_config.cpp,
+// apply_ds_config); sim/accelerate/ cites the accelerate code it follows.
 #pragma once
 
 #include <nlohmann/json.hpp>

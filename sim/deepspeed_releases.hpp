@@ -13,7 +13,7 @@
 
 namespace hpz {
 
-/** How `_partition_param_sec` bounds its copy into the secondary (sim/deepspeed_builder.cpp). */
+/** How `_partition_param_sec` bounds its copy into the secondary (sim/deepspeed/partition.cpp). */
 enum class CopyBounds {
   kLegacy,    ///< up to v0.13.4: tests the primary slice's bounds (PP:1637-1651 at v0.13.4)
   kSecNumel,  ///< v0.13.5 - v0.14.2 (PR 5216): `sec_numel`, negative past the end (issue 5642)
@@ -25,7 +25,7 @@ enum class CopyBounds {
   kZeroFilled,
 };
 
-/** Where the optimizer step waits on the host for the gradient norm (sim/deepspeed_builder.cpp,
+/** Where the optimizer step waits on the host for the gradient norm (sim/deepspeed/optimizer.cpp,
  *  optimizer_step). */
 enum class NormSync {
   /// v0.13.0 - v0.14.0 and v0.14.3 - v0.14.4: `math.sqrt` of the norm tensor after the norm's

@@ -82,7 +82,8 @@ json recorder_ds_config(const Scenario& sc) {
                 ? read_accelerate_config(sc.zero.ds_config, "", "zero.ds_config").ds_config
                 : read_user_json(sc.zero.ds_config, "zero.ds_config");
   json zero = ds.value("zero_optimization", json::object());
-  // DeepSpeed's aliases without stage3_ (ds_key in scenario.cpp): the stage3_ names are set.
+  // DeepSpeed's aliases without stage3_ (ds_key in sim/scenario/ds_config.cpp): the stage3_
+  // names are set.
   for (const char* alias : {"prefetch_bucket_size", "max_live_parameters", "max_reuse_distance",
                             "param_persistence_threshold"}) {
     zero.erase(alias);

@@ -158,7 +158,7 @@ struct RunConfig {
   Fill fill = Fill::kNan;
   std::uint64_t seed = 1;
   int steps = 2;  ///< optimizer steps to build
-  /// Which builder writes the schedule: "deepspeed" (the default; sim/deepspeed_builder.cpp:
+  /// Which builder writes the schedule: "deepspeed" (the default; sim/deepspeed/:
   /// DeepSpeed's hooks and coordinator for zero.deepspeed_version, held equal to recordings of
   /// real DeepSpeed) or "coarse" (sim/builder.cpp: one fetch unit per attn/mlp; the [bugs]
   /// keys, the numeric replay and the real-GPU executor need it).

@@ -1,4 +1,4 @@
-// ZeRO-3 parameter offload in the DeepSpeed builder (sim/deepspeed_offload.hpp,
+// ZeRO-3 parameter offload in the DeepSpeed builder (sim/deepspeed/offload.hpp,
 // docs/research-offload.md): the shards in host memory, every copy across host and device
 // followed by the host's wait for its stream, no collective reading host memory, and the
 // checker's verdict on scenarios/tiny.toml with hpZ 2.

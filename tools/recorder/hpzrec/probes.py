@@ -90,7 +90,7 @@ def _free_when_dropped(param) -> Optional[weakref.finalize]:
     finalizer on the old tensor runs inside that assignment: the free is logged between the
     alloc and the copy, in the order DeepSpeed issues them, without repeating DeepSpeed's own
     test of when it replaces the secondary. Purpose secondary_alloc, as the alloc's (ir.py) and
-    as sim/deepspeed_builder.cpp issues the free; phase and step the context's. From v0.13.2
+    as sim/deepspeed/ issues the free; phase and step the context's. From v0.13.2
     the secondary is made only `if param.ds_secondary_tensor is None` (:1614 at v0.13.4): the
     old one stays, the finalizer never runs and the caller detaches it, so nothing is logged.
     Returns the finalizer, or None where there is no secondary the recording knows."""

@@ -486,7 +486,7 @@ def test_0131s_pretrained_load_frees_the_old_secondary_between_alloc_and_copy(tm
     torch.empty, the assignment that drops zero.Init's secondary, then the copy
     (partition_parameters.py:1620, 1631, 1647 at v0.13.1). The recorder logs the old one's free
     where the assignment drops it: alloc new, free old, copy into new, back to back on one
-    stream, as sim/deepspeed_builder.cpp issues them (purpose secondary_alloc)."""
+    stream, as sim/deepspeed/ issues them (purpose secondary_alloc)."""
     doc = record(tmp_path, "0.13.1", None, "--load", "pretrained")["doc"]
     for r in (0, 1):
         rank = doc["ranks"][r]

@@ -1,4 +1,4 @@
-#include "sim/deepspeed_offload.hpp"
+#include "sim/deepspeed/offload.hpp"
 
 #include "sim/error.hpp"
 

@@ -1,5 +1,5 @@
 // ZeRO-3 parameter offload (`zero_optimization.offload_param.device = "cpu"`) as DeepSpeed
-// issues it, for the DeepSpeed builder (sim/deepspeed_builder.cpp): which shards live in host
+// issues it, for the DeepSpeed builder (sim/deepspeed/): which shards live in host
 // memory, and the ops a copy between host and device memory becomes. Read from DeepSpeed's code
 // release by release; docs/research-offload.md has every finding with its file:line.
 //
