@@ -72,7 +72,8 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   const replay::ExploreResult r = replay::explore(sc, schedule, pairs, timing, eo);
   end_progress_line();
 
-  const std::string name = fmt::format("{} [{}]", sc.path, schedule.variant);
+  const std::string name =
+      fmt::format("{} [{}]", sc.path, schedule_label(schedule.variant, schedule.source));
   const char* mode = eo.mode == replay::Mode::kNumeric ? "numeric" : "taint";
   const int orders = r.targeted + r.random;
   std::string text;

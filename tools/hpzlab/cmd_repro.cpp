@@ -142,8 +142,9 @@ void repro_order(const ReproCliOptions& o, int& exit_code) {
       replay::replay(sc, schedule, replay::serialized_timeline(schedule), mode);
   const int bad = replay::first_difference(r, ref);
   const char* mode_name = mode == replay::Mode::kNumeric ? "numeric" : "taint";
-  std::string text = fmt::format("{} [{}] along the order in {} ({} replay):\n", sc.path,
-                                 schedule.variant, o.order, mode_name);
+  std::string text =
+      fmt::format("{} [{}] along the order in {} ({} replay):\n", sc.path,
+                  schedule_label(schedule.variant, schedule.source), o.order, mode_name);
   nlohmann::json steps = nlohmann::json::array();
   for (std::size_t k = 0; k < r.steps.size() && k < ref.steps.size(); ++k) {
     const bool same = bad < 0 || static_cast<int>(k) < bad;
