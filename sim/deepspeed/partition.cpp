@@ -139,9 +139,7 @@ void RankBuilder::zero_init_module(int first, int end) {
     wait(current_, done, Purpose::kParamInit);
     st.status = Status::kAvailable;
     if (hpz_ > 1) {
-      st.secondary = buffer(dp.name + ".secondary", BufferRole::kSecondary, unit_,
-                            layouts_[p].secondary_numel() * dt_);
-      place_on_host(st.secondary, offload_.secondary_on_host());  // PP:1616-1621
+      st.secondary = secondary_buffer(p);
     }
     st.primary =
         buffer(dp.name + ".primary", BufferRole::kPrimary, unit_, layouts_[p].shard_numel() * dt_);
@@ -256,9 +254,7 @@ void RankBuilder::partition_secondary(int p, bool create, bool has_been_updated)
     // Up to v0.13.1 an update makes the secondary anew: torch.empty, then the assignment
     // drops the old one (PP:1619-1632 at v0.13.1).
     const BufferId old = st.secondary;
-    st.secondary = buffer(md_.params[p].name + ".secondary", BufferRole::kSecondary, unit_,
-                          layouts_[p].secondary_numel() * dt_);
-    place_on_host(st.secondary, offload_.secondary_on_host());
+    st.secondary = secondary_buffer(p);
     alloc(st.secondary, current_, Purpose::kSecondaryAlloc);
     free(old, current_, Purpose::kSecondaryAlloc);
   }

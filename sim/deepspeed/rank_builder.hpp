@@ -98,6 +98,14 @@ class RankBuilder final : private OpEmitter {
   const Buffer& buffer_of(BufferId b) const override { return out_.buffers[b]; }
   /** offload_param: buffer b lives in host memory (Buffer::on_host). */
   void place_on_host(BufferId b, bool host) { out_.buffers.mut()[b].on_host = host; }
+  /** A new buffer for parameter p's secondary shard (ds_secondary_tensor), in host memory with
+   *  offload_param (PP:1616-1621). */
+  BufferId secondary_buffer(int p) {
+    const BufferId b = buffer(md_.params[p].name + ".secondary", BufferRole::kSecondary,
+                              static_cast<UnitId>(p), layouts_[p].secondary_numel() * dt_);
+    place_on_host(b, offload_.secondary_on_host());
+    return b;
+  }
 
   // IR emission.
   Op& push(OpKind kind, StreamId s, Purpose p, std::initializer_list<Access> acc = {});
