@@ -121,6 +121,10 @@ class CudaBackend : public Backend {
       case K::kAllReduce:
         HPZ_NCCL(ncclAllReduce(at(n.send), at(n.recv), n.count, type, ncclSum, comm, st));
         break;
+      case K::kBroadcast:  // only the root's send buffer is read
+        HPZ_NCCL(ncclBroadcast(n.send_n > 0 ? at(n.send) : at(n.recv), at(n.recv), n.count, type,
+                               n.root, comm, st));
+        break;
       case K::kNone: {
         // run_real refuses complete collectives without a native form, so this one lacks
         // members: NCCL would wait for them forever.

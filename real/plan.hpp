@@ -127,8 +127,10 @@ struct NativeCollective {
     kAllGather,      ///< member k's `count` elements land at recv + k * count
     kReduceScatter,  ///< the members' sends summed; this member gets `count` at its position
     kAllReduce,      ///< the members' sends summed, `count` elements (qgZ's all-to-all too)
+    kBroadcast,      ///< member `root`'s `count` elements to every member (zero.Init's)
   };
   Kind kind = Kind::kNone;
+  int root = 0;               ///< kBroadcast: the sending member's position in the instance
   Loc send;                   ///< this member's send span: what the members' actions read from it
   std::uint64_t send_n = 0;   ///< elements of the send span (0: it sends nothing)
   Loc recv;                   ///< kAllGather: member 0's part; otherwise the native staging slot
@@ -144,6 +146,9 @@ struct PlanOp {
   std::int32_t instance = -1;     ///< collectives: index into Plan::instances
   std::int32_t member = -1;       ///< collectives: position in the instance
   std::vector<Action> actions;    ///< data moved (for collectives: after every member arrived)
+  /** Collectives: this rank's own actions before it joins (in every mode): the gradient
+   *  reduction's packing of its bucket, as reduce_scatter_coalesced lays it out. */
+  std::vector<Action> pre_actions;
   /** Collectives that write a buffer they also send (an in-place AllReduce): `actions` write
    *  the rank's staging slot, and these copy it into place once every member has read its
    *  inputs. */
@@ -168,8 +173,9 @@ struct SlotInfo {
 /** One rank's plan. */
 struct RankPlan {
   std::vector<SlotInfo> slots;  ///< first one slot per buffer id (before any alloc), then one
-                                ///< per kAlloc in issue order, then the staging slot, then the
-                                ///< native staging slot
+                                ///< per kAlloc in issue order and the plan's own (gradients),
+                                ///< then the staging slot, the native staging slot, and more
+                                ///< of the plan's own (packing, reduced gradients, the model's)
   SlotId staging = 0;
   SlotId native_staging = 0;    ///< where a native ReduceScatter / AllReduce lands (not `touched`:
                                 ///< only the multi-process runs use it)
@@ -207,6 +213,10 @@ struct Plan {
   std::vector<RankPlan> ranks;
   std::vector<Instance> instances;
   std::uint64_t probes = 0;  ///< gather probes over all ranks
+  /** DeepSpeed's own schedules whose gradient reduction the plan cannot follow through its
+   *  collectives (qgZ's quantized all-to-alls, a recording's buckets): each optimizer step
+   *  sums every rank's gradient itself, which needs every rank in one process. */
+  bool cross_rank_gradients = false;
 };
 
 /** Builds the plan of `schedule` (built from `scenario`). Throws InputError when the schedule's

@@ -41,16 +41,19 @@ class PlanBuilder {
   }
 
   Plan build() {
+    packed_reductions();
     for (std::size_t r = 0; r < s_.ranks.size(); ++r) rank(static_cast<Rank>(r));
-    if (by_ranges_) reduced_gradients();
     for (RankPlan& rp : plan_.ranks) {
       rp.staging = static_cast<SlotId>(rp.slots.size());
       rp.slots.push_back({kNoBuffer, 1});
       rp.native_staging = static_cast<SlotId>(rp.slots.size());
       rp.slots.push_back({kNoBuffer, 1});
     }
-    if (plan_.model) model_slots();
     collectives();
+    // After the collectives: packed gradient reductions make the reduced partitions the
+    // optimizer steps read (plan_gradients.cpp).
+    if (by_ranges_) reduced_gradients();
+    if (plan_.model) model_slots();
     mark_touched();
     return std::move(plan_);
   }
@@ -89,6 +92,14 @@ class PlanBuilder {
     if (role(r, a.buffer) == BufferRole::kQuantized) return {{r, slot, 0}, elems(a.bytes)};
     return {{r, slot, elems(a.offset)}, elems(a.bytes)};
   }
+  /** One parameter's gradient in a gradient reduce-scatter: `numel` elements at element `elem`
+   *  of the op's read access `access` (reduce_scatter_coalesced's list, in order). */
+  struct Piece {
+    std::uint32_t access = 0;
+    std::uint64_t elem = 0;
+    UnitId unit = kNoUnit;
+    std::uint64_t numel = 0;
+  };
   /** The k-th access of `mode` (nth = 0 first), or -1. */
   int find(Rank r, const Op& o, AccessMode mode, int nth = 0) const {
     for (std::uint32_t k = 0; k < o.access_count; ++k) {
@@ -588,11 +599,28 @@ class PlanBuilder {
       po.native.send_n = in[m][0].n;
     }
     const int dst = find(r, o, AccessMode::kWrite);
-    if (dst < 0) return;
+    if (dst < 0) {
+      if (in[m].empty()) meet_only(r, o, po);
+      return;
+    }
     const Span d = span(r, o, static_cast<std::uint32_t>(dst));
     if (by_ranges_) return receive_by_ranges(inst, m, d, in);
     if (o.kind == OpKind::kAllGather) return all_gather(inst, m, d, in);
     reduce(inst, m, d, in);
+  }
+
+  /** A collective that moves none of the plan's data (a gradient norm's or an overflow flag's
+   *  all-reduce): with one process per rank it still meets its members, as one in-place NCCL
+   *  all-reduce of its size in the native staging slot. */
+  void meet_only(Rank r, const Op& o, PlanOp& po) {
+    RankPlan& rp = plan_.ranks[r];
+    NativeCollective& nat = po.native;
+    nat.kind = NativeCollective::Kind::kAllReduce;
+    nat.count = std::max<std::uint64_t>(elems(o.comm_bytes), 1);
+    nat.send = nat.recv = {r, rp.native_staging, 0};
+    nat.send_n = 0;  // nothing any member's actions read
+    rp.slots[rp.native_staging].elements =
+        std::max(rp.slots[rp.native_staging].elements, nat.count);
   }
 
   void all_gather(const Instance& inst, std::size_t m, const Span& d,
@@ -745,12 +773,20 @@ class PlanBuilder {
   std::uint64_t esize(Rank r, BufferId b) const {
     return role(r, b) == BufferRole::kQuantized ? 1 : static_cast<std::uint64_t>(s_.dtype_bytes);
   }
-  static bool moves_no_data(const Op& o) { return o.phase == Phase::kGradReduce; }
+  /** The gradient reduction moves data only where the plan follows it through its
+   *  reduce-scatters (plan_gradients.cpp). */
+  bool moves_no_data(const Op& o) const { return o.phase == Phase::kGradReduce && !pack_; }
   void effects_by_ranges(Rank r, const Op& o, PlanOp& po);
   void gather_into(Rank r, const Op& o, PlanOp& po);
   void take_gradient(Rank r, const Op& o, PlanOp& po);
   void optimizer_by_ranges(Rank r, const Op& o, PlanOp& po);
   void reduced_gradients();
+  // The gradient reduction through its reduce-scatters (plan_gradients.cpp).
+  void packed_reductions();
+  bool find_packing(Rank r, std::vector<std::vector<Piece>>& out) const;
+  void reduce_scatter_packed(const Instance& inst, std::size_t m, const Span& d);
+  SlotId packing_slot(Rank r, StreamId stream, std::uint64_t elements);
+  Span reduced_gradient(Rank r, UnitId u, const Span& at) const;
   void receive_by_ranges(const Instance& inst, std::size_t m, const Span& d,
                          const std::vector<std::vector<Span>>& in);
   SlotId extra_slot(Rank r, std::uint64_t elements);
@@ -777,6 +813,7 @@ class PlanBuilder {
     for (RankPlan& rp : plan_.ranks) {
       for (const PlanOp& po : rp.ops) {
         touch(po.actions);
+        touch(po.pre_actions);
         touch(po.post_actions);
         if (po.is_gather_probe && po.probe_n > 0) touch(po.probe);
         touch(po.model);
@@ -824,6 +861,22 @@ class PlanBuilder {
   /** (rank, stream) -> the slot an in-place reduction on that stream sums into. */
   std::map<std::pair<Rank, StreamId>, SlotId> staging_of_;
   std::vector<PendingStep> pending_steps_;
+  /** The gradient reduction through its reduce-scatters (plan_gradients.cpp): set when every
+   *  gradient reduce-scatter of every rank has a known layout (packed_). */
+  bool pack_ = false;
+  /** [rank][op] -> the parameters a gradient reduce-scatter reduces (empty: none). */
+  std::vector<std::vector<std::vector<Piece>>> packed_;
+  /** (rank, stream) -> the slot a reduce-scatter on that stream packs its bucket into. */
+  std::map<std::pair<Rank, StreamId>, SlotId> packing_of_;
+  /** (rank, unit) -> this rank's reduced partition of the unit's gradient, micro-steps summed:
+   *  elements [base, base + valid) of the whole gradient, padded with zeros to the shard. */
+  struct ReducedSlot {
+    SlotId slot = 0;
+    std::uint64_t base = 0;
+    std::uint64_t valid = 0;
+    std::int32_t step = -2;
+  };
+  std::map<std::pair<Rank, UnitId>, ReducedSlot> reduced_;
 };
 
 }  // namespace hpz::real::detail

@@ -8,11 +8,8 @@
 //  - an all-gather places member k's send at k x comm_bytes of its write; a reduce-scatter
 //    sums the members' k-th chunk into member k; an all-reduce sums what its members send (a
 //    broadcast: only the root sends);
-//  - the gradient reduction moves no data (its bucket's bytes do not say which parameter's
-//    they are); instead each bucket copy keeps the rank's gradient of its unit in a slot of
-//    the plan's own, and each optimizer step subtracts 1/16 of the sum over ranks of that
-//    gradient's primary slice from the primary shard, as DeepSpeed partitions each gradient
-//    (the replay's reduced_gradient).
+//  - the gradient reduction (its bucket copies, reduce-scatters and the optimizer's reads of
+//    the reduced gradient): plan_gradients.cpp.
 #include <fmt/format.h>
 
 #include "real/plan_builder.hpp"
@@ -112,30 +109,6 @@ void PlanBuilder::gather_into(Rank r, const Op& o, PlanOp& po) {
   }
 }
 
-// A bucket copy: the rank's gradient of the unit into its gradient slot (summed over the
-// micro-steps of a step).
-void PlanBuilder::take_gradient(Rank r, const Op& o, PlanOp& po) {
-  using K = Action::Kind;
-  const int src = find(r, o, AccessMode::kRead);
-  const BufferId b = s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(src)].buffer;
-  const UnitId u = s_.ranks[r].buffers[b].unit;
-  if (u == kNoUnit) return;
-  const Span s = span(r, o, static_cast<std::uint32_t>(src));
-  if (s.n == 0) return;
-  const auto [it, fresh] = grad_slot_.try_emplace({r, u});
-  GradSlot& g = it->second;
-  if (fresh) g.slot = extra_slot(r, s.loc.elem + s.n);
-  std::uint64_t& held = plan_.ranks[r].slots[g.slot].elements;
-  held = std::max(held, s.loc.elem + s.n);
-  const Loc into{r, g.slot, s.loc.elem};
-  if (g.step != o.step) {
-    po.actions.push_back({K::kCopy, into, s.n, {s.loc}});
-  } else {
-    po.actions.push_back({K::kSum, into, s.n, {into, s.loc}});
-  }
-  g.step = o.step;
-}
-
 void PlanBuilder::optimizer_by_ranges(Rank r, const Op& o, PlanOp& po) {
   const int p = find_role(r, o, AccessMode::kWrite, BufferRole::kPrimary);
   if (p < 0 || o.unit == kNoUnit) return;
@@ -149,58 +122,6 @@ void PlanBuilder::optimizer_by_ranges(Rank r, const Op& o, PlanOp& po) {
   pending_steps_.push_back({r, &po, o.unit, out, in, o.step});
 }
 
-// Every rank's gradient slots are known: each optimizer step sums the ranks' gradients of its
-// unit over its primary slice (in rank order) into the rank's scratch slot and subtracts 1/16
-// of it from the primary shard; under the model math, Adam steps the primary shard with that
-// sum instead (NumericDomain::adam on the replay's reduced_gradient: no clipping, DeepSpeed's
-// default gradient_clipping 0).
-void PlanBuilder::reduced_gradients() {
-  using K = Action::Kind;
-  std::map<Rank, SlotId> scratch;
-  for (const PendingStep& st : pending_steps_) {
-    const Span& at = plan_.model ? st.primary_in : st.primary;
-    const std::uint64_t first = layouts_[st.unit].primary_slice(st.rank).begin + at.loc.elem;
-    std::uint64_t n = at.n;
-    std::vector<Loc> src;
-    for (std::size_t k = 0; k < s_.ranks.size(); ++k) {
-      const auto it = grad_slot_.find({static_cast<Rank>(k), st.unit});
-      if (it == grad_slot_.end()) continue;
-      const std::uint64_t held = plan_.ranks[k].slots[it->second.slot].elements;
-      if (first >= held) continue;
-      n = std::min(n, held - first);
-      src.push_back({static_cast<Rank>(k), it->second.slot, first});
-    }
-    if (src.empty()) n = 0;
-    if (n == 0 && !plan_.model) continue;
-    // The sum into the rank's scratch slot; Adam reads the whole shard's gradient, zeros past
-    // what some rank's gradient holds (the replay's reduced_gradient).
-    const std::uint64_t width = plan_.model ? at.n : n;
-    auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
-    if (fresh) sit->second = extra_slot(st.rank, width);
-    RankPlan& rp = plan_.ranks[st.rank];
-    rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, width);
-    const Loc sum{st.rank, sit->second, 0};
-    if (n > 0) st.op->actions.push_back({K::kSum, sum, n, src});
-    if (!plan_.model) {
-      Action x{K::kAxpy, st.primary.loc, n, {sum}};
-      x.scale = -0.0625F;
-      st.op->actions.push_back(x);
-      continue;
-    }
-    if (n < at.n) st.op->actions.push_back({K::kZero, {st.rank, sit->second, n}, at.n - n, {}});
-    ModelOp& m = st.op->model;
-    st.op->spin_s = 0;  // the math is the kernel
-    m.kind = ModelOp::Kind::kAdam;
-    m.x = {at.loc, at.n};
-    m.out = {st.primary.loc, at.n};
-    m.grad = {sum, at.n};
-    m.scale = 1.0F / static_cast<float>(s_.world_size * sc_.training.grad_accum);
-    m.max_grad_norm = 0.0F;
-    m.step = st.step;
-    adam_state(st.rank, st.unit, *st.op);
-  }
-}
-
 // The data replay's receive_by_ranges, action for action.
 void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const Span& d,
                                     const std::vector<std::vector<Span>>& in) {
@@ -208,6 +129,7 @@ void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const S
   const auto [r, i] = inst.members[m];
   const Op& o = s_.ranks[r].ops[i];
   PlanOp& po = plan_.ranks[r].ops[i];
+  if (pack_ && !packed_[r][i].empty()) return reduce_scatter_packed(inst, m, d);
   if (moves_no_data(o)) return;
   const int dst = find(r, o, AccessMode::kWrite);
   const BufferId db = s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(dst)].buffer;
@@ -268,15 +190,22 @@ void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const S
       // not the sum (the data replay's rule).
       const bool broadcast = o.purpose == Purpose::kParamInit;
       Action x{K::kSum, d.loc, d.n, {}};
-      for (const std::vector<Span>& snd : in) {
-        if (snd.empty()) continue;  // a broadcast's receiver
-        x.src.push_back(snd[0].loc);
-        x.n = std::min(x.n, snd[0].n);
-        if (broadcast) break;
+      int root = -1;
+      for (std::size_t k = 0; k < in.size(); ++k) {
+        if (in[k].empty()) continue;  // a broadcast's receiver
+        x.src.push_back(in[k][0].loc);
+        x.n = std::min(x.n, in[k][0].n);
+        if (broadcast) {
+          root = static_cast<int>(k);
+          break;
+        }
       }
       if (x.src.empty()) return;
       if (broadcast) {
         x.kind = K::kCopy;
+        po.native.kind = NativeCollective::Kind::kBroadcast;
+        po.native.root = root;
+        po.native.count = x.n;
         return finish_reduce(r, o.stream, po, std::move(x), {});
       }
       if (x.src.size() == members) {

@@ -281,17 +281,17 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   // --compute real: the model's real math where the numeric replay can run the model (the
   // tiny model on the coarse builder's units, transformers' Llama on DeepSpeed's own
   // schedules), cuBLAS GEMMs of the layer shapes otherwise.
-  const bool by_ranges = replay::replays_by_ranges(schedule);
   const bool model = options.compute == "real" && model_math_unfit(scenario, schedule).empty();
-  // Their gradients reach each optimizer step through the plan's gradient slots of every rank
-  // (plan_ranges.cpp), not through a collective: one process must hold every rank.
-  if (options.launch && by_ranges) {
-    throw InputError("", "--distributed",
-                     "DeepSpeed's own schedules run with every rank in one process (ranks "
-                     "emulated on one GPU, or the host backends): their gradients reach the "
-                     "optimizer through every rank's memory, not a collective");
-  }
   const Plan plan = make_plan(scenario, schedule, model);
+  // Gradients that reach each optimizer step through every rank's gradient slots, not through
+  // the reduce-scatters (plan_gradients.cpp): one process must hold every rank.
+  if (options.launch && plan.cross_rank_gradients) {
+    throw InputError("", "--distributed",
+                     "this schedule runs with every rank in one process (ranks emulated on one "
+                     "GPU, or the host backends): the plan cannot follow its gradients through "
+                     "the gradient reduction's collectives (qgZ's quantized all-to-alls, or a "
+                     "recording's buckets), so each optimizer step reads every rank's memory");
+  }
   RealResult out;
   out.ranks = schedule.world_size;
   out.probes = plan.probes;

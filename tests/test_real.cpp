@@ -572,12 +572,17 @@ RealResult run_ds(const Scenario& sc, const std::string& backend) {
 }
 
 // Gathers land where the replay puts them: member k's send at k x comm_bytes of the write, and
-// each is a probe; gradients reach the optimizer through the plan's gradient slots.
+// each is a probe. Gradients go through the reduce-scatters as reduce_scatter_coalesced lays the
+// bucket out: each member packs its bucket before it joins, the sum lands in its output, and
+// each parameter's chunk in the rank's reduced partition, which the optimizer step reads on
+// its own rank (plan_gradients.cpp).
 TEST(RealDeepSpeed, PlanFollowsByteRangesAsTheReplayDoes) {
   const Scenario sc = tiny_ds("stock");
   const Schedule s = build_schedule(sc);
   const Plan plan = make_plan(sc, s);
-  std::size_t gathers = 0, steps_with_gradient = 0;
+  EXPECT_FALSE(plan.cross_rank_gradients);
+  const std::uint64_t world = s.ranks.size();
+  std::size_t gathers = 0, steps_with_gradient = 0, reductions = 0;
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
     for (std::size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
       const Op& op = s.ranks[r].ops[i];
@@ -590,16 +595,33 @@ TEST(RealDeepSpeed, PlanFollowsByteRangesAsTheReplayDoes) {
           EXPECT_EQ(po.actions[k].dst.elem, po.probe.elem + k * count);
         }
       }
+      if (op.kind == OpKind::kReduceScatter && op.phase == Phase::kGradReduce) {
+        ++reductions;
+        EXPECT_FALSE(po.pre_actions.empty());
+        EXPECT_EQ(po.native.kind, NativeCollective::Kind::kReduceScatter);
+        EXPECT_EQ(po.native.send_n, world * po.native.count);
+        ASSERT_EQ(po.actions.size(), 1U);
+        EXPECT_EQ(po.actions[0].kind, Action::Kind::kSum);
+        EXPECT_EQ(po.actions[0].src.size(), world);
+        // Member m sums the members' m-th part of their packed buckets.
+        for (const Loc& l : po.actions[0].src) {
+          EXPECT_EQ(l.elem, static_cast<std::uint64_t>(po.member) * po.native.count);
+        }
+        EXPECT_FALSE(po.post_actions.empty());
+        EXPECT_EQ(po.native.after.size(), po.post_actions.size() + 1);  // + staging into place
+      }
       if (op.purpose == Purpose::kOptimizerStep && op.unit != kNoUnit) {
-        // The sum over the four ranks' gradients, then primary -= sum / 16.
-        ASSERT_EQ(po.actions.size(), 2U) << "rank " << r << " op " << i;
-        EXPECT_EQ(po.actions[0].src.size(), s.ranks.size());
-        EXPECT_EQ(po.actions[1].kind, Action::Kind::kAxpy);
+        // primary -= reduced / 16, from this rank's own reduced partition.
+        ASSERT_EQ(po.actions.size(), 1U) << "rank " << r << " op " << i;
+        EXPECT_EQ(po.actions[0].kind, Action::Kind::kAxpy);
+        ASSERT_EQ(po.actions[0].src.size(), 1U);
+        EXPECT_EQ(po.actions[0].src[0].rank, static_cast<Rank>(r));
         ++steps_with_gradient;
       }
     }
   }
   EXPECT_GT(gathers, 0U);
+  EXPECT_GT(reductions, 0U);
   EXPECT_GT(steps_with_gradient, 0U);
   EXPECT_EQ(plan.probes, gathers);
 }

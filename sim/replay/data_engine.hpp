@@ -656,33 +656,42 @@ class DataEngine {
   void take_gradient(Rank r, const Op& o, double t) {
     const Access& src = *find(r, o, AccessMode::kRead);
     const UnitId u = s_.ranks[r].buffers[src.buffer].unit;
-    auto& per_rank = gradients_[{o.step, u}];
-    per_rank.resize(s_.ranks.size());
-    Chunk c = read_range(r, src, t);
-    if (!per_rank[r]) {
-      per_rank[r] = std::move(c);
-    } else {
-      Domain::accumulate(*per_rank[r], c);  // micro-steps accumulate
-    }
+    // The rank's k-th gradient of the unit in this step is micro-step k's.
+    auto& micro = gradients_[{o.step, u}];
+    std::size_t k = 0;
+    while (k < micro.size() && micro[k][r]) ++k;
+    if (k == micro.size()) micro.emplace_back(s_.ranks.size());
+    micro[k][r] = read_range(r, src, t);
   }
-  // The sum over ranks of the unit's gradient in this step, elements [begin, begin + n) of
-  // rank r's primary slice.
+  // The unit's gradient in this step, elements [begin, begin + n) of rank r's primary slice, in
+  // DeepSpeed's order: each micro-step's reduce-scatter sums the ranks (in rank order), and
+  // partition_grads adds each micro-step's sum to the partition (stage3.py:1418-1445 at
+  // v0.13.4).
   Chunk reduced_gradient(Rank r, const Op& o, std::uint64_t begin, std::uint64_t n) {
     if (o.unit == kNoUnit) return {};
     const auto it = gradients_.find({o.step, o.unit});
     if (it == gradients_.end()) return {};
     const std::uint64_t first = layouts_[o.unit].primary_slice(r).begin + begin;
-    std::optional<Chunk> sum;
-    for (const auto& g : it->second) {
-      if (!g) continue;
-      Chunk c = Domain::slice(*g, first, n);
-      if (!sum) {
-        sum = std::move(c);
+    std::optional<Chunk> total;
+    for (const auto& ranks : it->second) {
+      std::optional<Chunk> sum;
+      for (const auto& g : ranks) {
+        if (!g) continue;
+        Chunk c = Domain::slice(*g, first, n);
+        if (!sum) {
+          sum = std::move(c);
+        } else {
+          Domain::accumulate(*sum, c);
+        }
+      }
+      if (!sum) continue;
+      if (!total) {
+        total = std::move(*sum);
       } else {
-        Domain::accumulate(*sum, c);
+        Domain::accumulate(*total, *sum);
       }
     }
-    return sum ? std::move(*sum) : Chunk{};
+    return total ? std::move(*total) : Chunk{};
   }
 
   const Schedule& s_;
@@ -698,8 +707,9 @@ class DataEngine {
   std::vector<std::vector<std::uint32_t>> alloc_count_;  // [rank][op]: allocs before it
   std::uint64_t mixed_reads_ = 0;
   const bool by_ranges_;
-  /** By ranges: (step, unit) -> each rank's gradient of the unit, micro-steps summed. */
-  std::map<std::pair<std::int32_t, UnitId>, std::vector<std::optional<Chunk>>> gradients_;
+  /** By ranges: (step, unit) -> per micro-step, each rank's gradient of the unit. */
+  std::map<std::pair<std::int32_t, UnitId>, std::vector<std::vector<std::optional<Chunk>>>>
+      gradients_;
 };
 
 }  // namespace hpz::replay
