@@ -47,6 +47,15 @@
 //  - collective-mismatch: the members of a group disagree on the (kind, comm_bytes) of their
 //    k-th collective, or some never issue it (DeepSpeed issue 5030). Reported once per group, at
 //    the first differing position.
+//
+// By class (check_schedule_by_class): the ranks of a symmetry class (sim/ir/symmetry.hpp) issue
+// the same ops on the same buffers, their accesses in the same order of offsets. Every rank
+// still walks happens-before (collectives are matched across all ranks), but only the class's
+// representative keeps byte histories, versions and the allocator; each other rank hashes the
+// clocks it would have checked its accesses with. Where every rank's hash equals its
+// representative's, the representative's findings are the rank's own (at its own offsets), and
+// they are logged in the order the ranks walked their ops: the report is the check rank by
+// rank's, byte for byte. Otherwise that check runs.
 #pragma once
 
 #include <cstdint>
@@ -101,8 +110,21 @@ struct Ablation {
 /** True for the op kinds an Ablation can leave out. */
 bool is_ordering(OpKind kind);
 
-/** Checks every rule on a schedule. Throws std::invalid_argument on a malformed schedule (an op
- *  naming a stream, buffer, group or event that does not exist, an access past its buffer). */
+/** Checks every rule on a schedule, rank by rank. Throws std::invalid_argument on a malformed
+ *  schedule (an op naming a stream, buffer, group or event that does not exist, an access past
+ *  its buffer). */
 CheckResult check_schedule(const Schedule& schedule, const Ablation& ablation = {});
+
+/** How check_schedule_by_class went. */
+struct ClassCheck {
+  std::size_t classes = 0;       ///< symmetry classes of the schedule's ranks
+  std::string summary;           ///< "16 ranks in 8 symmetry classes" (sim/ir/symmetry.hpp)
+  std::string per_rank_because;  ///< why it checked rank by rank instead; "" when by class
+};
+
+/** check_schedule's result (the same, byte for byte in every report), computed on one rank
+ *  per symmetry class where the schedule's ranks fall into fewer classes than ranks; rank by
+ *  rank otherwise, saying why in `how`. */
+CheckResult check_schedule_by_class(const Schedule& schedule, ClassCheck* how = nullptr);
 
 }  // namespace hpz::check

@@ -57,6 +57,7 @@ struct CheckOptions {
   std::string record_dir;    ///< --record-dir DIR: keep the recordings and their inputs there
   bool explain = false;      ///< --explain: say what orders the secondary copies of a clean run
   bool sensitivity = false;  ///< --sensitivity: how close each race came in the simulation
+  bool per_rank = false;     ///< --per-rank: check every rank, not one per symmetry class
 };
 
 /** One line of the version matrix: releases whose schedules the builder makes alike (equal
@@ -200,6 +201,9 @@ struct Checked {
   /** --sensitivity on a verdict with a race: the simulated timeline's closest race, and which
    *  single change of cluster or cost model would flip it (sim/time/sensitivity.hpp). */
   std::optional<time::SensitivityResult> sensitivity;
+  /** Why the check ran rank by rank rather than by symmetry class ("": by class, or --per-rank),
+   *  for standard error. */
+  std::string rank_by_rank;
 
   /** Checked, nothing found and no known defect: a release to run this on. */
   bool clean() const { return refused.empty() && result.clean() && defects.empty(); }
@@ -330,6 +334,21 @@ Schedule record_schedule(const Scenario& sc, const std::filesystem::path& dir) {
   Schedule s = read_schedule(out);
   s.scenario = sc.path;
   return s;
+}
+
+/** The check of one schedule (`what` names it): one rank per symmetry class, the same report as
+ *  rank by rank, unless --per-rank. A schedule whose ranks are not alike is checked rank by
+ *  rank, and `note` says so, for standard error (not the report, the same either way). */
+check::CheckResult check_one(const Schedule& schedule, const CheckOptions& opts,
+                             const std::string& what, std::string& note) {
+  if (opts.per_rank) return check::check_schedule(schedule);
+  check::ClassCheck how;
+  check::CheckResult result = check::check_schedule_by_class(schedule, &how);
+  if (!how.per_rank_because.empty()) {
+    // No colon: the line follows the verdict, which scripts match up to the end.
+    note = fmt::format("{} checked rank by rank ({}; {})", what, how.per_rank_because, how.summary);
+  }
+  return result;
 }
 
 /** A matrix epoch the builder refused: its line says why. */
@@ -511,8 +530,10 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
       if (epoch != nullptr) schedule.source["deepspeed"] = releases_label(epoch->releases);
     }
     check::CheckResult result;
-    shown(static_cast<double>(i) + 0.5, progress_what(i, n, "checking", path),
-          [&] { result = check::check_schedule(schedule); });
+    std::string rank_by_rank;
+    shown(static_cast<double>(i) + 0.5, progress_what(i, n, "checking", path), [&] {
+      result = check_one(schedule, opts, path.empty() ? "schedule" : path, rank_by_rank);
+    });
     std::optional<check::OrderExplanation> explanation;
     std::vector<Probe> probes;
     if (opts.explain && result.clean()) {
@@ -541,7 +562,8 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
                         : canonical_deepspeed_version(sc.zero.deepspeed_version),
                     std::move(explanation),
                     std::move(probes),
-                    std::move(margin)};
+                    std::move(margin),
+                    std::move(rank_by_rank)};
     return checked;
   };
   std::vector<Checked> results;
@@ -636,8 +658,10 @@ Checked check_file(const CheckOptions& opts) {
                      "costs (give one, whose world size the schedule has)");
   }
   check::CheckResult result;
+  std::string rank_by_rank;
   run_showing_progress(0.5, 1, "checking " + opts.schedule, [&] {
-    result = on_schedule(opts.schedule, [&] { return check::check_schedule(schedule); });
+    result = on_schedule(opts.schedule,
+                         [&] { return check_one(schedule, opts, opts.schedule, rank_by_rank); });
   });
   progress_bar(1, 1, opts.schedule + " checked");
   const auto v = schedule.source.find("deepspeed");
@@ -655,7 +679,8 @@ Checked check_file(const CheckOptions& opts) {
                   is_deepspeed_release(recorded) ? recorded : "",
                   std::nullopt,
                   {},
-                  std::nullopt};
+                  std::nullopt,
+                  std::move(rank_by_rank)};
   if (opts.sensitivity) {
     sc->run.steps = step_count(schedule);  // as sim --schedule takes them
     checked.sensitivity = on_schedule(
@@ -864,6 +889,10 @@ void run_check(const CheckOptions& opts, int& exit_code) {
   std::vector<check::CheckResult> results;
   for (const Checked& c : checked) {
     if (c.refused.empty()) results.push_back(c.result);
+    if (!c.rank_by_rank.empty()) {
+      end_progress_line();
+      std::fprintf(stderr, "%s\n", c.rank_by_rank.c_str());
+    }
   }
   // The same notes as the text, in the JSON under "notes" (issue 17: notes everywhere).
   const bool any_coarse =
@@ -1118,6 +1147,9 @@ void setup_check(CLI::App& app, int& exit_code) {
                 "the closest race came to biting (or by how much it bit) and which single "
                 "change of cluster or cost model (each scaled from x1/4 to x4) would flip it, "
                 "as `hpzlab sim --sensitivity` does; seconds to minutes");
+  sub->add_flag("--per-rank", opts->per_rank,
+                "Check every rank's bytes, not one rank per symmetry class (ranks that issue the "
+                "same ops at offsets in the same order; the report is the same)");
   sub->callback([opts, &exit_code] { run_check(*opts, exit_code); });
 }
 
