@@ -31,20 +31,18 @@
 
 namespace hpz::real::detail {
 
-// Decides the plan's mode: packed_ for every rank, or cross-rank gradients.
+// Decides the plan's mode: packed_ for every rank, or cross-rank gradients (also where no
+// gradient reduce-scatter is found at all: the bucket copies then keep the gradients).
 void PlanBuilder::packed_reductions() {
   if (!by_ranges_) return;
   packed_.assign(s_.ranks.size(), {});
-  bool any = false;
-  for (std::size_t r = 0; r < s_.ranks.size(); ++r) {
-    if (!find_packing(static_cast<Rank>(r), packed_[r])) {
-      packed_.clear();
-      plan_.cross_rank_gradients = true;
-      return;
-    }
+  bool named = true, any = false;
+  for (std::size_t r = 0; r < s_.ranks.size() && named; ++r) {
+    named = find_packing(static_cast<Rank>(r), packed_[r]);
     for (const std::vector<Piece>& p : packed_[r]) any = any || !p.empty();
   }
-  pack_ = any;
+  pack_ = named && any;
+  plan_.cross_rank_gradients = !pack_;
   if (!pack_) packed_.clear();
 }
 

@@ -289,8 +289,9 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
     throw InputError("", "--distributed",
                      "this schedule runs with every rank in one process (ranks emulated on one "
                      "GPU, or the host backends): the plan cannot follow its gradients through "
-                     "the gradient reduction's collectives (qgZ's quantized all-to-alls, or a "
-                     "recording's buckets), so each optimizer step reads every rank's memory");
+                     "the gradient reduction's collectives (qgZ's quantized all-to-alls, a "
+                     "recording's buckets, or no reduce-scatter at all), so each optimizer step "
+                     "reads every rank's memory");
   }
   RealResult out;
   out.ranks = schedule.world_size;
