@@ -213,18 +213,17 @@ class RankThread {
   }
 
   void collective(const Op& op, std::uint32_t i, const PlanOp& po) {
+    // What this member prepares before it joins (its packed send), in stream order: done when
+    // the others read it, emulated (the mark they wait for is taken after it) or through NCCL.
+    b_.run_actions(r_, op.stream, po.pre_actions);
     if (b_.native_collectives()) {
       b_.op_begin(r_, op.stream, i);
-      b_.run_actions(r_, op.stream, po.pre_actions);
       b_.collective(r_, op.stream, op.group, po);
       probe(op, i, po);
       return b_.op_end(r_, op.stream, i);
     }
     const auto inst = static_cast<std::size_t>(po.instance);
     const auto member = static_cast<std::size_t>(po.member);
-    // What this member prepares before it joins (its packed send) is done when the others
-    // read it: the mark they wait for is taken after it.
-    b_.run_actions(r_, op.stream, po.pre_actions);
     const std::vector<Mark> arrived = rv_.meet(inst, member, 0, b_.mark(r_, op.stream));
     for (std::size_t k = 0; k < arrived.size(); ++k) {
       if (k != member) b_.wait_mark(r_, op.stream, arrived[k]);

@@ -92,13 +92,13 @@ class PlanBuilder {
     if (role(r, a.buffer) == BufferRole::kQuantized) return {{r, slot, 0}, elems(a.bytes)};
     return {{r, slot, elems(a.offset)}, elems(a.bytes)};
   }
-  /** One parameter's gradient in a gradient reduce-scatter: `numel` elements at element `elem`
-   *  of the op's read access `access` (reduce_scatter_coalesced's list, in order). */
+  /** One parameter's gradient in a gradient reduce-scatter: the unit's whole gradient from
+   *  element `elem` of the op's read access `access` (reduce_scatter_coalesced's list, in
+   *  order). */
   struct Piece {
     std::uint32_t access = 0;
     std::uint64_t elem = 0;
     UnitId unit = kNoUnit;
-    std::uint64_t numel = 0;
   };
   /** The k-th access of `mode` (nth = 0 first), or -1. */
   int find(Rank r, const Op& o, AccessMode mode, int nth = 0) const {
@@ -869,11 +869,10 @@ class PlanBuilder {
   /** (rank, stream) -> the slot a reduce-scatter on that stream packs its bucket into. */
   std::map<std::pair<Rank, StreamId>, SlotId> packing_of_;
   /** (rank, unit) -> this rank's reduced partition of the unit's gradient, micro-steps summed:
-   *  elements [base, base + valid) of the whole gradient, padded with zeros to the shard. */
+   *  the whole gradient's elements from `base` (its primary slice), padded with zeros. */
   struct ReducedSlot {
     SlotId slot = 0;
     std::uint64_t base = 0;
-    std::uint64_t valid = 0;
     std::int32_t step = -2;
   };
   std::map<std::pair<Rank, UnitId>, ReducedSlot> reduced_;

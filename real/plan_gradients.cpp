@@ -89,7 +89,7 @@ bool PlanBuilder::find_packing(Rank r, std::vector<std::vector<Piece>>& out) con
       const std::uint64_t es = esize(r, a.buffer);
       if (param_grad(a)) {  // a gradient reduced from where it is (larger than the bucket)
         const UnitId u = rs.buffers[a.buffer].unit;
-        pieces.push_back({k, 0, u, s_.units[u].numel});
+        pieces.push_back({k, 0, u});
         shard += layouts_[u].shard_numel();
         continue;
       }
@@ -102,7 +102,7 @@ bool PlanBuilder::find_packing(Rank r, std::vector<std::vector<Piece>>& out) con
       for (const InBucket& g : in) {
         if (g.elem < at || g.elem >= end) continue;
         if (g.elem != at) return false;  // a gap the plan cannot name
-        pieces.push_back({k, g.elem - a.offset / es, g.unit, g.numel});
+        pieces.push_back({k, g.elem - a.offset / es, g.unit});
         shard += layouts_[g.unit].shard_numel();
         at += g.numel;
       }
@@ -137,19 +137,24 @@ void PlanBuilder::reduce_scatter_packed(const Instance& inst, std::size_t m, con
   const std::uint64_t world = inst.members.size();
   const std::uint64_t shard = d.n;
   const SlotId mine = packing_slot(r, o.stream, world * shard);
+  // Member k's chunk of a gradient is its primary slice (ceil(numel / world) elements), of
+  // which `valid` hold elements and the rest is padding.
+  const auto chunk_of = [&](const Piece& p, std::uint64_t k) {
+    const ShardLayout& lay = layouts_[p.unit];
+    const ElemRange c = lay.primary_slice(static_cast<int>(k));
+    return std::pair{c, lay.valid(c).size()};
+  };
   // reduce_scatter_coalesced's interleaving: member k's chunk of each tensor, padded.
   std::uint64_t at = 0;
   for (std::uint64_t k = 0; k < world; ++k) {
     for (const Piece& p : pieces) {
-      const std::uint64_t chunk = layouts_[p.unit].shard_numel();
-      const std::uint64_t first = k * chunk;
-      const std::uint64_t valid = first < p.numel ? std::min(chunk, p.numel - first) : 0;
+      const auto [c, valid] = chunk_of(p, k);
       Loc src = span(r, o, p.access).loc;
-      src.elem += p.elem + first;
+      src.elem += p.elem + c.begin;
       if (valid > 0) po.pre_actions.push_back({K::kCopy, {r, mine, at}, valid, {src}});
-      if (valid < chunk)
-        po.pre_actions.push_back({K::kZero, {r, mine, at + valid}, chunk - valid, {}});
-      at += chunk;
+      if (valid < c.size())
+        po.pre_actions.push_back({K::kZero, {r, mine, at + valid}, c.size() - valid, {}});
+      at += c.size();
     }
   }
   po.native = {};
@@ -169,12 +174,11 @@ void PlanBuilder::reduce_scatter_packed(const Instance& inst, std::size_t m, con
   // has read (post_actions), NCCL's after the call (native.after).
   std::uint64_t off = 0;
   for (const Piece& p : pieces) {
-    const std::uint64_t chunk = layouts_[p.unit].shard_numel();
-    const std::uint64_t first = m * chunk;
-    const std::uint64_t valid = first < p.numel ? std::min(chunk, p.numel - first) : 0;
+    const auto [c, valid] = chunk_of(p, m);
+    const std::uint64_t chunk = c.size();
     const auto [it, fresh] = reduced_.try_emplace({r, p.unit});
     ReducedSlot& red = it->second;
-    if (fresh) red = {extra_slot(r, chunk), first, valid, -2};
+    if (fresh) red = {extra_slot(r, chunk), c.begin, -2};
     const Loc into{r, red.slot, 0};
     Loc from = d.loc;
     from.elem += off;

@@ -81,6 +81,26 @@ struct YamlPlace {
       fmt::format("line {}, column {}: {}", at.mark.line + 1, at.mark.column + 1, what));
 }
 
+/** Moves i past [0-9_]*. */
+void skip_digits(std::string_view s, std::size_t& i) {
+  while (i < s.size() && (is_digit(s[i]) || s[i] == '_')) ++i;
+}
+
+/** One sexagesimal group, :[0-5]?[0-9], from s[i] (a ':'); false, i anywhere, when it is not. */
+bool sexagesimal_group(std::string_view s, std::size_t& i) {
+  if (i >= s.size() || s[i] != ':') return false;
+  ++i;
+  if (i + 1 < s.size() && s[i] >= '0' && s[i] <= '5' && is_digit(s[i + 1])) {
+    i += 2;
+    return true;
+  }
+  if (i < s.size() && is_digit(s[i])) {
+    ++i;
+    return true;
+  }
+  return false;
+}
+
 /** PyYAML's int pattern (resolver.py 186-193): 0b101, 0x1F, 0755 (octal), 0, 1_000, 1:30
  *  (sexagesimal), each with an optional sign. */
 bool int_pattern(std::string_view s) {
@@ -95,19 +115,10 @@ bool int_pattern(std::string_view s) {
   if (s[0] == '0') return all(s.substr(1), "01234567_");
   if (!is_digit(s[0])) return false;
   std::size_t i = 1;
-  while (i < s.size() && (is_digit(s[i]) || s[i] == '_')) ++i;
-  if (i == s.size()) return true;
-  // (?::[0-5]?[0-9])+ to the end
+  skip_digits(s, i);
+  // (?::[0-5]?[0-9])* to the end
   while (i < s.size()) {
-    if (s[i] != ':') return false;
-    ++i;
-    if (i + 1 < s.size() && s[i] >= '0' && s[i] <= '5' && is_digit(s[i + 1])) {
-      i += 2;
-    } else if (i < s.size() && is_digit(s[i])) {
-      ++i;
-    } else {
-      return false;
-    }
+    if (!sexagesimal_group(s, i)) return false;
   }
   return true;
 }
@@ -131,27 +142,20 @@ bool float_pattern(std::string_view s) {
   if (s[0] == '.') {  // \.[0-9][0-9_]*(?:[eE][-+][0-9]+)?, without a sign
     if (sign || s.size() < 2 || !is_digit(s[1])) return false;
     i = 2;
-    while (i < s.size() && (is_digit(s[i]) || s[i] == '_')) ++i;
+    skip_digits(s, i);
     return exponent_pattern(s.substr(i));
   }
   if (!is_digit(s[0])) return false;
   i = 1;
-  while (i < s.size() && (is_digit(s[i]) || s[i] == '_')) ++i;
+  skip_digits(s, i);
   if (i < s.size() && s[i] == '.') {
     ++i;
-    while (i < s.size() && (is_digit(s[i]) || s[i] == '_')) ++i;
+    skip_digits(s, i);
     return exponent_pattern(s.substr(i));
   }
   int groups = 0;
   while (i < s.size() && s[i] == ':') {
-    ++i;
-    if (i + 1 < s.size() && s[i] >= '0' && s[i] <= '5' && is_digit(s[i + 1])) {
-      i += 2;
-    } else if (i < s.size() && is_digit(s[i])) {
-      ++i;
-    } else {
-      return false;
-    }
+    if (!sexagesimal_group(s, i)) return false;
     ++groups;
   }
   if (groups == 0 || i >= s.size() || s[i] != '.') return false;
