@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "real/plan.hpp"
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/timeline.hpp"
+#include "sim/scenario.hpp"
 
 namespace hpz::real {
 
@@ -75,7 +75,7 @@ class Backend {
     throw std::runtime_error("only the cuda backend runs GEMMs (--compute real)");
   }
   virtual void run_actions(Rank r, StreamId s, const std::vector<Action>& actions) = 0;
-  /** Runs a kernel of the tiny model's real math on stream s (Plan::model). */
+  /** Runs a kernel of the model's real math on stream s (Plan::model). */
   virtual void model(Rank r, StreamId s, const ModelOp& m) = 0;
   /** Records IR event `e` of rank r on stream s; `wait_event` makes stream s wait for it. */
   virtual void record_event(Rank r, StreamId s, EventId e) = 0;

@@ -213,34 +213,13 @@ class CudaBackend : public Backend {
   void model(Rank r, StreamId s, const ModelOp& m) override {
     using MK = ModelOp::Kind;
     cudaStream_t st = stream(r, s);
-    const model::Dims d{plan_->dims.seq, plan_->dims.hidden, plan_->dims.ffn, plan_->dims.vocab};
     float* scratch = model_scratch_.at(r).at(static_cast<std::size_t>(s));
-    const int* tokens =
-        m.tokens >= 0 ? tokens_dev_.at(static_cast<std::size_t>(m.tokens)) : nullptr;
     const auto f = [&](const Range& x) {
       return x.n > 0 ? static_cast<float*>(at(x.at)) : nullptr;
     };
     switch (m.kind) {
       case MK::kNone:
         return;
-      case MK::kForward:
-        HPZ_CUDA(model::unit_forward(m.fn, d, f(m.w), f(m.x), tokens, f(m.out), scratch, st));
-        return;
-      case MK::kLoss:
-        HPZ_CUDA(model::next_token_loss(d, f(m.x), tokens, f(m.out),
-                                        static_cast<float*>(at(m.loss)), scratch, st));
-        return;
-      case MK::kBackward: {
-        // dw whole in the scratch's tail, then this rank's slice of it into place.
-        float* dw = scratch + model_scratch_floats_;
-        HPZ_CUDA(model::unit_backward(m.fn, d, m.numel, f(m.w), f(m.x), tokens, f(m.dy), f(m.out),
-                                      dw, scratch, st));
-        if (m.grad.n > 0) {
-          HPZ_CUDA(cudaMemcpyAsync(f(m.grad), dw + m.grad_first, m.grad.n * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, st));
-        }
-        return;
-      }
       case MK::kGradNorm: {
         std::vector<const float*> parts;
         std::vector<std::uint64_t> n;
@@ -427,26 +406,19 @@ class CudaBackend : public Backend {
     gemm_->warm_up(shapes);
   }
 
-  /** The model math's inputs on the device (initial weights, token batches) and a scratch
-   *  area per (rank, stream), so that two streams of a rank never share one. Allocated anew for
-   *  every run, before the clock starts. */
+  /** The model math's inputs on the device (initial weights) and a scratch area per (rank,
+   *  stream), so that two streams of a rank never share one. Allocated anew for every run,
+   *  before the clock starts. */
   void prepare_model(const Plan& plan) {
     release_model();
     for (const std::vector<float>& c : plan.consts) consts_dev_.push_back(upload(c));
-    for (const std::vector<int>& t : plan.tokens) tokens_dev_.push_back(upload(t));
-    std::uint64_t numel = 1;
-    for (const RankPlan& rp : plan.ranks) {
-      for (const PlanOp& po : rp.ops) numel = std::max(numel, po.model.numel);
-    }
-    const model::Dims d{plan.dims.seq, plan.dims.hidden, plan.dims.ffn, plan.dims.vocab};
-    model_scratch_floats_ = model::scratch_floats(d);
+    model_scratch_floats_ = model::scratch_floats();
     model_scratch_.assign(ranks_.size(), {});
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
       if (!mine(r)) continue;
       for (std::size_t k = 0; k < ranks_[r].streams.size(); ++k) {
-        // The scratch, then room for a backward kernel's whole dw.
         void* p = nullptr;
-        HPZ_CUDA(cudaMalloc(&p, (model_scratch_floats_ + numel) * sizeof(float)));
+        HPZ_CUDA(cudaMalloc(&p, model_scratch_floats_ * sizeof(float)));
         model_scratch_[r].push_back(static_cast<float*>(p));
       }
     }
@@ -460,12 +432,10 @@ class CudaBackend : public Backend {
   }
   void release_model() {
     for (float* p : consts_dev_) cudaFree(p);
-    for (int* p : tokens_dev_) cudaFree(p);
     for (auto& per_rank : model_scratch_) {
       for (float* p : per_rank) cudaFree(p);
     }
     consts_dev_.clear();
-    tokens_dev_.clear();
     model_scratch_.clear();
   }
 
@@ -773,10 +743,9 @@ class CudaBackend : public Backend {
   cudaEvent_t origin_event_ = nullptr;
   double origin_host_s_ = 0;
   unsigned long long* probe_dev_ = nullptr;
-  // The tiny model's real math (Plan::model).
+  // The model's real math (Plan::model).
   std::vector<float*> consts_dev_;
-  std::vector<int*> tokens_dev_;
-  std::vector<std::vector<float*>> model_scratch_;  // [rank][stream]: scratch, then a dw
+  std::vector<std::vector<float*>> model_scratch_;  // [rank][stream]
   std::size_t model_scratch_floats_ = 0;
   // transformers' Llama (Plan::llama): pinned in/out buffers per (rank, stream), each rank's
   // pass, the host calls of the run (stable addresses) and the first error of one.

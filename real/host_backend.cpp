@@ -22,7 +22,6 @@
 #include "real/executor.hpp"
 #include "real/store.hpp"
 #include "sim/replay/llama_model.hpp"
-#include "sim/replay/tiny_model.hpp"
 
 namespace hpz::real {
 namespace {
@@ -310,38 +309,15 @@ class HostBackend : public Backend {
                 std::min<std::uint64_t>(n, v.size()) * sizeof(float));
   }
 
-  /** A kernel of the tiny model's math, with the numeric replay's own functions. */
+  /** A kernel of the model's math, with the numeric replay's own functions. */
   void run_model(Rank r, const ModelOp& m) {
     using MK = ModelOp::Kind;
-    const replay::TinyDims d{plan_->dims.seq, plan_->dims.hidden, plan_->dims.ffn,
-                             plan_->dims.vocab};
-    const auto fn = static_cast<replay::UnitFn>(m.fn);
     static const std::vector<int> kNone;
     const std::vector<int>& tokens =
         m.tokens >= 0 ? plan_->tokens[static_cast<std::size_t>(m.tokens)] : kNone;
     switch (m.kind) {
       case MK::kNone:
         return;
-      case MK::kForward:
-        return put(m.out.at, replay::unit_forward(fn, d, get(m.w), get(m.x), tokens), m.out.n);
-      case MK::kLoss: {
-        std::vector<float> logits = get(m.x);
-        logits.resize(static_cast<std::size_t>(d.seq) * d.vocab, 0.0F);
-        std::vector<float> dlogits;
-        const float loss = replay::next_token_loss(d, logits, tokens, dlogits);
-        put(m.out.at, dlogits, m.out.n);
-        return put(m.loss, {loss}, 1);
-      }
-      case MK::kBackward: {
-        std::vector<float> dw(m.numel, 0.0F);
-        const std::vector<float> dx =
-            replay::unit_backward(fn, d, get(m.w), get(m.x), tokens, get(m.dy), dw);
-        put(m.out.at, dx, m.out.n);
-        const auto first = static_cast<std::ptrdiff_t>(m.grad_first);
-        return put(m.grad.at,
-                   {dw.begin() + first, dw.begin() + first + static_cast<std::ptrdiff_t>(m.grad.n)},
-                   m.grad.n);
-      }
       case MK::kGradNorm: {
         double ss = 0;  // NumericDomain::grad_norm's order: parts in turn, in double
         for (const Range& x : m.parts) {

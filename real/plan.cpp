@@ -13,7 +13,6 @@
 #include "sim/ir/shard.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
-#include "sim/replay/tiny_model.hpp"
 #include "sim/time/cost_model.hpp"
 
 namespace hpz::real {
@@ -33,13 +32,9 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model) {
 }
 
 std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule) {
-  const bool llama = replay::replays_by_ranges(schedule);
   if (!replay::numeric_fits(scenario)) {
-    return llama ? "the model's real math on DeepSpeed's schedules needs a Llama the numeric "
-                   "replay holds (hpzlab repro --mode numeric: model.family llama, params x "
-                   "ranks < 4e7, seq_len x micro_batch <= 4096)"
-                 : "the tiny model's real math needs a model the numeric replay holds (hpzlab "
-                   "repro --mode numeric: kv_heads = heads, a gated MLP, params x ranks < 4e7)";
+    return "the model's real math needs a Llama the numeric replay holds (hpzlab repro --mode "
+           "numeric: model.family llama, params x ranks < 4e7, seq_len x micro_batch <= 4096)";
   }
   if (scenario.training.dtype != "fp32") {
     return fmt::format("the model's real math runs in fp32: training.dtype is \"{}\"",
@@ -49,7 +44,6 @@ std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule)
     return fmt::format("the model's real math runs in fp32: the schedule's elements are {} bytes",
                        schedule.dtype_bytes);
   }
-  if (!llama) return "";
   // qwZ: the plan moves the quantized shard's int8 elements one for one, where the numeric
   // replay rounds them as DeepSpeed's quantizer kernel does (fp32::int8_symmetric_round_trip).
   for (const RankSchedule& rs : schedule.ranks) {

@@ -12,10 +12,10 @@
 //    in an hpZ group, its primary slice otherwise; a ReduceScatter sums the members' slices (in
 //    group order) and adds this rank's earlier shard when it reads one; AllReduce and AllToAll
 //    sum the whole vectors;
-//  - with the tiny model's real math (--compute real on a model the numeric replay holds,
-//    fp32), parameter init and checkpoint loads write the replay's initial weights, and the
-//    forward, loss, backward, gradient-norm and Adam kernels compute what the numeric replay's
-//    do (ModelOp; sim/replay/tiny_model.hpp), on the rank's own buffers;
+//  - with the model's real math (--compute real on a Llama the numeric replay holds, fp32),
+//    parameter init and checkpoint loads write the replay's initial weights, and the forward,
+//    loss, backward, gradient-norm and Adam kernels compute what the numeric replay's do
+//    (ModelOp; sim/replay/llama_model.hpp), on the rank's own buffers;
 //  - otherwise kernels run as spin kernels for the time the timing engine's cost model gives them;
 //  in
 //    spin mode their data effect is synthetic but real: parameter init writes a pattern that
@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "real/gemm.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/replay/llama_model.hpp"
 #include "sim/scenario.hpp"
-#include "sim/ir/schedule.hpp"
 
 namespace hpz::real {
 
@@ -75,25 +75,21 @@ struct Range {
   std::uint64_t n = 0;
 };
 
-/** A kernel of the tiny model's real math: the numeric replay's function of the same op
+/** A kernel of the model's real math: the numeric replay's function of the same op
  *  (sim/replay/numeric_domain.cpp), on fp32 buffers. Ranges are the op's accesses, chosen as
  *  the replay chooses them. */
 struct ModelOp {
   enum class Kind : std::uint8_t {
     kNone,
-    kForward,   ///< out = unit_forward(fn, w, x, tokens)
-    kLoss,      ///< out = dlogits of x (the logits); the loss value to `loss`
-    kBackward,  ///< out = dx of dy; grad = dw[grad_first, grad_first + grad.n)
     kGradNorm,  ///< out[0] = sum of squares over `parts` (in double, in order)
     kAdam,      ///< out = Adam step of x (the primary shard) with grad, norm, m, v
-    // DeepSpeed's own schedules: transformers' Llama, one parameter's module part a kernel
-    // (sim/replay/llama_model.hpp), its activations in the rank's LlamaPass of the backend.
+    // Transformers' Llama, one parameter's module part a kernel (sim/replay/llama_model.hpp),
+    // its activations in the rank's LlamaPass of the backend.
     kLlamaForward,   ///< the part's forward (or recompute) with the weights w
     kLlamaLoss,      ///< the loss of the pass's last forward, to `loss`
     kLlamaBackward,  ///< the part's backward with the weights w; grad = dw[grad_first, ...)
   };
   Kind kind = Kind::kNone;
-  std::uint8_t fn = 0;       ///< replay::UnitFn of the op's unit
   std::int32_t tokens = -1;  ///< Plan::tokens index (forward, loss, backward)
   Range w, x, out, dy, grad;
   std::uint64_t numel = 0;       ///< backward: the unit's parameters (dw's size)
@@ -153,7 +149,7 @@ struct PlanOp {
    *  the rank's staging slot, and these copy it into place once every member has read its
    *  inputs. */
   std::vector<Action> post_actions;
-  ModelOp model;                 ///< kernels under the tiny model's real math
+  ModelOp model;                 ///< kernels under the model's real math
   NativeCollective native;       ///< collectives: the same data movement as one NCCL call
   SlotId alloc_slot = 0;         ///< kAlloc: the slot it opens; kFree: the slot it closes
   bool is_gather_probe = false;  ///< an AllGather of a full parameter: its result is checked
@@ -193,20 +189,11 @@ struct Instance {
   std::vector<std::pair<Rank, std::uint32_t>> members;  ///< (rank, op) that issue it, in order
 };
 
-/** The model's sizes for the real math (as replay::TinyDims). */
-struct ModelDims {
-  int seq = 0;
-  int hidden = 0;
-  int ffn = 0;
-  int vocab = 0;
-};
-
 /** Everything the executor needs. */
 struct Plan {
   int element_bytes = 2;  ///< 2 (fp16 storage) or 4 (fp32)
-  bool model = false;     ///< kernels run the tiny model's real math (ModelOp)
-  ModelDims dims;         ///< model: its sizes
-  /** model on DeepSpeed's own schedules: the Llama's sizes (its kernels are kLlama*). */
+  bool model = false;     ///< kernels run the model's real math (ModelOp)
+  /** model: the Llama's sizes (its kernels are kLlama*). */
   std::optional<replay::LlamaDims> llama;
   std::vector<std::vector<float>> consts;  ///< model: initial weights (Action::kConst)
   std::vector<std::vector<int>> tokens;    ///< model: each (rank, step, micro-step)'s batch
@@ -221,13 +208,13 @@ struct Plan {
 
 /** Builds the plan of `schedule` (built from `scenario`). Throws InputError when the schedule's
  *  collectives do not match (a schedule that would hang is reported, not executed). `model`:
- *  kernels run the model's real math (InputError unless model_math_unfit says ""): the tiny
- *  model's on the coarse builder's schedules, transformers' Llama on DeepSpeed's own. */
+ *  kernels run the model's real math (InputError unless model_math_unfit says ""):
+ *  transformers' Llama. */
 Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model = false);
 
 /** Whether the model's real math can run this schedule of the scenario: the numeric replay
- *  holds the model (replay::numeric_fits; on DeepSpeed's own schedules a Llama whose
- *  parameters are the schedule's, replay::llama_unsupported) and buffers are fp32. "" when it
+ *  holds the model (replay::numeric_fits: a Llama whose parameters are the schedule's,
+ *  replay::llama_unsupported) and buffers are fp32. "" when it
  *  can, else why not. */
 std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule);
 

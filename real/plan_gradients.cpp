@@ -34,7 +34,6 @@ namespace hpz::real::detail {
 // Decides the plan's mode: packed_ for every rank, or cross-rank gradients (also where no
 // gradient reduce-scatter is found at all: the bucket copies then keep the gradients).
 void PlanBuilder::packed_reductions() {
-  if (!by_ranges_) return;
   packed_.assign(s_.ranks.size(), {});
   bool named = true, any = false;
   for (std::size_t r = 0; r < s_.ranks.size() && named; ++r) {

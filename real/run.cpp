@@ -52,8 +52,8 @@ void check_host_memory(const Scenario& scenario, const Plan& plan) {
                                static_cast<double>(kHostBackendBytes) / (1 << 30)));
 }
 
-/** Whether layer kernels run as cuBLAS GEMMs: --compute real on a model too big for the tiny
- *  model's real math. */
+/** Whether layer kernels run as cuBLAS GEMMs: --compute real on a model too big for the
+ *  model's real math (the numeric replay's Llama). */
 bool gemms(const Plan& plan, const RealOptions& options) {
   return options.compute == "real" && !plan.model;
 }
@@ -278,9 +278,8 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   std::optional<Schedule> unfolded;
   if (has_strided_accesses(given)) unfolded = unfold_strided(given);
   const Schedule& schedule = unfolded ? *unfolded : given;
-  // --compute real: the model's real math where the numeric replay can run the model (the
-  // tiny model on the coarse builder's units, transformers' Llama on DeepSpeed's own
-  // schedules), cuBLAS GEMMs of the layer shapes otherwise.
+  // --compute real: the model's real math where the numeric replay can run the model
+  // (transformers' Llama), cuBLAS GEMMs of the layer shapes otherwise.
   const bool model = options.compute == "real" && model_math_unfit(scenario, schedule).empty();
   const Plan plan = make_plan(scenario, schedule, model);
   // Gradients that reach each optimizer step through every rank's gradient slots, not through
@@ -332,14 +331,10 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   }
   out.backend = backend->name();
   if (gemms(plan, options)) out.mode += "; layer kernels as cuBLAS GEMMs of the layer shapes";
-  if (model && plan.llama) {
+  if (model) {
     out.mode +=
         "; kernels run transformers' Llama in fp32, one parameter's module part each (forward, "
         "recompute, loss, backward, Adam: the numeric replay's)";
-  } else if (model) {
-    out.mode +=
-        "; kernels run the tiny model's real math (fp32 forward, backward, loss, Adam: "
-        "the numeric replay's)";
   } else if (!updates_weights(plan)) {
     out.mode +=
         "; no optimizer step here names the weights it updates (a recording's tensors name no "

@@ -10,8 +10,8 @@
 
 #include "real/executor.hpp"
 #include "real/launch.hpp"
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
+#include "sim/scenario.hpp"
 #include "sim/time/simulate.hpp"
 
 namespace hpz::real {
@@ -21,10 +21,10 @@ struct RealOptions {
   int runs = 1;
   double timeout_s = 60.0;       ///< per host wait; a longer wait is reported as a hang
   std::string backend = "cuda";  ///< cuda | host | host-lazy (backend.hpp)
-  /** spin: kernels hold their stream for the cost model's time; real: the tiny model's real
-   *  math where the numeric replay holds the model and buffers are fp32 (plan.hpp, ModelOp; any
-   *  backend), layer kernels as cuBLAS GEMMs of the layer's shapes otherwise (gemm.hpp; cuda
-   *  only). */
+  /** spin: kernels hold their stream for the cost model's time; real: the model's real
+   *  math (transformers' Llama) where the numeric replay holds the model and buffers are fp32
+   * (plan.hpp, ModelOp; any backend), layer kernels as cuBLAS GEMMs of the layer's shapes otherwise
+   * (gemm.hpp; cuda only). */
   std::string compute = "spin";
   /** Set: one process per rank, this process is `launch->rank` (cuda: NCCL on GPU
    *  `local_rank`; host: collectives through the store). Unset: every rank in this process. */
@@ -57,7 +57,7 @@ struct RealResult {
   std::uint64_t reference_weights_hash = 0;
   std::vector<RealRun> runs;
   int corrupted_runs = 0;
-  /** Kernels ran the tiny model's real math (--compute real on a model the numeric replay
+  /** Kernels ran the model's real math (--compute real on a model the numeric replay
    *  holds): the loss per training step (mean over ranks and micro-steps) of the reference,
    *  and of the numeric replay on the CPU in a race-free order (replay::serialized_timeline). */
   bool model = false;

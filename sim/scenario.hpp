@@ -19,7 +19,6 @@ enum class Variant {
   kEventWait,  ///< fix B: an event after the copy, the all-gather stream waits on it
 };
 
-
 /** Peak numbers of one GPU model; chosen by the `cluster.gpu` preset. */
 struct GpuSpec {
   std::string name;            ///< preset name, e.g. "a100-80g"
@@ -93,8 +92,7 @@ struct ModelConfig {
   /// "4.51.3", "4.57.1" (DeepSeek-V2 only), "5.24.0" (Llama only: the mask's host wait and
   /// non-reentrant checkpointing outside the layer's hooks), or "auto" (transformers_version_of:
   /// 5.24.0 with torch 2.10 or later, the release the recorder's torch 2.10 base pins; else
-  /// 4.35.2 for the families it has, 4.57.1 for DeepSeek-V2, else 4.51.3). The coarse builder
-  /// has no module tree and ignores it.
+  /// 4.35.2 for the families it has, 4.57.1 for DeepSeek-V2, else 4.51.3).
   std::string transformers_version = "auto";
   bool operator==(const ModelConfig&) const = default;
 };
@@ -146,7 +144,7 @@ struct ZeroConfig {
   std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t stage3_param_persistence_threshold = 100'000;  ///< elements
   bool offload_param = false;                                 ///< parameters live in host memory
-  /// The DeepSpeed version whose hpZ behaviour the `deepspeed` builder issues (run.builder).
+  /// The DeepSpeed version whose hpZ behaviour the builder issues (sim/deepspeed/).
   std::string deepspeed_version = "0.13.4";
   std::string ds_config;  ///< the DeepSpeed config JSON the keys were read from ("" = none)
   bool operator==(const ZeroConfig&) const = default;
@@ -158,11 +156,6 @@ struct RunConfig {
   Fill fill = Fill::kNan;
   std::uint64_t seed = 1;
   int steps = 2;  ///< optimizer steps to build
-  /// Which builder writes the schedule: "deepspeed" (the default; sim/deepspeed/:
-  /// DeepSpeed's hooks and coordinator for zero.deepspeed_version, held equal to recordings of
-  /// real DeepSpeed) or "coarse" (sim/builder.cpp: one fetch unit per attn/mlp; the [bugs]
-  /// keys, the numeric replay and the real-GPU executor need it).
-  std::string builder = "deepspeed";
   /// A spin kernel of this many microseconds on the compute stream ahead of every secondary
   /// copy of a training step (0 = none): the way a reproduction keeps the producer stream busy
   /// so that the race shows even where the compute stream would not back up by itself.
@@ -199,14 +192,6 @@ struct RunConfig {
 
 /** [bugs]: re-introduce the other public hpZ bug classes (all off by default). */
 struct BugConfig {
-  /// DeepSpeed issue 4851: secondaries are not invalidated by the optimizer step.
-  bool skip_secondary_invalidation = false;
-  /// DeepSpeed issue 7606: before this step, a checkpoint load writes the primary shards only
-  /// (-1 = no load).
-  int checkpoint_load_at_step = -1;
-  /// Before PR 5216 / 5652: the secondary copy tests the primary shard's bounds, so slices of
-  /// ranks whose primary shard reaches into the padding are never written.
-  bool legacy_copy_bounds = false;
   /// DeepSpeed issue 5030: this rank believes no secondary exists and gathers over the world
   /// while its hpZ peers gather over the hpZ group (-1 = all ranks agree).
   int secondary_mismatch_rank = -1;
@@ -260,7 +245,7 @@ struct FlagSetting {
  *  each later one winning. `path` may be "" (no scenario file: every key at its documented
  *  default), in which case the flags must name the model (model.hf_config) and the ds_config,
  *  the scenario is named after those two files, and run.load is "pretrained" (fine-tuning, with
- *  a note) unless a flag or an override sets it or names the coarse builder. */
+ *  a note) unless a flag or an override sets it. */
 Scenario load_scenario(const std::string& path, const std::vector<Override>& overrides,
                        const std::vector<FlagSetting>& flags);
 

@@ -11,8 +11,8 @@
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/check/report.hpp"
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule_json.hpp"
+#include "sim/scenario.hpp"
 #include "tests/hand_schedule.hpp"
 #include "tests/paths.hpp"
 
@@ -651,23 +651,6 @@ TEST_P(ModelScenario, BothFixesAreClean) {
 
 TEST_P(ModelScenario, NoOverlapIsCleanWithoutAFix) {
   EXPECT_TRUE(check_scenario(GetParam(), {{"zero.overlap_comm", "false"}}).clean());
-}
-
-// The DeepSpeed builder refuses parameter offload (docs/deepspeed-builder.md); the coarse
-// builder models it: the host blocks on every copy out of host memory.
-TEST_P(ModelScenario, OffloadIsCleanWithoutAFixInTheCoarseBuilder) {
-  EXPECT_TRUE(
-      check_scenario(GetParam(), {{"run.builder", "coarse"}, {"zero.offload_param", "true"}})
-          .clean());
-}
-
-// The shipped model scenarios take the default builder (DeepSpeed's); the coarse builder's
-// verdicts on them keep their kinds too.
-TEST_P(ModelScenario, TheCoarseBuildersStockRacesAndItsFixesAreClean) {
-  EXPECT_EQ(kinds_of(check_scenario(GetParam(), {{"run.builder", "coarse"}})),
-            std::vector<FindingKind>{FindingKind::kRace});
-  EXPECT_TRUE(check_scenario(GetParam(), {{"run.builder", "coarse"}, {"run.variant", "event-wait"}})
-                  .clean());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, ModelScenario,

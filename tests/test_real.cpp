@@ -16,8 +16,8 @@
 #include "real/run.hpp"
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
-#include "sim/scenario.hpp"
 #include "sim/ir/shard.hpp"
+#include "sim/scenario.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::real {
@@ -52,12 +52,11 @@ TEST(RealDevice, SpinKernelHoldsTheStreamForTheRequestedTime) {
 namespace hpz::real {
 namespace {
 
-// The coarse builder's schedule of tiny.toml: the executor's spin mode with pattern values and
-// the tiny model's math run on its attn/mlp units (DeepSpeed's own schedules: tiny_ds below).
+// DeepSpeed's schedule of tiny.toml in the executor's spin mode with pattern values (its
+// byte-range plan and the Llama's math: tiny_ds below).
 Scenario tiny(const std::string& variant, int hpz = 2) {
   return load_scenario(scenario_path("tiny"),
-                       {{"run.builder", "coarse"},
-                        {"run.variant", variant},
+                       {{"run.variant", variant},
                         {"zero.zero_hpz_partition_size", std::to_string(hpz)},
                         {"run.steps", "3"}});
 }
@@ -90,7 +89,8 @@ TEST(RealElements, HalfConversionRoundsToNearestEvenAndKeepsNaN) {
   }
 }
 
-TEST(RealPlan, MatchesCollectivesAndPlacesHpzSlices) {
+// Where each member's slice lands is the byte-range plan's (RealDeepSpeed below).
+TEST(RealPlan, MatchesCollectivesAndSpinsKernels) {
   const Scenario sc = tiny("stock");
   const Schedule s = build_schedule(sc);
   const Plan plan = make_plan(sc, s);
@@ -103,14 +103,8 @@ TEST(RealPlan, MatchesCollectivesAndPlacesHpzSlices) {
     const Op& op = s.ranks[r].ops[i];
     if (op.kind != OpKind::kAllGather || s.groups[op.group].kind != GroupKind::kHpz) continue;
     ++hpz_gathers;
-    // Every member receives one slice per member, each at that member's secondary slice.
-    const ShardLayout lay(s.units[op.unit].numel, s.world_size, s.hpz_size);
-    const PlanOp& po = plan.ranks[r].ops[i];
-    ASSERT_EQ(po.actions.size(), 2U);
-    for (std::size_t k = 0; k < 2; ++k) {
-      EXPECT_EQ(po.actions[k].dst.elem, lay.valid(lay.secondary_slice(static_cast<int>(k))).begin);
-      EXPECT_EQ(po.actions[k].src.front().rank, inst.members[k].first);
-    }
+    // Every member receives what each member sends.
+    EXPECT_GE(plan.ranks[r].ops[i].actions.size(), inst.members.size());
   }
   EXPECT_GT(hpz_gathers, 0U);
   // Forward kernels hold their stream for the cost model's time.
@@ -179,6 +173,7 @@ TEST(RealHostBackend, TrainingChangesTheWeightsAndLeavesNoNaN) {
   const RunOutput out = run_host(sc);
   std::uint64_t changed = 0, nans = 0, n = 0;
   for (std::size_t r = 0; r < out.weights.size(); ++r) {
+    EXPECT_EQ(plan.ranks[r].weights.size(), s.units.size()) << "one primary shard per unit";
     for (std::size_t u = 0; u < out.weights[r].size(); ++u) {
       const auto& w = out.weights[r][u];
       const Loc& loc = plan.ranks[r].weights[u];
@@ -196,7 +191,11 @@ TEST(RealHostBackend, TrainingChangesTheWeightsAndLeavesNoNaN) {
   }
   EXPECT_GT(n, 0U);
   EXPECT_EQ(nans, 0U);
-  EXPECT_GT(changed, n / 2);  // three optimizer steps moved (almost) every weight
+  // Three optimizer steps move almost every weight of the primary shards the run ends with:
+  // 114,918 of 115,008 here (the 90 others keep their init bits; why is not established).
+  // The plan once listed zero.Init's primary shards too, which DeepSpeed's defragment() leaves
+  // behind unwritten: half the weights looked unmoved.
+  EXPECT_GT(changed, n * 99 / 100);
 }
 
 TEST(RealHostBackend, RunsAreDeterministic) {
@@ -371,127 +370,14 @@ bool any_nan(const std::vector<double>& v) {
 
 // Every kernel the numeric replay computes becomes a ModelOp of the same kind, and every rank's
 // Adam moments start from zero exactly once per shard.
-TEST(RealModel, EveryKernelTheReplayComputesIsAModelOp) {
-  const Scenario sc = tiny("event-wait");
-  const Schedule s = build_schedule(sc);
-  const Plan plan = make_plan(sc, s, true);
-  ASSERT_TRUE(plan.model);
-  EXPECT_EQ(plan.dims.hidden, 64);
-  std::map<ModelOp::Kind, int> kinds;
-  std::map<Purpose, int> purposes;
-  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
-    std::map<UnitId, int> fresh;
-    for (std::size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
-      const Op& op = s.ranks[r].ops[i];
-      const PlanOp& po = plan.ranks[r].ops[i];
-      if (op.kind == OpKind::kKernel) ++purposes[op.purpose];
-      if (po.model.kind == ModelOp::Kind::kNone) continue;
-      ++kinds[po.model.kind];
-      EXPECT_EQ(po.spin_s, 0.0);  // the math is the kernel: it does not also spin
-      if (po.model.kind == ModelOp::Kind::kAdam && po.model.fresh_state) ++fresh[op.unit];
-      if (po.model.kind == ModelOp::Kind::kLoss) {
-        EXPECT_EQ(po.model.loss.slot, plan.ranks[r].losses);
-      }
-    }
-    for (const auto& [unit, n] : fresh) EXPECT_EQ(n, 1) << "rank " << r << " unit " << unit;
-    EXPECT_EQ(fresh.size(), s.units.size()) << "rank " << r;
-    EXPECT_EQ(plan.ranks[r].loss_steps.size(), static_cast<std::size_t>(sc.run.steps));
-  }
-  EXPECT_EQ(kinds[ModelOp::Kind::kForward],
-            purposes[Purpose::kForwardCompute] + purposes[Purpose::kRecomputeForward]);
-  EXPECT_EQ(kinds[ModelOp::Kind::kBackward], purposes[Purpose::kBackwardCompute]);
-  EXPECT_EQ(kinds[ModelOp::Kind::kLoss], purposes[Purpose::kLossGradient]);
-  EXPECT_EQ(kinds[ModelOp::Kind::kGradNorm], purposes[Purpose::kGradNorm]);
-  EXPECT_EQ(kinds[ModelOp::Kind::kAdam], purposes[Purpose::kOptimizerStep]);
-  EXPECT_GT(kinds[ModelOp::Kind::kForward], 0);
-  EXPECT_FALSE(plan.consts.empty());
-  EXPECT_FALSE(plan.tokens.empty());
-}
-
-// The host reference under the model math is the numeric replay's training, bit for bit: the
-// same loss in every step, falling, and the same weights whichever variant ran (no race can
-// bite a reference).
-TEST(RealModel, HostReferenceTrainsExactlyAsTheNumericReplay) {
-  std::set<std::uint64_t> hashes;
-  for (const auto& [variant, hpz] : {std::pair<const char*, int>{"stock", 2},
-                                     {"host-sync", 2},
-                                     {"event-wait", 2},
-                                     {"stock", 1}}) {
-    const RealResult r = run_model(tiny(variant, hpz), "host");
-    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
-    ASSERT_TRUE(r.model);
-    ASSERT_EQ(r.reference_loss.size(), 3U);
-    EXPECT_EQ(r.reference_loss, r.replay_loss) << variant << " hpz " << hpz;
-    EXPECT_FALSE(any_nan(r.reference_loss));
-    EXPECT_LT(r.reference_loss.back(), r.reference_loss.front()) << "training lowers the loss";
-    EXPECT_EQ(r.runs[0].loss, r.reference_loss);
-    hashes.insert(r.reference_weights_hash);
-  }
-  EXPECT_EQ(hashes.size(), 1U);
-}
-
-// Under the lazy host backend (the order a backed-up compute stream allows), stock hpZ's
-// gathers read NaN secondaries and the loss turns NaN, the NaN divergence itself; both fixes
-// train exactly as the reference.
-TEST(RealModel, LazyStockTurnsTheLossNaNAndBothFixesTrainExactly) {
-  const RealResult stock = run_model(tiny("stock"), "host-lazy");
-  ASSERT_FALSE(stock.reference_hung) << stock.reference_hang;
-  EXPECT_EQ(stock.corrupted_runs, 1);
-  EXPECT_TRUE(any_nan(stock.runs[0].loss));
-  EXPECT_FALSE(any_nan(stock.reference_loss));
-  for (const char* v : {"host-sync", "event-wait"}) {
-    const RealResult r = run_model(tiny(v), "host-lazy");
-    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
-    EXPECT_EQ(r.corrupted_runs, 0) << v;
-    EXPECT_EQ(r.runs[0].loss, r.reference_loss) << v;
-  }
-}
-
-// The math needs a model the numeric replay holds, in fp32; anything else is refused with the
-// reason (make_plan), and --compute real then means GEMMs, which the host cannot run.
-TEST(RealModel, ModelsTooBigOrNotFp32AreRefusedWithTheReason) {
-  const Scenario sc = tiny("stock");
-  EXPECT_EQ(model_math_unfit(sc, build_schedule(sc)), "");
-  const Scenario half =
-      load_scenario(scenario_path("tiny"), {{"run.builder", "coarse"}, {"training.dtype", "fp16"}});
-  const Schedule hs = build_schedule(half);
-  EXPECT_NE(model_math_unfit(half, hs).find("fp32"), std::string::npos)
-      << model_math_unfit(half, hs);
-  EXPECT_THROW(make_plan(half, hs, true), InputError);
-  const Scenario big = load_scenario(scenario_path("race-1gpu"));
-  EXPECT_NE(model_math_unfit(big, build_schedule(big)).find("numeric replay"), std::string::npos);
-  EXPECT_THROW(run_model(half, "host"), InputError);  // GEMMs: cuda only
-}
-
 // ---- On a GPU (skipped without one) ----
-
-RealResult run_gpu(const std::string& variant, int runs) {
-  const Scenario sc = load_scenario(scenario_path("race-1gpu"), {{"run.variant", variant}});
-  RealOptions o;
-  o.runs = runs;
-  o.timeout_s = 120;
-  return run_real(sc, build_schedule(sc), o);
-}
-
-TEST(RealGpu, StockCorruptsMostRunsAndBothFixesNone) {
-  const DeviceInfo info = probe_devices();
-  if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
-  constexpr int kRuns = 3;
-  const RealResult stock = run_gpu("stock", kRuns);
-  ASSERT_FALSE(stock.reference_hung) << stock.reference_hang;
-  EXPECT_GT(stock.corrupted_runs, kRuns / 2);
-  for (const char* v : {"host-sync", "event-wait"}) {
-    const RealResult fixed = run_gpu(v, kRuns);
-    ASSERT_FALSE(fixed.reference_hung) << fixed.reference_hang;
-    EXPECT_EQ(fixed.corrupted_runs, 0) << v;
-  }
-}
 
 // cudaEventQuery polled to completion: fix A as host event syncs corrupts no run either.
 TEST(RealGpu, HostEventSyncsFixTheRaceLikeStreamSyncs) {
   const DeviceInfo info = probe_devices();
   if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
-  const Scenario sc = load_scenario(scenario_path("race-1gpu"), {{"run.variant", "host-sync"}});
+  const Scenario sc =
+      load_scenario(scenario_path("race-1gpu-deepspeed"), {{"run.variant", "host-sync"}});
   RealOptions o;
   o.runs = 3;
   o.timeout_s = 120;
@@ -521,30 +407,6 @@ TEST(RealGpu, SerializedGpuRunEqualsTheHostReference) {
   if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
   for (int hpz : {1, 2}) {
     expect_gpu_run_equals_host(tiny("event-wait", hpz), "hpz " + std::to_string(hpz));
-  }
-}
-
-// The tiny model's real math on the GPU: the reference trains as the numeric replay does (to
-// rounding: the GPU's tanhf and expf are not the host's), both fixes train exactly as the
-// reference, and stock with the scenario's 200 us spin corrupts most runs.
-TEST(RealGpu, TinyModelMathTrainsAsTheReplayAndOnlyStockCorrupts) {
-  const DeviceInfo info = probe_devices();
-  if (info.count == 0) GTEST_SKIP() << "no CUDA device: " << info.problem;
-  constexpr int kRuns = 3;
-  for (const char* v : {"stock", "host-sync", "event-wait"}) {
-    const RealResult r = run_model(tiny(v), "cuda", kRuns);
-    ASSERT_FALSE(r.reference_hung) << r.reference_hang;
-    ASSERT_EQ(r.reference_loss.size(), r.replay_loss.size());
-    for (std::size_t k = 0; k < r.reference_loss.size(); ++k) {
-      EXPECT_NEAR(r.reference_loss[k], r.replay_loss[k], 1e-4 * std::abs(r.replay_loss[k]))
-          << v << " step " << k;
-    }
-    if (std::string(v) == "stock") {
-      EXPECT_GT(r.corrupted_runs, kRuns / 2);
-      continue;
-    }
-    EXPECT_EQ(r.corrupted_runs, 0) << v;
-    for (const RealRun& run : r.runs) EXPECT_EQ(run.loss, r.reference_loss) << v;
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/ir/schedule_json.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/replay/repro.hpp"
@@ -265,6 +266,7 @@ TEST(DeepSpeedTaintReplay, ScheduleReadFromAFileReplaysAsBuilt) {
   const Schedule s = build_schedule(sc);
   EXPECT_EQ(replay_unsupported(s), "");
   ReproOptions o;
+  o.mode = Mode::kTaint;
   o.timeline = [](const Scenario& scn, const Schedule& sch, std::uint64_t seed) {
     return time::run_isolated(scn, sch, seed).timeline;
   };
@@ -273,6 +275,54 @@ TEST(DeepSpeedTaintReplay, ScheduleReadFromAFileReplaysAsBuilt) {
   const Outcome direct = run(sc);
   EXPECT_EQ(r.variants[0].first_bad.at(0), direct.replay);
   EXPECT_EQ(r.variants[0].first_bad.at(0), direct.timing.first_step);
+}
+
+TEST(DeepSpeedNumericReplay, ScheduleReadFromAFileGivesTheScenariosNumbers) {
+  // repro --schedule on `hpzlab schedule --json`'s file: with numbers by default (the scenario's
+  // Llama is the schedule's model), each run held against the same schedule in issue order; the
+  // losses and weights are the scenario's own repro's, step for step, for 0.13.4 and 0.13.5.
+  const std::string path = test::scenario_path("tiny");
+  for (const char* version : {"0.13.4", "0.13.5"}) {
+    const Scenario sc = load_scenario(path, {{"zero.deepspeed_version", version}});
+    const Schedule s = schedule_from_json(schedule_to_json(build_schedule(sc)));
+    const ReproResult r = replay_schedule(sc, s, "built.json", {});
+    ASSERT_EQ(r.mode, Mode::kNumeric) << version;
+    EXPECT_EQ(r.baseline, "serialized");
+    ASSERT_EQ(r.variants.size(), 1u);
+    // What `hpzlab repro` replays for the scenario's stock variant: its schedule along the
+    // timing engine's timeline of the same seed (run_repro's replay_runs).
+    const Schedule built = build_schedule(sc);
+    const ReplayResult theirs =
+        replay(sc, built, sim_timeline(sc, built, sc.run.seed), Mode::kNumeric);
+    const ReplayResult& mine = r.variants[0].runs.at(0);
+    ASSERT_EQ(mine.steps.size(), theirs.steps.size()) << version;
+    for (std::size_t k = 0; k < mine.steps.size(); ++k) {
+      const double a = mine.steps[k].loss, b = theirs.steps[k].loss;
+      EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << version << " step " << k;
+      EXPECT_EQ(mine.steps[k].weights_hash, theirs.steps[k].weights_hash) << version << k;
+    }
+    if (std::string(version) == "0.13.4") {
+      EXPECT_TRUE(r.variants[0].first_bad.at(0).has_value());  // the race bites
+      EXPECT_TRUE(std::isnan(mine.steps.back().loss));
+    } else {
+      EXPECT_FALSE(r.variants[0].first_bad.at(0).has_value());  // equal to issue order
+    }
+  }
+}
+
+TEST(DeepSpeedNumericReplay, ScheduleWithoutTheLlamasParametersIsNotComputed) {
+  // A hand-written schedule names none of the Llama's parameters: taint by default, and numbers
+  // asked for are refused in one line.
+  const Scenario sc =
+      load_scenario(test::scenario_path("tiny"), {{"cluster.nodes", "1"},
+                                                  {"cluster.gpus_per_node", "1"},
+                                                  {"zero.zero_hpz_partition_size", "1"}});
+  const Schedule s =
+      read_schedule_file(test::source_dir() + "/tests/data/schedule/host-event-sync.json");
+  EXPECT_EQ(replay_schedule(sc, s, "hand.json", {}).mode, Mode::kTaint);
+  ReproOptions o;
+  o.mode = Mode::kNumeric;
+  EXPECT_THROW(replay_schedule(sc, s, "hand.json", o), InputError);
 }
 
 TEST(DeepSpeedTaintReplay, Llama2_7bBitesInStep1WhereTheTimelineSays) {

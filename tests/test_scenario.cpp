@@ -94,7 +94,6 @@ TEST(ShippedScenarios, DefaultIsTheStudysCluster) {
   EXPECT_EQ(s.run.fill, Fill::kNan);
   EXPECT_EQ(s.run.steps, 2);
   EXPECT_EQ(s.run.spin_before_copy_us, 0);  // the default scenario is timed as it is
-  EXPECT_EQ(s.run.builder, "deepspeed");    // DeepSpeed's own schedule, by default
   EXPECT_EQ(s.zero.deepspeed_version, "0.13.4");
   EXPECT_TRUE(s.notes.empty());
 }
@@ -109,7 +108,6 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   EXPECT_EQ(tiny.training.seq_len, 32);
   EXPECT_EQ(tiny.run.steps, 4);
   EXPECT_EQ(tiny.run.spin_before_copy_us, 200);
-  EXPECT_EQ(tiny.run.builder, "deepspeed");  // DeepSpeed 0.13.4 as it issues the schedule
 
   const auto bug = [](const char* name) {
     const Scenario s = load_scenario((kScenarios / name).string());
@@ -122,18 +120,12 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   // Issue 4851 is DeepSpeed 0.13.1's own behaviour, the copy bounds 0.13.4's and the load
   // run.load's; the mismatch is a [bugs] key the DeepSpeed builder applies.
   const Scenario step = bug("stale-after-step.toml");
-  EXPECT_FALSE(step.bugs.skip_secondary_invalidation);
-  EXPECT_EQ(step.run.builder, "deepspeed");
   EXPECT_EQ(step.zero.deepspeed_version, "0.13.1");
   EXPECT_EQ(step.run.steps, 3);
   const Scenario load = bug("stale-after-load.toml");
-  EXPECT_EQ(load.bugs.checkpoint_load_at_step, -1);
   EXPECT_EQ(load.run.load, "checkpoint");
-  EXPECT_EQ(load.run.builder, "deepspeed");
   const Scenario slice = bug("zero-element-slice.toml");  // DeepSpeed 0.13.4's copy bounds
-  EXPECT_EQ(slice.run.builder, "deepspeed");
   EXPECT_EQ(slice.zero.deepspeed_version, "0.13.4");
-  EXPECT_FALSE(slice.bugs.legacy_copy_bounds);
   EXPECT_EQ(slice.model.name, "custom");
   EXPECT_EQ(slice.model.hidden, 12);
   EXPECT_EQ(slice.model.heads, 2);
@@ -142,7 +134,6 @@ TEST(ShippedScenarios, TinyAndBugClasses) {
   EXPECT_EQ(slice.model.vocab, 64);
   const Scenario mismatch = bug("mismatched-collectives.toml");
   EXPECT_EQ(mismatch.bugs.secondary_mismatch_rank, 3);
-  EXPECT_EQ(mismatch.run.builder, "deepspeed");
 }
 
 // --- presets ----------------------------------------------------------------------------------
@@ -202,7 +193,6 @@ TEST_F(ScenarioFile, DefaultsWhenSectionsAreLeftOut) {
   EXPECT_FALSE(s.zero.zero_quantized_weights);
   EXPECT_EQ(s.zero.stage3_param_persistence_threshold, 100'000);
   EXPECT_EQ(s.run.seed, 1u);
-  EXPECT_EQ(s.bugs.checkpoint_load_at_step, -1);
   EXPECT_EQ(s.bugs.secondary_mismatch_rank, -1);
 }
 
@@ -650,13 +640,30 @@ TEST_F(ScenarioFile, ModelShape) {
 }
 
 TEST_F(ScenarioFile, BugsInRange) {
-  EXPECT_HAS(load_error("[bugs]\ncheckpoint_load_at_step = 2\n"),
-             "bugs.checkpoint_load_at_step: 2 is out of range (allowed: -1 for no load, or 0 to 1");
-  EXPECT_HAS(load_error("[bugs]\ncheckpoint_load_at_step = -2\n"), "out of range");
   EXPECT_HAS(load_error("[bugs]\nsecondary_mismatch_rank = 16\n"),
              "bugs.secondary_mismatch_rank: 16 is out of range (allowed: -1 for none, or a rank 0 "
              "to 15");
-  EXPECT_NO_THROW(load("[run]\nsteps = 3\n[bugs]\ncheckpoint_load_at_step = 2\n"));
+  EXPECT_NO_THROW(load("[bugs]\nsecondary_mismatch_rank = 15\n"));
+}
+
+// The coarse builder was retired (issue 31): run.builder takes "deepspeed" alone, and the
+// [bugs] keys it alone applied name what replaces them, whatever their value.
+TEST_F(ScenarioFile, TheCoarseBuilderAndItsBugKeysAreRetired) {
+  EXPECT_NO_THROW(load("[run]\nbuilder = \"deepspeed\"\n"));
+  EXPECT_HAS(load_error("[run]\nbuilder = \"coarse\"\n"),
+             "run.builder: the coarse builder was retired: every schedule is DeepSpeed's "
+             "(allowed: \"deepspeed\"");
+  EXPECT_HAS(load_error("[run]\nbuilder = \"exact\"\n"), "run.builder: unknown value 'exact'");
+  EXPECT_HAS(load_error("[bugs]\nskip_secondary_invalidation = false\n"),
+             "bugs.skip_secondary_invalidation: retired with the coarse builder: DeepSpeed issue "
+             "4851 is 0.13.1's own (remove it and set zero.deepspeed_version = \"0.13.1\")");
+  EXPECT_HAS(load_error("[bugs]\ncheckpoint_load_at_step = 0\n"),
+             "bugs.checkpoint_load_at_step: retired with the coarse builder: issue 7606's load is "
+             "run.load (remove it and set run.load = \"checkpoint\")");
+  EXPECT_HAS(load_error("[bugs]\nlegacy_copy_bounds = true\n"),
+             "bugs.legacy_copy_bounds: retired with the coarse builder: the copy bounds before PR "
+             "5216 are DeepSpeed 0.13.4's own (remove it and set zero.deepspeed_version = "
+             "\"0.13.4\")");
 }
 
 TEST(Validate, ScenariosBuiltInCode) {
@@ -863,11 +870,6 @@ TEST_F(ScenarioFile, OneCommandFormReadsTheUsersFilesOnTheDefaults) {
       std::find_if(s.notes.begin(), s.notes.end(),
                    [](const std::string& n) { return n.rfind("run.load = pretrained", 0) == 0; }),
       s.notes.end());
-  EXPECT_EQ(
-      load_scenario("", {{"run.builder", "coarse"}},
-                    {{"--hf-config", "model.hf_config", hf}, {"--ds-config", "zero.ds_config", ds}})
-          .run.load,
-      "none");
   EXPECT_EQ(load_scenario("", {},
                           {{"--hf-config", "model.hf_config", hf},
                            {"--ds-config", "zero.ds_config", ds},

@@ -101,7 +101,7 @@ class ReleaseVerdict:
     defects of that release on this run (`defects`: rule ids such as
     "qwz-quantizer-reads-half", bugs that are not ordering bugs; a defect makes it unclean)."""
 
-    release: Optional[str]  # None: a scenario checked without a release (the coarse builder)
+    release: Optional[str]  # None: a verdict that names no one release
     scenario: str
     epoch: List[str]
     checked: bool

@@ -33,9 +33,8 @@ using deepspeed::Walk;
 
 /** What the builder does not model: one line naming it and what to do instead. */
 [[noreturn]] void refuse(const Scenario& sc, const std::string& what, const std::string& instead) {
-  throw InputError(sc.path, "run.builder",
-                   "the DeepSpeed builder does not model " + what + " yet (" + instead +
-                       ", or run.builder = \"coarse\")");
+  throw InputError(sc.path, "model",
+                   "the DeepSpeed builder does not model " + what + " yet (" + instead + ")");
 }
 
 /** Refuses a transformers release `tf` that builds no model of the family, or another model than
@@ -183,7 +182,7 @@ bool check_tree(const Scenario& sc, const VersionRules& v, const std::string& tf
 }
 
 /** Refuses what of the run the builder does not model, or models elsewhere: ZeRO stages 0-2,
- *  offload it does not model, a skipped step DeepSpeed would not skip, and the [bugs] keys. */
+ *  offload it does not model, and a skipped step DeepSpeed would not skip. */
 void check_run(const Scenario& sc, const VersionRules& v) {
   if (sc.zero.stage != 3) {
     // ZeRO-0/1/2 issue none of stage 3's gathers: a stage-3 schedule in their place would check
@@ -211,24 +210,6 @@ void check_run(const Scenario& sc, const VersionRules& v) {
                                  "0.19.8, so a NaN gradient is applied, not skipped (allowed: "
                                  "\"\", or training.dtype fp16)",
                                  v.name, sc.training.dtype));
-  }
-  // Three [bugs] keys re-create in the coarse builder what DeepSpeed's own releases do here: a
-  // key that would be silently ignored is refused, naming the release or key that has it.
-  // (secondary_mismatch_rank is applied: RankBuilder::partition.)
-  const BugConfig none;
-  const BugConfig& bugs = sc.bugs;
-  if (bugs.skip_secondary_invalidation != none.skip_secondary_invalidation) {
-    refuse(sc, "bugs.skip_secondary_invalidation (issue 4851 is DeepSpeed 0.13.1's own)",
-           "remove it and set zero.deepspeed_version = \"0.13.1\"");
-  }
-  if (bugs.checkpoint_load_at_step != none.checkpoint_load_at_step) {
-    refuse(sc, "bugs.checkpoint_load_at_step (issue 7606's load is run.load)",
-           "remove it and set run.load = \"checkpoint\"");
-  }
-  if (bugs.legacy_copy_bounds != none.legacy_copy_bounds) {
-    refuse(sc,
-           "bugs.legacy_copy_bounds (the copy bounds before PR 5216 are DeepSpeed 0.13.4's own)",
-           "remove it and set zero.deepspeed_version = \"0.13.4\"");
   }
 }
 
@@ -339,7 +320,6 @@ RunTraits run_traits(const Scenario& sc) {
 }
 
 std::vector<const ReleaseRule*> scenario_defects(const Scenario& sc) {
-  if (sc.run.builder != "deepspeed") return {};
   const std::string v = canonical_deepspeed_version(sc.zero.deepspeed_version);
   return is_deepspeed_release(v) ? known_defects(v, run_traits(sc))
                                  : std::vector<const ReleaseRule*>{};

@@ -32,10 +32,10 @@
 #include <utility>
 #include <vector>
 
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/shard.hpp"
 #include "sim/ir/timeline.hpp"
+#include "sim/scenario.hpp"
 
 namespace hpz::replay {
 
@@ -46,13 +46,6 @@ inline constexpr std::uint64_t kWhole = std::numeric_limits<std::uint64_t>::max(
  *  own (the DeepSpeed builder's): the unit's reduced gradient for this rank's primary slice,
  *  elements from the slice's start (empty when the engine has none to give). */
 inline constexpr BufferId kReducedGrad = kNoBuffer - 1;
-
-/** True when the engine follows `s` by its accesses' byte ranges (DataEngine's second mode):
- *  DeepSpeed's own schedules, as its builder writes them or `hpzlab record` recorded them (both
- *  name the release in source.deepspeed; the coarse builder names none). */
-inline bool replays_by_ranges(const Schedule& s) {
-  return s.source.count("deepspeed") != 0;
-}
 
 /** Values an op writes into an element range of one of its rank's buffers. */
 template <class Chunk>
@@ -71,8 +64,7 @@ class DataEngine {
  public:
   using Chunk = typename Domain::Chunk;
 
-  DataEngine(const Schedule& s, const Timeline& t, Domain& d)
-      : s_(s), t_(t), d_(d), by_ranges_(replays_by_ranges(s)) {
+  DataEngine(const Schedule& s, const Timeline& t, Domain& d) : s_(s), t_(t), d_(d) {
     for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
     assign_slots();
   }
@@ -107,11 +99,7 @@ class DataEngine {
 
   Op op(Rank r, std::uint32_t i) const { return s_.ranks[r].ops[i]; }
   const OpTime& time(Rank r, std::uint32_t i) const { return t_.ranks[r][i]; }
-  bool is_quantized(Rank r, BufferId b) const {
-    return s_.ranks[r].buffers[b].role == BufferRole::kQuantized;
-  }
   BufferRole role(Rank r, BufferId b) const { return s_.ranks[r].buffers[b].role; }
-  std::uint64_t elems(std::uint64_t bytes) const { return bytes / s_.dtype_bytes; }
   std::pair<Rank, std::uint32_t> key(Rank r, std::uint32_t i) const { return {r, i}; }
 
   std::vector<Event> events() const {
@@ -214,35 +202,18 @@ class DataEngine {
     return c;
   }
 
-  /** Element range of an access: [begin, begin + n). */
-  std::pair<std::uint64_t, std::uint64_t> range(const Access& a) const {
-    return {elems(a.offset), elems(a.bytes)};
-  }
   const Access* find(Rank r, const Op& o, AccessMode m, int nth = 0) const {
     for (const Access& a : s_.accesses_of(r, o)) {
       if (a.mode == m && nth-- == 0) return &a;
     }
     return nullptr;
   }
-  const Access* find_role(Rank r, const Op& o, AccessMode m, BufferRole want) const {
-    for (const Access& a : s_.accesses_of(r, o)) {
-      if (a.mode == m && role(r, a.buffer) == want) return &a;
-    }
-    return nullptr;
-  }
-  /** Reads what an access covers; a quantized buffer holds `logical` elements from 0. */
-  Chunk read_access(Rank r, const Access& a, double t, std::uint64_t logical = kWhole) {
-    if (is_quantized(r, a.buffer)) return read_at(r, slot(r, a), 0, logical, t);
-    const auto [b, n] = range(a);
-    return read_at(r, slot(r, a), b, n, t);
-  }
-
   void on_start(const Event& e) {
     const Op& o = op(e.r, e.i);
     const OpTime& ot = time(e.r, e.i);
     if (is_collective(o.kind)) return collective_start(e, o);
     if (o.kind == OpKind::kAlloc) return alloc(e.r, e.i, o);
-    std::vector<Write<Chunk>> w = effects(e.r, o, ot.start_s);
+    std::vector<Write<Chunk>> w = effects_by_ranges(e.r, o, ot.start_s);
     for (auto& x : w) x.buffer = slot(e.r, o, x.buffer);
     if (w.empty()) return;
     if (ot.end_s <= ot.start_s) {
@@ -271,34 +242,9 @@ class DataEngine {
     pending_.erase(it);
   }
 
-  // Non-collective ops: what they write, computed from what they read at time t.
-  std::vector<Write<Chunk>> effects(Rank r, const Op& o, double t) {
-    if (by_ranges_) return effects_by_ranges(r, o, t);
-    switch (o.kind) {
-      case OpKind::kCopy:
-        return copy(r, o, t);
-      case OpKind::kQuantize:
-        return quantize(r, o, t);
-      case OpKind::kDequantize:
-        return dequantize(r, o, t);
-      case OpKind::kKernel: {
-        const ReadFn<Chunk> rd = [this, r, t, &o](BufferId b, std::uint64_t begin,
-                                                  std::uint64_t n) {
-          return read_at(r, slot(r, o, b), begin, n, t);
-        };
-        return d_.kernel(r, o, rd);
-      }
-      default:
-        return {};
-    }
-  }
-
   void alloc(Rank r, std::uint32_t i, const Op& o) {
     const Buffer& b = s_.ranks[r].buffers[o.buffer];
-    const std::uint64_t n = by_ranges_ ? b.bytes / esize(r, o.buffer)
-                            : b.role == BufferRole::kQuantized && b.unit != kNoUnit
-                                ? s_.units[b.unit].padded_numel
-                                : elems(b.bytes);
+    const std::uint64_t n = b.bytes / esize(r, o.buffer);
     const std::uint32_t k = alloc_count_[r][i];
     const BufferId fresh = static_cast<BufferId>(s_.ranks[r].buffers.size() + k);
     d_.alloc(r, fresh, alloc_prev_[r][k], static_cast<Fill>(o.fill), n);
@@ -314,45 +260,6 @@ class DataEngine {
     return {{b, at, d_.checkpoint(r, o.unit, first, n)}};
   }
 
-  std::vector<Write<Chunk>> copy(Rank r, const Op& o, double t) {
-    const Access* dst = find(r, o, AccessMode::kWrite);
-    if (dst == nullptr) return {};
-    const Access* src = find(r, o, AccessMode::kRead);
-    const auto [db, dn] = range(*dst);
-    if (src == nullptr) return from_storage(r, o, dst->buffer, db, dn);
-    return {{dst->buffer, db, read_access(r, *src, t, dn)}};
-  }
-
-  // qwZ / qgZ quantization is modelled as a pass-through: the quantized buffer holds the source
-  // elements from 0 (real rounding would change no-hpz and the fixes alike).
-  std::vector<Write<Chunk>> quantize(Rank r, const Op& o, double t) {
-    const Access* src = find(r, o, AccessMode::kRead);
-    const Access* dst = find(r, o, AccessMode::kWrite);
-    if (src == nullptr || dst == nullptr) return {};
-    return {{dst->buffer, 0, read_access(r, *src, t)}};
-  }
-
-  std::vector<Write<Chunk>> dequantize(Rank r, const Op& o, double t) {
-    const Access* src = find(r, o, AccessMode::kRead);
-    const Access* dst = find(r, o, AccessMode::kWrite);
-    if (src == nullptr || dst == nullptr) return {};
-    const BufferRole dr = role(r, dst->buffer);
-    if (dr == BufferRole::kQuantized)
-      return {{dst->buffer, 0, read_at(r, slot(r, *src), 0, kWhole, t)}};
-    if (dr == BufferRole::kFull) {
-      const auto [db, dn] = range(*dst);
-      return {{dst->buffer, db, read_at(r, slot(r, *src), db, dn, t)}};
-    }
-    // qgZ's last step: this rank's slice of the reduced gradient (+ what accumulated before).
-    const ElemRange slice = layouts_[o.unit].primary_slice(r);
-    const auto [db, dn] = range(*dst);
-    Chunk out = read_at(r, slot(r, *src), slice.begin + db, dn, t);
-    if (const Access* acc = find_role(r, o, AccessMode::kRead, BufferRole::kGradShard)) {
-      Domain::accumulate(out, read_access(r, *acc, t));
-    }
-    return {{dst->buffer, db, std::move(out)}};
-  }
-
   void collective_start(const Event& e, const Op& o) {
     Instance& inst = instances_[instance_of_.at(key(e.r, e.i))];
     std::size_t m = 0;
@@ -360,8 +267,8 @@ class DataEngine {
     const double t = time(e.r, e.i).start_s;
     for (int nth = 0;; ++nth) {
       const Access* a = find(e.r, o, AccessMode::kRead, nth);
-      if (a == nullptr || (by_ranges_ && moves_no_data(o))) break;
-      inst.sends[m].push_back(by_ranges_ ? read_range(e.r, *a, t) : read_access(e.r, *a, t));
+      if (a == nullptr || moves_no_data(o)) break;
+      inst.sends[m].push_back(read_range(e.r, *a, t));
     }
     Pending& p = pending_[key(e.r, e.i)];
     p.start = t;
@@ -388,55 +295,10 @@ class DataEngine {
     const Op& o = op(r, i);
     const Access* dst = find(r, o, AccessMode::kWrite);
     if (dst == nullptr) return {};
-    if (by_ranges_) return receive_by_ranges(inst, m, o, *dst);
-    switch (o.kind) {
-      case OpKind::kAllGather:
-        return gather(inst, o, *dst);
-      case OpKind::kReduceScatter:
-        return reduce_scatter(inst, m, o, *dst);
-      default: {  // AllReduce, AllToAll (qgZ, modelled as a sum of the whole vectors)
-        Chunk sum = inst.sends[0].at(0);
-        for (std::size_t k = 1; k < inst.members.size(); ++k)
-          Domain::accumulate(sum, inst.sends[k].at(0));
-        const std::uint64_t db = is_quantized(r, dst->buffer) ? 0 : range(*dst).first;
-        return {{dst->buffer, db, std::move(sum)}};
-      }
-    }
+    return receive_by_ranges(inst, m, o, *dst);
   }
 
-  // Each member's slice lands where it belongs in the full parameter: its secondary slice
-  // (hpZ group) or its primary slice (world).
-  std::vector<Write<Chunk>> gather(const Instance& inst, const Op& o, const Access& dst) {
-    const ShardLayout& lay = layouts_[o.unit];
-    const bool hpz = s_.groups[o.group].kind == GroupKind::kHpz;
-    std::vector<Write<Chunk>> out;
-    for (std::size_t k = 0; k < inst.members.size(); ++k) {
-      const Rank mr = inst.members[k].first;
-      const ElemRange v =
-          lay.valid(hpz ? lay.secondary_slice(static_cast<int>(k)) : lay.primary_slice(mr));
-      if (v.empty() || inst.sends[k].empty()) continue;
-      const Chunk& c = inst.sends[k][0];
-      out.push_back(
-          {dst.buffer, v.begin, Domain::slice(c, 0, std::min(v.size(), Domain::size(c)))});
-    }
-    return out;
-  }
-
-  std::vector<Write<Chunk>> reduce_scatter(const Instance& inst, std::size_t m, const Op& o,
-                                           const Access& dst) {
-    const auto [r, i] = inst.members[m];
-    const ElemRange slice = layouts_[o.unit].primary_slice(r);
-    const auto [db, dn] = range(dst);
-    Chunk sum = Domain::slice(inst.sends[0].at(0), slice.begin + db, dn);
-    for (std::size_t k = 1; k < inst.members.size(); ++k) {
-      Domain::accumulate(sum, Domain::slice(inst.sends[k].at(0), slice.begin + db, dn));
-    }
-    // A second read is this rank's own shard from earlier micro-steps: accumulate into it.
-    if (inst.sends[m].size() > 1) Domain::accumulate(sum, inst.sends[m][1]);
-    return {{dst.buffer, db, std::move(sum)}};
-  }
-
-  // ---- By ranges: the DeepSpeed builder's schedules -------------------------------------
+  // ---- By ranges: DeepSpeed's schedules, built or recorded ---------------------------------
   //
   // Every access is followed by its byte range, whatever unit the op is labelled with: a buffer
   // holds elements of dtype_bytes, an int8 (kQuantized) buffer one-byte elements. A copy moves
@@ -706,7 +568,6 @@ class DataEngine {
   std::vector<std::vector<BufferId>> alloc_prev_;        // [rank][k-th alloc]: previous slot
   std::vector<std::vector<std::uint32_t>> alloc_count_;  // [rank][op]: allocs before it
   std::uint64_t mixed_reads_ = 0;
-  const bool by_ranges_;
   /** By ranges: (step, unit) -> per micro-step, each rank's gradient of the unit. */
   std::map<std::pair<std::int32_t, UnitId>, std::vector<std::vector<std::optional<Chunk>>>>
       gradients_;

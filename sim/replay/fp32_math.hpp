@@ -1,5 +1,5 @@
-// The numeric replay's dense fp32 building blocks, shared by the coarse builder's tiny model
-// (tiny_model.hpp) and the per-module Llama (llama_model.hpp): row-major matrices, weights in
+// The numeric replay's dense fp32 building blocks, used by the per-module Llama
+// (llama_model.hpp): row-major matrices, weights in
 // nn.Linear's [out x in] layout, and the replay's one source of pseudo-random numbers.
 #pragma once
 

@@ -387,4 +387,33 @@ std::vector<float> LlamaPass::backward(LlamaParam p, std::span<const float> w) {
   return dw;
 }
 
+void adam_step(std::span<float> p, std::span<const float> grad, std::span<float> m,
+               std::span<float> v, float norm_sq, float scale, int step, float max_grad_norm) {
+  constexpr float kLearningRate = 1e-2f;
+  constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f;
+  const float total = std::sqrt(norm_sq) * scale;
+  const float clip = max_grad_norm > 0 ? std::min(1.0f, max_grad_norm / (total + 1e-6f)) : 1.0f;
+  const float t = static_cast<float>(step + 1);
+  const float c1 = 1 - std::pow(kBeta1, t), c2 = 1 - std::pow(kBeta2, t);
+  for (std::size_t i = 0; i < p.size() && i < grad.size(); ++i) {
+    const float gi = grad[i] * scale * clip;
+    m[i] = kBeta1 * m[i] + (1 - kBeta1) * gi;
+    v[i] = kBeta2 * v[i] + (1 - kBeta2) * gi * gi;
+    p[i] -= kLearningRate * (m[i] / c1) / (std::sqrt(v[i] / c2) + kEps);
+  }
+}
+
+std::vector<int> synthetic_tokens(const LlamaDims& d, std::uint64_t seed, int rank, int step,
+                                  int micro) {
+  // token[t + 1] = (5 token[t] + 17) mod vocab from a random start: the next token is a
+  // function of the current one, so the model can learn it and the loss falls.
+  std::vector<int> tok(static_cast<std::size_t>(d.tokens()));
+  const std::uint64_t key = fp32::mix(seed ^ fp32::mix((static_cast<std::uint64_t>(rank) << 40) ^
+                                                       (static_cast<std::uint64_t>(step) << 8) ^
+                                                       static_cast<std::uint64_t>(micro)));
+  tok[0] = static_cast<int>(key % static_cast<std::uint64_t>(d.vocab));
+  for (int t = 1; t < d.tokens(); ++t) tok[t] = (5 * tok[t - 1] + 17) % d.vocab;
+  return tok;
+}
+
 }  // namespace hpz::replay

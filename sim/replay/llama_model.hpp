@@ -75,6 +75,23 @@ std::uint64_t llama_numel(const LlamaDims& d, LlamaPart part);
 std::vector<float> llama_initial_weights(const LlamaDims& d, LlamaPart part, std::uint64_t seed,
                                          std::uint64_t salt);
 
+/** A checkpoint load's weights are the initial weights with the seed offset by this, so that
+ *  they differ from the init kernel's. */
+inline constexpr std::uint64_t kCheckpointSeedOffset = 7777;
+
+/** The synthetic batch of one rank, step and micro-step (d.tokens() ids below d.vocab): a
+ *  learnable token sequence. */
+std::vector<int> synthetic_tokens(const LlamaDims& d, std::uint64_t seed, int rank, int step,
+                                  int micro);
+
+/** The optimizer step on one rank's primary shard `p`, in place: each gradient times `scale`,
+ *  clipped to a global norm of max_grad_norm (norm_sq: the summed squares of every gradient
+ *  before scaling; 0 or less: not clipped), then Adam (lr 1e-2, betas 0.9 and 0.999, eps 1e-8)
+ *  at t = step + 1 with the moments m and v (p's size each), updated in place. */
+void adam_step(std::span<float> p, std::span<const float> grad, std::span<float> m,
+               std::span<float> v, float norm_sq, float scale, int step,
+               float max_grad_norm = 1.0f);
+
 /** One rank's forward and backward of one micro-step, fed one parameter's kernel at a time
  *  with the weights that kernel read. Throws std::logic_error when a kernel comes before what
  *  it needs (a schedule that does not run a Llama's modules in a Llama's order). */

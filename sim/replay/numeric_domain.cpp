@@ -52,6 +52,12 @@ std::string llama_unsupported(const Scenario& sc, const Schedule& s) {
            "dividing heads";
   }
   const LlamaDims d = llama_dims(sc);
+  // Every parameter once: the embedding, nine per layer, the final norm and lm_head (a schedule
+  // read from a file may name none, and then computes no loss).
+  if (const std::size_t want = 3 + 9 * static_cast<std::size_t>(d.layers); s.units.size() != want) {
+    return fmt::format("the schedule has {} parameters; the scenario's Llama ({} layers) has {}",
+                       s.units.size(), d.layers, want);
+  }
   for (const ParamUnit& u : s.units) {
     const std::optional<LlamaParam> p = llama_param(u.name);
     if (!p) return fmt::format("parameter '{}' is none of a Llama's", u.name);
@@ -65,25 +71,19 @@ std::string llama_unsupported(const Scenario& sc, const Schedule& s) {
   return "";
 }
 
-NumericDomain::NumericDomain(const Scenario& sc, const Schedule& s) : sc_(sc), s_(s) {
-  dims_ = {sc.training.seq_len * sc.training.micro_batch, sc.model.hidden, sc.model.ffn,
-           sc.model.vocab};
+NumericDomain::NumericDomain(const Scenario& sc, const Schedule& s)
+    : sc_(sc), s_(s), llama_(llama_dims(sc)) {
+  if (const std::string why = llama_unsupported(sc, s); !why.empty()) {
+    throw InputError(sc.path, "model", why);
+  }
   bufs_.resize(s.ranks.size());
   for (std::size_t r = 0; r < s.ranks.size(); ++r) bufs_[r].resize(s.ranks[r].buffers.size());
-  if (replays_by_ranges(s)) {
-    if (const std::string why = llama_unsupported(sc, s); !why.empty()) {
-      throw InputError(sc.path, "model", why);
-    }
-    llama_ = llama_dims(sc);
-    passes_.assign(s.ranks.size(), LlamaPass(*llama_));
-    pass_at_.assign(s.ranks.size(), {-2, 0});
-  }
+  passes_.assign(s.ranks.size(), LlamaPass(llama_));
+  pass_at_.assign(s.ranks.size(), {-2, 0});
 }
 
 std::vector<float> NumericDomain::unit_weights(UnitId u, std::uint64_t seed) const {
-  const ParamUnit& pu = s_.units[u];
-  if (llama_) return llama_initial_weights(*llama_, param(u).part, seed, u);
-  return initial_weights(unit_fn(pu.name), dims_, pu.numel, seed, u);
+  return llama_initial_weights(llama_, param(u).part, seed, u);
 }
 
 LlamaParam NumericDomain::param(UnitId u) const {
@@ -94,8 +94,7 @@ LlamaPass& NumericDomain::pass(Rank r, const Op& op) {
   const std::pair<std::int32_t, std::int32_t> now{op.step, op.micro_step};
   if (pass_at_[r] != now) {
     pass_at_[r] = now;
-    const TinyDims flat{llama_->tokens(), llama_->hidden, llama_->ffn, llama_->vocab};
-    passes_[r].begin(synthetic_tokens(flat, sc_.run.seed, r, op.step, op.micro_step));
+    passes_[r].begin(synthetic_tokens(llama_, sc_.run.seed, r, op.step, op.micro_step));
   }
   return passes_[r];
 }
@@ -173,17 +172,9 @@ const Access* NumericDomain::access(Rank r, const Op& op, AccessMode m, BufferRo
   return nullptr;
 }
 
-NumericDomain::Chunk NumericDomain::whole(const ReadFn<Chunk>& read, const Access* a) const {
-  return a == nullptr ? Chunk{} : read(a->buffer, 0, kWhole);
-}
-
 NumericDomain::Chunk NumericDomain::part(const ReadFn<Chunk>& read, const Access& a) const {
   const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
   return read(a.buffer, a.offset / dt, a.bytes / dt);
-}
-
-std::vector<int> NumericDomain::tokens(Rank r, const Op& op) const {
-  return synthetic_tokens(dims_, sc_.run.seed, r, op.step, op.micro_step);
 }
 
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::kernel(Rank r, const Op& op,
@@ -193,11 +184,11 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::kernel(Rank r, const Op&
       return init_kernel(r, op);
     case Purpose::kForwardCompute:
     case Purpose::kRecomputeForward:
-      return forward(r, op, read);
+      return llama_forward(r, op, read);
     case Purpose::kLossGradient:
-      return loss(r, op, read);
+      return loss(r, op);
     case Purpose::kBackwardCompute:
-      return backward(r, op, read);
+      return llama_backward(r, op, read);
     case Purpose::kGradNorm:
       return grad_norm(r, op, read);
     case Purpose::kOptimizerStep:
@@ -225,56 +216,11 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::init_kernel(Rank r, cons
   return out;
 }
 
-std::vector<Write<NumericDomain::Chunk>> NumericDomain::forward(Rank r, const Op& op,
-                                                                const ReadFn<Chunk>& read) {
-  if (llama_) return llama_forward(r, op, read);
-  const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
-  const Access* out = access(r, op, AccessMode::kWrite, BufferRole::kActivation, 0);
-  assert(w != nullptr && out != nullptr);
-  const Chunk params = part(read, *w);
-  const Chunk x = whole(read, access(r, op, AccessMode::kRead, BufferRole::kActivation, 1));
-  const UnitFn fn = unit_fn(s_.units[op.unit].name);
-  return {{out->buffer, 0, unit_forward(fn, dims_, params, x, tokens(r, op))}};
-}
-
-std::vector<Write<NumericDomain::Chunk>> NumericDomain::loss(Rank r, const Op& op,
-                                                             const ReadFn<Chunk>& read) {
-  if (llama_) {
-    auto& [sum, count] = loss_[op.step];
-    sum += static_cast<double>(pass(r, op).loss());
-    ++count;
-    return {};
-  }
-  const Access* in = access(r, op, AccessMode::kRead, BufferRole::kActivation, 0);
-  const Access* out = access(r, op, AccessMode::kWrite, BufferRole::kActivation, 0);
-  assert(in != nullptr && out != nullptr);
-  Chunk logits = whole(read, in);
-  logits.resize(static_cast<std::size_t>(dims_.seq) * dims_.vocab, 0.0f);
-  Chunk dlogits;
-  const float l = next_token_loss(dims_, logits, tokens(r, op), dlogits);
+std::vector<Write<NumericDomain::Chunk>> NumericDomain::loss(Rank r, const Op& op) {
   auto& [sum, count] = loss_[op.step];
-  sum += static_cast<double>(l);
+  sum += static_cast<double>(pass(r, op).loss());
   ++count;
-  return {{out->buffer, 0, std::move(dlogits)}};
-}
-
-std::vector<Write<NumericDomain::Chunk>> NumericDomain::backward(Rank r, const Op& op,
-                                                                 const ReadFn<Chunk>& read) {
-  if (llama_) return llama_backward(r, op, read);
-  const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
-  const Access* dy_in = access(r, op, AccessMode::kRead, BufferRole::kActivation, -1);
-  const Access* dx_out = access(r, op, AccessMode::kWrite, BufferRole::kActivation, -1);
-  const Access* g_out = access(r, op, AccessMode::kWrite, BufferRole::kGradFull, 0);
-  assert(w != nullptr && dy_in != nullptr && dx_out != nullptr && g_out != nullptr);
-  const ParamUnit& pu = s_.units[op.unit];
-  const Chunk params = part(read, *w);
-  const Chunk x = whole(read, access(r, op, AccessMode::kRead, BufferRole::kActivation, 1));
-  const Chunk dy = whole(read, dy_in);
-  Chunk dw(pu.numel, 0.0f);
-  Chunk dx = unit_backward(unit_fn(pu.name), dims_, params, x, tokens(r, op), dy, dw);
-  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
-  return {{dx_out->buffer, 0, std::move(dx)},
-          {g_out->buffer, g_out->offset / dt, slice(dw, g_out->offset / dt, g_out->bytes / dt)}};
+  return {};
 }
 
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::grad_norm(Rank r, const Op& op,
@@ -316,30 +262,19 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::llama_backward(Rank r, c
 }
 
 // Adam on the fp32 primary shard (the master weights), gradients averaged over ranks and
-// micro-steps and clipped to a global norm of 1 (adam_step). On DeepSpeed's schedules the step
-// reads no gradient bytes: the engine hands it the unit's reduced gradient (kReducedGrad), and
-// it does not clip (DeepSpeed's default gradient_clipping 0; the global norm is not followed).
+// micro-steps (adam_step). The step reads no gradient bytes: the engine hands it the unit's
+// reduced gradient (kReducedGrad), and it does not clip (DeepSpeed's default gradient_clipping
+// 0; the global norm is not followed).
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::adam(Rank r, const Op& op,
                                                              const ReadFn<Chunk>& read) {
-  if (llama_) {
-    const Access* p_in = access(r, op, AccessMode::kRead, BufferRole::kPrimary, 0);
-    const Access* p_out = access(r, op, AccessMode::kWrite, BufferRole::kPrimary, 0);
-    if (op.unit == kNoUnit || p_in == nullptr || p_out == nullptr) return {};
-    const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
-    Chunk p = part(read, *p_in);
-    Chunk grad = read(kReducedGrad, p_in->offset / dt, p_in->bytes / dt);
-    grad.resize(p.size(), 0.0f);
-    return {{p_out->buffer, p_out->offset / dt, step_unit(r, op, std::move(p), grad, 0.0f, 0.0f)}};
-  }
-  const Access* g = access(r, op, AccessMode::kRead, BufferRole::kGradShard, 0);
-  const Access* norm = access(r, op, AccessMode::kRead, BufferRole::kScratch, 0);
   const Access* p_in = access(r, op, AccessMode::kRead, BufferRole::kPrimary, 0);
   const Access* p_out = access(r, op, AccessMode::kWrite, BufferRole::kPrimary, 0);
-  if (g == nullptr || p_in == nullptr || p_out == nullptr) return {};
-  const Chunk nsq = norm == nullptr ? Chunk{0.0f} : read(norm->buffer, 0, 1);
+  if (op.unit == kNoUnit || p_in == nullptr || p_out == nullptr) return {};
   const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
-  return {{p_out->buffer, p_out->offset / dt,
-           step_unit(r, op, part(read, *p_in), part(read, *g), nsq.empty() ? 0.0f : nsq[0], 1.0f)}};
+  Chunk p = part(read, *p_in);
+  Chunk grad = read(kReducedGrad, p_in->offset / dt, p_in->bytes / dt);
+  grad.resize(p.size(), 0.0f);
+  return {{p_out->buffer, p_out->offset / dt, step_unit(r, op, std::move(p), grad, 0.0f, 0.0f)}};
 }
 
 NumericDomain::Chunk NumericDomain::step_unit(Rank r, const Op& op, Chunk p, const Chunk& grad,

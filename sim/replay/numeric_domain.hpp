@@ -1,8 +1,7 @@
-// The numeric value domain: every rank's buffers as fp32 arrays, kernels as real math: the coarse
-// builder's attn/mlp units with the tiny model (tiny_model.hpp); DeepSpeed's own schedules
-// (replays_by_ranges: the DeepSpeed builder's and recordings) with transformers' Llama, one
-// parameter's module at a time (llama_model.hpp), its activations kept per rank by a LlamaPass
-// since those schedules carry no activation buffers.
+// The numeric value domain: every rank's buffers as fp32 arrays, kernels as real math: DeepSpeed's
+// schedules (the DeepSpeed builder's and recordings) with transformers' Llama, one parameter's
+// module at a time (llama_model.hpp), its activations kept per rank by a LlamaPass since those
+// schedules carry no activation buffers.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +14,6 @@
 #include "sim/replay/data_engine.hpp"
 #include "sim/replay/llama_model.hpp"
 #include "sim/replay/replay.hpp"
-#include "sim/replay/tiny_model.hpp"
 
 namespace hpz::replay {
 
@@ -57,14 +55,10 @@ class NumericDomain {
 
   const Access* access(Rank r, const Op& op, AccessMode m, BufferRole role, int unit_sel) const;
   std::vector<Write<Chunk>> init_kernel(Rank r, const Op& op);
-  std::vector<Write<Chunk>> forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
-  std::vector<Write<Chunk>> backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
-  std::vector<Write<Chunk>> loss(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  std::vector<Write<Chunk>> loss(Rank r, const Op& op);
   std::vector<Write<Chunk>> grad_norm(Rank r, const Op& op, const ReadFn<Chunk>& read);
   std::vector<Write<Chunk>> adam(Rank r, const Op& op, const ReadFn<Chunk>& read);
-  Chunk whole(const ReadFn<Chunk>& read, const Access* a) const;
   Chunk part(const ReadFn<Chunk>& read, const Access& a) const;
-  std::vector<int> tokens(Rank r, const Op& op) const;
   /** The rank's Llama pass, begun anew when op starts another micro-step. */
   LlamaPass& pass(Rank r, const Op& op);
   LlamaParam param(UnitId u) const;
@@ -80,9 +74,8 @@ class NumericDomain {
 
   const Scenario& sc_;
   const Schedule& s_;
-  TinyDims dims_;
-  std::optional<LlamaDims> llama_;  ///< set for DeepSpeed's own schedules
-  std::vector<LlamaPass> passes_;   ///< [rank]
+  LlamaDims llama_;
+  std::vector<LlamaPass> passes_;                               ///< [rank]
   std::vector<std::pair<std::int32_t, std::int32_t>> pass_at_;  ///< [rank]: (step, micro)
   std::vector<std::vector<Chunk>> bufs_;                        // [rank][buffer]
   std::map<std::pair<Rank, UnitId>, AdamState> adam_;

@@ -20,14 +20,13 @@ bool numeric_fits(const Scenario& sc) {
   const auto& m = sc.model;
   const double params =
       2.0 * m.vocab * m.hidden + m.layers * (4.0 * m.hidden * m.hidden + 3.0 * m.hidden * m.ffn);
-  // Every rank's buffers (a few copies of the model each) in memory, and a Llama: the coarse
-  // builder's tiny model (tiny_model.hpp) with full attention heads, DeepSpeed's schedules
-  // transformers' Llama (llama_model.hpp; llama_unsupported checks the schedule's parameters).
-  // In 64 bits: both are ints of up to 2^31 - 1, whose product wraps an int (to 1 for both at
-  // the maximum, which passed this check).
+  // Every rank's buffers (a few copies of the model each) in memory, and a Llama: transformers'
+  // (llama_model.hpp; llama_unsupported checks the schedule's parameters). In 64 bits: both are
+  // ints of up to 2^31 - 1, whose product wraps an int (to 1 for both at the maximum, which passed
+  // this check).
   const std::int64_t tokens = std::int64_t{sc.training.seq_len} * sc.training.micro_batch;
-  const bool heads = sc.run.builder == "deepspeed" ? m.family == "llama" : m.kv_heads == m.heads;
-  return heads && llama_shaped(m) && params * sc.cluster.world_size() < 4e7 && tokens <= 4096;
+  return m.family == "llama" && llama_shaped(m) && params * sc.cluster.world_size() < 4e7 &&
+         tokens <= 4096;
 }
 
 std::string describe_step(const StepRecord& s, Mode mode) {
@@ -96,15 +95,11 @@ bool has_access(const Schedule& s, Rank r, const Op& op, AccessMode mode) {
 std::string unsupported_op(const Schedule& s, Rank r, const Op& op) {
   const bool writes = has_access(s, r, op, AccessMode::kWrite);
   const bool reads = has_access(s, r, op, AccessMode::kRead);
-  // Followed by byte ranges (replays_by_ranges), gathers and dequantizes need no unit's layout,
-  // and an optimizer step that writes nothing (the DeepSpeed builder's AdamW .item()) no unit.
-  const bool by_layout = !replays_by_ranges(s);
-  const bool needs_unit = (op.kind == OpKind::kAllGather && writes && by_layout) ||
-                          (op.kind == OpKind::kReduceScatter && writes && by_layout) ||
-                          (op.kind == OpKind::kDequantize && writes && by_layout) ||
-                          (op.kind == OpKind::kCopy && writes && !reads) ||
-                          (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep &&
-                           (writes || by_layout));
+  // Followed by byte ranges, gathers and dequantizes need no unit's layout, and an optimizer
+  // step that writes nothing (the DeepSpeed builder's AdamW .item()) no unit.
+  const bool needs_unit =
+      (op.kind == OpKind::kCopy && writes && !reads) ||
+      (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep && writes);
   if (needs_unit && op.unit == kNoUnit) return "needs a parameter unit (its shard layout)";
   const bool reduces = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce ||
                        op.kind == OpKind::kAllToAll;

@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/timeline.hpp"
+#include "sim/scenario.hpp"
 
 namespace hpz::replay {
 
@@ -76,9 +76,9 @@ bool numeric_fits(const Scenario& scenario);
 Timeline serialized_timeline(const Schedule& schedule);
 
 /** Why the replay cannot follow `schedule` ("" when it can): an op that needs its parameter
- *  unit's shard layout (a gather, reduce-scatter, dequantize, checkpoint load or optimizer step)
- *  names no unit, or a reduction or all-to-all receives but sends nothing. The builder's schedules
- * always pass; a schedule read from a file may not. */
+ *  unit (a checkpoint load, or an optimizer step that writes) names no unit, or a reduction or
+ *  all-to-all receives but sends nothing. The builder's schedules always pass; a schedule read
+ *  from a file may not. */
 std::string replay_unsupported(const Schedule& schedule);
 
 /** Replays `schedule` (built from `scenario`) in the order `timeline` gives. A schedule with

@@ -8,6 +8,7 @@
 
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/replay/numeric_domain.hpp"
 #include "sim/time/engine.hpp"
 
 namespace hpz::replay {
@@ -147,17 +148,31 @@ ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
   if (const std::string why = replay_unsupported(schedule); !why.empty()) {
     throw InputError(name, "", "the data replay cannot follow this schedule: " + why);
   }
+  // Numbers where the scenario's Llama is the schedule's model (a recording of it names the same
+  // parameters, as the builder does), else taint.
+  const std::string unfit = numeric_fits(scenario) ? llama_unsupported(scenario, schedule)
+                                                   : "the scenario's model is too big or no Llama";
+  if (o.mode == Mode::kNumeric && !unfit.empty()) {
+    throw InputError(name, "--mode", "the numeric replay cannot compute this schedule: " + unfit);
+  }
   ReproResult out;
   out.scenario = name;
-  out.mode = Mode::kTaint;
+  out.mode = o.mode.value_or(unfit.empty() ? Mode::kNumeric : Mode::kTaint);
   out.timing = o.timing_name;
   out.first_seed = scenario.run.seed;
   out.steps = scenario.run.steps;
+  // A schedule read from a file has no variants to compare: its numbers are held against the
+  // same schedule replayed one op at a time in issue order, where no race can bite.
+  const bool serialized = out.mode == Mode::kNumeric;
+  if (serialized) out.baseline = "serialized";
   int done = 0;
   const std::string variant = schedule.variant.empty() ? "recorded" : schedule.variant;
-  out.variants.push_back(replay_runs(variant, scenario, schedule, out.mode, o, done, o.runs));
+  out.variants.push_back(
+      replay_runs(variant, scenario, schedule, out.mode, o, done, o.runs, serialized));
   VariantRepro& v = out.variants.back();
-  for (const ReplayResult& run : v.runs) v.first_bad.push_back(first_bad(run, nullptr));
+  for (std::size_t k = 0; k < v.runs.size(); ++k) {
+    v.first_bad.push_back(first_bad(v.runs[k], serialized ? &v.serialized[k] : nullptr));
+  }
   return out;
 }
 

@@ -68,10 +68,13 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& options);
 Mode default_mode(const Scenario& scenario);
 
 /** Replays one given schedule (say, read from a file: there are no variants to build) per
- *  `options`, always in the taint domain (the numeric one runs the builder's tiny model); its
- *  one variant is named after schedule.variant, and `name` names the result. `scenario`
- *  supplies the timing and run.steps, which must cover the schedule's steps. Throws InputError
- *  naming `name` when the replay cannot follow the schedule (replay_unsupported). */
+ *  `options`: with numbers where the scenario's Llama computes the schedule's parameters
+ *  (numeric_fits, llama_unsupported), each run then held against the same schedule replayed in
+ *  issue order (baseline "serialized"), else in the taint domain. Its one variant is named after
+ *  schedule.variant, and `name` names the result. `scenario` supplies the model, the timing and
+ *  run.steps, which must cover the schedule's steps. Throws InputError naming `name` when the
+ *  replay cannot follow the schedule (replay_unsupported) or numbers are asked for and cannot
+ *  be had. */
 ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
                             const std::string& name, const ReproOptions& options);
 

@@ -50,10 +50,13 @@ std::string repro_table(const ReproResult& r) {
         r.spin_before_copy_us);
   }
   if (r.baseline == "serialized") {
-    out +=
-        "first bad: the first step whose loss or weights differ from the same variant replayed "
-        "one op at a time in issue order (with qwZ, hpZ off rounds its shards in other groups "
-        "than hpZ's secondaries, so its numbers are no baseline)\n";
+    // One variant: a schedule read from a file (replay_schedule), which has no hpZ-off run.
+    out += r.variants.size() == 1
+               ? "first bad: the first step whose loss or weights differ from the same schedule "
+                 "replayed one op at a time in issue order\n"
+               : "first bad: the first step whose loss or weights differ from the same variant "
+                 "replayed one op at a time in issue order (with qwZ, hpZ off rounds its shards "
+                 "in other groups than hpZ's secondaries, so its numbers are no baseline)\n";
   }
   out += fmt::format("{:<11} {:>10} {:>14} {:>9} {:>9} {:>14} {:>12}\n", "variant", "first bad",
                      "final loss", "runs bad", "runs NaN", "tokens/s/node", "mixed reads");

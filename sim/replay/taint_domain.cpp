@@ -37,8 +37,7 @@ void push_run(TaintDomain::Chunk& c, std::uint64_t len, Tag t) {
 
 }  // namespace
 
-TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s)
-    : sc_(sc), s_(s), implicit_activations_(replays_by_ranges(s)) {
+TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s) : sc_(sc), s_(s) {
   act_.assign(s.ranks.size(), Health::kGood);
   micro_.assign(s.ranks.size(), {-2, 0});
   bufs_.resize(s.ranks.size());
@@ -179,7 +178,7 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::kernel(Rank r, const Op& op,
   const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
   if (op.purpose == Purpose::kOptimizerStep) return optimizer(r, op, read);
   Health h = worst_input(r, op, read);
-  if (implicit_activations_) h = flow(r, op, h);
+  h = flow(r, op, h);
   if (op.purpose == Purpose::kParamInit) h = Health::kGood;
   // A finite but wrong gradient norm only rescales updates through clipping: not followed.
   if (op.purpose == Purpose::kGradNorm && h == Health::kWrong) h = Health::kGood;
@@ -239,7 +238,7 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::optimizer(Rank r, const Op& 
   Chunk p = read(primary->buffer, primary->offset / dt, primary->bytes / dt);
   if (grad != nullptr) accumulate(p, read(grad->buffer, grad->offset / dt, grad->bytes / dt));
   // The DeepSpeed builder's step reads no gradient bytes: the engine hands it the unit's.
-  if (grad == nullptr && implicit_activations_) {
+  if (grad == nullptr) {
     accumulate(p, read(kReducedGrad, primary->offset / dt, primary->bytes / dt));
   }
   Chunk next;

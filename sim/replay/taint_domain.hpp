@@ -57,7 +57,7 @@ class TaintDomain {
   Chunk& slot(Rank r, BufferId b);
 
   /** The DeepSpeed builder's kernels read their module's parameter and write its gradient,
-   *  and touch no activations: with `implicit_activations_` (its schedules) every forward
+   *  and touch no activations: every forward
    *  kernel of a micro-step also reads what the kernels before it in that micro-step computed,
    *  the loss reads the whole forward, and every backward kernel what the backward computed so
    *  far, as the activations and gradients they stand for do. act_[rank]: that health so far;
@@ -66,7 +66,6 @@ class TaintDomain {
 
   const Scenario& sc_;
   const Schedule& s_;
-  const bool implicit_activations_;
   std::vector<Health> act_;
   std::vector<std::pair<std::int32_t, std::int32_t>> micro_;
   std::vector<std::vector<Chunk>> bufs_;             // [rank][buffer]

@@ -29,7 +29,6 @@ std::uint64_t seed_of(const Setting& s, const std::string& key) {
 
 const std::vector<std::string> kVariantNames = {"stock", "host-sync", "event-wait"};
 const std::vector<std::string> kFillNames = {"nan", "stale", "zero"};
-const std::vector<std::string> kBuilderNames = {"coarse", "deepspeed"};
 const std::vector<std::string> kLoadNames = {"none", "pretrained", "checkpoint"};
 const std::vector<std::string> kParamGroupNames = {"model", "hf-trainer"};
 const std::vector<std::string> kStepStreamNames = {"default", "side"};
@@ -167,6 +166,38 @@ std::vector<KeySpec> zero_keys() {
   };
 }
 
+/** run.builder: "deepspeed", the one builder, is accepted and changes nothing; the coarse
+ *  builder was retired (issue 31). */
+void builder_of(Scenario&, const Setting& s, const std::string& key) {
+  const std::string name = string_of(s, key);
+  if (name == "coarse") {
+    throw InputError(s.where, key,
+                     "the coarse builder was retired: every schedule is DeepSpeed's (allowed: "
+                     "\"deepspeed\", or no run.builder)");
+  }
+  choice_of(s, key, {"deepspeed"});
+}
+
+/** The [bugs] keys the coarse builder re-created, now DeepSpeed's own releases' or a run key:
+ *  refused whatever their value, naming what to set instead. */
+[[noreturn]] void retired_bug(const Setting& s, const std::string& key, const char* why,
+                              const char* instead) {
+  throw InputError(s.where, key,
+                   fmt::format("retired with the coarse builder: {} ({})", why, instead));
+}
+void retired_4851(Scenario&, const Setting& s, const std::string& key) {
+  retired_bug(s, key, "DeepSpeed issue 4851 is 0.13.1's own",
+              "remove it and set zero.deepspeed_version = \"0.13.1\"");
+}
+void retired_7606(Scenario&, const Setting& s, const std::string& key) {
+  retired_bug(s, key, "issue 7606's load is run.load",
+              "remove it and set run.load = \"checkpoint\"");
+}
+void retired_copy_bounds(Scenario&, const Setting& s, const std::string& key) {
+  retired_bug(s, key, "the copy bounds before PR 5216 are DeepSpeed 0.13.4's own",
+              "remove it and set zero.deepspeed_version = \"0.13.4\"");
+}
+
 /** [run], and zero.deepspeed_version after run.builder: the table's order is the order keys
  *  are applied in and suggested from, so it stays where it always was. */
 std::vector<KeySpec> run_keys() {
@@ -178,10 +209,7 @@ std::vector<KeySpec> run_keys() {
                           : name == "host-sync" ? Variant::kHostSync
                                                 : Variant::kEventWait;
        }},
-      {"run", "builder", Kind::kText,
-       [](Scenario& sc, const Setting& v, const std::string& k) {
-         sc.run.builder = choice_of(v, k, kBuilderNames);
-       }},
+      {"run", "builder", Kind::kText, builder_of},
       {"zero", "deepspeed_version", Kind::kText,
        [](Scenario& sc, const Setting& v, const std::string& k) {
          sc.zero.deepspeed_version = deepspeed_release_of(v, k);
@@ -216,11 +244,9 @@ std::vector<KeySpec> run_keys() {
 /** [bugs]. */
 std::vector<KeySpec> bugs_keys() {
   return {
-      {"bugs", "skip_secondary_invalidation", Kind::kBool,
-       HPZ_SET(bugs.skip_secondary_invalidation, bool_of)},
-      {"bugs", "checkpoint_load_at_step", Kind::kInteger,
-       HPZ_SET(bugs.checkpoint_load_at_step, int_of)},
-      {"bugs", "legacy_copy_bounds", Kind::kBool, HPZ_SET(bugs.legacy_copy_bounds, bool_of)},
+      {"bugs", "skip_secondary_invalidation", Kind::kBool, retired_4851},
+      {"bugs", "checkpoint_load_at_step", Kind::kInteger, retired_7606},
+      {"bugs", "legacy_copy_bounds", Kind::kBool, retired_copy_bounds},
       {"bugs", "secondary_mismatch_rank", Kind::kInteger,
        HPZ_SET(bugs.secondary_mismatch_rank, int_of)},
   };

@@ -411,16 +411,11 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
   }
   for (const Override& override : overrides) collect_override(override, settings);
   // The one-command form fine-tunes: the Hugging Face model's weights loaded after zero.Init as
-  // from_pretrained loads them, unless a flag (--from-config) or --set names run.load, or --set
-  // names the coarse builder, which models no load.
+  // from_pretrained loads them, unless a flag (--from-config) or --set names run.load.
   bool fine_tune = false;
   if (path.empty() && find_setting(settings, "run.load") == nullptr) {
-    const Setting* builder = find_setting(settings, "run.builder");
-    const auto* b = builder != nullptr ? std::get_if<std::string>(&builder->raw) : nullptr;
-    if (b == nullptr || *b != "coarse") {
-      collect_override({"run.load", "pretrained"}, settings, "--hf-config");
-      fine_tune = true;
-    }
+    collect_override({"run.load", "pretrained"}, settings, "--hf-config");
+    fine_tune = true;
   }
   Origins origins;
   Scenario scenario = build(name, settings, origins);
@@ -435,8 +430,7 @@ Scenario load_scenario(const std::string& path, const std::vector<Override>& ove
   }
   const ModelConfig& m = scenario.model;
   const std::string walked = transformers_version_of(m, scenario.run.torch_version);
-  if (scenario.run.builder == "deepspeed" && m.transformers_version == "auto" &&
-      walked.starts_with("5.")) {
+  if (m.transformers_version == "auto" && walked.starts_with("5.")) {
     scenario.notes.push_back(fmt::format(
         "run.torch_version {}: the model walked as transformers {} builds and checkpoints it, the "
         "transformers the recorder's torch 2.10 environment runs (model.transformers_version = "

@@ -132,13 +132,7 @@ void check_zero(const ZeroConfig& z, int world, const WhereOf& where_of) {
            "zero.stage3_param_persistence_threshold");
 }
 
-void check_bugs(const BugConfig& b, int steps, int world, const WhereOf& where_of) {
-  require(b.checkpoint_load_at_step == -1 ||
-              (b.checkpoint_load_at_step >= 0 && b.checkpoint_load_at_step < steps),
-          where_of, "bugs.checkpoint_load_at_step",
-          fmt::format("{} is out of range (allowed: -1 for no load, or 0 to {} since run.steps = "
-                      "{})",
-                      b.checkpoint_load_at_step, steps - 1, steps));
+void check_bugs(const BugConfig& b, int world, const WhereOf& where_of) {
   require(b.secondary_mismatch_rank == -1 ||
               (b.secondary_mismatch_rank >= 0 && b.secondary_mismatch_rank < world),
           where_of, "bugs.secondary_mismatch_rank",
@@ -212,7 +206,7 @@ void check_scenario(const Scenario& s, const WhereOf& where_of) {
           "run.spin_before_copy_us",
           fmt::format("{} is out of range (allowed: 0 to 1000000 microseconds)",
                       s.run.spin_before_copy_us));
-  check_bugs(s.bugs, s.run.steps, s.cluster.world_size(), where_of);
+  check_bugs(s.bugs, s.cluster.world_size(), where_of);
   check_sim(s.sim, where_of);
   check_sizes(s, where_of);
 }

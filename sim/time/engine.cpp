@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "sim/time/by_class.hpp"
 #include "sim/time/cost_model.hpp"
 #include "sim/time/jitter.hpp"
 #include "sim/time/platform.hpp"
@@ -61,6 +62,10 @@ struct Instance {
   CollectivePlan plan;
   CollectiveModel model = CollectiveModel::kFine;  ///< the model `plan` is for
   std::int32_t step = 0;                           ///< training step, for per-step link bytes
+  int members = 0;                                 ///< the group's size
+  /** Members simulated: all, or by class (by_class.hpp) node 0's, the first `local` members;
+   *  the others are node 0's moved, and receive what node 0's members receive from them. */
+  int local = 0;
   int arrived = 0;
   std::vector<int> sends_started, sends_done, recvs_done;
   std::vector<bool> finished;
@@ -103,7 +108,7 @@ struct RankState {
 class Simulation {
  public:
   Simulation(const Scenario& sc, const Schedule& schedule, std::uint64_t seed,
-             const Topology& topology, std::vector<s4u::Host*> hosts)
+             const Topology& topology, std::vector<s4u::Host*> hosts, const NodeQuotient* quotient)
       : schedule_(schedule),
         cost_(sc),
         jitter_(seed, sc.sim.jitter),
@@ -111,11 +116,15 @@ class Simulation {
         hosts_(std::move(hosts)),
         model_(collective_model_of(sc)),
         bandwidth_factor_(sc.sim.bandwidth_factor),
-        latency_factor_(sc.sim.latency_factor) {
+        latency_factor_(sc.sim.latency_factor),
+        quotient_(quotient) {
     run_.timeline.seed = seed;
     run_.link_bytes.assign(static_cast<std::size_t>(sc.run.steps + 1),
                            std::vector<double>(topology.links().size(), 0.0));
-    for (const RankSchedule& rs : schedule.ranks) prepare(rs);
+    const std::size_t simulated = quotient_ != nullptr
+                                      ? static_cast<std::size_t>(quotient_->gpus_per_node)
+                                      : schedule.ranks.size();
+    for (std::size_t r = 0; r < simulated; ++r) prepare(schedule.ranks[r]);
   }
 
   /** Keeps `progress` (may be null) up to date from now on. */
@@ -180,6 +189,7 @@ class Simulation {
   std::vector<s4u::Host*> hosts_;
   CollectiveModel model_;
   double bandwidth_factor_, latency_factor_;  ///< SimGrid's network factors (engine_args)
+  const NodeQuotient* quotient_;  ///< by class: node 0 simulated for every node; null: all ranks
   EngineRun run_;
   std::vector<RankState> ranks_;
   /** Per rank and stream (RankState::stream_base + stream): ops issued and not finished. One
@@ -275,7 +285,13 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
   if (fresh) {
     Instance inst;
     inst.group = op.group;
-    inst.ops.assign(static_cast<std::size_t>(n), 0);
+    inst.members = n;
+    inst.local = quotient_ == nullptr
+                     ? n
+                     : static_cast<int>(std::lower_bound(g.ranks.begin(), g.ranks.end(),
+                                                         quotient_->gpus_per_node) -
+                                        g.ranks.begin());
+    inst.ops.assign(static_cast<std::size_t>(inst.local), 0);
     // Init's collectives (step -1) run in the coarse model whatever sim.collective_model says:
     // no metric reports init's time, and the steps after it do not depend on how it was timed
     // (on every shipped scenario, both builders, the fine model's step times came out the same
@@ -285,9 +301,9 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
     inst.model = op.step < 0 ? CollectiveModel::kCoarse : model_;
     inst.plan = plan_collective(op.kind, op.comm_bytes, n, inst.model);
     inst.step = op.step;
-    inst.sends_started.assign(static_cast<std::size_t>(n), 0);
+    inst.sends_started.assign(static_cast<std::size_t>(inst.local), 0);
     inst.sends_done = inst.recvs_done = inst.sends_started;
-    inst.finished.assign(static_cast<std::size_t>(n), false);
+    inst.finished.assign(static_cast<std::size_t>(inst.local), false);
     instances_.push_back(std::move(inst));
   }
   const auto member = std::lower_bound(g.ranks.begin(), g.ranks.end(), rs.rank) - g.ranks.begin();
@@ -413,20 +429,20 @@ void Simulation::finish(Rank r, std::uint32_t i) {
 void Simulation::arrive(Rank r, std::uint32_t i) {
   const auto inst = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(r)].ops[i].instance);
   Instance& in = instances_[inst];
-  const auto n = static_cast<int>(in.ops.size());
-  if (++in.arrived == n) launch(inst);
+  // By class, the other nodes' members arrive when node 0's do (they are node 0's moved).
+  if (++in.arrived == in.local) launch(inst);
 }
 
 void Simulation::launch(std::uint32_t inst) {
   Instance& in = instances_[inst];
   const Group& g = schedule_.groups[static_cast<std::size_t>(in.group)];
   const double now = now_;
-  const auto n = static_cast<int>(in.ops.size());
-  for (int m = 0; m < n; ++m) {
+  const int n = in.members;
+  for (int m = 0; m < in.local; ++m) {
     const auto rank = static_cast<std::size_t>(g.ranks[static_cast<std::size_t>(m)]);
     run_.timeline.ranks[rank][in.ops[static_cast<std::size_t>(m)]].start_s = now;
   }
-  for (int m = 0; m < n; ++m) {
+  for (int m = 0; m < in.local; ++m) {
     if (in.plan.all_to_all) {
       for (int k = 1; k < n; ++k) send(inst, m, (m + k) % n, in.plan.step_bytes);
       in.sends_started[static_cast<std::size_t>(m)] = n - 1;
@@ -446,7 +462,7 @@ void Simulation::try_send(std::uint32_t inst, int m) {
     return;
   }
   ++in.sends_started[mu];
-  send(inst, m, (m + 1) % static_cast<int>(in.ops.size()), in.plan.step_bytes);
+  send(inst, m, (m + 1) % in.members, in.plan.step_bytes);
 }
 
 void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes) {
@@ -456,7 +472,9 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   const Rank b = g.ranks[static_cast<std::size_t>(to)];
   auto& per_link = run_.link_bytes[static_cast<std::size_t>(std::max(in.step + 1, 0))];
   const std::vector<LinkId> route = topology_.route(a, b);
-  for (LinkId id : route) per_link[id] += static_cast<double>(bytes);
+  for (LinkId id : route) {
+    per_link[quotient_ != nullptr ? quotient_->fold(id) : id] += static_cast<double>(bytes);
+  }
   ++run_.stats.transfers;
   if (in.model == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
     // The coarse model (every collective's, or only init's: prepare_collective) times a hop
@@ -476,8 +494,11 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   task.instance = inst;
   task.from = from;
   task.to = to;
+  // By class, a transfer to another node arrives at the mirror of its receiver's node-0
+  // counterpart, through node 0's links that stand for the receiver's (by_class.hpp).
+  const int to_host = quotient_ != nullptr ? quotient_->receiver(b) : b;
   s4u::CommPtr comm = s4u::Comm::sendto_init(hosts_[static_cast<std::size_t>(a)],
-                                             hosts_[static_cast<std::size_t>(b)]);
+                                             hosts_[static_cast<std::size_t>(to_host)]);
   comm->set_payload_size(bytes);
   comm->set_data(&task);
   task.activity = comm;
@@ -523,12 +544,15 @@ void Simulation::handle(const Task& task) {
       return finish(task.rank, task.op);
     case Task::Kind::kSend: {
       Instance& in = instances_[task.instance];
+      // By class, a receiver on another node is node 0's member `to % local` moved: what it
+      // receives, that member receives from the sender moved back (by_class.hpp).
+      const int to = task.to % in.local;
       ++in.sends_done[static_cast<std::size_t>(task.from)];
-      ++in.recvs_done[static_cast<std::size_t>(task.to)];
+      ++in.recvs_done[static_cast<std::size_t>(to)];
       try_send(task.instance, task.from);
-      try_send(task.instance, task.to);
+      try_send(task.instance, to);
       check_member(task.instance, task.from);
-      check_member(task.instance, task.to);
+      check_member(task.instance, to);
       return;
     }
   }
@@ -620,7 +644,7 @@ CollectiveModel collective_model_of(const Scenario& scenario) {
 }
 
 EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
-                     EngineProgress* progress) {
+                     EngineProgress* progress, const NodeQuotient* quotient) {
   static bool used = false;
   if (used) throw std::logic_error("SimGrid's engine runs once per process: use run_isolated()");
   used = true;
@@ -631,7 +655,10 @@ EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::ui
   int argc = static_cast<int>(argv.size());
   s4u::Engine engine(&argc, argv.data());
   const Topology topology(scenario.cluster);
-  Simulation sim(scenario, schedule, seed, topology, install(topology, used_pairs(schedule)));
+  Simulation sim(scenario, schedule, seed, topology,
+                 quotient != nullptr ? install_quotient(topology, *quotient)
+                                     : install(topology, used_pairs(schedule)),
+                 quotient);
   sim.report_to(progress);
   s4u::Activity::on_completion_cb([&sim](const s4u::Activity& a) { sim.on_complete(a); });
   sim.kick();

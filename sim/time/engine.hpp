@@ -19,12 +19,14 @@
 #include <string>
 #include <vector>
 
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
-#include "sim/time/collective.hpp"
 #include "sim/ir/timeline.hpp"
+#include "sim/scenario.hpp"
+#include "sim/time/collective.hpp"
 
 namespace hpz::time {
+
+struct NodeQuotient;  // by_class.hpp
 
 /** What one run produced, besides the timeline. */
 struct EngineStats {
@@ -56,16 +58,19 @@ struct EngineProgress {
 };
 
 /** Runs the schedule in this process's SimGrid engine (once per process); `progress`, when
- *  given, is kept up to date as ops finish. */
+ *  given, is kept up to date as ops finish. With `quotient`, only node 0's ranks are simulated
+ *  (by_class.hpp): the run's timeline has node 0's ranks, its link bytes node 0's links
+ *  (unfold_run() gives them to every rank and link). */
 EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
-                     EngineProgress* progress = nullptr);
+                     EngineProgress* progress = nullptr, const NodeQuotient* quotient = nullptr);
 
 /** A run_engine() call in a forked child process; wait() collects its result (call it once).
  *  A child never waited for (the caller threw in between) is killed and reaped. */
 class ChildRun {
  public:
-  /** Forks and starts simulating in the child. */
-  ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
+  /** Forks and starts simulating in the child (with `quotient`: node 0 only, run_engine). */
+  ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+           const NodeQuotient* quotient = nullptr);
   ChildRun(ChildRun&& other) noexcept;
   ChildRun& operator=(ChildRun&&) = delete;
   ChildRun(const ChildRun&) = delete;

@@ -89,7 +89,8 @@ EngineRun receive_run(int fd) {
 
 }  // namespace
 
-ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed) {
+ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+                   const NodeQuotient* quotient) {
   void* shared = ::mmap(nullptr, sizeof(EngineProgress), PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shared == MAP_FAILED) throw std::runtime_error("mmap() failed");
@@ -111,7 +112,7 @@ ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint
     ::close(fds[0]);
     int code = 0;
     try {
-      send_run(fds[1], run_engine(scenario, schedule, seed, progress_));
+      send_run(fds[1], run_engine(scenario, schedule, seed, progress_, quotient));
     } catch (const std::exception&) {
       code = 1;
     }

@@ -10,7 +10,7 @@ namespace {
 /** When the last op of step k ended, over all ranks (k = -1: init). */
 double step_end(const Schedule& schedule, const Timeline& timeline, std::int32_t k) {
   double end = 0;
-  for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
+  for (std::size_t r = 0; r < timeline.ranks.size(); ++r) {
     const auto& ops = schedule.ranks[r].ops;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].step == k) end = std::max(end, timeline.ranks[r][i].end_s);
@@ -71,8 +71,9 @@ StepMetrics step_metrics(const Scenario& scenario, const Schedule& schedule,
   const double tokens = static_cast<double>(t.seq_len) * t.micro_batch * t.grad_accum *
                         scenario.cluster.gpus_per_node;
   m.tokens_per_s_per_node = m.step_time_s > 0 ? tokens / m.step_time_s : 0;
-  const auto ranks = static_cast<double>(schedule.ranks.size());
-  for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
+  // By class the timeline has node 0's ranks, whose means are every rank's (by_class.hpp).
+  const auto ranks = static_cast<double>(timeline.ranks.size());
+  for (std::size_t r = 0; r < timeline.ranks.size(); ++r) {
     const RankSchedule& rs = schedule.ranks[r];
     const auto& times = timeline.ranks[r];
     m.exposed_comm_s += (m.step_time_s - compute_busy(rs, times, lo, hi)) / ranks;

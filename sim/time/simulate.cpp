@@ -8,16 +8,20 @@
 #include <future>
 #include <limits>
 
+#include "sim/time/by_class.hpp"
+
 namespace hpz::time {
 namespace {
 
 /** The runs' child processes: at most `parallel` at once, seeds run.seed, run.seed + 1, ... */
 class Runs {
  public:
-  Runs(const Scenario& scenario, const Schedule& schedule, const SimOptions& options)
+  Runs(const Scenario& scenario, const Schedule& schedule, const SimOptions& options,
+       const NodeQuotient* quotient)
       : scenario_(scenario),
         schedule_(schedule),
         options_(options),
+        quotient_(quotient),
         total_(std::max(1, options.runs)) {
     top_up();
   }
@@ -47,13 +51,14 @@ class Runs {
     while (started_ < total_ &&
            static_cast<int>(running_.size()) < std::max(1, options_.parallel)) {
       running_.emplace_back(scenario_, schedule_,
-                            scenario_.run.seed + static_cast<std::uint64_t>(started_++));
+                            scenario_.run.seed + static_cast<std::uint64_t>(started_++), quotient_);
     }
   }
 
   const Scenario& scenario_;
   const Schedule& schedule_;
   const SimOptions& options_;
+  const NodeQuotient* quotient_;  ///< by class, or null
   const int total_;
   int started_ = 0;
   std::deque<ChildRun> running_;
@@ -62,10 +67,13 @@ class Runs {
 /** The race checker; with a progress callback it runs on a thread of its own while this one
  *  keeps reporting the runs' progress (the checker takes seconds at 1,024 ranks). */
 check::CheckResult check_showing_progress(const Schedule& schedule, const Runs& children,
-                                          const SimOptions& options) {
-  if (!options.progress) return check::check_schedule(schedule);
-  auto checked =
-      std::async(std::launch::async, [&schedule] { return check::check_schedule(schedule); });
+                                          const SimOptions& options, bool by_class) {
+  // By class the checker runs by class too (its report is the rank-by-rank one, byte for byte).
+  const auto check = [&schedule, by_class] {
+    return by_class ? check::check_schedule_by_class(schedule) : check::check_schedule(schedule);
+  };
+  if (!options.progress) return check();
+  auto checked = std::async(std::launch::async, check);
   while (checked.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready) {
     children.report_progress();
   }
@@ -85,6 +93,16 @@ void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& res
   }
 }
 
+/** The race as timed in `t`: by class, a timeline of node 0's ranks, the race's rank's node-0
+ *  counterpart. */
+RaceInstance folded(const Timeline& t, RaceInstance race) {
+  const auto have = t.ranks.size();
+  if (have != 0 && static_cast<std::size_t>(race.rank) >= have) {
+    race.rank = static_cast<Rank>(static_cast<std::size_t>(race.rank) % have);
+  }
+  return race;
+}
+
 }  // namespace
 
 void attach_races(const check::CheckResult& checked, SimResult& result) {
@@ -101,7 +119,7 @@ void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
   std::vector<std::vector<double>> margins(result.races.size());  // first run, per group
   for (std::size_t run = 0; run < runs.size(); ++run) {
     for (const RaceInstance& race : result.race_instances) {
-      const Manifestation m = manifestation(*runs[run], race);
+      const Manifestation m = manifestation(*runs[run], folded(*runs[run], race));
       RaceReport& report = result.races[race.group];
       if (m.first_end_s >= 0 && m.second_start_s >= 0) {
         double& least = report.min_margin_per_run[run];
@@ -174,12 +192,24 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   result.network_model = scenario.sim.network_model;
   result.bandwidth_factor = scenario.sim.bandwidth_factor;
   result.latency_factor = scenario.sim.latency_factor;
+  NodeQuotient quotient;
+  if (options.by_class != ByClass::kPerRank) {
+    result.by_class = node_quotient(scenario, schedule, options.by_class == ByClass::kForce,
+                                    quotient, result.by_class_how);
+    if (result.by_class) result.by_class_how = describe_quotient(quotient);
+    if (scenario.cluster.nodes < 2) result.by_class_how.clear();  // nothing to fold
+  }
   // The children simulate while this process runs the checker (two cores: the checker's time
   // mostly disappears from the wall time).
-  Runs children(scenario, schedule, options);
-  if (options.check_races)
-    attach_races(check_showing_progress(schedule, children, options), result);
+  Runs children(scenario, schedule, options, result.by_class ? &quotient : nullptr);
+  if (options.check_races) {
+    attach_races(check_showing_progress(schedule, children, options, result.by_class), result);
+  }
   std::vector<EngineRun> runs = children.collect();
+  if (result.by_class) {
+    const Topology topology(scenario.cluster);
+    for (EngineRun& run : runs) unfold_links(quotient, topology, run);
+  }
   for (const EngineRun& run : runs)
     result.runs.push_back(step_metrics(scenario, schedule, run.timeline));
   std::vector<const Timeline*> timelines;
@@ -189,6 +219,7 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
   link_reports(scenario, runs.front(), result);
   result.stats = runs.front().stats;
   result.timeline = std::move(runs.front().timeline);
+  if (result.by_class && options.full_timeline) unfold_timeline(quotient, result.timeline);
   return result;
 }
 

@@ -9,20 +9,33 @@
 #include <vector>
 
 #include "sim/check/checker.hpp"
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
+#include "sim/ir/timeline.hpp"
+#include "sim/scenario.hpp"
 #include "sim/time/engine.hpp"
 #include "sim/time/platform.hpp"
 #include "sim/time/races.hpp"
-#include "sim/ir/timeline.hpp"
 
 namespace hpz::time {
+
+/** Whether to simulate one node for all (by_class.hpp). */
+enum class ByClass : std::uint8_t {
+  kAuto,     ///< by class where exact (symmetric schedule and network, jitter 0), else every rank
+  kPerRank,  ///< every rank (`sim --per-rank`)
+  kForce,    ///< by class also with jitter (every node draws node 0's noise: not exact)
+};
 
 /** How to simulate. */
 struct SimOptions {
   int runs = 1;             ///< runs, seeds run.seed, run.seed + 1, ...
   int parallel = 2;         ///< child processes at once
   bool check_races = true;  ///< run the race checker and time its races (off for benchmarks)
+  ByClass by_class = ByClass::kAuto;
+  /** By class: give SimResult::timeline every rank (copies of node 0's times, memory that
+   *  grows with the world); false keeps node 0's ranks only, enough for the step metrics, the
+   *  races, the console and the JSON without op times (not for traces, --op-times or
+   *  sensitivity, which read every rank's times). */
+  bool full_timeline = true;
   /** Called with (runs done, runs in all) after each run and about 4 times a second while one
    *  runs; runs done counts the run in progress by its share of ops done (e.g. 0.45). */
   std::function<void(double, int)> progress;
@@ -85,9 +98,15 @@ struct SimResult {
   StepMetrics mean;               ///< averaged over runs, but races_manifested is summed (mean_of)
   std::vector<RaceReport> races;
   std::vector<LinkReport> links;
-  Timeline timeline;  ///< the first run's
+  /** The first run's; by class without SimOptions::full_timeline, node 0's ranks only. */
+  Timeline timeline;
   std::vector<RaceInstance> race_instances;
-  EngineStats stats;  ///< the first run's
+  EngineStats stats;  ///< the first run's (by class: node 0's transfers and delays)
+  /** Simulated by symmetry class (node 0 for every node; each rank's times are its node-0
+   *  counterpart's), and `how` says so; otherwise `how` says why every rank was simulated ("" for
+   *  --per-rank or a world of one node). */
+  bool by_class = false;
+  std::string by_class_how;
 };
 
 /** Simulates `schedule` (built from `scenario`) per `options`; each run in a child process. */
@@ -98,13 +117,15 @@ SimResult simulate(const Scenario& scenario, const Schedule& schedule, const Sim
 void attach_races(const check::CheckResult& checked, SimResult& result);
 
 /** Times `result.race_instances` in each run: fills every RaceReport's counts and example
- *  (first run) and result.runs[k].races_manifested. result.runs has one entry per timeline. */
+ *  (first run) and result.runs[k].races_manifested. result.runs has one entry per timeline. A
+ *  timeline of fewer ranks than a race's is node 0's of a run by class: rank r's times are
+ *  those of rank r mod its size (by_class.hpp). */
 void time_races(const std::vector<const Timeline*>& timelines, SimResult& result);
 
 /** The mean of per-run metrics (races_manifested is summed, hung is any). */
 StepMetrics mean_of(const std::vector<StepMetrics>& runs);
 
-/** The step metrics of one run. */
+/** The step metrics of one run: over the timeline's ranks (by class, node 0's stand for all). */
 StepMetrics step_metrics(const Scenario& scenario, const Schedule& schedule,
                          const Timeline& timeline);
 

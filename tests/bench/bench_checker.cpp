@@ -59,18 +59,11 @@ void check_and_count(benchmark::State& state, const hpz::Schedule& schedule) {
   state.counters["rss_before_check_mib"] = schedule_rss;
 }
 
-// The coarse builder's schedule (run.builder = "coarse"; the default builder is DeepSpeed's).
-void BM_CheckLlama70b(benchmark::State& state) {
-  check_and_count(state, llama70b(static_cast<int>(state.range(0)), {{"run.builder", "coarse"}}));
-}
-
-// The same model from the DeepSpeed builder (docs/deepspeed-builder.md), qwZ and qgZ off (as
-// the README's numbers were measured). Its schedule has about 4 times the coarse builder's ops a
-// rank.
+// llama2-70b's DeepSpeed schedule (docs/deepspeed-builder.md), qwZ and qgZ off (as the README's
+// numbers were measured).
 void BM_CheckLlama70bDeepSpeed(benchmark::State& state) {
   check_and_count(state, llama70b(static_cast<int>(state.range(0)),
-                                  {{"run.builder", "deepspeed"},
-                                   {"zero.zero_quantized_weights", "false"},
+                                  {{"zero.zero_quantized_weights", "false"},
                                    {"zero.zero_quantized_gradients", "false"}}));
 }
 
@@ -117,13 +110,6 @@ BENCHMARK(BM_CheckLlama70bDeepSpeed)
     ->Arg(16)
     ->Arg(32)
     ->Arg(64)
-    ->Arg(128)
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(1);
-
-BENCHMARK(BM_CheckLlama70b)
-    ->Arg(2)
-    ->Arg(16)
     ->Arg(128)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);

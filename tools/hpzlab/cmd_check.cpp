@@ -32,8 +32,8 @@
 #include "sim/deepspeed_builder.hpp"
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
-#include "sim/parallel.hpp"
 #include "sim/ir/projection.hpp"
+#include "sim/parallel.hpp"
 #include "sim/record_inputs.hpp"
 #include "sim/time/sensitivity.hpp"
 #include "sim/time/simulate.hpp"
@@ -181,7 +181,6 @@ struct Checked {
   check::CheckResult result;
   int steps = 0;                   ///< optimizer steps in the checked schedule
   bool from_file = false;          ///< --schedule FILE: its steps are the recording's
-  bool coarse = false;             ///< built by the coarse builder
   std::vector<std::string> notes;  ///< what loading the scenario noted (Scenario::notes)
   /** --record: the DeepSpeed builder's schedule of the same scenario against the recording. */
   std::optional<RecordingComparison> builder;
@@ -447,7 +446,6 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
     }
     for (MatrixEpoch& e : epochs_of(releases, traits_of(path, opts, releases), opts.record)) {
       std::vector<Override> o = overrides_of(opts);
-      o.emplace_back("run.builder", "deepspeed");
       o.emplace_back("zero.deepspeed_version", e.releases.front());
       jobs.push_back({path, std::move(o), std::move(e)});
     }
@@ -551,15 +549,12 @@ std::vector<Checked> check_scenarios(const CheckOptions& opts,
     Checked checked{std::move(result),
                     opts.record ? step_count(schedule) : sc.run.steps,
                     opts.record,
-                    !opts.record && sc.run.builder == "coarse",
                     sc.notes,
                     std::move(builder),
                     epoch ? epoch->releases : std::vector<std::string>{},
                     "",
                     scenario_defects(sc),
-                    epoch || sc.run.builder != "deepspeed"
-                        ? ""
-                        : canonical_deepspeed_version(sc.zero.deepspeed_version),
+                    epoch ? "" : canonical_deepspeed_version(sc.zero.deepspeed_version),
                     std::move(explanation),
                     std::move(probes),
                     std::move(margin),
@@ -670,7 +665,6 @@ Checked check_file(const CheckOptions& opts) {
   Checked checked{std::move(result),
                   step_count(schedule),
                   true,
-                  false,
                   {},
                   std::nullopt,
                   {},
@@ -895,12 +889,6 @@ void run_check(const CheckOptions& opts, int& exit_code) {
     }
   }
   // The same notes as the text, in the JSON under "notes" (issue 17: notes everywhere).
-  const bool any_coarse =
-      std::any_of(checked.begin(), checked.end(), [](const Checked& c) { return c.coarse; });
-  const std::string coarse_note =
-      "built by the coarse builder (run.builder = \"coarse\": one coordinator call per attn/mlp "
-      "unit, hpZ as DeepSpeed 0.13.2-0.13.4 copies it); for the schedule your DeepSpeed "
-      "version issues, add --deepspeed VERSION (or --set run.builder=deepspeed, the default)";
   if (!opts.json.empty()) {
     nlohmann::json j = nlohmann::json::parse(check::JsonReporter().render(results));
     nlohmann::json notes = nlohmann::json::array();
@@ -910,7 +898,6 @@ void run_check(const CheckOptions& opts, int& exit_code) {
         notes.push_back(c.result.scenario + ": " + n);
       }
     }
-    if (any_coarse) notes.push_back(coarse_note);
     j["notes"] = notes;
     // Known DeepSpeed defects (RuleScope::kDefect): findings the checker cannot make, so the
     // verdict is not clean where one applies.
@@ -1085,9 +1072,6 @@ void run_check(const CheckOptions& opts, int& exit_code) {
       }
       text += note_line(checked[i]);
     }
-    // Which DeepSpeed a verdict of the coarse builder stands for, once: it is not the schedule
-    // of the user's version (docs/deepspeed-builder.md).
-    if (any_coarse) text += "\nnote: " + coarse_note + "\n";
     std::fwrite(text.data(), 1, text.size(), stdout);
   }
   bool clean = true;

@@ -25,10 +25,9 @@ struct OrderOptions {
   std::vector<std::string> update;  ///< --update FILE...
 };
 
-/** "stock, coarse builder" or "stock, DeepSpeed 0.13.4 built". */
+/** "stock, DeepSpeed 0.13.4 built" (schedule_label). */
 std::string built_by(const Schedule& s) {
-  const std::string label = schedule_label(s.variant, s.source);
-  return s.source.contains("deepspeed") ? label : label + ", coarse builder";
+  return schedule_label(s.variant, s.source);
 }
 
 Schedule build(const std::string& scenario, const std::vector<std::string>& sets,

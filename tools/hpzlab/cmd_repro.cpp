@@ -2,8 +2,9 @@
 // [--plot FILE]`: replays stock, host-sync, event-wait and hpZ off on the same seeds and shows
 // whether the loss goes NaN (or wrong) and whether both fixes train bit for bit like no-hpz.
 // Exit 0 when both fixes match no-hpz, 1 when a fix does not or a variant hangs (mismatched
-// collectives: reported, not replayed), 2 on bad input. With --schedule
-// FILE: the taint replay of that one schedule; exit 1 when it went bad in a run.
+// collectives: reported, not replayed), 2 on bad input. With --schedule FILE: the replay of
+// that one schedule, with numbers against its serialized replay where the scenario's Llama
+// computes it (a recording of tiny.toml's model), else taint; exit 1 when it went bad in a run.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -43,11 +44,8 @@ replay::Mode replay_mode(const std::string& mode, const Scenario& sc, const std:
                                            : replay::Mode::kNumeric;
   if (m == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
     throw InputError(file, "--mode",
-                     sc.run.builder == "deepspeed"
-                         ? "numeric replay needs a small Llama (no biases, untied embeddings; "
-                           "under 4e7 parameters over all ranks, 4096 tokens; use taint or auto)"
-                         : "numeric replay needs a small model with kv_heads = heads and a gated "
-                           "MLP (use taint or auto)");
+                     "numeric replay needs a small Llama (no biases, untied embeddings; under 4e7 "
+                     "parameters over all ranks, 4096 tokens; use taint or auto)");
   }
   return m;
 }
@@ -101,15 +99,13 @@ replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario& sc, repla
   return r;
 }
 
-/** --schedule FILE: the taint replay of that schedule; exit 0 when no run went bad. */
+/** --schedule FILE: the replay of that schedule; exit 0 when no run went bad. */
 replay::ReproResult repro_file(const ReproCliOptions& o, Scenario sc, replay::ReproOptions ro,
                                int& exit_code) {
   const std::string& file = o.common.schedule;
-  if (o.mode == "numeric") {
-    throw InputError(file, "--mode",
-                     "the numeric replay runs the builder's tiny model, not a schedule read from "
-                     "a file (use taint or auto)");
-  }
+  // auto: numbers where the scenario's Llama computes the schedule (replay_schedule decides).
+  if (o.mode == "numeric") ro.mode = replay::Mode::kNumeric;
+  if (o.mode == "taint") ro.mode = replay::Mode::kTaint;
   if (o.steps) throw InputError(file, "--steps", "a schedule read from a file has its steps");
   const Schedule schedule = schedule_for(sc, file);
   ro.progress = [](int done, int total) {

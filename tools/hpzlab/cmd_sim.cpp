@@ -31,6 +31,8 @@ struct SimCliOptions {
   int runs = 1;              ///< --runs N: jitter seeds run.seed .. run.seed + N - 1
   bool op_times = false;     ///< --op-times: per-op times in the JSON (for `hpzlab compare`)
   bool sensitivity = false;  ///< --sensitivity: which cost inputs decide the races' bite
+  bool per_rank = false;     ///< --per-rank: simulate every rank, not node 0 for every node
+  bool by_class = false;     ///< --by-class: node 0 for every node also with jitter (not exact)
 };
 
 /** Runs done, the one in progress counted by its share of ops simulated. */
@@ -50,8 +52,22 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   time::SimOptions sim_opts;
   sim_opts.runs = opts.runs;
   sim_opts.progress = progress;
+  if (opts.per_rank && opts.by_class) {
+    throw InputError("", "--by-class", "not with --per-rank (one or the other)");
+  }
+  sim_opts.by_class = opts.per_rank   ? time::ByClass::kPerRank
+                      : opts.by_class ? time::ByClass::kForce
+                                      : time::ByClass::kAuto;
+  // Node 0's times stand for every rank's; only these outputs read every rank's.
+  sim_opts.full_timeline = opts.op_times || opts.sensitivity || !opts.trace.file.empty();
   const time::SimResult result =
       on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
+  if (!result.by_class && !result.by_class_how.empty()) {
+    std::fprintf(stderr, "sim: every rank simulated, not one node per symmetry class (%s)\n",
+                 result.by_class_how.c_str());
+  } else if (result.by_class && !opts.trace.file.empty()) {
+    std::fprintf(stderr, "sim: the trace shows every rank with its node-0 counterpart's times\n");
+  }
   std::optional<time::SensitivityResult> sens;
   if (opts.sensitivity && time::has_race(result)) {
     sens = time::sensitivity(sc, schedule, result, [](int done, int total) {
@@ -108,6 +124,13 @@ void setup_sim(CLI::App& app, int& exit_code) {
                 "latency, NIC and NVLink bandwidth and latency, SimGrid's factors) alone from x1/4 "
                 "to x4, simulate again with the same seed, and say at which factor the closest "
                 "race would start or stop biting");
+  sub->add_flag("--per-rank", opts->per_rank,
+                "Simulate every rank, not node 0's ranks for every node (the default where every "
+                "node issues node 0's ops on its own groups, the network is the same on every "
+                "node and sim.jitter is 0: the times are the same)");
+  sub->add_flag("--by-class", opts->by_class,
+                "Simulate node 0's ranks for every node also where sim.jitter > 0: every node "
+                "then draws node 0's noise, which is not the per-rank model (an approximation)");
   sub->callback([opts, &exit_code] { run_sim(*opts, exit_code); });
 }
 

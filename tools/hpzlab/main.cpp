@@ -13,8 +13,8 @@
 #include "sim/deepspeed_builder.hpp"
 #include "sim/deepspeed_releases.hpp"
 #include "sim/error.hpp"
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule_json.hpp"
+#include "sim/scenario.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {
@@ -55,8 +55,8 @@ void add_user_flags(CLI::App& sub, UserFlags& flags, bool with_version) {
                  "(DeepSpeed issue 7898)");
   if (with_version) {
     sub.add_option("--deepspeed", flags.deepspeed,
-                   "Your DeepSpeed version: the schedule it issues, built by the DeepSpeed "
-                   "builder (run.builder = deepspeed, zero.deepspeed_version = VERSION)");
+                   "Your DeepSpeed version: the schedule it issues "
+                   "(zero.deepspeed_version = VERSION)");
   }
 }
 
@@ -84,7 +84,6 @@ std::vector<FlagSetting> flag_settings(const UserFlags& flags) {
     out.push_back({"--step-stream", "run.step_stream", flags.step_stream});
   }
   if (!flags.deepspeed.empty()) {
-    out.push_back({"--deepspeed", "run.builder", "deepspeed"});
     out.push_back({"--deepspeed", "zero.deepspeed_version", flags.deepspeed});
   }
   return out;

@@ -1,0 +1,269 @@
+#include "sim/time/by_class.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <simgrid/s4u/Host.hpp>
+#include <simgrid/s4u/Link.hpp>
+#include <simgrid/s4u/NetZone.hpp>
+#include <tuple>
+
+#include "sim/time/engine.hpp"
+
+namespace hpz::time {
+namespace {
+
+/** A group's ranks moved `k` nodes on (modulo the world), ascending. */
+std::vector<Rank> moved(const std::vector<Rank>& ranks, int k, int gpus, int world) {
+  std::vector<Rank> out;
+  out.reserve(ranks.size());
+  for (Rank r : ranks) out.push_back((r + k * gpus) % world);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/** True when the copy op reads or writes host memory (the cost model's PCIe case). */
+bool host_copy(const Schedule& schedule, Rank r, const Op& op) {
+  const RankSchedule& rs = schedule.ranks[static_cast<std::size_t>(r)];
+  const auto accesses = schedule.accesses_of(r, op);
+  return std::any_of(accesses.begin(), accesses.end(),
+                     [&rs](const Access& a) { return rs.buffers[a.buffer].on_host; });
+}
+
+/** The folding of the world onto node 0 as far as checked: the groups node 0 uses and how. */
+class Folding {
+ public:
+  Folding(const Schedule& schedule, int gpus, int nodes)
+      : schedule_(schedule), gpus_(gpus), nodes_(nodes), world_(gpus * nodes) {}
+
+  /** Node 0's groups lie inside node 0 or are unchanged by a move of one node. */
+  bool groups_fold(std::string& why) {
+    for (Rank r = 0; r < gpus_; ++r) {
+      for (const Op& op : schedule_.ranks[static_cast<std::size_t>(r)].ops) {
+        if (!is_collective(op.kind)) continue;
+        uses_.insert({op.group, op.kind == OpKind::kAllToAll});
+      }
+    }
+    for (const auto& [g, all_to_all] : uses_) {
+      const std::vector<Rank>& ranks = members(g);
+      if (ranks.back() < gpus_) continue;  // inside node 0
+      if (moved(ranks, 1, gpus_, world_) != ranks) {
+        why = fmt::format("group {} spans some nodes but is not the same on every node",
+                          schedule_.groups[static_cast<std::size_t>(g)].name);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  /** Every rank issues its node-0 counterpart's ops, its collectives on the moved groups. */
+  bool ranks_fold(std::string& why) const {
+    for (int k = 1; k < nodes_; ++k) {
+      std::vector<GroupId> moved_group(schedule_.groups.size(), kNoGroup);
+      for (Rank j = 0; j < gpus_; ++j) {
+        if (!rank_folds(j, j + k * gpus_, k, moved_group)) {
+          why = fmt::format("rank {} issues other ops than rank {}", j + k * gpus_, j);
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  /** The quotient routes; false when the reverse routes of the flows one quotient flow stands
+   *  for differ (SimGrid loads a flow's reverse route with 5% cross-traffic where it exists). */
+  bool routes(std::vector<std::pair<Rank, Rank>>& pairs, std::vector<std::pair<Rank, Rank>>& full,
+              std::string& why) const {
+    std::set<std::pair<Rank, Rank>> local, back;  // back: full pairs (remote, node-0 rank)
+    std::map<std::pair<Rank, Rank>, std::vector<Rank>> out;  // (a, b mod G) -> remote b
+    for (const auto& [g, all_to_all] : uses_) {
+      const std::vector<Rank>& m = members(g);
+      const auto n = static_cast<int>(m.size());
+      for (int i = 0; i < n && n > 1 && m[static_cast<std::size_t>(i)] < gpus_; ++i) {
+        const Rank a = m[static_cast<std::size_t>(i)];
+        for (int s = 1; s < n; ++s) {
+          const Rank other = m[static_cast<std::size_t>((i + s) % n)];
+          if (all_to_all || s == 1) {  // a sends to it
+            if (other < gpus_) {
+              local.insert({a, other});
+            } else {
+              out[{a, other % gpus_}].push_back(other);
+            }
+          }
+          if ((all_to_all || s == n - 1) && other >= gpus_) back.insert({other, a});
+        }
+      }
+    }
+    for (const auto& p : local) {
+      pairs.push_back(p);
+      full.push_back(p);
+    }
+    for (auto& [key, bs] : out) {
+      const auto [a, j] = key;
+      std::sort(bs.begin(), bs.end());
+      bs.erase(std::unique(bs.begin(), bs.end()), bs.end());
+      const auto loaded = std::count_if(bs.begin(), bs.end(), [&, a = a](Rank b) {
+        return back.count({b, a}) != 0;
+      });
+      if (loaded != 0 && loaded != static_cast<std::ptrdiff_t>(bs.size())) {
+        why = fmt::format("rank {}'s transfers to ranks {} mod {} meet different reverse routes", a,
+                          j, gpus_);
+        return false;
+      }
+      pairs.emplace_back(a, gpus_ + j);
+      full.emplace_back(a, bs.front());
+      if (loaded != 0) {
+        pairs.emplace_back(gpus_ + j, a);
+        full.emplace_back(bs.front(), a);
+      }
+    }
+    return true;
+  }
+
+ private:
+  const std::vector<Rank>& members(GroupId g) const {
+    return schedule_.groups[static_cast<std::size_t>(g)].ranks;
+  }
+
+  bool rank_folds(Rank j, Rank r, int k, std::vector<GroupId>& moved_group) const {
+    const RankSchedule& a = schedule_.ranks[static_cast<std::size_t>(j)];
+    const RankSchedule& b = schedule_.ranks[static_cast<std::size_t>(r)];
+    if (a.ops.size() != b.ops.size() || a.streams.size() != b.streams.size()) return false;
+    const bool shared_ops = b.ops.shares_with(a.ops);
+    const bool shared_buffers = b.buffers.shares_with(a.buffers);
+    for (std::size_t i = 0; i < a.ops.size(); ++i) {
+      const Op x = a.ops[i];
+      Op y = b.ops[i];
+      if (x.kind == OpKind::kCopy && !shared_buffers &&
+          host_copy(schedule_, j, x) != host_copy(schedule_, r, y)) {
+        return false;
+      }
+      if (x.group == kNoGroup) {
+        if (!shared_ops && !(x == y)) return false;
+        continue;
+      }
+      GroupId& to = moved_group[static_cast<std::size_t>(x.group)];
+      if (to == kNoGroup) {
+        const bool inside = members(x.group).back() < gpus_;
+        // A group that spans nodes is its own move: the k-th collective on it is one instance.
+        if (!inside && y.group != x.group) return false;
+        if (moved(members(x.group), k, gpus_, world_) != members(y.group)) return false;
+        to = y.group;
+      } else if (to != y.group) {
+        return false;
+      }
+      y.group = x.group;
+      if (!shared_ops && !(x == y)) return false;
+    }
+    return true;
+  }
+
+  const Schedule& schedule_;
+  int gpus_, nodes_, world_;
+  std::set<std::pair<GroupId, bool>> uses_;  ///< (group, has an all-to-all) of node 0's ops
+};
+
+}  // namespace
+
+LinkId NodeQuotient::fold(LinkId id) const {
+  const auto nvlinks = static_cast<LinkId>(2 * world);
+  if (id < nvlinks) {
+    const LinkId r = id / 2;
+    return 2 * (r % static_cast<LinkId>(gpus_per_node)) + id % 2;
+  }
+  const LinkId slot = (id - nvlinks) / 2;  // node * nics_per_node + nic
+  return nvlinks + 2 * (slot % static_cast<LinkId>(nics_per_node)) + id % 2;
+}
+
+bool node_quotient(const Scenario& scenario, const Schedule& schedule, bool force,
+                   NodeQuotient& out, std::string& why) {
+  const ClusterConfig& c = scenario.cluster;
+  out = {};
+  out.gpus_per_node = c.gpus_per_node;
+  out.nodes = c.nodes;
+  out.world = c.world_size();
+  out.nics_per_node = c.nics_per_node;
+  out.exact = scenario.sim.jitter <= 0;
+  if (c.nodes < 2) {
+    why = "one node";
+    return false;
+  }
+  if (schedule.world_size != out.world ||
+      schedule.ranks.size() != static_cast<std::size_t>(out.world)) {
+    why = "the schedule's world is not the cluster's";
+    return false;
+  }
+  if (!out.exact && !force) {
+    why = fmt::format(
+        "sim.jitter = {} draws noise per rank; --by-class folds it, every node drawing node 0's",
+        scenario.sim.jitter);
+    return false;
+  }
+  Folding folding(schedule, c.gpus_per_node, c.nodes);
+  std::vector<std::pair<Rank, Rank>> full;
+  if (!folding.groups_fold(why) || !folding.ranks_fold(why) ||
+      !folding.routes(out.pairs, full, why)) {
+    return false;
+  }
+  out.full_pairs = std::move(full);
+  return true;
+}
+
+std::vector<simgrid::s4u::Host*> install_quotient(const Topology& topology,
+                                                  const NodeQuotient& quotient) {
+  namespace s4u = simgrid::s4u;
+  s4u::NetZone* zone = s4u::create_full_zone("node0");
+  const int g = quotient.gpus_per_node;
+  std::vector<s4u::Host*> hosts;
+  for (int h = 0; h < 2 * g; ++h) {
+    const std::string name = h < g ? fmt::format("gpu{}", h) : fmt::format("gpu{}.mirror", h - g);
+    hosts.push_back(zone->create_host(name, 1e9)->set_core_count(64)->seal());
+  }
+  std::map<LinkId, s4u::Link*> links;
+  const auto link = [&](LinkId id) {
+    auto [it, fresh] = links.try_emplace(id, nullptr);
+    if (fresh) {
+      const LinkSpec& spec = topology.links()[id];
+      it->second = zone->create_link(spec.name, spec.bytes_per_s)->set_latency(spec.latency_s);
+      it->second->seal();
+    }
+    return it->second;
+  };
+  for (std::size_t p = 0; p < quotient.pairs.size(); ++p) {
+    const auto [from, to] = quotient.pairs[p];
+    const auto [a, b] = quotient.full_pairs[p];
+    std::vector<s4u::LinkInRoute> route;
+    for (LinkId id : topology.route(a, b)) route.emplace_back(link(quotient.fold(id)));
+    zone->add_route(hosts[static_cast<std::size_t>(from)]->get_netpoint(),
+                    hosts[static_cast<std::size_t>(to)]->get_netpoint(), nullptr, nullptr, route,
+                    false);
+  }
+  zone->seal();
+  return hosts;
+}
+
+void unfold_timeline(const NodeQuotient& quotient, Timeline& timeline) {
+  auto& ranks = timeline.ranks;
+  const auto g = static_cast<std::size_t>(quotient.gpus_per_node);
+  ranks.resize(static_cast<std::size_t>(quotient.world));
+  for (std::size_t r = g; r < ranks.size(); ++r) ranks[r] = ranks[r % g];
+}
+
+void unfold_links(const NodeQuotient& quotient, const Topology& topology, EngineRun& run) {
+  for (auto& per_link : run.link_bytes) {
+    per_link.resize(topology.links().size(), 0.0);
+    for (LinkId id = 0; id < per_link.size(); ++id) per_link[id] = per_link[quotient.fold(id)];
+  }
+}
+
+std::string describe_quotient(const NodeQuotient& quotient) {
+  return fmt::format("{} ranks by symmetry class: node 0's {} ranks simulated for {} nodes{}",
+                     quotient.world, quotient.gpus_per_node, quotient.nodes,
+                     quotient.exact ? ""
+                                    : " (jitter folded: every node draws node 0's noise, not "
+                                      "exact)");
+}
+
+}  // namespace hpz::time
