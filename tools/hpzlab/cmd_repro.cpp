@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/check/checker.hpp"
 #include "sim/error.hpp"
 #include "sim/input.hpp"
 #include "sim/replay/explore.hpp"
@@ -69,6 +70,23 @@ bool bite_unseen_in_the_loss(const replay::ReproResult& r) {
   return false;
 }
 
+/** Why a fix went bad, where the checker can say: the reads its schedule has that no ordering
+ *  fix touches (uninitialized or stale; e.g. DeepSpeed 0.13.4's secondary copy bounds, which
+ *  leave slices unwritten where a parameter does not divide the world). "" when it has none. */
+std::string fix_defect_note(const Scenario& sc, const std::string& variant) {
+  Scenario fixed = sc;
+  fixed.run.variant = variant == "host-sync" ? Variant::kHostSync : Variant::kEventWait;
+  const check::CheckResult c = check::check_schedule_by_class(build_schedule(fixed));
+  const std::uint64_t uninit = c.count(check::FindingKind::kUninitializedRead);
+  const std::uint64_t stale = c.count(check::FindingKind::kStaleRead);
+  if (uninit + stale == 0) return "";
+  return fmt::format(
+      "{} went bad with the race ordered: its schedule has {} uninitialized and {} stale read(s), "
+      "which no ordering fix touches (`hpzlab check` on the same scenario and keys with --set "
+      "run.variant={} names them and what to do)",
+      variant, uninit, stale, variant);
+}
+
 replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario& sc, replay::ReproOptions ro,
                                    int& exit_code) {
   if (o.steps) sc.run.steps = *o.steps;
@@ -92,7 +110,13 @@ replay::ReproResult repro_variants(const ReproCliOptions& o, Scenario& sc, repla
   bool fixes_ok = true;
   bool hangs = false;
   for (const auto& v : r.variants) {
-    if (v.name == "host-sync" || v.name == "event-wait") fixes_ok = fixes_ok && v.share_bad() == 0;
+    const bool fix = v.name == "host-sync" || v.name == "event-wait";
+    if (fix && fixes_ok && v.share_bad() > 0) {
+      if (std::string why = fix_defect_note(sc, v.name); !why.empty()) {
+        sc.notes.push_back(std::move(why));
+      }
+    }
+    if (fix) fixes_ok = fixes_ok && v.share_bad() == 0;
     for (const auto& run : v.runs) hangs = hangs || !run.hang.empty();
   }
   exit_code = fixes_ok && !hangs ? kExitOk : kExitFindings;
