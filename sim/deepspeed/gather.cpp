@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -21,17 +22,32 @@ namespace {
 // CUDAQuantizer.quantize's group count (PP:735-757): the smallest count from numel / 8000 up
 // that divides numel into groups of a multiple of 8, doubled while that holds and groups stay
 // above 8000 elements. DeepSpeed asserts a multiple of 8 elements and groups under 16000.
-std::uint64_t quantizer_groups(std::uint64_t numel, const std::string& what) {
+/** The group count for `numel`, or 0 where DeepSpeed's assertion fails. Every rank of a world
+ *  asks for the same few sizes, so the answers are kept (the search is linear in the count). */
+std::uint64_t quantizer_groups_or_zero(std::uint64_t numel) {
+  thread_local std::unordered_map<std::uint64_t, std::uint64_t> known;
+  if (const auto it = known.find(numel); it != known.end()) return it->second;
   constexpr std::uint64_t kTarget = 8000;
   std::uint64_t groups = (numel + kTarget - 1) / kTarget;
   while (groups < numel && numel % (8 * groups) != 0) ++groups;
   while (numel % (8 * groups * 2) == 0 && numel / groups > kTarget) groups *= 2;
   if (groups == 0 || numel % (8 * groups) != 0 || numel / groups >= 16000 || numel <= groups) {
+    groups = 0;
+  }
+  known.emplace(numel, groups);
+  return groups;
+}
+
+/** quantizer_groups_or_zero, throwing where DeepSpeed stops; `what` names the gather. */
+template <class What>
+std::uint64_t quantizer_groups(std::uint64_t numel, const What& what) {
+  const std::uint64_t groups = quantizer_groups_or_zero(numel);
+  if (groups == 0) {
     throw InputError("", "zero.zero_quantized_weights",
                      "DeepSpeed's qwZ quantizer (CUDAQuantizer.quantize, "
                      "runtime/zero/partition_parameters.py:751 at v0.13.4) asserts that a gathered "
                      "shard holds a multiple of 8 elements; " +
-                         what + " holds " + std::to_string(numel) +
+                         what() + " holds " + std::to_string(numel) +
                          ", so DeepSpeed itself stops here");
   }
   return groups;
@@ -325,10 +341,10 @@ void RankBuilder::all_gather_quantized(Handle& h, GroupId g, bool use_secondary,
   alloc(h.qbuf, current_, purpose_);
   std::vector<Access> src;
   for (int p : h.params) src.push_back(shard_read(p, use_secondary, rank_in_group));
-  const std::string what =
-      "the gather of " + md_.params[h.params[0]].name +
-      (h.params.size() > 1 ? " and " + std::to_string(h.params.size() - 1) + " more" : "");
-  const std::uint64_t groups = quantizer_groups(partition_sz, what);
+  const std::uint64_t groups = quantizer_groups(partition_sz, [&] {
+    return "the gather of " + md_.params[h.params[0]].name +
+           (h.params.size() > 1 ? " and " + std::to_string(h.params.size() - 1) + " more" : "");
+  });
   const BufferId q =
       buffer("quantize.out", BufferRole::kQuantized, kNoUnit, partition_sz + groups * 4);
   BufferId cat = kNoBuffer;

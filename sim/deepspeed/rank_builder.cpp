@@ -295,6 +295,13 @@ void RankBuilder::backward_kernel(int module) {
   }
 }
 
+RankBuilder& RankBuilder::reserve(std::size_t ops, std::size_t accesses, std::size_t buffers) {
+  out_.ops.mut().reserve(ops);
+  out_.accesses.reserve(accesses);
+  out_.buffers.mut().reserve(buffers);
+  return *this;
+}
+
 RankSchedule RankBuilder::build() {
   // Streams as DeepSpeed makes them: S_ag in DeepSpeedZeRoOffload (PO:138-139, the default
   // stream without overlap_comm), S_rs in the stage-3 optimizer (S3:227-228).

@@ -85,6 +85,9 @@ class RankBuilder final : private OpEmitter {
   RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, const Walk& walk,
               Schedule& s, Rank r);
   RankSchedule build();
+  /** Room for this many ops, accesses and buffers up front (another rank's counts: ranks issue
+   *  alike), so that a large world's build does not regrow every rank's vectors. */
+  RankBuilder& reserve(std::size_t ops, std::size_t accesses, std::size_t buffers);
 
  private:
   // OpEmitter.
