@@ -171,6 +171,43 @@ Schedule unfold_strided(const Schedule& schedule) {
   return out;
 }
 
+bool has_repro_spins(const Schedule& schedule) {
+  for (const RankSchedule& rs : schedule.ranks) {
+    for (const Op& op : rs.ops) {
+      if (op.purpose == Purpose::kReproSpin) return true;
+    }
+  }
+  return false;
+}
+
+Schedule with_spin_before_secondary_copies(const Schedule& schedule, double us) {
+  Schedule out = schedule;
+  for (RankSchedule& rs : out.ranks) {
+    std::vector<Op> ops;
+    ops.reserve(rs.ops.size());
+    for (const Op& op : rs.ops) {  // by value: each rank's own groups
+      if (op.kind == OpKind::kCopy && op.purpose == Purpose::kSecondaryPartitionCopy &&
+          op.phase != Phase::kInit) {
+        Op spin;
+        spin.kind = OpKind::kKernel;
+        spin.stream = op.stream;
+        spin.phase = op.phase;
+        spin.purpose = Purpose::kReproSpin;
+        spin.step = op.step;
+        spin.micro_step = op.micro_step;
+        spin.unit = op.unit;
+        spin.label = op.label;
+        spin.spin_us = static_cast<float>(us);
+        ops.push_back(spin);
+      }
+      ops.push_back(op);
+    }
+    rs.ops = OpList();
+    rs.ops.mut() = std::move(ops);
+  }
+  return out;
+}
+
 int step_count(const Schedule& schedule) {
   std::int32_t last = 0;
   for (const RankSchedule& rs : schedule.ranks) {

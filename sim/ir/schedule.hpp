@@ -418,6 +418,16 @@ bool has_strided_accesses(const Schedule& schedule);
  *  gets its own op list. */
 Schedule unfold_strided(const Schedule& schedule);
 
+/** True when some op is a reproduction's spin (Purpose::kReproSpin). */
+bool has_repro_spins(const Schedule& schedule);
+
+/** The schedule with a spin kernel of `us` microseconds (Purpose::kReproSpin, no memory
+ *  touched) on the copy's stream right before every secondary copy of a training step, as the
+ *  DeepSpeed builder issues `run.spin_before_copy_us` (sim/deepspeed/partition.cpp): how a
+ *  reproduction on a GPU widens the race window, for a schedule read from a file (a
+ *  recording). Ops after an inserted spin move one place down. */
+Schedule with_spin_before_secondary_copies(const Schedule& schedule, double us);
+
 /** True for the four collective kinds. */
 bool is_collective(OpKind kind);
 

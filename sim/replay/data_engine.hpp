@@ -339,6 +339,7 @@ class DataEngine {
     switch (o.kind) {
       case OpKind::kCopy:
         if (is_gradient_copy(r, o)) take_gradient(r, o, t);
+        if (is_primary_write_back(r, o)) return primary_updates(r, o, t);
         return moves_no_data(o) ? std::vector<Write<Chunk>>{} : gather_into(r, o, t);
       case OpKind::kQuantize:
         return moves_no_data(o) ? std::vector<Write<Chunk>>{} : quantize_by_ranges(r, o, t);
@@ -506,6 +507,42 @@ class DataEngine {
       default:  // all-to-all: only qgZ's, in the gradient reduction
         return {};
     }
+  }
+
+  // A recording's optimizer step (the CPU AdamW's kernels on DeepSpeed's flat fp32 partition,
+  // which name no parameter) lands in the copy that writes every primary shard back from that
+  // partition (_reassign_or_swap_out_partitioned_parameters, stage3.py at v0.13.4). Each shard
+  // it writes is updated there by the domain, with the unit's reduced gradient, as the
+  // builder's per-unit step is; the partition's own bytes are not followed (fp32 values in a
+  // schedule of dtype_bytes elements).
+  bool is_primary_write_back(Rank r, const Op& o) const {
+    if (o.purpose != Purpose::kOptimizerStep || o.unit != kNoUnit ||
+        find(r, o, AccessMode::kRead) == nullptr) {
+      return false;
+    }
+    for (const Access& a : s_.accesses_of(r, o)) {
+      if (a.mode == AccessMode::kWrite && role(r, a.buffer) == BufferRole::kPrimary &&
+          s_.ranks[r].buffers[a.buffer].unit != kNoUnit) {
+        return true;
+      }
+    }
+    return false;
+  }
+  std::vector<Write<Chunk>> primary_updates(Rank r, const Op& o, double t) {
+    std::vector<Write<Chunk>> out;
+    for (const Access& a : s_.accesses_of(r, o)) {
+      if (a.mode != AccessMode::kWrite || role(r, a.buffer) != BufferRole::kPrimary) continue;
+      Op unit_op = o;
+      unit_op.unit = s_.ranks[r].buffers[a.buffer].unit;
+      if (unit_op.unit == kNoUnit) continue;
+      const ReadFn<Chunk> rd = [this, r, t, &o, &unit_op](BufferId b, std::uint64_t begin,
+                                                          std::uint64_t n) {
+        if (b == kReducedGrad) return reduced_gradient(r, unit_op, begin, n);
+        return read_at(r, slot(r, o, b), begin, n, t);
+      };
+      for (Write<Chunk>& w : d_.update_primary(r, unit_op, a, rd)) out.push_back(std::move(w));
+    }
+    return out;
   }
 
   /** A bucket copy: this rank's gradient of a unit (a kGradFull buffer) into the bucket. */

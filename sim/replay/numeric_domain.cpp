@@ -76,8 +76,14 @@ NumericDomain::NumericDomain(const Scenario& sc, const Schedule& s)
   if (const std::string why = llama_unsupported(sc, s); !why.empty()) {
     throw InputError(sc.path, "model", why);
   }
+  recorded_ = s.source.count("recorder") > 0;
+  recorded_micro_.resize(s.ranks.size());
   bufs_.resize(s.ranks.size());
-  for (std::size_t r = 0; r < s.ranks.size(); ++r) bufs_[r].resize(s.ranks[r].buffers.size());
+  filled_.resize(s.ranks.size());
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    bufs_[r].resize(s.ranks[r].buffers.size());
+    filled_[r].resize(s.ranks[r].buffers.size());
+  }
   passes_.assign(s.ranks.size(), LlamaPass(llama_));
   pass_at_.assign(s.ranks.size(), {-2, 0});
 }
@@ -120,36 +126,52 @@ void NumericDomain::quantize_int8(Chunk& c, std::uint64_t groups) {
   fp32::int8_symmetric_round_trip(c, groups);
 }
 
+// An allocation is kept as its fill and length: only what is written is stored (a recording's
+// gradient bucket is reduce_bucket_size elements, 5e8 by default, of which a small model
+// writes a few thousand). Elements past what is stored read as the fill up to the length and as
+// zeros beyond it (bytes never allocated: a fresh cudaMalloc block).
 NumericDomain::Chunk NumericDomain::read(Rank r, BufferId b, std::uint64_t begin,
                                          std::uint64_t n) const {
   Chunk out = b < bufs_[r].size() ? slice(bufs_[r][b], begin, n) : Chunk{};
-  // Never-written bytes of a read range read as zeros (a fresh cudaMalloc block).
-  if (n != kWhole && out.size() < n) out.resize(n, 0.0f);
+  const Filled f = b < filled_[r].size() ? filled_[r][b] : Filled{};
+  const std::uint64_t at = begin + out.size();  // the first element not stored
+  const std::uint64_t end = n == kWhole ? std::max(f.length, at) : begin + n;
+  out.resize(std::clamp(f.length, at, end) - begin, f.fill);
+  out.resize(end - begin, 0.0f);
   return out;
 }
 
 void NumericDomain::write(Rank r, BufferId b, std::uint64_t begin, const Chunk& c) {
-  splice(slot(r, b), begin, c);
+  Chunk& d = slot(r, b);
+  if (d.size() < begin) {
+    const Filled f = filled_[r][b];
+    d.resize(std::clamp<std::uint64_t>(f.length, d.size(), begin), f.fill);
+    d.resize(begin, 0.0f);
+  }
+  splice(d, begin, c);
 }
 
 NumericDomain::Chunk& NumericDomain::slot(Rank r, BufferId b) {
   if (bufs_[r].size() <= b) bufs_[r].resize(b + 1);
+  if (filled_[r].size() <= b) filled_[r].resize(b + 1);
   return bufs_[r][b];
 }
 
 void NumericDomain::alloc(Rank r, BufferId b, BufferId previous, Fill fill,
                           std::uint64_t elements) {
   Chunk& c = slot(r, b);
-  if (fill == Fill::kStale) c = slot(r, previous);
   switch (fill) {
     case Fill::kNan:
-      c.assign(elements, std::numeric_limits<float>::quiet_NaN());
+      c.clear();
+      filled_[r][b] = {std::numeric_limits<float>::quiet_NaN(), elements};
       break;
     case Fill::kZero:
-      c.assign(elements, 0.0f);
+      c.clear();
+      filled_[r][b] = {0.0f, elements};
       break;
-    case Fill::kStale:
-      c.resize(std::max<std::size_t>(c.size(), elements), 0.0f);
+    case Fill::kStale:  // the previous block's contents, zeros past them
+      c = slot(r, previous);
+      filled_[r][b] = filled_[r][previous];
       break;
   }
 }
@@ -184,10 +206,12 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::kernel(Rank r, const Op&
       return init_kernel(r, op);
     case Purpose::kForwardCompute:
     case Purpose::kRecomputeForward:
+      if (recorded_ && op.unit == kNoUnit) return recorded_forward(r, op, read);
       return llama_forward(r, op, read);
     case Purpose::kLossGradient:
       return loss(r, op);
     case Purpose::kBackwardCompute:
+      if (recorded_ && op.unit == kNoUnit) return recorded_backward(r, op, read);
       return llama_backward(r, op, read);
     case Purpose::kGradNorm:
       return grad_norm(r, op, read);
@@ -275,6 +299,17 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::adam(Rank r, const Op& o
   Chunk grad = read(kReducedGrad, p_in->offset / dt, p_in->bytes / dt);
   grad.resize(p.size(), 0.0f);
   return {{p_out->buffer, p_out->offset / dt, step_unit(r, op, std::move(p), grad, 0.0f, 0.0f)}};
+}
+
+std::vector<Write<NumericDomain::Chunk>> NumericDomain::update_primary(Rank r, const Op& op,
+                                                                       const Access& primary,
+                                                                       const ReadFn<Chunk>& read) {
+  if (op.unit == kNoUnit) return {};
+  const Chunk p = part(read, primary);
+  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
+  Chunk grad = read(kReducedGrad, primary.offset / dt, primary.bytes / dt);
+  grad.resize(p.size(), 0.0f);
+  return {{primary.buffer, primary.offset / dt, step_unit(r, op, p, grad, 0.0f, 0.0f)}};
 }
 
 NumericDomain::Chunk NumericDomain::step_unit(Rank r, const Op& op, Chunk p, const Chunk& grad,

@@ -43,6 +43,11 @@ class NumericDomain {
   void alloc(Rank r, BufferId b, BufferId previous, Fill fill, std::uint64_t elements);
   Chunk checkpoint(Rank r, UnitId u, std::uint64_t first, std::uint64_t n) const;
   std::vector<Write<Chunk>> kernel(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  /** A recording's optimizer step as it lands in unit op.unit's primary shard (`primary`, an
+   *  access of the copy that writes every primary back from the fp32 partition): Adam on the
+   *  shard with the unit's reduced gradient (read(kReducedGrad, ...)), as adam() does. */
+  std::vector<Write<Chunk>> update_primary(Rank r, const Op& op, const Access& primary,
+                                           const ReadFn<Chunk>& read);
 
   /** Per step: loss (mean over ranks and micro-steps) and primary-weights hash. */
   std::vector<StepRecord> steps() const;
@@ -72,12 +77,38 @@ class NumericDomain {
   /** The storage of slot b of rank r, created on first use. */
   Chunk& slot(Rank r, BufferId b);
 
+  // Recordings (numeric_recorded.cpp): autograd's kernels name no parameter, so a parameter's
+  // module part is found by what the kernels touch. Forward (and recompute): the first kernel of
+  // the micro-step that reads the parameter's gathered weights. Backward: the weights as the
+  // first backward kernel that reads them saw them, the gradient computed by the kernel that
+  // writes the parameter's gradient tensor (grad_full, claimed by the recorder in DeepSpeed's
+  // gradient hook). The loss: before the micro-step's first backward kernel.
+  /** The rank's per-micro-step bookkeeping, reset when op starts another micro-step. */
+  struct RecordedMicro {
+    std::pair<std::int32_t, std::int32_t> at{-2, 0};
+    bool loss_taken = false;
+    std::map<std::pair<Purpose, UnitId>, bool> forward_done;
+    std::map<UnitId, Chunk> weights_seen;  ///< backward: the weights its first reader saw
+    std::map<UnitId, Chunk> gradient;      ///< backward: computed once, written by each writer
+  };
+  RecordedMicro& recorded_micro(Rank r, const Op& op);
+  std::vector<Write<Chunk>> recorded_forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  std::vector<Write<Chunk>> recorded_backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
+
   const Scenario& sc_;
   const Schedule& s_;
   LlamaDims llama_;
-  std::vector<LlamaPass> passes_;                               ///< [rank]
+  bool recorded_ = false;                      ///< a recording of real DeepSpeed (source.recorder)
+  std::vector<RecordedMicro> recorded_micro_;  ///< [rank]
+  std::vector<LlamaPass> passes_;              ///< [rank]
   std::vector<std::pair<std::int32_t, std::int32_t>> pass_at_;  ///< [rank]: (step, micro)
-  std::vector<std::vector<Chunk>> bufs_;                        // [rank][buffer]
+  std::vector<std::vector<Chunk>> bufs_;                        // [rank][buffer]: stored
+  /** What an allocation left past the stored elements: its fill, up to its length. */
+  struct Filled {
+    float fill = 0.0f;
+    std::uint64_t length = 0;
+  };
+  std::vector<std::vector<Filled>> filled_;  // [rank][buffer]
   std::map<std::pair<Rank, UnitId>, AdamState> adam_;
   std::map<int, std::pair<double, int>> loss_;  // step -> (sum, count)
   std::map<int, std::uint64_t> hash_;           // step -> xor of per-shard hashes

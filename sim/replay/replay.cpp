@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 
+#include "sim/ir/projection.hpp"
 #include "sim/model_shape.hpp"
 #include "sim/replay/data_engine.hpp"
 #include "sim/replay/numeric_domain.hpp"
@@ -91,15 +92,26 @@ bool has_access(const Schedule& s, Rank r, const Op& op, AccessMode mode) {
                      [mode](const Access& a) { return a.mode == mode; });
 }
 
+/** A write of some primary shard: the builder's per-unit optimizer step. A recording's
+ *  optimizer kernels write DeepSpeed's flat fp32 partition and their temporaries (scratch): its
+ *  step lands in the copy that writes the primaries back (data_engine.hpp). */
+bool writes_primary(const Schedule& s, Rank r, const Op& op) {
+  const auto accesses = s.accesses_of(r, op);
+  return std::any_of(accesses.begin(), accesses.end(), [&](const Access& a) {
+    return a.mode == AccessMode::kWrite &&
+           s.ranks[r].buffers[a.buffer].role == BufferRole::kPrimary;
+  });
+}
+
 /** What the data engine and the taint domain need of one op ("" when it has it). */
 std::string unsupported_op(const Schedule& s, Rank r, const Op& op) {
   const bool writes = has_access(s, r, op, AccessMode::kWrite);
   const bool reads = has_access(s, r, op, AccessMode::kRead);
   // Followed by byte ranges, gathers and dequantizes need no unit's layout, and an optimizer
   // step that writes nothing (the DeepSpeed builder's AdamW .item()) no unit.
-  const bool needs_unit =
-      (op.kind == OpKind::kCopy && writes && !reads) ||
-      (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep && writes);
+  const bool needs_unit = (op.kind == OpKind::kCopy && writes && !reads) ||
+                          (op.kind == OpKind::kKernel && op.purpose == Purpose::kOptimizerStep &&
+                           writes_primary(s, r, op));
   if (needs_unit && op.unit == kNoUnit) return "needs a parameter unit (its shard layout)";
   const bool reduces = op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllReduce ||
                        op.kind == OpKind::kAllToAll;
@@ -110,6 +122,19 @@ std::string unsupported_op(const Schedule& s, Rank r, const Op& op) {
 }  // namespace
 
 std::string replay_unsupported(const Schedule& s) {
+  // A recording of one rank (or a few) gives every other rank a copy of a recorded one: the
+  // same ops at the recorded rank's byte offsets, which are not the copy's own (each rank
+  // holds another slice of every parameter), so its data cannot be followed.
+  if (s.source.count("recorder") > 0) {
+    const std::vector<Rank> recorded = recorded_ranks(s);
+    if (recorded.size() < s.ranks.size()) {
+      return fmt::format(
+          "is a recording of {} of its {} ranks (source.recorded_rank {}): the others are copies "
+          "at the recorded ranks' byte offsets, not their own; a replay needs every rank's own "
+          "schedule (hpzlab record --rank all)",
+          recorded.size(), s.ranks.size(), s.source.at("recorded_rank"));
+    }
+  }
   for (const RankSchedule& rs : s.ranks) {
     for (std::size_t i = 0; i < rs.ops.size(); ++i) {
       const Op& op = rs.ops[i];

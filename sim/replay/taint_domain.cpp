@@ -37,9 +37,11 @@ void push_run(TaintDomain::Chunk& c, std::uint64_t len, Tag t) {
 
 }  // namespace
 
-TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s) : sc_(sc), s_(s) {
+TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s)
+    : sc_(sc), s_(s), recorded_(s.source.count("recorder") > 0) {
   act_.assign(s.ranks.size(), Health::kGood);
   micro_.assign(s.ranks.size(), {-2, 0});
+  loss_taken_.assign(s.ranks.size(), false);
   bufs_.resize(s.ranks.size());
   version_.resize(s.ranks.size());
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
@@ -158,13 +160,19 @@ Health TaintDomain::worst_input(Rank r, const Op& op, const ReadFn<Chunk>& read)
   for (const Access& a : s_.accesses_of(r, op)) {
     if (a.mode != AccessMode::kRead) continue;
     const BufferRole role = s_.ranks[r].buffers[a.buffer].role;
+    // A recording's scratch tensors are autograd's activations and temporaries, whose health
+    // flow() carries through the micro-step as it does for the builder's: their bytes are not
+    // followed (a dtype cast, bf16 to fp32, writes twice the bytes it reads, which the byte
+    // ranges cannot pair).
+    if (recorded_ && role == BufferRole::kScratch) continue;
     const bool whole = role == BufferRole::kActivation || role == BufferRole::kScratch;
     const Chunk c = whole ? read(a.buffer, 0, kWhole) : read(a.buffer, a.offset / dt, a.bytes / dt);
     const bool weights = role == BufferRole::kFull;
+    // A recording's kernels name no unit: the weights are the buffer's own unit's.
+    const UnitId u = op.unit != kNoUnit ? op.unit : s_.ranks[r].buffers[a.buffer].unit;
     for (const TagRun& run : c) {
       Health x = health(run.tag);
-      if (weights && x == Health::kGood && op.unit != kNoUnit &&
-          version(run.tag) != version_[r][op.unit]) {
+      if (weights && x == Health::kGood && u != kNoUnit && version(run.tag) != version_[r][u]) {
         x = Health::kWrong;
       }
       h = worse(h, x);
@@ -188,7 +196,8 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::kernel(Rank r, const Op& op,
   for (const Access& a : s_.accesses_of(r, op)) {
     if (a.mode != AccessMode::kWrite) continue;
     const BufferRole role = s_.ranks[r].buffers[a.buffer].role;
-    const bool whole = role == BufferRole::kActivation || role == BufferRole::kScratch;
+    const bool whole =
+        !recorded_ && (role == BufferRole::kActivation || role == BufferRole::kScratch);
     const std::uint64_t n = a.bytes / dt;
     out.push_back({a.buffer, whole ? 0 : a.offset / dt, uniform(n, tag)});
   }
@@ -209,6 +218,13 @@ Health TaintDomain::flow(Rank r, const Op& op, Health own) {
   if (micro_[r] != now) {  // a new micro-step starts from the batch's token ids
     micro_[r] = now;
     act_[r] = Health::kGood;
+    loss_taken_[r] = false;
+  }
+  // A recording has no loss kernel: the loss is what the forward computed, when the backward
+  // starts (its first kernel is the loss's gradient).
+  if (recorded_ && op.purpose == Purpose::kBackwardCompute && !loss_taken_[r]) {
+    loss_taken_[r] = true;
+    loss_[op.step] = worse(loss_[op.step], act_[r]);
   }
   act_[r] = worse(act_[r], own);
   return act_[r];
@@ -234,13 +250,27 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::optimizer(Rank r, const Op& 
     }
   }
   if (out == nullptr || primary == nullptr) return {};
-  const std::uint32_t v = ++version_[r][op.unit];
   Chunk p = read(primary->buffer, primary->offset / dt, primary->bytes / dt);
   if (grad != nullptr) accumulate(p, read(grad->buffer, grad->offset / dt, grad->bytes / dt));
   // The DeepSpeed builder's step reads no gradient bytes: the engine hands it the unit's.
   if (grad == nullptr) {
     accumulate(p, read(kReducedGrad, primary->offset / dt, primary->bytes / dt));
   }
+  return {{out->buffer, out->offset / dt, updated(r, op, p, norm)}};
+}
+
+std::vector<Write<TaintDomain::Chunk>> TaintDomain::update_primary(Rank r, const Op& op,
+                                                                   const Access& primary,
+                                                                   const ReadFn<Chunk>& read) {
+  if (op.unit == kNoUnit) return {};
+  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
+  Chunk p = read(primary.buffer, primary.offset / dt, primary.bytes / dt);
+  accumulate(p, read(kReducedGrad, primary.offset / dt, primary.bytes / dt));
+  return {{primary.buffer, primary.offset / dt, updated(r, op, p, Health::kGood)}};
+}
+
+TaintDomain::Chunk TaintDomain::updated(Rank r, const Op& op, const Chunk& p, Health norm) {
+  const std::uint32_t v = ++version_[r][op.unit];
   Chunk next;
   std::uint64_t bad = 0;
   for (const TagRun& run : p) {
@@ -250,7 +280,7 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::optimizer(Rank r, const Op& 
     push_run(next, run.len, make_tag(h, h == Health::kGood ? v : 0));
   }
   bad_[op.step][{r, op.unit}] = bad;
-  return {{out->buffer, out->offset / dt, std::move(next)}};
+  return next;
 }
 
 std::vector<StepRecord> TaintDomain::steps() const {

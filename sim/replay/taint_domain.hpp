@@ -45,6 +45,11 @@ class TaintDomain {
   void alloc(Rank r, BufferId b, BufferId previous, Fill fill, std::uint64_t elements);
   Chunk checkpoint(Rank r, UnitId u, std::uint64_t first, std::uint64_t n);
   std::vector<Write<Chunk>> kernel(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  /** A recording's optimizer step as it lands in unit op.unit's primary shard (data_engine.hpp):
+   *  each element as bad as its old value and the unit's reduced gradient. The gradient norm
+   *  is not followed there: the recorded norm is kernels on scratch tensors. */
+  std::vector<Write<Chunk>> update_primary(Rank r, const Op& op, const Access& primary,
+                                           const ReadFn<Chunk>& read);
 
   /** Per step: the loss's tag and how far bad weights have spread after the step. */
   std::vector<StepRecord> steps() const;
@@ -64,11 +69,17 @@ class TaintDomain {
    *  micro_[rank]: the (step, micro-step) it is for. */
   Health flow(Rank r, const Op& op, Health own);
 
+  /** The tags a primary shard gets from its old tags and its gradient's: version bumped, bad
+   *  elements counted for the step. */
+  Chunk updated(Rank r, const Op& op, const Chunk& p, Health norm);
+
   const Scenario& sc_;
   const Schedule& s_;
+  bool recorded_ = false;  ///< a recording: no loss kernel, the backward's first takes it
   std::vector<Health> act_;
   std::vector<std::pair<std::int32_t, std::int32_t>> micro_;
-  std::vector<std::vector<Chunk>> bufs_;             // [rank][buffer]
+  std::vector<bool> loss_taken_;          ///< [rank]: recordings, the micro-step's loss taken
+  std::vector<std::vector<Chunk>> bufs_;  // [rank][buffer]
   std::vector<std::vector<std::uint32_t>> version_;  // [rank][unit]
   std::map<int, Health> loss_;                       // step -> worst loss tag of any rank
   /** step -> (rank, unit) -> bad primary elements after that step's update */

@@ -197,6 +197,11 @@ Schedule schedule_for(Scenario& sc, const std::string& file) {
   Schedule s = read_schedule(file);
   check_world_size(sc, s, file);
   sc.run.steps = step_count(s);
+  // run.spin_before_copy_us puts its spins into a schedule that has none of its own (a
+  // recording), where the builder would have put them; one it built keeps its own.
+  if (sc.run.spin_before_copy_us > 0 && !has_repro_spins(s)) {
+    return with_spin_before_secondary_copies(s, sc.run.spin_before_copy_us);
+  }
   sc.run.spin_before_copy_us = 0;
   return s;
 }

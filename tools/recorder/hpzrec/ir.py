@@ -180,8 +180,10 @@ class _KernelGroup:
     def op(self) -> dict:
         op = _base(self.first, self.kind)
         accesses = []
+        # Buffers in the order the group first touched them, not by number: torch.cat's
+        # tensors in its order, which a data replay follows to place each read in the write.
         for mode, table in ((recording.READ, self.reads), (recording.WRITE, self.writes)):
-            for buf in sorted(table):
+            for buf in table:
                 accesses += [[buf, mode, lo, hi - lo] for lo, hi in _union(table[buf])]
         if accesses:
             op["accesses"] = accesses

@@ -333,7 +333,23 @@ def install() -> None:
                 return original(self, *args, **kwargs)
         return wrapper
 
-    _wrap(optimizer, "reduce_independent_p_g_buckets_and_remove_grads", reducing)
+    # The gradient hook of one parameter (stage3.py:1213 at v0.13.4): its argument's `grad` is
+    # the tensor autograd wrote and __add_grad_to_ipg_bucket copies into the bucket. Claimed as
+    # the parameter's gradient (role grad_full, as the builder declares it), so that a replay
+    # can tell whose gradient each bucket copy carries.
+    def reducing_param(original):
+        def wrapper(self, param, *args, **kwargs):
+            rec = recording.current()
+            unit = unit_of(param)
+            grad = getattr(param, "grad", None)
+            if unit >= 0 and isinstance(grad, torch.Tensor):
+                with rec.paused_ops():
+                    rec.claim(grad, "grad_full", unit)
+            with rec.context(phase=recording.GRAD_REDUCE, purpose="grad_reduce"):
+                return original(self, param, *args, **kwargs)
+        return wrapper
+
+    _wrap(optimizer, "reduce_independent_p_g_buckets_and_remove_grads", reducing_param)
     _wrap(optimizer, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", reducing)
 
     # reduce_scatter_coalesced (comm/coalesced_collectives.py:118-120 at v0.13.4, 195-197 at

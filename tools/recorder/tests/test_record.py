@@ -121,6 +121,51 @@ def test_each_linear_is_fetched_on_its_own(stock_0134):
                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
 
 
+def test_each_gradient_hook_claims_its_parameters_gradient(stock_0134):
+    """DeepSpeed's gradient hook (reduce_independent_p_g_buckets_and_remove_grads) names its
+    parameter: the tensor it copies into the bucket is claimed as that parameter's gradient
+    (grad_full), once a parameter and step, and the bucket copy of the gradient reduction
+    reads it. The numeric replay of a recording takes each rank's gradient there."""
+    doc = stock_0134["doc"]
+    rank = doc["ranks"][0]
+    grads = {b: buf["unit"] for b, buf in enumerate(rank["buffers"])
+             if buf["role"] == "grad_full"}
+    assert sorted(grads.values()) == sorted(list(range(len(doc["units"]))) * 2)  # two steps
+    copied = [grads[a[0]] for op in rank["ops"] if op["kind"] == "copy"
+              and op["phase"] == "grad_reduce" for a in op.get("accesses", [])
+              if a[1] == "r" and a[0] in grads]
+    assert sorted(copied) == sorted(grads.values())
+    written = {a[0] for op in rank["ops"] if op["kind"] == "kernel"
+               and op["purpose"] == "backward_compute" for a in op.get("accesses", [])
+               if a[1] == "w" and a[0] in grads}
+    assert written == set(grads)
+
+
+def test_a_coalesced_gathers_cat_reads_its_shards_in_order(stock_0134):
+    """A coalesced gather cats its parameters' shards into its flat partition
+    (partition_parameters.py:1269 at v0.13.4) and later copies each parameter out of the
+    gathered buffer. The cat's reads are listed in its order: the parameter whose shard it reads
+    first is the one copied out from the buffer's start."""
+    rank = stock_0134["doc"]["ranks"][0]
+    bufs = rank["buffers"]
+    shard = ("primary", "secondary")
+    cats = 0
+    for i, op in enumerate(rank["ops"]):
+        acc = op.get("accesses", [])
+        reads = [a for a in acc if a[1] == "r" and bufs[a[0]]["role"] in shard]
+        writes = [a for a in acc if a[1] == "w"]
+        if (op["kind"] != "copy" or op["purpose"] not in ("prefetch", "param_fetch")
+                or len(reads) < 2 or len(writes) != 1):
+            continue
+        flat = writes[0][0]
+        out = next(o for o in rank["ops"][i + 1:] if o["kind"] == "copy"
+                   and any(a[0] == flat and a[1] == "r" and a[2] == 0 for a in o["accesses"]))
+        first = [bufs[a[0]].get("unit") for a in out["accesses"] if a[1] == "w"]
+        assert first == [bufs[reads[0][0]]["unit"]], (i, op, out)
+        cats += 1
+    assert cats > 0
+
+
 def test_a_tied_output_layer_gathers_the_embedding(tmp_path):
     """tie_word_embeddings: from_pretrained ties lm_head to the embedding after building the
     model, so lm_head's hooks gather the embedding's weight, and the weight zero.Init made for
