@@ -22,10 +22,10 @@
 #include "sim/check/report.hpp"
 #include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
-#include "sim/model_shape.hpp"
 #include "sim/ir/projection.hpp"
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule_json.hpp"
+#include "sim/model_shape.hpp"
+#include "sim/scenario.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz {
@@ -121,13 +121,14 @@ INSTANTIATE_TEST_SUITE_P(
         "tiny-0.13.4-max-live-1000000000", "tiny-0.13.4-no-checkpointing", "tiny-0.13.4-accum-2",
         "tiny-0.13.4-bucket-5000", "tiny-0.13.4-qgz", "tiny-0.13.1-qgz", "tiny-0.10.3-qgz",
         "tiny128-0.13.4-qwz", "tiny-0.16.4-accum-2", "tiny-0.13.1", "tiny-0.13.5", "tiny-0.14.4",
-        "tiny-0.17.6", "tiny-0.13.4-tied", "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4",
-        "tiny-falcon7b-0.13.4", "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4",
-        "tiny-gpt2-0.13.4-bucket-5000", "tiny-gptneox-0.13.4-bucket-5000", "tiny-0.13.4-one-node",
-        "llama2-7b-0.13.4", "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4",
-        "tiny-qwen3-tf4.51-0.13.4", "tiny-gemma-tf4.51-0.13.4", "tiny-phi3-tf4.51-0.13.4",
-        "tiny-mixtral-tf4.51-0.13.4", "tiny-qwen2-moe-tf4.51-0.13.4",
-        "tiny-deepseek-v2-tf4.57-0.13.4", "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
+        "tiny-0.13.4-all-ranks", "tiny-0.13.5-all-ranks", "tiny-0.17.6", "tiny-0.13.4-tied",
+        "tiny-0.13.4-attention-bias", "tiny-falcon-0.13.4", "tiny-falcon7b-0.13.4",
+        "tiny-gptneox-0.13.4", "tiny-gpt2-0.13.4", "tiny-gpt2-0.13.4-bucket-5000",
+        "tiny-gptneox-0.13.4-bucket-5000", "tiny-0.13.4-one-node", "llama2-7b-0.13.4",
+        "tiny-llama-tf4.51-0.13.4", "tiny-qwen2-tf4.51-0.13.4", "tiny-qwen3-tf4.51-0.13.4",
+        "tiny-gemma-tf4.51-0.13.4", "tiny-phi3-tf4.51-0.13.4", "tiny-mixtral-tf4.51-0.13.4",
+        "tiny-qwen2-moe-tf4.51-0.13.4", "tiny-deepseek-v2-tf4.57-0.13.4",
+        "tiny-deepseek-v2-qlora-tf4.57-0.13.4",
         // Releases after 0.17.6 (issue 36), the rules from 0.15.4 on: torch 2.1.2.
         "tiny-0.15.4", "tiny-0.16.9", "tiny-0.18.2",
         // The HF Trainer's own optimizer: two param groups (training.param_groups).

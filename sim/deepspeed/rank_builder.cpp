@@ -348,6 +348,11 @@ RankSchedule RankBuilder::build() {
   return std::move(out_);
 }
 
+namespace {
+/** ThroughputTimer's start_step (deepspeed/utils/timer.py:203 at v0.13.4). */
+constexpr int kThroughputTimerStartStep = 2;
+}  // namespace
+
 // One micro-batch: forward, backward, the last bucket reduced, and at the accumulation boundary
 // the optimizer's step.
 void RankBuilder::micro_step(const std::vector<Hook>& hooks) {
@@ -359,6 +364,13 @@ void RankBuilder::micro_step(const std::vector<Hook>& hooks) {
   // run.step_stream = "side": `side.wait_stream(current_stream())`, then forward and
   // engine.backward under `torch.cuda.stream(side)`.
   if (sstep_ != s0_) wait_stream(sstep_, s0_, Purpose::kForwardCompute);
+  // engine.forward starts the throughput timer when it has no dataloader of its own (the HF
+  // Trainer's, accelerate's and a plain loop's case: engine.py:1846-1847 at v0.13.4); from
+  // global step 2 (start_step=2) its start() synchronizes the device (utils/timer.py:236-241;
+  // `if self.config.synchronized`, default true, from v0.14). Seen in recordings of 3 steps.
+  if (step_ >= kThroughputTimerStartStep) {
+    push(OpKind::kHostDeviceSync, kHostStream, Purpose::kForwardCompute);
+  }
   current_ = sstep_;
   if (v_.reset_at_forward_start) {
     purpose_ = Purpose::kForwardCompute;
@@ -378,6 +390,12 @@ void RankBuilder::micro_step(const std::vector<Hook>& hooks) {
   if (sstep_ != s0_) wait_stream(s0_, sstep_, Purpose::kBackwardCompute);
   current_ = s0_;
   if (micro_ == sc_.training.grad_accum - 1) optimizer_step();
+  // engine.step() stops the throughput timer after the optimizer's step (engine.py:2173 at
+  // v0.13.4), every micro-step; once a start() has timed (start_time > 0, from global step 2)
+  // stop() synchronizes the device too (utils/timer.py:252).
+  if (step_ >= kThroughputTimerStartStep) {
+    push(OpKind::kHostDeviceSync, kHostStream, Purpose::kOptimizerStep);
+  }
 }
 
 }  // namespace hpz::deepspeed

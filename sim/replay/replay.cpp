@@ -134,6 +134,14 @@ std::string replay_unsupported(const Schedule& s) {
           "schedule (hpzlab record --rank all)",
           recorded.size(), s.ranks.size(), s.source.at("recorded_rank"));
     }
+    // Each rank's gradient is taken where the bucket copy reads the parameter's gradient
+    // tensor, which the recorder claims in DeepSpeed's gradient hook since 2026-11-29.
+    const auto& buffers = s.ranks.front().buffers;
+    if (std::none_of(buffers.begin(), buffers.end(),
+                     [](const Buffer& b) { return b.role == BufferRole::kGradFull; })) {
+      return "is a recording without gradient tensors (grad_full, which `hpzlab record` claims "
+             "in DeepSpeed's gradient hook since 2026-11-29): record it again";
+    }
   }
   for (const RankSchedule& rs : s.ranks) {
     for (std::size_t i = 0; i < rs.ops.size(); ++i) {
