@@ -26,7 +26,8 @@ namespace hpz::real::detail {
  *  every member is known (PlanBuilder::collectives). */
 class PlanBuilder {
  public:
-  PlanBuilder(const Scenario& sc, const Schedule& s, bool model) : sc_(sc), s_(s), cost_(sc) {
+  PlanBuilder(const Scenario& sc, const Schedule& s, bool model)
+      : sc_(sc), s_(s), cost_(timing_inputs_of(sc)) {
     for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
     plan_.element_bytes = s.dtype_bytes;
     plan_.model = model;

@@ -403,7 +403,7 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
     rr.hang = run.hang;
     out.corrupted_runs += rr.corruption.corrupted() ? 1 : 0;
     out.runs.push_back(rr);
-    time::StepMetrics m = time::step_metrics(scenario, schedule, run.timeline);
+    time::StepMetrics m = time::step_metrics(timing_inputs_of(scenario), schedule, run.timeline);
     m.hung = m.hung || run.hung;
     t.runs.push_back(m);
     timelines.push_back(std::move(run.timeline));

@@ -1,5 +1,6 @@
 // A scenario: one experiment, read from one TOML file (see scenarios/README.md for every key,
-// its default and its unit). Every engine takes a Scenario; nothing else carries configuration.
+// its default and its unit). Nothing else carries configuration; the engines below it read
+// only what they need, made from a Scenario here (timing_inputs_of: sim/platform.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "sim/ir/fill.hpp"
+#include "sim/platform.hpp"
 
 namespace hpz {
 
@@ -17,30 +19,6 @@ enum class Variant {
   kStock,      ///< DeepSpeed before PR 5216: nothing orders the copy before the gather
   kHostSync,   ///< fix A (PR 5216): the host blocks until the compute stream drains
   kEventWait,  ///< fix B: an event after the copy, the all-gather stream waits on it
-};
-
-/** Peak numbers of one GPU model; chosen by the `cluster.gpu` preset. */
-struct GpuSpec {
-  std::string name;            ///< preset name, e.g. "a100-80g"
-  double peak_flops = 0;       ///< dense bf16 FLOP/s
-  double hbm_bytes_per_s = 0;  ///< HBM bandwidth, bytes/s
-  double memory_bytes = 0;     ///< device memory, bytes
-  bool operator==(const GpuSpec&) const = default;
-};
-
-/** [cluster]: nodes, GPUs and the links between them. */
-struct ClusterConfig {
-  int nodes = 2;                     ///< number of nodes
-  int gpus_per_node = 8;             ///< GPUs (ranks) per node
-  GpuSpec gpu;                       ///< resolved from the `gpu` preset
-  double nvlink_gbytes_per_s = 600;  ///< NVLink bandwidth per GPU to the node switch, GB/s
-  double nvlink_latency_us = 0.7;    ///< NVLink hop latency, microseconds
-  double nic_gbps = 12.5;            ///< bandwidth of one NIC, Gbit/s
-  int nics_per_node = 1;             ///< NICs per node
-  double internode_latency_us = 10;  ///< one-way latency between nodes, microseconds
-
-  int world_size() const { return nodes * gpus_per_node; }
-  bool operator==(const ClusterConfig&) const = default;
 };
 
 /** [model]: a decoder-only transformer (Llama / Falcon shape). */
@@ -198,21 +176,6 @@ struct BugConfig {
   bool operator==(const BugConfig&) const = default;
 };
 
-/** [sim]: the timing engine's model parameters (`hpzlab sim`, docs/timing.md). */
-struct SimConfig {
-  double compute_efficiency = 0.6;  ///< fraction of peak FLOP/s a kernel reaches (0, 1]
-  double memory_efficiency = 0.8;   ///< fraction of HBM bandwidth kernels and copies reach (0, 1]
-  double launch_overhead_us = 5;    ///< host time to issue one stream op, microseconds
-  double kernel_latency_us = 2;     ///< minimum duration of a kernel or copy, microseconds
-  double pcie_gbytes_per_s = 25;    ///< host <-> device copy bandwidth, GB/s
-  double jitter = 0.02;             ///< relative standard deviation of op durations (0 = none)
-  std::string collective_model = "fine";  ///< fine (ring steps) | coarse (one transfer per edge)
-  std::string network_model = "CM02";     ///< SimGrid network model: CM02 | LV08
-  double bandwidth_factor = 0.97;         ///< SimGrid network/bandwidth-factor
-  double latency_factor = 1.0;            ///< SimGrid network/latency-factor
-  bool operator==(const SimConfig&) const = default;
-};
-
 /** One experiment. */
 struct Scenario {
   std::string path;  ///< the file it came from ("" when built in code)
@@ -278,6 +241,10 @@ std::vector<std::string> gpu_preset_names();
 
 /** Checks cross-key constraints (divisibility, positive sizes); throws InputError. */
 void validate(const Scenario& scenario);
+
+/** What the timing engine (sim/time/) reads of `scenario`: its [cluster] and [sim] sections,
+ *  run.steps, run.seed, run.spin_before_copy_us and the batch (sim/platform.hpp). */
+TimingInputs timing_inputs_of(const Scenario& scenario);
 
 /** Names for printing and JSON. */
 const char* to_string(Variant v);

@@ -36,7 +36,7 @@ struct Simulated {
 
 Simulated simulated(const Scenario& sc) {
   Simulated s{build_schedule(sc), {}};
-  s.result = simulate(sc, s.schedule, SimOptions{});
+  s.result = simulate(timing_inputs_of(sc), s.schedule, SimOptions{});
   return s;
 }
 

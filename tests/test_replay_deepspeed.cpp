@@ -80,7 +80,7 @@ struct Outcome {
 /** One seeded run of the timing engine and the taint replay along it. */
 Outcome run(const Scenario& sc, std::uint64_t seed = 1) {
   const Schedule s = build_schedule(sc);
-  const Timeline t = time::run_isolated(sc, s, seed).timeline;
+  const Timeline t = time::run_isolated(timing_inputs_of(sc), s, seed).timeline;
   EXPECT_EQ(hang_of(s, t), "");
   Outcome o;
   o.timing = bites(s, t);
@@ -268,7 +268,7 @@ TEST(DeepSpeedTaintReplay, ScheduleReadFromAFileReplaysAsBuilt) {
   ReproOptions o;
   o.mode = Mode::kTaint;
   o.timeline = [](const Scenario& scn, const Schedule& sch, std::uint64_t seed) {
-    return time::run_isolated(scn, sch, seed).timeline;
+    return time::run_isolated(timing_inputs_of(scn), sch, seed).timeline;
   };
   const ReproResult r = replay_schedule(sc, s, "built.json", o);
   ASSERT_EQ(r.variants.size(), 1u);

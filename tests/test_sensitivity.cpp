@@ -27,7 +27,7 @@ SensitivityResult run(const std::vector<Override>& more = {}) {
   o.insert(o.end(), more.begin(), more.end());
   const Scenario sc = load_scenario(test::scenario_path("tiny"), o);
   const Schedule s = build_schedule(sc);
-  return sensitivity(sc, s, simulate(sc, s, {}));
+  return sensitivity(timing_inputs_of(sc), s, simulate(timing_inputs_of(sc), s, {}));
 }
 
 TEST(Sensitivity, NamesTheInputsThatDecideTheBite) {

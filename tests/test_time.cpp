@@ -34,7 +34,7 @@ Scenario scenario(const std::string& name, const std::vector<Override>& sets = {
 SimResult sim(const Scenario& sc, int runs = 1) {
   SimOptions opts;
   opts.runs = runs;
-  return simulate(sc, build_schedule(sc), opts);
+  return simulate(timing_inputs_of(sc), build_schedule(sc), opts);
 }
 
 double nic_bytes(const SimResult& r) {
@@ -48,7 +48,7 @@ TEST(CostModel, KernelIsARooflineWithAFloor) {
   sc.sim.compute_efficiency = 0.5;
   sc.sim.memory_efficiency = 1.0;
   sc.sim.kernel_latency_us = 2;
-  const CostModel cost(sc);
+  const CostModel cost(timing_inputs_of(sc));
   const double peak = sc.cluster.gpu.peak_flops;
   EXPECT_DOUBLE_EQ(cost.kernel_s(peak, 0), 2.0);  // compute bound at half the peak
   EXPECT_DOUBLE_EQ(cost.kernel_s(0, sc.cluster.gpu.hbm_bytes_per_s), 1.0);  // memory bound
@@ -58,7 +58,7 @@ TEST(CostModel, KernelIsARooflineWithAFloor) {
 
 TEST(CostModel, ASpinKernelRunsExactlyItsSpinTime) {
   const Scenario sc = scenario("tiny.toml");
-  const CostModel cost(sc);
+  const CostModel cost(timing_inputs_of(sc));
   const Schedule s = build_schedule(sc);
   Op spin;
   spin.kind = OpKind::kKernel;
@@ -90,7 +90,8 @@ SimResult sim_file(const std::string& name) {
                                              {"cluster.gpus_per_node", "1"},
                                              {"zero.zero_hpz_partition_size", "1"},
                                              {"run.steps", "1"}});
-  return simulate(sc, read_schedule_file(test::source_dir() + "/tests/data/schedule/" + name),
+  return simulate(timing_inputs_of(sc),
+                  read_schedule_file(test::source_dir() + "/tests/data/schedule/" + name),
                   SimOptions{});
 }
 
@@ -232,12 +233,14 @@ TEST(Simulate, RaceManifestsWhenTheComputeStreamIsBacklogged) {
 TEST(Simulate, SameScenarioAndSeedGiveIdenticalJson) {
   const Scenario sc = scenario("tiny.toml");
   const Schedule schedule = build_schedule(sc);
-  const std::string a = JsonReporter().render(schedule, simulate(sc, schedule, {}));
-  const std::string b = JsonReporter().render(schedule, simulate(sc, schedule, {}));
+  const std::string a =
+      JsonReporter().render(schedule, simulate(timing_inputs_of(sc), schedule, {}));
+  const std::string b =
+      JsonReporter().render(schedule, simulate(timing_inputs_of(sc), schedule, {}));
   EXPECT_EQ(a, b);
   Scenario other = sc;
   other.run.seed = 2;
-  EXPECT_NE(a, JsonReporter().render(schedule, simulate(other, schedule, {})));
+  EXPECT_NE(a, JsonReporter().render(schedule, simulate(timing_inputs_of(other), schedule, {})));
   const auto j = nlohmann::json::parse(a);
   for (const char* key : {"step_time_s", "tokens_per_s_per_node", "races_manifested", "links"}) {
     EXPECT_TRUE(j.contains(key)) << key;
@@ -252,7 +255,7 @@ TEST(Simulate, SeveralRunsAverageTheTimesAndSumTheRacesAndSaySo) {
   const Schedule schedule = build_schedule(sc);
   SimOptions opts;
   opts.runs = 3;
-  const SimResult r = simulate(sc, schedule, opts);
+  const SimResult r = simulate(timing_inputs_of(sc), schedule, opts);
   ASSERT_EQ(r.runs.size(), 3u);
   std::uint64_t races = 0;
   double step = 0;
@@ -271,7 +274,7 @@ TEST(Simulate, SeveralRunsAverageTheTimesAndSumTheRacesAndSaySo) {
   const auto j = nlohmann::json::parse(JsonReporter().render(schedule, r));
   EXPECT_EQ(j.at("races_manifested").get<std::uint64_t>(), races);
   // One run: nothing to sum, no label.
-  const SimResult one = simulate(sc, schedule, {});
+  const SimResult one = simulate(timing_inputs_of(sc), schedule, {});
   EXPECT_NE(ConsoleReporter()
                 .render(schedule, one)
                 .find(fmt::format("races manifested   {}\n", one.mean.races_manifested)),
@@ -284,7 +287,7 @@ TEST(Simulate, ConsoleAndJsonStateTheClusterTheTimesAssume) {
   const Scenario sc =
       scenario("tiny.toml", {{"cluster.nic_gbps", "37.5"}, {"cluster.nics_per_node", "2"}});
   const Schedule schedule = build_schedule(sc);
-  const SimResult r = simulate(sc, schedule, {});
+  const SimResult r = simulate(timing_inputs_of(sc), schedule, {});
   const std::string text = ConsoleReporter().render(schedule, r);
   EXPECT_NE(text.find(fmt::format("cluster            {} nodes x {} GPUs ({}), 2 x 37.5 Gbit/s NIC",
                                   sc.cluster.nodes, sc.cluster.gpus_per_node, sc.cluster.gpu.name)),
@@ -300,7 +303,7 @@ TEST(Simulate, ConsoleAndJsonStateTheClusterTheTimesAssume) {
 TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {
   const Scenario sc = scenario("tiny.toml", {{"run.variant", "host-sync"}});
   const Schedule schedule = build_schedule(sc);
-  const SimResult r = simulate(sc, schedule, {});
+  const SimResult r = simulate(timing_inputs_of(sc), schedule, {});
   const auto trace = nlohmann::json::parse(TraceReporter().render(schedule, r));
   std::set<std::string> processes, threads;
   int flows = 0, host_stalls = 0;
@@ -329,7 +332,7 @@ TEST(Simulate, TraceIsTraceEventJsonWithOneProcessPerRankAndStreamTracks) {
 TEST(Simulate, TraceFilterShowsOnlyTheChosenRanksAndSteps) {
   const Scenario sc = scenario("tiny.toml", {{"run.variant", "host-sync"}});
   const Schedule schedule = build_schedule(sc);
-  const SimResult r = simulate(sc, schedule, {});
+  const SimResult r = simulate(timing_inputs_of(sc), schedule, {});
   const auto all = nlohmann::json::parse(TraceReporter().render(schedule, r));
   const auto some = nlohmann::json::parse(TraceReporter(TraceFilter{{1}, {1}}).render(schedule, r));
   std::set<int> pids;
@@ -385,7 +388,7 @@ TEST(Simulate, TraceSlicesNeverOverlapAndFlowsBindToTheirSlices) {
   for (const auto& sets : variants) {
     const Scenario sc = scenario("tiny.toml", sets);
     const Schedule schedule = build_schedule(sc);
-    const SimResult r = simulate(sc, schedule, {});
+    const SimResult r = simulate(timing_inputs_of(sc), schedule, {});
     const auto trace = nlohmann::json::parse(TraceReporter().render(schedule, r));
     const std::string label = sets.empty()      ? "stock"
                               : sets.size() > 1 ? "deepspeed, no spin"
@@ -508,7 +511,8 @@ TEST(Simulate, TheCoarseModelTimesAHopInsideANodeAsSimGridDoes) {
                                                {"run.steps", "1"},
                                                {"sim.collective_model", model}});
     const SimResult r = simulate(
-        sc, read_schedule_file(test::source_dir() + "/tests/data/schedule/two-rank-gather.json"),
+        timing_inputs_of(sc),
+        read_schedule_file(test::source_dir() + "/tests/data/schedule/two-rank-gather.json"),
         SimOptions{});
     EXPECT_EQ(r.stats.transfers, 2u);
     // Inside a node the coarse model's hops are no SimGrid comms.
@@ -546,7 +550,7 @@ TEST(ChildRun, AChildNeverWaitedForIsKilledAndReaped) {
   // simulate() forks its runs before the checker; if the checker throws, the runs are abandoned.
   const Scenario sc = scenario("tiny.toml");
   const Schedule schedule = build_schedule(sc);
-  { const ChildRun abandoned(sc, schedule, 1); }
+  { const ChildRun abandoned(timing_inputs_of(sc), schedule, 1); }
   errno = 0;
   EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1);  // no child left, not even a zombie
   EXPECT_EQ(errno, ECHILD);
@@ -555,7 +559,7 @@ TEST(ChildRun, AChildNeverWaitedForIsKilledAndReaped) {
 TEST(ChildRun, ReportsTheShareOfOpsDone) {
   const Scenario sc = scenario("tiny.toml");
   const Schedule schedule = build_schedule(sc);
-  ChildRun child(sc, schedule, 1);
+  ChildRun child(timing_inputs_of(sc), schedule, 1);
   double last = 0;
   while (!child.ready(50)) {
     EXPECT_GE(child.fraction(), last);  // the share only grows
@@ -575,7 +579,7 @@ TEST(Simulate, ProgressCountsRunsUpToTheTotal) {
     seen.push_back(done);
   };
   const Scenario sc = scenario("tiny.toml");
-  simulate(sc, build_schedule(sc), opts);
+  simulate(timing_inputs_of(sc), build_schedule(sc), opts);
   ASSERT_FALSE(seen.empty());
   EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
   EXPECT_DOUBLE_EQ(seen.back(), 3.0);

@@ -27,7 +27,7 @@ Scenario llama70b(int nodes, std::vector<Override> sets = {}) {
 SimResult sim(const Scenario& sc, const Schedule& schedule, ByClass how) {
   SimOptions opts;
   opts.by_class = how;
-  return simulate(sc, schedule, opts);
+  return simulate(timing_inputs_of(sc), schedule, opts);
 }
 
 double relative(double a, double b) {
@@ -71,7 +71,7 @@ double expect_alike(int nodes, const std::string& model) {
   // sensitivity need every rank's): node 0's ranks, the same metrics and races.
   SimOptions lean;
   lean.full_timeline = false;
-  const SimResult folded = simulate(sc, schedule, lean);
+  const SimResult folded = simulate(timing_inputs_of(sc), schedule, lean);
   EXPECT_EQ(folded.timeline.ranks.size(), static_cast<std::size_t>(sc.cluster.gpus_per_node));
   EXPECT_EQ(folded.mean.step_time_s, by_class.mean.step_time_s);
   EXPECT_LT(relative(folded.mean.exposed_comm_s, by_class.mean.exposed_comm_s), 1e-9);

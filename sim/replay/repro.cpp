@@ -85,7 +85,7 @@ VariantRepro run_variant(const std::string& name, const Scenario& sc, Mode mode,
 }  // namespace
 
 Timeline sim_timeline(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed) {
-  return time::run_isolated(scenario, schedule, seed).timeline;
+  return time::run_isolated(timing_inputs_of(scenario), schedule, seed).timeline;
 }
 
 double VariantRepro::share_bad() const {

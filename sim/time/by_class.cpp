@@ -177,15 +177,15 @@ LinkId NodeQuotient::fold(LinkId id) const {
   return nvlinks + 2 * (slot % static_cast<LinkId>(nics_per_node)) + id % 2;
 }
 
-bool node_quotient(const Scenario& scenario, const Schedule& schedule, bool force,
-                   NodeQuotient& out, std::string& why) {
-  const ClusterConfig& c = scenario.cluster;
+bool node_quotient(const TimingInputs& in, const Schedule& schedule, bool force, NodeQuotient& out,
+                   std::string& why) {
+  const ClusterConfig& c = in.cluster;
   out = {};
   out.gpus_per_node = c.gpus_per_node;
   out.nodes = c.nodes;
   out.world = c.world_size();
   out.nics_per_node = c.nics_per_node;
-  out.exact = scenario.sim.jitter <= 0;
+  out.exact = in.sim.jitter <= 0;
   if (c.nodes < 2) {
     why = "one node";
     return false;
@@ -198,7 +198,7 @@ bool node_quotient(const Scenario& scenario, const Schedule& schedule, bool forc
   if (!out.exact && !force) {
     why = fmt::format(
         "sim.jitter = {} draws noise per rank; --by-class folds it, every node drawing node 0's",
-        scenario.sim.jitter);
+        in.sim.jitter);
     return false;
   }
   Folding folding(schedule, c.gpus_per_node, c.nodes);

@@ -31,7 +31,7 @@
 
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/timeline.hpp"
-#include "sim/scenario.hpp"
+#include "sim/platform.hpp"
 #include "sim/time/platform.hpp"
 
 namespace simgrid::s4u {
@@ -63,8 +63,8 @@ struct NodeQuotient {
 
 /** Whether `schedule` may be simulated on node 0 alone; when not, `why` says why (one phrase).
  *  `force` allows jitter (not exact: every node draws node 0's noise). */
-bool node_quotient(const Scenario& scenario, const Schedule& schedule, bool force,
-                   NodeQuotient& out, std::string& why);
+bool node_quotient(const TimingInputs& in, const Schedule& schedule, bool force, NodeQuotient& out,
+                   std::string& why);
 
 /** Creates node 0's hosts and their mirrors, node 0's links and the quotient routes in the
  *  SimGrid engine; returns 2G hosts (0..G-1 the ranks, G..2G-1 the mirrors). */

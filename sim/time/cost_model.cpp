@@ -4,12 +4,12 @@
 
 namespace hpz::time {
 
-CostModel::CostModel(const Scenario& scenario)
-    : flops_per_s_(scenario.cluster.gpu.peak_flops * scenario.sim.compute_efficiency),
-      hbm_bytes_per_s_(scenario.cluster.gpu.hbm_bytes_per_s * scenario.sim.memory_efficiency),
-      pcie_bytes_per_s_(scenario.sim.pcie_gbytes_per_s * 1e9),
-      min_s_(scenario.sim.kernel_latency_us * 1e-6),
-      launch_s_(scenario.sim.launch_overhead_us * 1e-6) {}
+CostModel::CostModel(const TimingInputs& in)
+    : flops_per_s_(in.cluster.gpu.peak_flops * in.sim.compute_efficiency),
+      hbm_bytes_per_s_(in.cluster.gpu.hbm_bytes_per_s * in.sim.memory_efficiency),
+      pcie_bytes_per_s_(in.sim.pcie_gbytes_per_s * 1e9),
+      min_s_(in.sim.kernel_latency_us * 1e-6),
+      launch_s_(in.sim.launch_overhead_us * 1e-6) {}
 
 double CostModel::kernel_s(double flops, double mem_bytes) const {
   return std::max({flops / flops_per_s_, mem_bytes / hbm_bytes_per_s_, min_s_});

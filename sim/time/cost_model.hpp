@@ -1,11 +1,12 @@
 // How long a kernel, a quantize kernel or a copy takes on one GPU, and what the host pays to
 // launch it. The timing engine uses it for every non-network op; the real-GPU executor reuses it
-// to size its spin kernels. All constants come from the scenario's [cluster] GPU preset and its
-// [sim] section (docs/timing.md): nothing here is tuned to a measurement.
+// to size its spin kernels. All constants come from the [cluster] GPU preset and the [sim]
+// section (TimingInputs, sim/platform.hpp; docs/timing.md): nothing here is tuned to a
+// measurement.
 #pragma once
 
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
+#include "sim/platform.hpp"
 
 namespace hpz::time {
 
@@ -13,7 +14,7 @@ namespace hpz::time {
 class CostModel {
  public:
   /** Reads the GPU preset and the [sim] efficiencies, latencies and bandwidths. */
-  explicit CostModel(const Scenario& scenario);
+  explicit CostModel(const TimingInputs& in);
 
   /** Seconds a kernel (kKernel, kQuantize, kDequantize) runs: the larger of its compute time
    *  (flops / (peak x compute_efficiency)) and its memory time (mem_bytes / (HBM x

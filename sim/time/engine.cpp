@@ -107,19 +107,19 @@ struct RankState {
 
 class Simulation {
  public:
-  Simulation(const Scenario& sc, const Schedule& schedule, std::uint64_t seed,
+  Simulation(const TimingInputs& in, const Schedule& schedule, std::uint64_t seed,
              const Topology& topology, std::vector<s4u::Host*> hosts, const NodeQuotient* quotient)
       : schedule_(schedule),
-        cost_(sc),
-        jitter_(seed, sc.sim.jitter),
+        cost_(in),
+        jitter_(seed, in.sim.jitter),
         topology_(topology),
         hosts_(std::move(hosts)),
-        model_(collective_model_of(sc)),
-        bandwidth_factor_(sc.sim.bandwidth_factor),
-        latency_factor_(sc.sim.latency_factor),
+        model_(collective_model_of(in)),
+        bandwidth_factor_(in.sim.bandwidth_factor),
+        latency_factor_(in.sim.latency_factor),
         quotient_(quotient) {
     run_.timeline.seed = seed;
-    run_.link_bytes.assign(static_cast<std::size_t>(sc.run.steps + 1),
+    run_.link_bytes.assign(static_cast<std::size_t>(in.steps + 1),
                            std::vector<double>(topology.links().size(), 0.0));
     const std::size_t simulated = quotient_ != nullptr
                                       ? static_cast<std::size_t>(quotient_->gpus_per_node)
@@ -638,24 +638,23 @@ std::vector<std::string> engine_args(const SimConfig& sim) {
 
 }  // namespace
 
-CollectiveModel collective_model_of(const Scenario& scenario) {
-  return scenario.sim.collective_model == "coarse" ? CollectiveModel::kCoarse
-                                                   : CollectiveModel::kFine;
+CollectiveModel collective_model_of(const TimingInputs& in) {
+  return in.sim.collective_model == "coarse" ? CollectiveModel::kCoarse : CollectiveModel::kFine;
 }
 
-EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+EngineRun run_engine(const TimingInputs& in, const Schedule& schedule, std::uint64_t seed,
                      EngineProgress* progress, const NodeQuotient* quotient) {
   static bool used = false;
   if (used) throw std::logic_error("SimGrid's engine runs once per process: use run_isolated()");
   used = true;
   const auto wall_start = std::chrono::steady_clock::now();
-  static std::vector<std::string> args = engine_args(scenario.sim);
+  static std::vector<std::string> args = engine_args(in.sim);
   static std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   int argc = static_cast<int>(argv.size());
   s4u::Engine engine(&argc, argv.data());
-  const Topology topology(scenario.cluster);
-  Simulation sim(scenario, schedule, seed, topology,
+  const Topology topology(in.cluster);
+  Simulation sim(in, schedule, seed, topology,
                  quotient != nullptr ? install_quotient(topology, *quotient)
                                      : install(topology, used_pairs(schedule)),
                  quotient);

@@ -21,7 +21,7 @@
 
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/timeline.hpp"
-#include "sim/scenario.hpp"
+#include "sim/platform.hpp"
 #include "sim/time/collective.hpp"
 
 namespace hpz::time {
@@ -61,7 +61,7 @@ struct EngineProgress {
  *  given, is kept up to date as ops finish. With `quotient`, only node 0's ranks are simulated
  *  (by_class.hpp): the run's timeline has node 0's ranks, its link bytes node 0's links
  *  (unfold_run() gives them to every rank and link). */
-EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+EngineRun run_engine(const TimingInputs& in, const Schedule& schedule, std::uint64_t seed,
                      EngineProgress* progress = nullptr, const NodeQuotient* quotient = nullptr);
 
 /** A run_engine() call in a forked child process; wait() collects its result (call it once).
@@ -69,7 +69,7 @@ EngineRun run_engine(const Scenario& scenario, const Schedule& schedule, std::ui
 class ChildRun {
  public:
   /** Forks and starts simulating in the child (with `quotient`: node 0 only, run_engine). */
-  ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+  ChildRun(const TimingInputs& in, const Schedule& schedule, std::uint64_t seed,
            const NodeQuotient* quotient = nullptr);
   ChildRun(ChildRun&& other) noexcept;
   ChildRun& operator=(ChildRun&&) = delete;
@@ -90,9 +90,9 @@ class ChildRun {
 };
 
 /** Runs run_engine() in a forked child and returns its result. */
-EngineRun run_isolated(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed);
+EngineRun run_isolated(const TimingInputs& in, const Schedule& schedule, std::uint64_t seed);
 
-/** The collective model a scenario asks for. */
-CollectiveModel collective_model_of(const Scenario& scenario);
+/** The collective model sim.collective_model asks for. */
+CollectiveModel collective_model_of(const TimingInputs& in);
 
 }  // namespace hpz::time

@@ -89,7 +89,7 @@ EngineRun receive_run(int fd) {
 
 }  // namespace
 
-ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed,
+ChildRun::ChildRun(const TimingInputs& in, const Schedule& schedule, std::uint64_t seed,
                    const NodeQuotient* quotient) {
   void* shared = ::mmap(nullptr, sizeof(EngineProgress), PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -112,7 +112,7 @@ ChildRun::ChildRun(const Scenario& scenario, const Schedule& schedule, std::uint
     ::close(fds[0]);
     int code = 0;
     try {
-      send_run(fds[1], run_engine(scenario, schedule, seed, progress_, quotient));
+      send_run(fds[1], run_engine(in, schedule, seed, progress_, quotient));
     } catch (const std::exception&) {
       code = 1;
     }
@@ -172,8 +172,8 @@ double ChildRun::fraction() const {
   return total == 0 ? 0.0 : std::min(1.0, static_cast<double>(done) / static_cast<double>(total));
 }
 
-EngineRun run_isolated(const Scenario& scenario, const Schedule& schedule, std::uint64_t seed) {
-  return ChildRun(scenario, schedule, seed).wait();
+EngineRun run_isolated(const TimingInputs& in, const Schedule& schedule, std::uint64_t seed) {
+  return ChildRun(in, schedule, seed).wait();
 }
 
 }  // namespace hpz::time

@@ -60,16 +60,15 @@ double host_blocked(const RankSchedule& rs, const std::vector<OpTime>& times, st
 
 }  // namespace
 
-StepMetrics step_metrics(const Scenario& scenario, const Schedule& schedule,
+StepMetrics step_metrics(const TimingInputs& in, const Schedule& schedule,
                          const Timeline& timeline) {
   StepMetrics m;
-  const std::int32_t k = scenario.run.steps - 1;
+  const std::int32_t k = in.steps - 1;
   const double lo = step_end(schedule, timeline, k - 1);
   const double hi = step_end(schedule, timeline, k);
   m.step_time_s = hi - lo;
-  const auto& t = scenario.training;
-  const double tokens = static_cast<double>(t.seq_len) * t.micro_batch * t.grad_accum *
-                        scenario.cluster.gpus_per_node;
+  const double tokens =
+      static_cast<double>(in.seq_len) * in.micro_batch * in.grad_accum * in.cluster.gpus_per_node;
   m.tokens_per_s_per_node = m.step_time_s > 0 ? tokens / m.step_time_s : 0;
   // By class the timeline has node 0's ranks, whose means are every rank's (by_class.hpp).
   const auto ranks = static_cast<double>(timeline.ranks.size());

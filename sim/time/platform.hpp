@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
+#include "sim/platform.hpp"
 
 namespace simgrid::s4u {
 class Host;

@@ -37,16 +37,16 @@ Margin margin_of(const SimResult& simulated, const Timeline& t) {
   return m;
 }
 
-/** Margins of the scenarios, up to kParallel engine runs at once, each with run.seed. */
-std::vector<Margin> margins(const std::vector<Scenario>& scenarios, const Schedule& schedule,
+/** Margins of the variants, up to kParallel engine runs at once, each with its seed. */
+std::vector<Margin> margins(const std::vector<TimingInputs>& variants, const Schedule& schedule,
                             const SimResult& simulated, int& done, int total,
                             const std::function<void(int, int)>& progress) {
-  std::vector<Margin> out(scenarios.size());
+  std::vector<Margin> out(variants.size());
   std::deque<std::pair<std::size_t, ChildRun>> running;
   std::size_t next = 0;
-  while (next < scenarios.size() || !running.empty()) {
-    while (next < scenarios.size() && static_cast<int>(running.size()) < kParallel) {
-      running.emplace_back(next, ChildRun(scenarios[next], schedule, scenarios[next].run.seed));
+  while (next < variants.size() || !running.empty()) {
+    while (next < variants.size() && static_cast<int>(running.size()) < kParallel) {
+      running.emplace_back(next, ChildRun(variants[next], schedule, variants[next].seed));
       ++next;
     }
     auto [index, child] = std::move(running.front());
@@ -75,25 +75,25 @@ std::string factor_text(double f) {
 const std::vector<SensitivityInput>& sensitivity_inputs() {
   static const std::vector<SensitivityInput> inputs = {
       {"sim.compute_efficiency", "share of peak FLOP/s kernels reach",
-       [](Scenario& s) -> double& { return s.sim.compute_efficiency; }, 1},
+       [](TimingInputs& s) -> double& { return s.sim.compute_efficiency; }, 1},
       {"sim.memory_efficiency", "share of HBM bandwidth copies reach",
-       [](Scenario& s) -> double& { return s.sim.memory_efficiency; }, 1},
+       [](TimingInputs& s) -> double& { return s.sim.memory_efficiency; }, 1},
       {"sim.launch_overhead_us", "host time to issue an op (host speed)",
-       [](Scenario& s) -> double& { return s.sim.launch_overhead_us; }, 0},
+       [](TimingInputs& s) -> double& { return s.sim.launch_overhead_us; }, 0},
       {"sim.kernel_latency_us", "shortest kernel or copy",
-       [](Scenario& s) -> double& { return s.sim.kernel_latency_us; }, 0},
+       [](TimingInputs& s) -> double& { return s.sim.kernel_latency_us; }, 0},
       {"cluster.nic_gbps", "NIC bandwidth",
-       [](Scenario& s) -> double& { return s.cluster.nic_gbps; }, 0},
+       [](TimingInputs& s) -> double& { return s.cluster.nic_gbps; }, 0},
       {"cluster.internode_latency_us", "latency between nodes",
-       [](Scenario& s) -> double& { return s.cluster.internode_latency_us; }, 0},
+       [](TimingInputs& s) -> double& { return s.cluster.internode_latency_us; }, 0},
       {"cluster.nvlink_gbytes_per_s", "NVLink bandwidth",
-       [](Scenario& s) -> double& { return s.cluster.nvlink_gbytes_per_s; }, 0},
+       [](TimingInputs& s) -> double& { return s.cluster.nvlink_gbytes_per_s; }, 0},
       {"cluster.nvlink_latency_us", "NVLink latency",
-       [](Scenario& s) -> double& { return s.cluster.nvlink_latency_us; }, 0},
+       [](TimingInputs& s) -> double& { return s.cluster.nvlink_latency_us; }, 0},
       {"sim.bandwidth_factor", "share of link bandwidth NCCL reaches (SimGrid)",
-       [](Scenario& s) -> double& { return s.sim.bandwidth_factor; }, 0},
+       [](TimingInputs& s) -> double& { return s.sim.bandwidth_factor; }, 0},
       {"sim.latency_factor", "NCCL latency factor (SimGrid)",
-       [](Scenario& s) -> double& { return s.sim.latency_factor; }, 0},
+       [](TimingInputs& s) -> double& { return s.sim.latency_factor; }, 0},
   };
   return inputs;
 }
@@ -103,7 +103,71 @@ const std::vector<double>& sensitivity_factors() {
   return factors;
 }
 
-SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule,
+namespace {
+
+/** A sign change between two factors of one row, bisected towards the flip. */
+struct Bracket {
+  std::size_t row;
+  double inner, outer;  // factors: inner on the scenario's side, outer beyond the flip
+  bool outer_bites;
+};
+
+/** Adds each row's flips to `out` (its rows sampled at every factor): each sign change between
+ *  neighbouring factors, bisected in log factor. */
+void add_flips(const TimingInputs& in, const Schedule& schedule, const SimResult& simulated,
+               int& done, int total, const std::function<void(int, int)>& progress,
+               SensitivityResult& out) {
+  const auto& inputs = sensitivity_inputs();
+  // Each row's brackets nearest to the scenario's value first; all rows' brackets of one
+  // halving run together.
+  std::vector<Bracket> brackets;
+  for (std::size_t i = 0; i < out.rows.size(); ++i) {
+    const auto& smp = out.rows[i].samples;
+    const auto one = std::find_if(smp.begin(), smp.end(),
+                                  [](const SensitivitySample& x) { return x.factor == 1; });
+    const auto at = static_cast<std::size_t>(one - smp.begin());
+    for (std::size_t k = at; k + 1 < smp.size(); ++k) {  // upwards: the first change only
+      if (bites(smp[k].min_margin_s) != bites(smp[k + 1].min_margin_s)) {
+        brackets.push_back({i, smp[k].factor, smp[k + 1].factor, bites(smp[k + 1].min_margin_s)});
+        break;
+      }
+    }
+    for (std::size_t k = at; k > 0; --k) {  // downwards
+      if (bites(smp[k].min_margin_s) != bites(smp[k - 1].min_margin_s)) {
+        brackets.push_back({i, smp[k].factor, smp[k - 1].factor, bites(smp[k - 1].min_margin_s)});
+        break;
+      }
+    }
+  }
+  for (int h = 0; h < kBisections && !brackets.empty(); ++h) {
+    std::vector<TimingInputs> mids;
+    for (const Bracket& b : brackets) {
+      TimingInputs s = in;
+      inputs[b.row].field(s) = out.rows[b.row].value * std::sqrt(b.inner * b.outer);
+      mids.push_back(std::move(s));
+    }
+    const std::vector<Margin> mm = margins(mids, schedule, simulated, done, total, progress);
+    for (std::size_t k = 0; k < brackets.size(); ++k) {
+      Bracket& b = brackets[k];
+      const double mid = std::sqrt(b.inner * b.outer);
+      (bites(mm[k].min) == b.outer_bites ? b.outer : b.inner) = mid;
+    }
+  }
+  for (const Bracket& b : brackets) {
+    SensitivityRow& row = out.rows[b.row];
+    row.flips.push_back({b.outer, row.value * b.outer, b.outer_bites});
+  }
+  for (SensitivityRow& row : out.rows) {
+    std::sort(row.flips.begin(), row.flips.end(),
+              [](const SensitivityFlip& a, const SensitivityFlip& b) {
+                return std::abs(std::log(a.factor)) < std::abs(std::log(b.factor));
+              });
+  }
+}
+
+}  // namespace
+
+SensitivityResult sensitivity(const TimingInputs& in, const Schedule& schedule,
                               const SimResult& simulated,
                               const std::function<void(int, int)>& progress) {
   const auto& inputs = sensitivity_inputs();
@@ -112,10 +176,10 @@ SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule
   // The scenario's own values: the simulated run (seed run.seed) already timed them.
   const Margin own = margin_of(simulated, simulated.timeline);
   std::vector<double> values;  // each input's value in the scenario
-  Scenario probe = scenario;   // field() gives a reference: read from a copy
+  TimingInputs probe = in;     // field() gives a reference: read from a copy
   for (const SensitivityInput& input : inputs) values.push_back(input.field(probe));
   // The grid: every input at every factor its bound allows, but 1.
-  std::vector<Scenario> grid;
+  std::vector<TimingInputs> grid;
   std::vector<std::pair<std::size_t, double>> where;  // grid[k]: (input, factor)
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const double value = values[i];
@@ -129,7 +193,7 @@ SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule
         bound_done = true;
         factor = inputs[i].max / value;
       }
-      Scenario s = scenario;
+      TimingInputs s = in;
       inputs[i].field(s) = value * factor;
       grid.push_back(std::move(s));
       where.emplace_back(i, factor);
@@ -161,56 +225,7 @@ SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule
         [](const SensitivitySample& a, const SensitivitySample& b) { return a.factor < b.factor; });
     out.rows.push_back(std::move(row));
   }
-  // Each sign change between neighbouring factors, bisected in log factor; brackets nearest to
-  // the scenario's value first, all rows' brackets of one halving run together.
-  struct Bracket {
-    std::size_t row;
-    double inner, outer;  // factors: inner on the scenario's side, outer beyond the flip
-    bool outer_bites;
-  };
-  std::vector<Bracket> brackets;
-  for (std::size_t i = 0; i < out.rows.size(); ++i) {
-    const auto& smp = out.rows[i].samples;
-    const auto one = std::find_if(smp.begin(), smp.end(),
-                                  [](const SensitivitySample& x) { return x.factor == 1; });
-    const auto at = static_cast<std::size_t>(one - smp.begin());
-    for (std::size_t k = at; k + 1 < smp.size(); ++k) {  // upwards: the first change only
-      if (bites(smp[k].min_margin_s) != bites(smp[k + 1].min_margin_s)) {
-        brackets.push_back({i, smp[k].factor, smp[k + 1].factor, bites(smp[k + 1].min_margin_s)});
-        break;
-      }
-    }
-    for (std::size_t k = at; k > 0; --k) {  // downwards
-      if (bites(smp[k].min_margin_s) != bites(smp[k - 1].min_margin_s)) {
-        brackets.push_back({i, smp[k].factor, smp[k - 1].factor, bites(smp[k - 1].min_margin_s)});
-        break;
-      }
-    }
-  }
-  for (int h = 0; h < kBisections && !brackets.empty(); ++h) {
-    std::vector<Scenario> mids;
-    for (const Bracket& b : brackets) {
-      Scenario s = scenario;
-      inputs[b.row].field(s) = out.rows[b.row].value * std::sqrt(b.inner * b.outer);
-      mids.push_back(std::move(s));
-    }
-    const std::vector<Margin> mm = margins(mids, schedule, simulated, done, total, progress);
-    for (std::size_t k = 0; k < brackets.size(); ++k) {
-      Bracket& b = brackets[k];
-      const double mid = std::sqrt(b.inner * b.outer);
-      (bites(mm[k].min) == b.outer_bites ? b.outer : b.inner) = mid;
-    }
-  }
-  for (const Bracket& b : brackets) {
-    SensitivityRow& row = out.rows[b.row];
-    row.flips.push_back({b.outer, row.value * b.outer, b.outer_bites});
-  }
-  for (SensitivityRow& row : out.rows) {
-    std::sort(row.flips.begin(), row.flips.end(),
-              [](const SensitivityFlip& a, const SensitivityFlip& b) {
-                return std::abs(std::log(a.factor)) < std::abs(std::log(b.factor));
-              });
-  }
+  add_flips(in, schedule, simulated, done, total, progress, out);
   out.runs = done;
   return out;
 }

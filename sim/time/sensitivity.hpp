@@ -13,18 +13,18 @@
 #include <string>
 #include <vector>
 
-#include "sim/scenario.hpp"
 #include "sim/ir/schedule.hpp"
+#include "sim/platform.hpp"
 #include "sim/time/simulate.hpp"
 
 namespace hpz::time {
 
 /** One input the sensitivity scales. */
 struct SensitivityInput {
-  std::string key;   ///< scenario key, e.g. "cluster.nic_gbps"
-  std::string what;  ///< what it stands for, in a few words
-  std::function<double&(Scenario&)> field;
-  double max = 0;  ///< largest allowed value (0: none)
+  std::string key;                              ///< scenario key, e.g. "cluster.nic_gbps"
+  std::string what;                             ///< what it stands for, in a few words
+  std::function<double&(TimingInputs&)> field;  ///< the key's field in the engine's inputs
+  double max = 0;                               ///< largest allowed value (0: none)
 };
 
 /** The inputs: compute and memory efficiency, launch overhead (host speed), kernel latency, the
@@ -63,11 +63,11 @@ struct SensitivityResult {
 /** The factors every input is scaled by (1 is the scenario's own value). */
 const std::vector<double>& sensitivity_factors();
 
-/** Runs the sensitivity of `schedule` (built from `scenario`) from `simulated`, its
+/** Runs the sensitivity of `schedule` on the platform `in` from `simulated`, its
  *  simulate() result: its races and race instances, and its first run's timeline for the
  *  scenario's own values (call only with at least one race). `progress(done, total)` after each
  *  further timeline. */
-SensitivityResult sensitivity(const Scenario& scenario, const Schedule& schedule,
+SensitivityResult sensitivity(const TimingInputs& in, const Schedule& schedule,
                               const SimResult& simulated,
                               const std::function<void(int, int)>& progress = {});
 

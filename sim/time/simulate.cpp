@@ -16,9 +16,9 @@ namespace {
 /** The runs' child processes: at most `parallel` at once, seeds run.seed, run.seed + 1, ... */
 class Runs {
  public:
-  Runs(const Scenario& scenario, const Schedule& schedule, const SimOptions& options,
+  Runs(const TimingInputs& in, const Schedule& schedule, const SimOptions& options,
        const NodeQuotient* quotient)
-      : scenario_(scenario),
+      : in_(in),
         schedule_(schedule),
         options_(options),
         quotient_(quotient),
@@ -50,12 +50,12 @@ class Runs {
   void top_up() {
     while (started_ < total_ &&
            static_cast<int>(running_.size()) < std::max(1, options_.parallel)) {
-      running_.emplace_back(scenario_, schedule_,
-                            scenario_.run.seed + static_cast<std::uint64_t>(started_++), quotient_);
+      running_.emplace_back(in_, schedule_, in_.seed + static_cast<std::uint64_t>(started_++),
+                            quotient_);
     }
   }
 
-  const Scenario& scenario_;
+  const TimingInputs& in_;
   const Schedule& schedule_;
   const SimOptions& options_;
   const NodeQuotient* quotient_;  ///< by class, or null
@@ -80,8 +80,8 @@ check::CheckResult check_showing_progress(const Schedule& schedule, const Runs& 
   return checked.get();  // rethrows what the checker threw
 }
 
-void link_reports(const Scenario& scenario, const EngineRun& run, SimResult& result) {
-  const Topology topology(scenario.cluster);
+void link_reports(const TimingInputs& in, const EngineRun& run, SimResult& result) {
+  const Topology topology(in.cluster);
   const double step = result.runs.front().step_time_s;
   for (std::size_t l = 0; l < topology.links().size(); ++l) {
     LinkReport report;
@@ -179,44 +179,43 @@ StepMetrics mean_of(const std::vector<StepMetrics>& runs) {
   return m;
 }
 
-SimResult simulate(const Scenario& scenario, const Schedule& schedule, const SimOptions& options) {
+SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOptions& options) {
   SimResult result;
   result.scenario = schedule.scenario;
   result.variant = schedule.variant;
   result.world_size = schedule.world_size;
-  result.nodes = scenario.cluster.nodes;
-  result.cluster = scenario.cluster;
-  result.steps = scenario.run.steps;
-  result.spin_before_copy_us = scenario.run.spin_before_copy_us;
-  result.collective_model = scenario.sim.collective_model;
-  result.network_model = scenario.sim.network_model;
-  result.bandwidth_factor = scenario.sim.bandwidth_factor;
-  result.latency_factor = scenario.sim.latency_factor;
+  result.nodes = in.cluster.nodes;
+  result.cluster = in.cluster;
+  result.steps = in.steps;
+  result.spin_before_copy_us = in.spin_before_copy_us;
+  result.collective_model = in.sim.collective_model;
+  result.network_model = in.sim.network_model;
+  result.bandwidth_factor = in.sim.bandwidth_factor;
+  result.latency_factor = in.sim.latency_factor;
   NodeQuotient quotient;
   if (options.by_class != ByClass::kPerRank) {
-    result.by_class = node_quotient(scenario, schedule, options.by_class == ByClass::kForce,
-                                    quotient, result.by_class_how);
+    result.by_class = node_quotient(in, schedule, options.by_class == ByClass::kForce, quotient,
+                                    result.by_class_how);
     if (result.by_class) result.by_class_how = describe_quotient(quotient);
-    if (scenario.cluster.nodes < 2) result.by_class_how.clear();  // nothing to fold
+    if (in.cluster.nodes < 2) result.by_class_how.clear();  // nothing to fold
   }
   // The children simulate while this process runs the checker (two cores: the checker's time
   // mostly disappears from the wall time).
-  Runs children(scenario, schedule, options, result.by_class ? &quotient : nullptr);
+  Runs children(in, schedule, options, result.by_class ? &quotient : nullptr);
   if (options.check_races) {
     attach_races(check_showing_progress(schedule, children, options, result.by_class), result);
   }
   std::vector<EngineRun> runs = children.collect();
   if (result.by_class) {
-    const Topology topology(scenario.cluster);
+    const Topology topology(in.cluster);
     for (EngineRun& run : runs) unfold_links(quotient, topology, run);
   }
-  for (const EngineRun& run : runs)
-    result.runs.push_back(step_metrics(scenario, schedule, run.timeline));
+  for (const EngineRun& run : runs) result.runs.push_back(step_metrics(in, schedule, run.timeline));
   std::vector<const Timeline*> timelines;
   for (const EngineRun& run : runs) timelines.push_back(&run.timeline);
   time_races(timelines, result);
   result.mean = mean_of(result.runs);
-  link_reports(scenario, runs.front(), result);
+  link_reports(in, runs.front(), result);
   result.stats = runs.front().stats;
   result.timeline = std::move(runs.front().timeline);
   if (result.by_class && options.full_timeline) unfold_timeline(quotient, result.timeline);

@@ -11,7 +11,7 @@
 #include "sim/check/checker.hpp"
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/timeline.hpp"
-#include "sim/scenario.hpp"
+#include "sim/platform.hpp"
 #include "sim/time/engine.hpp"
 #include "sim/time/platform.hpp"
 #include "sim/time/races.hpp"
@@ -109,8 +109,9 @@ struct SimResult {
   std::string by_class_how;
 };
 
-/** Simulates `schedule` (built from `scenario`) per `options`; each run in a child process. */
-SimResult simulate(const Scenario& scenario, const Schedule& schedule, const SimOptions& options);
+/** Simulates `schedule` on the platform `in` (timing_inputs_of its scenario) per `options`;
+ *  each run in a child process. */
+SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOptions& options);
 
 /** Puts the checker's verdict into `result`: a RaceReport per finding group (nothing timed
  *  yet) and the race pairs to time (race_instances()). */
@@ -126,7 +127,7 @@ void time_races(const std::vector<const Timeline*>& timelines, SimResult& result
 StepMetrics mean_of(const std::vector<StepMetrics>& runs);
 
 /** The step metrics of one run: over the timeline's ranks (by class, node 0's stand for all). */
-StepMetrics step_metrics(const Scenario& scenario, const Schedule& schedule,
+StepMetrics step_metrics(const TimingInputs& in, const Schedule& schedule,
                          const Timeline& timeline);
 
 }  // namespace hpz::time

@@ -47,7 +47,7 @@ const hpz::Schedule& schedule_of(const hpz::Scenario& sc) {
 hpz::time::SimResult run_once(const hpz::Scenario& sc) {
   hpz::time::SimOptions opts;
   opts.check_races = false;  // the checker has its own benchmark
-  return hpz::time::simulate(sc, schedule_of(sc), opts);
+  return hpz::time::simulate(timing_inputs_of(sc), schedule_of(sc), opts);
 }
 
 void report(benchmark::State& state, const hpz::time::SimResult& r) {
@@ -103,7 +103,7 @@ void BM_SimShippedByClass(benchmark::State& state) {
   opts.full_timeline = false;  // as `hpzlab sim` without --trace, --op-times or --sensitivity
   hpz::time::SimResult r;
   for (auto _ : state) {
-    r = hpz::time::simulate(sc, schedule, opts);
+    r = hpz::time::simulate(timing_inputs_of(sc), schedule, opts);
     benchmark::DoNotOptimize(r);
   }
   report(state, r);

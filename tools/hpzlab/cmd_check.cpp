@@ -240,9 +240,10 @@ std::optional<time::SensitivityResult> timing_margin(const Scenario& sc, const S
   if (result.group_count(check::FindingKind::kRace) == 0) return std::nullopt;
   time::SimOptions o;
   o.runs = 1;
-  const time::SimResult simulated = time::simulate(sc, schedule, o);
+  const TimingInputs platform = timing_inputs_of(sc);
+  const time::SimResult simulated = time::simulate(platform, schedule, o);
   if (!time::has_race(simulated)) return std::nullopt;
-  return time::sensitivity(sc, schedule, simulated, [show_progress](int done, int total) {
+  return time::sensitivity(platform, schedule, simulated, [show_progress](int done, int total) {
     if (!show_progress) return;
     progress_bar(done, std::max(done, total),
                  fmt::format("sensitivity: {} timelines (about {})", done, total));

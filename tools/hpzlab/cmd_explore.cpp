@@ -67,8 +67,9 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
                        [&] { checked = check::check_schedule(schedule); });
   const std::vector<replay::RacePair> pairs = race_pairs(checked);
   Timeline timing;
-  run_showing_progress(0, o.budget, "one timed run (the targeted phase's other choices)",
-                       [&] { timing = time::run_isolated(sc, schedule, sc.run.seed).timeline; });
+  run_showing_progress(0, o.budget, "one timed run (the targeted phase's other choices)", [&] {
+    timing = time::run_isolated(timing_inputs_of(sc), schedule, sc.run.seed).timeline;
+  });
   const replay::ExploreResult r = replay::explore(sc, schedule, pairs, timing, eo);
   end_progress_line();
 

@@ -48,6 +48,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
                 inputs_of(opts.scenario));
   Scenario sc = load(opts.scenario);
   const Schedule schedule = schedule_for(sc, opts.scenario.schedule);
+  const TimingInputs platform = timing_inputs_of(sc);
   const time::TraceFilter filter = trace_filter(opts.trace, schedule);
   time::SimOptions sim_opts;
   sim_opts.runs = opts.runs;
@@ -60,8 +61,8 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
                                       : time::ByClass::kAuto;
   // Node 0's times stand for every rank's; only these outputs read every rank's.
   sim_opts.full_timeline = opts.op_times || opts.sensitivity || !opts.trace.file.empty();
-  const time::SimResult result =
-      on_schedule(opts.scenario.schedule, [&] { return time::simulate(sc, schedule, sim_opts); });
+  const time::SimResult result = on_schedule(
+      opts.scenario.schedule, [&] { return time::simulate(platform, schedule, sim_opts); });
   if (!result.by_class && !result.by_class_how.empty()) {
     std::fprintf(stderr, "sim: every rank simulated, not one node per symmetry class (%s)\n",
                  result.by_class_how.c_str());
@@ -70,7 +71,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   }
   std::optional<time::SensitivityResult> sens;
   if (opts.sensitivity && time::has_race(result)) {
-    sens = time::sensitivity(sc, schedule, result, [](int done, int total) {
+    sens = time::sensitivity(platform, schedule, result, [](int done, int total) {
       progress_bar(done, std::max(done, total),
                    fmt::format("sensitivity: {} timelines (about {})", done, total));
     });
