@@ -136,9 +136,11 @@ std::string replay_unsupported(const Schedule& s) {
     }
     // Each rank's gradient is taken where the bucket copy reads the parameter's gradient
     // tensor, which the recorder claims in DeepSpeed's gradient hook since 2026-11-29.
-    const auto& buffers = s.ranks.front().buffers;
-    if (std::none_of(buffers.begin(), buffers.end(),
-                     [](const Buffer& b) { return b.role == BufferRole::kGradFull; })) {
+    const RankSchedule& first = s.ranks.front();
+    const bool reduces = std::any_of(first.ops.begin(), first.ops.end(),
+                                     [](const Op& op) { return op.phase == Phase::kGradReduce; });
+    if (reduces && std::none_of(first.buffers.begin(), first.buffers.end(),
+                                [](const Buffer& b) { return b.role == BufferRole::kGradFull; })) {
       return "is a recording without gradient tensors (grad_full, which `hpzlab record` claims "
              "in DeepSpeed's gradient hook since 2026-11-29): record it again";
     }
