@@ -48,11 +48,22 @@ std::vector<replay::RacePair> race_pairs(const check::CheckResult& result) {
   return out;
 }
 
-void run_explore(const ExploreCliOptions& o, int& exit_code) {
-  require_at_least("--budget", o.budget, 1);
-  require_at_least("--depth", o.depth, 1);
-  check_outputs({{o.common.json, "--json"}, {o.order_out, "--order-out"}}, inputs_of(o.common));
-  Scenario sc = load(o.common);
+/** What explore found, with what its text and JSON name it by. */
+struct Explored {
+  const Scenario& sc;
+  const Schedule& schedule;
+  const replay::ExploreResult& r;
+  replay::Mode mode;
+  std::string name;       ///< "SCENARIO [label]", the verdict's name
+  std::size_t pairs = 0;  ///< the checker's race pairs
+  bool checker_clean = false;
+
+  const char* mode_name() const { return mode == replay::Mode::kNumeric ? "numeric" : "taint"; }
+  int orders() const { return r.targeted + r.random; }
+};
+
+/** The options explore runs with: the command line's and the scenario's replay mode. */
+replay::ExploreOptions explore_options(const ExploreCliOptions& o, const Scenario& sc) {
   replay::ExploreOptions eo;
   eo.budget = o.budget;
   eo.seed = o.seed;
@@ -61,6 +72,99 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   eo.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} orders explored", done, total));
   };
+  return eo;
+}
+
+/** The text when every explored order gives the reference's weights, with a note on a reference
+ *  that hangs or is bad itself, or on orders that hung. */
+std::string identical_text(const Explored& e) {
+  const replay::ExploreResult& r = e.r;
+  const int orders = e.orders();
+  std::string text = fmt::format(
+      "{}: {} order{} explored ({} targeted over {} race pair{}, {} random, {} replay), all "
+      "bit-identical to the serialized reference\n",
+      e.name, orders, orders == 1 ? "" : "s", r.targeted, e.pairs, e.pairs == 1 ? "" : "s",
+      r.random, e.mode_name());
+  if (!r.reference_complete) {
+    text += fmt::format(
+        "  note: the serialized reference hangs (a collective some member never reaches), and "
+        "{} of the {} explored orders hung like it; in {} targeted order(s) the race pair lies "
+        "after the hang and never ran\n",
+        r.incomplete, orders, r.unreached);
+  } else if (r.reference_bad_step >= 0) {
+    text += fmt::format(
+        "  note: the serialized reference itself is bad from step {} ({}): the checker's "
+        "uninitialized or stale reads; where every order is bad alike, a race changes nothing "
+        "this comparison sees\n",
+        r.reference_bad_step,
+        replay::describe_step(r.reference.steps[static_cast<std::size_t>(r.reference_bad_step)],
+                              e.mode));
+  } else if (r.incomplete > 0) {
+    text += fmt::format("  note: {} order(s) hung (a collective some member never reaches)\n",
+                        r.incomplete);
+  }
+  return text;
+}
+
+/** The counterexample's lines: the race pair it ran the other way (also into `cj`), then the
+ *  steps from the first that differs (three at most), this order's and the reference's. */
+std::string counterexample_steps(const Explored& e, const replay::Counterexample& c,
+                                 nlohmann::json& cj) {
+  std::string text;
+  if (c.pair) {
+    const check::FindingLog log(e.schedule);
+    const auto ran_first = c.second_first ? c.pair->second : c.pair->first;
+    const auto ran_later = c.second_first ? c.pair->first : c.pair->second;
+    text += fmt::format("  ran first: {}\n  then:      {}\n",
+                        check::describe(log.label(c.pair->rank, ran_first)),
+                        check::describe(log.label(c.pair->rank, ran_later)));
+    cj["rank"] = c.pair->rank;
+    cj["ran_first"] = ran_first;
+    cj["ran_later"] = ran_later;
+  }
+  // The steps from the first that differs (three at most): this order, then the reference.
+  for (std::size_t k = static_cast<std::size_t>(std::max(c.first_bad_step, 0));
+       k < std::min({c.result.steps.size(), e.r.reference.steps.size(),
+                     static_cast<std::size_t>(std::max(c.first_bad_step, 0)) + 3});
+       ++k) {
+    text += fmt::format("  step {}: {} in this order; {} in the serialized reference\n", k,
+                        replay::describe_step(c.result.steps[k], e.mode),
+                        replay::describe_step(e.r.reference.steps[k], e.mode));
+  }
+  return text;
+}
+
+/** The counterexample's text and (in `cj`) JSON; writes its order to --order-out if given. */
+std::string counterexample_text(const ExploreCliOptions& o, const Explored& e, nlohmann::json& cj) {
+  const replay::Counterexample& c = *e.r.counterexample;
+  std::string text =
+      fmt::format("{}: counterexample in the {} phase (order {} of {} explored, {} replay)\n",
+                  e.name, c.phase, c.order + 1, e.orders(), e.mode_name());
+  cj = {{"phase", c.phase}, {"order", c.order}, {"first_bad_step", c.first_bad_step}};
+  text += counterexample_steps(e, c, cj);
+  if (e.checker_clean) {
+    text +=
+        "  note: the checker proves this schedule race-free: a counterexample contradicts "
+        "it (please report)\n";
+  }
+  if (!o.order_out.empty()) {
+    write_output(o.order_out,
+                 replay::explored_order_text(e.schedule, e.sc.path, o.common.sets, c.timeline),
+                 "--order-out");
+    std::string sets;
+    for (const std::string& set : o.common.sets) sets += " --set " + set;
+    text += fmt::format("  the order: {} (replay it: hpzlab repro {}{} --order {})\n", o.order_out,
+                        e.sc.path, sets, o.order_out);
+  }
+  return text;
+}
+
+void run_explore(const ExploreCliOptions& o, int& exit_code) {
+  require_at_least("--budget", o.budget, 1);
+  require_at_least("--depth", o.depth, 1);
+  check_outputs({{o.common.json, "--json"}, {o.order_out, "--order-out"}}, inputs_of(o.common));
+  Scenario sc = load(o.common);
+  const replay::ExploreOptions eo = explore_options(o, sc);
   const Schedule schedule = build_schedule(sc);
   check::CheckResult checked;
   run_showing_progress(0, o.budget, "checking the schedule",
@@ -73,14 +177,18 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   const replay::ExploreResult r = replay::explore(sc, schedule, pairs, timing, eo);
   end_progress_line();
 
-  const std::string name =
-      fmt::format("{} [{}]", sc.path, schedule_label(schedule.variant, schedule.source));
-  const char* mode = eo.mode == replay::Mode::kNumeric ? "numeric" : "taint";
-  const int orders = r.targeted + r.random;
+  const Explored e{
+      sc,
+      schedule,
+      r,
+      eo.mode,
+      fmt::format("{} [{}]", sc.path, schedule_label(schedule.variant, schedule.source)),
+      pairs.size(),
+      checked.clean()};
   std::string text;
   nlohmann::json j{{"scenario", sc.path},
                    {"variant", schedule.variant},
-                   {"mode", mode},
+                   {"mode", e.mode_name()},
                    {"budget", o.budget},
                    {"seed", o.seed},
                    {"depth", o.depth},
@@ -91,70 +199,12 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
                    {"incomplete", r.incomplete},
                    {"unreorderable", r.unreorderable}};
   if (!r.counterexample) {
-    text = fmt::format(
-        "{}: {} order{} explored ({} targeted over {} race pair{}, {} random, {} replay), all "
-        "bit-identical to the serialized reference\n",
-        name, orders, orders == 1 ? "" : "s", r.targeted, pairs.size(),
-        pairs.size() == 1 ? "" : "s", r.random, mode);
-    if (!r.reference_complete) {
-      text += fmt::format(
-          "  note: the serialized reference hangs (a collective some member never reaches), and "
-          "{} of the {} explored orders hung like it; in {} targeted order(s) the race pair lies "
-          "after the hang and never ran\n",
-          r.incomplete, orders, r.unreached);
-    } else if (r.reference_bad_step >= 0) {
-      text += fmt::format(
-          "  note: the serialized reference itself is bad from step {} ({}): the checker's "
-          "uninitialized or stale reads; where every order is bad alike, a race changes nothing "
-          "this comparison sees\n",
-          r.reference_bad_step,
-          replay::describe_step(r.reference.steps[static_cast<std::size_t>(r.reference_bad_step)],
-                                eo.mode));
-    } else if (r.incomplete > 0) {
-      text += fmt::format("  note: {} order(s) hung (a collective some member never reaches)\n",
-                          r.incomplete);
-    }
+    text = identical_text(e);
     j["counterexample"] = nullptr;
     exit_code = kExitOk;
   } else {
-    const replay::Counterexample& c = *r.counterexample;
-    text = fmt::format("{}: counterexample in the {} phase (order {} of {} explored, {} replay)\n",
-                       name, c.phase, c.order + 1, orders, mode);
-    nlohmann::json cj{{"phase", c.phase}, {"order", c.order}, {"first_bad_step", c.first_bad_step}};
-    if (c.pair) {
-      const check::FindingLog log(schedule);
-      const auto ran_first = c.second_first ? c.pair->second : c.pair->first;
-      const auto ran_later = c.second_first ? c.pair->first : c.pair->second;
-      text += fmt::format("  ran first: {}\n  then:      {}\n",
-                          check::describe(log.label(c.pair->rank, ran_first)),
-                          check::describe(log.label(c.pair->rank, ran_later)));
-      cj["rank"] = c.pair->rank;
-      cj["ran_first"] = ran_first;
-      cj["ran_later"] = ran_later;
-    }
-    // The steps from the first that differs (three at most): this order, then the reference.
-    for (std::size_t k = static_cast<std::size_t>(std::max(c.first_bad_step, 0));
-         k < std::min({c.result.steps.size(), r.reference.steps.size(),
-                       static_cast<std::size_t>(std::max(c.first_bad_step, 0)) + 3});
-         ++k) {
-      text += fmt::format("  step {}: {} in this order; {} in the serialized reference\n", k,
-                          replay::describe_step(c.result.steps[k], eo.mode),
-                          replay::describe_step(r.reference.steps[k], eo.mode));
-    }
-    if (checked.clean()) {
-      text +=
-          "  note: the checker proves this schedule race-free: a counterexample contradicts "
-          "it (please report)\n";
-    }
-    if (!o.order_out.empty()) {
-      write_output(o.order_out,
-                   replay::explored_order_text(schedule, sc.path, o.common.sets, c.timeline),
-                   "--order-out");
-      std::string sets;
-      for (const std::string& set : o.common.sets) sets += " --set " + set;
-      text += fmt::format("  the order: {} (replay it: hpzlab repro {}{} --order {})\n",
-                          o.order_out, sc.path, sets, o.order_out);
-    }
+    nlohmann::json cj;
+    text = counterexample_text(o, e, cj);
     j["counterexample"] = cj;
     exit_code = kExitFindings;
   }
