@@ -1,6 +1,6 @@
 // The data replay on recordings of real DeepSpeed (traces/deepspeed/, `hpzlab record`): the numeric
 // replay finds each parameter's module part among autograd's kernels by the buffers they touch
-// (numeric_recorded.cpp) and the optimizer step where the primaries are written back
+// (numeric_modules.cpp) and the optimizer step where the primaries are written back
 // (data_engine.hpp). Held to the builder's schedule of the same model: where no race bites, the
 // recording gives the builder's numbers.
 #include <gtest/gtest.h>

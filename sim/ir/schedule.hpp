@@ -408,7 +408,22 @@ struct Schedule {
   std::span<const Access> accesses_of(Rank r, const Op& op) const {
     return std::span<const Access>(ranks[r].accesses).subspan(op.access_begin, op.access_count);
   }
+
+  /** The parameter unit an access of rank r's op touches: its buffer's unit, or the op's where
+   *  the buffer holds no one unit (a flat buffer of several); kNoUnit when neither names one.
+   *  The builder names both; a recording names only the buffer (autograd's kernels serve no
+   *  parameter the recorder could see). */
+  UnitId unit_of(Rank r, const Op& op, const Access& a) const {
+    const UnitId own = ranks[r].buffers[a.buffer].unit;
+    return own != kNoUnit ? own : op.unit;
+  }
 };
+
+/** True for a recording of real DeepSpeed (`hpzlab record`: Schedule::source names the
+ *  recorder), whose ranks past the recorded ones may be copies (recorded_ranks). */
+inline bool is_recording(const Schedule& s) {
+  return s.source.count("recorder") > 0;
+}
 
 /** True when some access of the schedule is strided (Access::count > 1). */
 bool has_strided_accesses(const Schedule& schedule);

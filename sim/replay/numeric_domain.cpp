@@ -15,13 +15,25 @@
 namespace hpz::replay {
 namespace {
 
+// Every NaN hashes as the one quiet NaN: which NaN's payload an operation propagates is the
+// compiler's choice (an optimized build may swap the operands of a sum), and the digest must be
+// the same in every build.
 std::uint64_t fnv(const std::vector<float>& v, std::uint64_t h) {
   for (float f : v) {
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, &f, sizeof bits);
+    std::uint32_t bits = 0x7fc00000u;
+    if (!std::isnan(f)) std::memcpy(&bits, &f, sizeof bits);
     h = (h ^ bits) * 0x100000001b3ull;
   }
   return h;
+}
+
+// SplitMix64's finalizer: every bit of the (rank, unit) key reaches the low bits of the shard's
+// seed. (A plain multiply left the low 32 bits to the unit alone, so equal shards of an even
+// number of ranks, all NaN say, cancelled there in the step's xor.)
+std::uint64_t mix(std::uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
 }
 
 }  // namespace
@@ -76,8 +88,7 @@ NumericDomain::NumericDomain(const Scenario& sc, const Schedule& s)
   if (const std::string why = llama_unsupported(sc, s); !why.empty()) {
     throw InputError(sc.path, "model", why);
   }
-  recorded_ = s.source.count("recorder") > 0;
-  recorded_micro_.resize(s.ranks.size());
+  micro_.resize(s.ranks.size());
   bufs_.resize(s.ranks.size());
   filled_.resize(s.ranks.size());
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
@@ -181,15 +192,9 @@ NumericDomain::Chunk NumericDomain::checkpoint(Rank, UnitId u, std::uint64_t fir
   return slice(unit_weights(u, sc_.run.seed + kCheckpointSeedOffset), first, n);
 }
 
-const Access* NumericDomain::access(Rank r, const Op& op, AccessMode m, BufferRole role,
-                                    int unit_sel) const {
+const Access* NumericDomain::access(Rank r, const Op& op, AccessMode m, BufferRole role) const {
   for (const Access& a : s_.accesses_of(r, op)) {
-    const Buffer& b = s_.ranks[r].buffers[a.buffer];
-    if (a.mode != m || b.role != role) continue;
-    // unit_sel: 0 any, 1 a unit's buffer, -1 a buffer of no unit (act.grad, act.recompute)
-    if (unit_sel == 1 && b.unit == kNoUnit) continue;
-    if (unit_sel == -1 && b.unit != kNoUnit) continue;
-    return &a;
+    if (a.mode == m && s_.ranks[r].buffers[a.buffer].role == role) return &a;
   }
   return nullptr;
 }
@@ -206,13 +211,10 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::kernel(Rank r, const Op&
       return init_kernel(r, op);
     case Purpose::kForwardCompute:
     case Purpose::kRecomputeForward:
-      if (recorded_ && op.unit == kNoUnit) return recorded_forward(r, op, read);
-      return llama_forward(r, op, read);
+      return module_forward(r, op, read);
     case Purpose::kLossGradient:
-      return loss(r, op);
     case Purpose::kBackwardCompute:
-      if (recorded_ && op.unit == kNoUnit) return recorded_backward(r, op, read);
-      return llama_backward(r, op, read);
+      return module_backward(r, op, read);
     case Purpose::kGradNorm:
       return grad_norm(r, op, read);
     case Purpose::kOptimizerStep:
@@ -262,54 +264,36 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::grad_norm(Rank r, const 
   return {{out, 0, Chunk{static_cast<float>(ss)}}};
 }
 
-// The DeepSpeed schedules' module kernels: one parameter's part of its module, with the weights
-// the kernel read (a kernel with no parameter, the attention's core or the MLP's activation, is
-// done by the parameter kernel that needs it: llama_model.hpp).
-std::vector<Write<NumericDomain::Chunk>> NumericDomain::llama_forward(Rank r, const Op& op,
-                                                                      const ReadFn<Chunk>& read) {
-  if (op.unit == kNoUnit) return {};
-  const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
-  if (w == nullptr) return {};
-  pass(r, op).forward(param(op.unit), part(read, *w), op.purpose == Purpose::kRecomputeForward);
-  return {};
-}
-
-std::vector<Write<NumericDomain::Chunk>> NumericDomain::llama_backward(Rank r, const Op& op,
-                                                                       const ReadFn<Chunk>& read) {
-  if (op.unit == kNoUnit) return {};
-  const Access* w = access(r, op, AccessMode::kRead, BufferRole::kFull, 0);
-  const Access* g = access(r, op, AccessMode::kWrite, BufferRole::kGradFull, 0);
-  if (w == nullptr || g == nullptr) return {};
-  const Chunk dw = pass(r, op).backward(param(op.unit), part(read, *w));
-  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
-  return {{g->buffer, g->offset / dt, slice(dw, g->offset / dt, g->bytes / dt)}};
-}
-
 // Adam on the fp32 primary shard (the master weights), gradients averaged over ranks and
 // micro-steps (adam_step). The step reads no gradient bytes: the engine hands it the unit's
 // reduced gradient (kReducedGrad), and it does not clip (DeepSpeed's default gradient_clipping
 // 0; the global norm is not followed).
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::adam(Rank r, const Op& op,
                                                              const ReadFn<Chunk>& read) {
-  const Access* p_in = access(r, op, AccessMode::kRead, BufferRole::kPrimary, 0);
-  const Access* p_out = access(r, op, AccessMode::kWrite, BufferRole::kPrimary, 0);
-  if (op.unit == kNoUnit || p_in == nullptr || p_out == nullptr) return {};
-  const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
-  Chunk p = part(read, *p_in);
-  Chunk grad = read(kReducedGrad, p_in->offset / dt, p_in->bytes / dt);
-  grad.resize(p.size(), 0.0f);
-  return {{p_out->buffer, p_out->offset / dt, step_unit(r, op, std::move(p), grad, 0.0f, 0.0f)}};
+  const Access* p_in = access(r, op, AccessMode::kRead, BufferRole::kPrimary);
+  const Access* p_out = access(r, op, AccessMode::kWrite, BufferRole::kPrimary);
+  if (p_in == nullptr || p_out == nullptr) return {};
+  std::vector<Write<Chunk>> out = update_primary(r, op, *p_in, read);
+  for (Write<Chunk>& w : out) {  // the step writes where its primary write lands
+    w.buffer = p_out->buffer;
+    w.begin = p_out->offset / static_cast<std::uint64_t>(s_.dtype_bytes);
+  }
+  return out;
 }
 
+// The primary shard `primary` after Adam with the unit's reduced gradient (kReducedGrad, at the
+// primary's offsets), written back where it was read: the optimizer kernel's step (adam), or a
+// recording's copy that writes the primaries back from DeepSpeed's flat fp32 partition
+// (data_engine.hpp primary_updates).
 std::vector<Write<NumericDomain::Chunk>> NumericDomain::update_primary(Rank r, const Op& op,
                                                                        const Access& primary,
                                                                        const ReadFn<Chunk>& read) {
   if (op.unit == kNoUnit) return {};
-  const Chunk p = part(read, primary);
   const std::uint64_t dt = static_cast<std::uint64_t>(s_.dtype_bytes);
+  Chunk p = part(read, primary);
   Chunk grad = read(kReducedGrad, primary.offset / dt, primary.bytes / dt);
   grad.resize(p.size(), 0.0f);
-  return {{primary.buffer, primary.offset / dt, step_unit(r, op, p, grad, 0.0f, 0.0f)}};
+  return {{primary.buffer, primary.offset / dt, step_unit(r, op, std::move(p), grad, 0.0f, 0.0f)}};
 }
 
 NumericDomain::Chunk NumericDomain::step_unit(Rank r, const Op& op, Chunk p, const Chunk& grad,
@@ -321,7 +305,7 @@ NumericDomain::Chunk NumericDomain::step_unit(Rank r, const Op& op, Chunk p, con
   adam_step(p, grad, st.m, st.v, norm_sq, scale, op.step, max_grad_norm);
   const std::uint64_t key =
       (static_cast<std::uint64_t>(r) << 32) ^ static_cast<std::uint64_t>(op.unit);
-  hash_[op.step] ^= fnv(p, 0xcbf29ce484222325ull ^ (key * 0x9e3779b97f4a7c15ull));
+  hash_[op.step] ^= fnv(p, 0xcbf29ce484222325ull ^ mix(key));
   return p;
 }
 

@@ -58,7 +58,8 @@ class NumericDomain {
     std::vector<float> m, v;
   };
 
-  const Access* access(Rank r, const Op& op, AccessMode m, BufferRole role, int unit_sel) const;
+  /** The op's first access of mode m to a buffer of `role`; null when none. */
+  const Access* access(Rank r, const Op& op, AccessMode m, BufferRole role) const;
   std::vector<Write<Chunk>> init_kernel(Rank r, const Op& op);
   std::vector<Write<Chunk>> loss(Rank r, const Op& op);
   std::vector<Write<Chunk>> grad_norm(Rank r, const Op& op, const ReadFn<Chunk>& read);
@@ -67,8 +68,6 @@ class NumericDomain {
   /** The rank's Llama pass, begun anew when op starts another micro-step. */
   LlamaPass& pass(Rank r, const Op& op);
   LlamaParam param(UnitId u) const;
-  std::vector<Write<Chunk>> llama_forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
-  std::vector<Write<Chunk>> llama_backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
   std::vector<float> unit_weights(UnitId u, std::uint64_t seed) const;
   /** Adam on one unit's primary shard of rank r (adam_step); folds it into the step's hash. */
   Chunk step_unit(Rank r, const Op& op, Chunk p, const Chunk& grad, float norm_sq,
@@ -77,30 +76,28 @@ class NumericDomain {
   /** The storage of slot b of rank r, created on first use. */
   Chunk& slot(Rank r, BufferId b);
 
-  // Recordings (numeric_recorded.cpp): autograd's kernels name no parameter, so a parameter's
-  // module part is found by what the kernels touch. Forward (and recompute): the first kernel of
-  // the micro-step that reads the parameter's gathered weights. Backward: the weights as the
-  // first backward kernel that reads them saw them, the gradient computed by the kernel that
-  // writes the parameter's gradient tensor (grad_full, claimed by the recorder in DeepSpeed's
-  // gradient hook). The loss: before the micro-step's first backward kernel.
+  // The module kernels (numeric_modules.cpp), one rule for built schedules and recordings:
+  // forward (and recompute) at the first kernel of the micro-step that reads a parameter's
+  // gathered weights; backward with the weights the first backward kernel that read them saw,
+  // computed at the kernel that writes the parameter's gradient tensor (grad_full); the loss
+  // when the micro-step's backward starts.
   /** The rank's per-micro-step bookkeeping, reset when op starts another micro-step. */
-  struct RecordedMicro {
+  struct Micro {
     std::pair<std::int32_t, std::int32_t> at{-2, 0};
     bool loss_taken = false;
     std::map<std::pair<Purpose, UnitId>, bool> forward_done;
     std::map<UnitId, Chunk> weights_seen;  ///< backward: the weights its first reader saw
     std::map<UnitId, Chunk> gradient;      ///< backward: computed once, written by each writer
   };
-  RecordedMicro& recorded_micro(Rank r, const Op& op);
-  std::vector<Write<Chunk>> recorded_forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
-  std::vector<Write<Chunk>> recorded_backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  Micro& micro(Rank r, const Op& op);
+  std::vector<Write<Chunk>> module_forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  std::vector<Write<Chunk>> module_backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
 
   const Scenario& sc_;
   const Schedule& s_;
   LlamaDims llama_;
-  bool recorded_ = false;                      ///< a recording of real DeepSpeed (source.recorder)
-  std::vector<RecordedMicro> recorded_micro_;  ///< [rank]
-  std::vector<LlamaPass> passes_;              ///< [rank]
+  std::vector<Micro> micro_;                                    ///< [rank]
+  std::vector<LlamaPass> passes_;                               ///< [rank]
   std::vector<std::pair<std::int32_t, std::int32_t>> pass_at_;  ///< [rank]: (step, micro)
   std::vector<std::vector<Chunk>> bufs_;                        // [rank][buffer]: stored
   /** What an allocation left past the stored elements: its fill, up to its length. */

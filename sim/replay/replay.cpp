@@ -125,7 +125,7 @@ std::string replay_unsupported(const Schedule& s) {
   // A recording of one rank (or a few) gives every other rank a copy of a recorded one: the
   // same ops at the recorded rank's byte offsets, which are not the copy's own (each rank
   // holds another slice of every parameter), so its data cannot be followed.
-  if (s.source.count("recorder") > 0) {
+  if (is_recording(s)) {
     const std::vector<Rank> recorded = recorded_ranks(s);
     if (recorded.size() < s.ranks.size()) {
       return fmt::format(

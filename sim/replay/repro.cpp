@@ -143,8 +143,8 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
   return out;
 }
 
-ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
-                            const std::string& name, const ReproOptions& o) {
+Mode schedule_mode(const Scenario& scenario, const Schedule& schedule, const std::string& name,
+                   std::optional<Mode> asked) {
   if (const std::string why = replay_unsupported(schedule); !why.empty()) {
     throw InputError(name, "", "the data replay cannot follow this schedule: " + why);
   }
@@ -152,12 +152,17 @@ ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
   // parameters, as the builder does), else taint.
   const std::string unfit = numeric_fits(scenario) ? llama_unsupported(scenario, schedule)
                                                    : "the scenario's model is too big or no Llama";
-  if (o.mode == Mode::kNumeric && !unfit.empty()) {
+  if (asked == Mode::kNumeric && !unfit.empty()) {
     throw InputError(name, "--mode", "the numeric replay cannot compute this schedule: " + unfit);
   }
+  return asked.value_or(unfit.empty() ? Mode::kNumeric : Mode::kTaint);
+}
+
+ReproResult replay_schedule(const Scenario& scenario, const Schedule& schedule,
+                            const std::string& name, const ReproOptions& o) {
   ReproResult out;
   out.scenario = name;
-  out.mode = o.mode.value_or(unfit.empty() ? Mode::kNumeric : Mode::kTaint);
+  out.mode = schedule_mode(scenario, schedule, name, o.mode);
   out.timing = o.timing_name;
   out.first_seed = scenario.run.seed;
   out.steps = scenario.run.steps;

@@ -67,6 +67,13 @@ ReproResult run_repro(const Scenario& scenario, const ReproOptions& options);
 /** The replay's mode when none is asked for: numeric when numeric_fits(), else taint. */
 Mode default_mode(const Scenario& scenario);
 
+/** The replay a given schedule (say, read from a file) gets: `asked`, or numbers where the
+ *  scenario's Llama computes the schedule's parameters (numeric_fits, llama_unsupported) and
+ *  taint otherwise. Throws InputError naming `name` when the replay cannot follow the schedule
+ *  (replay_unsupported) or numbers are asked for and cannot be had. */
+Mode schedule_mode(const Scenario& scenario, const Schedule& schedule, const std::string& name,
+                   std::optional<Mode> asked);
+
 /** Replays one given schedule (say, read from a file: there are no variants to build) per
  *  `options`: with numbers where the scenario's Llama computes the schedule's parameters
  *  (numeric_fits, llama_unsupported), each run then held against the same schedule replayed in

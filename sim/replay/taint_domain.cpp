@@ -38,7 +38,7 @@ void push_run(TaintDomain::Chunk& c, std::uint64_t len, Tag t) {
 }  // namespace
 
 TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s)
-    : sc_(sc), s_(s), recorded_(s.source.count("recorder") > 0) {
+    : sc_(sc), s_(s), recorded_(is_recording(s)) {
   act_.assign(s.ranks.size(), Health::kGood);
   micro_.assign(s.ranks.size(), {-2, 0});
   loss_taken_.assign(s.ranks.size(), false);
@@ -168,8 +168,7 @@ Health TaintDomain::worst_input(Rank r, const Op& op, const ReadFn<Chunk>& read)
     const bool whole = role == BufferRole::kActivation || role == BufferRole::kScratch;
     const Chunk c = whole ? read(a.buffer, 0, kWhole) : read(a.buffer, a.offset / dt, a.bytes / dt);
     const bool weights = role == BufferRole::kFull;
-    // A recording's kernels name no unit: the weights are the buffer's own unit's.
-    const UnitId u = op.unit != kNoUnit ? op.unit : s_.ranks[r].buffers[a.buffer].unit;
+    const UnitId u = s_.unit_of(r, op, a);
     for (const TagRun& run : c) {
       Health x = health(run.tag);
       if (weights && x == Health::kGood && u != kNoUnit && version(run.tag) != version_[r][u]) {
@@ -190,7 +189,6 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::kernel(Rank r, const Op& op,
   if (op.purpose == Purpose::kParamInit) h = Health::kGood;
   // A finite but wrong gradient norm only rescales updates through clipping: not followed.
   if (op.purpose == Purpose::kGradNorm && h == Health::kWrong) h = Health::kGood;
-  if (op.purpose == Purpose::kLossGradient) loss_[op.step] = worse(loss_[op.step], h);
   const Tag tag = make_tag(h, op.unit == kNoUnit ? 0 : version_[r][op.unit]);
   std::vector<Write<Chunk>> out;
   for (const Access& a : s_.accesses_of(r, op)) {
@@ -220,9 +218,11 @@ Health TaintDomain::flow(Rank r, const Op& op, Health own) {
     act_[r] = Health::kGood;
     loss_taken_[r] = false;
   }
-  // A recording has no loss kernel: the loss is what the forward computed, when the backward
-  // starts (its first kernel is the loss's gradient).
-  if (recorded_ && op.purpose == Purpose::kBackwardCompute && !loss_taken_[r]) {
+  // The loss is what the forward computed, when the micro-step's backward starts: at the loss's
+  // own kernel (the builder), or at autograd's first backward kernel, the loss's gradient (a
+  // recording has no loss kernel).
+  if (op.purpose != Purpose::kForwardCompute && op.purpose != Purpose::kRecomputeForward &&
+      !loss_taken_[r]) {
     loss_taken_[r] = true;
     loss_[op.step] = worse(loss_[op.step], act_[r]);
   }

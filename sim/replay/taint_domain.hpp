@@ -75,7 +75,7 @@ class TaintDomain {
 
   const Scenario& sc_;
   const Schedule& s_;
-  bool recorded_ = false;  ///< a recording: no loss kernel, the backward's first takes it
+  bool recorded_ = false;  ///< a recording (is_recording): its scratch bytes are not followed
   std::vector<Health> act_;
   std::vector<std::pair<std::int32_t, std::int32_t>> micro_;
   std::vector<bool> loss_taken_;          ///< [rank]: recordings, the micro-step's loss taken

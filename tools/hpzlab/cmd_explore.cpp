@@ -1,17 +1,18 @@
-// `hpzlab explore SCENARIO [--budget N] [--seed S] [--depth D] [--mode M] [--order-out FILE]
-// [--json FILE]`: runs the schedule in orders happens-before allows (the checker's race pairs
-// both ways, then PCT random orders), replays the data along each and compares the final
-// weights with the serialized reference (sim/replay/explore.hpp, docs/explore.md). Exit 0 when
-// every explored order gives the reference's weights, 1 with a counterexample, 2 on bad input.
+// `hpzlab explore SCENARIO [--schedule FILE] [--budget N] [--seed S] [--depth D] [--mode M]
+// [--order-out FILE] [--json FILE]`: runs the schedule (the scenario's, or the one in FILE: a
+// recording of every rank, say) in orders happens-before allows (the checker's race pairs both
+// ways, then PCT random orders), replays the data along each and compares the final weights with
+// the serialized reference (sim/replay/explore.hpp, docs/explore.md). Exit 0 when every explored
+// order gives the reference's weights, 1 with a counterexample, 2 on bad input.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
-#include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
 #include "sim/check/finding_log.hpp"
 #include "sim/check/report.hpp"
@@ -163,9 +164,21 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   require_at_least("--budget", o.budget, 1);
   require_at_least("--depth", o.depth, 1);
   check_outputs({{o.common.json, "--json"}, {o.order_out, "--order-out"}}, inputs_of(o.common));
+  const std::string& file = o.common.schedule;
+  if (!file.empty() && !o.order_out.empty()) {
+    throw InputError(file, "--order-out",
+                     "`repro --order` replays an order of the scenario's own schedule, not of a "
+                     "schedule read from a file: drop --order-out or --schedule");
+  }
   Scenario sc = load(o.common);
-  const replay::ExploreOptions eo = explore_options(o, sc);
-  const Schedule schedule = build_schedule(sc);
+  const Schedule schedule = schedule_for(sc, file);
+  replay::ExploreOptions eo = explore_options(o, sc);
+  if (!file.empty()) {
+    // A file's schedule gets numbers only where the scenario's Llama computes its parameters.
+    const std::optional<replay::Mode> asked =
+        o.mode == "auto" ? std::nullopt : std::optional<replay::Mode>(eo.mode);
+    eo.mode = replay::schedule_mode(sc, schedule, file, asked);
+  }
   check::CheckResult checked;
   run_showing_progress(0, o.budget, "checking the schedule",
                        [&] { checked = check::check_schedule(schedule); });
@@ -177,14 +190,14 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   const replay::ExploreResult r = replay::explore(sc, schedule, pairs, timing, eo);
   end_progress_line();
 
-  const Explored e{
-      sc,
-      schedule,
-      r,
-      eo.mode,
-      fmt::format("{} [{}]", sc.path, schedule_label(schedule.variant, schedule.source)),
-      pairs.size(),
-      checked.clean()};
+  const Explored e{sc,
+                   schedule,
+                   r,
+                   eo.mode,
+                   fmt::format("{} [{}]", file.empty() ? sc.path : file,
+                               schedule_label(schedule.variant, schedule.source)),
+                   pairs.size(),
+                   checked.clean()};
   std::string text;
   nlohmann::json j{{"scenario", sc.path},
                    {"variant", schedule.variant},
@@ -224,6 +237,7 @@ void setup_explore(CLI::App& app, int& exit_code) {
       "random orders), replay the data along each and compare the weights with the serialized "
       "reference (exit 0 all identical, 1 counterexample)");
   add_scenario_options(*sub, opts->common);
+  add_schedule_option(*sub, opts->common.schedule);
   sub->add_option("--budget", opts->budget,
                   "Orders to explore in all, targeted first (default 1000)");
   sub->add_option("--seed", opts->seed, "Seed of the random phase (default 1)");
