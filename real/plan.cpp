@@ -32,7 +32,7 @@ Plan make_plan(const Scenario& scenario, const Schedule& schedule, bool model) {
 }
 
 std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule) {
-  if (!replay::numeric_fits(scenario)) {
+  if (!replay::numeric_fits(replay_inputs_of(scenario))) {
     return "the model's real math needs a Llama the numeric replay holds (hpzlab repro --mode "
            "numeric: model.family llama, params x ranks < 4e7, seq_len x micro_batch <= 4096)";
   }
@@ -54,7 +54,7 @@ std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule)
       }
     }
   }
-  return replay::llama_unsupported(scenario, schedule);
+  return replay::llama_unsupported(replay_inputs_of(scenario), schedule);
 }
 
 float pattern_value(std::uint32_t salt, UnitId unit, std::uint64_t i) {

@@ -32,7 +32,7 @@ class PlanBuilder {
     plan_.element_bytes = s.dtype_bytes;
     plan_.model = model;
     if (model) {
-      plan_.llama = replay::llama_dims(sc);
+      plan_.llama = replay::llama_dims(replay_inputs_of(sc));
     }
     plan_.ranks.resize(s.ranks.size());
     access_slot_.resize(s.ranks.size());
@@ -268,9 +268,10 @@ class PlanBuilder {
   }
 
   /** The op as a kernel of the Llama on DeepSpeed's own schedules, as NumericDomain's
-   *  llama_forward, loss and llama_backward compute it; false when it is none (init and the
-   *  gradient norm by grad_norm_kernel; the optimizer step once every
-   *  rank's gradients are known: reduced_gradients). */
+   *  module_forward and module_backward compute it (on the builder's kernels, each reading its
+   *  weights and writing their gradient: not yet a recording's two backward kernels); false when it
+   * is none (init and the gradient norm by grad_norm_kernel; the optimizer step once every rank's
+   * gradients are known: reduced_gradients). */
   bool llama_kernel(Rank r, const Op& o, PlanOp& po) {
     using MK = ModelOp::Kind;
     using AM = AccessMode;

@@ -375,7 +375,8 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
     // aligned only to the start barrier's skew, enough to reorder a collective's ends.)
     const Timeline order = replay::serialized_timeline(schedule);
     for (const replay::StepRecord& st :
-         replay::replay(scenario, schedule, order, replay::Mode::kNumeric).steps) {
+         replay::replay(replay_inputs_of(scenario), schedule, order, replay::Mode::kNumeric)
+             .steps) {
       out.replay_loss.push_back(st.loss);
     }
   }

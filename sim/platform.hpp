@@ -1,8 +1,9 @@
 // The platform the engines model, below the scenario layer: the cluster's hardware ([cluster]),
-// the timing model's parameters ([sim]), and TimingInputs, everything the timing engine
-// (sim/time/) reads besides the schedule. Plain data with no dependency: scenario.hpp includes
-// it (so `scenario.cluster.nodes` reads as before) and hpz::timing_inputs_of(scenario) there
-// makes the engine's inputs from a scenario, while the engine itself never sees a Scenario.
+// the timing model's parameters ([sim]), TimingInputs, everything the timing engine (sim/time/)
+// reads besides the schedule, and ReplayInputs, everything the data replay (sim/replay/) reads.
+// Plain data with no dependency: scenario.hpp includes it (so `scenario.cluster.nodes` reads as
+// before) and hpz::timing_inputs_of(scenario) and replay_inputs_of(scenario) there make the
+// engines' inputs from a scenario, while the engines themselves never see a Scenario.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,29 @@ struct TimingInputs {
   int micro_batch = 1;             ///< training.micro_batch: sequences per rank per micro-step
   int grad_accum = 1;              ///< training.grad_accum: micro-steps per optimizer step
   bool operator==(const TimingInputs&) const = default;
+};
+
+/** What the data replay reads besides the schedule: the model's shape as the numeric replay's
+ *  Llama needs it, the batch, the world, the steps and the seed. Each field has the meaning of
+ *  the scenario key it is named after (scenarios/README.md). */
+struct ReplayInputs {
+  std::string path;           ///< the scenario's file, named in messages
+  std::string family;         ///< model.family
+  bool llama_shaped = false;  ///< no biases, untied embeddings, a gated MLP, heads x head_dim =
+                              ///< hidden (sim/model_shape.hpp llama_shaped)
+  int layers = 0;             ///< model.layers
+  int hidden = 0;             ///< model.hidden
+  int ffn = 0;                ///< model.ffn
+  int heads = 0;              ///< model.heads
+  int kv_heads = 0;           ///< model.kv_heads
+  int vocab = 0;              ///< model.vocab
+  int world_size = 0;         ///< cluster.nodes x cluster.gpus_per_node
+  int seq_len = 2048;         ///< training.seq_len
+  int micro_batch = 1;        ///< training.micro_batch
+  int grad_accum = 1;         ///< training.grad_accum
+  int steps = 2;              ///< run.steps
+  std::uint64_t seed = 1;     ///< run.seed: the synthetic tokens' and the initial weights' seed
+  bool operator==(const ReplayInputs&) const = default;
 };
 
 }  // namespace hpz

@@ -1,6 +1,7 @@
 // A scenario: one experiment, read from one TOML file (see scenarios/README.md for every key,
 // its default and its unit). Nothing else carries configuration; the engines below it read
-// only what they need, made from a Scenario here (timing_inputs_of: sim/platform.hpp).
+// only what they need, made from a Scenario here (timing_inputs_of, replay_inputs_of:
+// sim/platform.hpp).
 #pragma once
 
 #include <cstdint>
@@ -245,6 +246,10 @@ void validate(const Scenario& scenario);
 /** What the timing engine (sim/time/) reads of `scenario`: its [cluster] and [sim] sections,
  *  run.steps, run.seed, run.spin_before_copy_us and the batch (sim/platform.hpp). */
 TimingInputs timing_inputs_of(const Scenario& scenario);
+
+/** What the data replay (sim/replay/) reads of `scenario`: the model's shape, the batch, the
+ *  world size, run.steps and run.seed (sim/platform.hpp). */
+ReplayInputs replay_inputs_of(const Scenario& scenario);
 
 /** Names for printing and JSON. */
 const char* to_string(Variant v);

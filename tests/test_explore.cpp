@@ -106,7 +106,7 @@ TEST(Explore, StockRacesShowInTheTargetedPhaseEvenWithoutTheSpin) {
   o.budget = 20;
   o.mode = Mode::kNumeric;
   const Timeline serial = serialized_timeline(s);
-  const ExploreResult r = explore(sc, s, pairs_of(s), serial, o);
+  const ExploreResult r = explore(replay_inputs_of(sc), s, pairs_of(s), serial, o);
   ASSERT_TRUE(r.counterexample.has_value());
   EXPECT_EQ(r.counterexample->phase, "targeted");
   EXPECT_GE(r.counterexample->first_bad_step, 1);  // step 0 copies before anything reads
@@ -121,7 +121,7 @@ TEST(Explore, BothFixesGiveTheReferenceWeightsInEveryOrder) {
     ExploreOptions o;
     o.budget = 12;
     o.mode = Mode::kNumeric;
-    const ExploreResult r = explore(sc, s, {}, Timeline{}, o);
+    const ExploreResult r = explore(replay_inputs_of(sc), s, {}, Timeline{}, o);
     EXPECT_FALSE(r.counterexample.has_value()) << variant;
     EXPECT_EQ(r.random, 12) << variant;
     EXPECT_EQ(r.incomplete, 0) << variant;

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/driver/repro.hpp"
 #include "sim/error.hpp"
 #include "sim/replay/replay.hpp"
-#include "sim/replay/repro.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::replay {
@@ -56,11 +56,11 @@ std::size_t find_op(const Schedule& s, Rank r, P pred, int nth = 0) {
 TEST(NumericReplay, SerialRunTrainsAndMatchesNoHpz) {
   Scenario sc = tiny();
   const Schedule s = build_schedule(sc);
-  const ReplayResult a = replay(sc, s, serial(s), Mode::kNumeric);
+  const ReplayResult a = replay(replay_inputs_of(sc), s, serial(s), Mode::kNumeric);
   Scenario off = sc;
   off.zero.zero_hpz_partition_size = 1;
   const Schedule so = build_schedule(off);
-  const ReplayResult b = replay(off, so, serial(so), Mode::kNumeric);
+  const ReplayResult b = replay(replay_inputs_of(off), so, serial(so), Mode::kNumeric);
   ASSERT_EQ(a.steps.size(), 3u);
   EXPECT_NEAR(a.steps[0].loss, std::log(256.0), 1.0);
   EXPECT_LT(a.steps[2].loss, a.steps[0].loss);
@@ -96,8 +96,8 @@ TEST(SerializedTimeline, RunsEveryOpInIssueOrderAndCollectivesTogether) {
       }
     }
   }
-  const ReplayResult a = replay(sc, s, t, Mode::kNumeric);
-  const ReplayResult b = replay(sc, s, serial(s), Mode::kNumeric);
+  const ReplayResult a = replay(replay_inputs_of(sc), s, t, Mode::kNumeric);
+  const ReplayResult b = replay(replay_inputs_of(sc), s, serial(s), Mode::kNumeric);
   EXPECT_EQ(a.mixed_reads, 0u);
   for (std::size_t k = 0; k < a.steps.size(); ++k) {
     EXPECT_TRUE(std::isfinite(a.steps[k].loss)) << k;
@@ -124,10 +124,10 @@ TEST(NumericReplay, FitCheckMultipliesTokensIn64Bits) {
   // 2^31 - 1 squared wraps an int to 1, which passed the check and ran (and crashed) the
   // numeric replay on a model it cannot hold (issue 20).
   Scenario sc = tiny(1);
-  EXPECT_TRUE(numeric_fits(sc));
+  EXPECT_TRUE(numeric_fits(replay_inputs_of(sc)));
   sc.training.seq_len = std::numeric_limits<int>::max();
   sc.training.micro_batch = std::numeric_limits<int>::max();
-  EXPECT_FALSE(numeric_fits(sc));
+  EXPECT_FALSE(numeric_fits(replay_inputs_of(sc)));
 }
 
 TEST(Repro, AJobThatHangsIsReportedNotReplayed) {
@@ -186,7 +186,7 @@ TEST(NumericReplay, GatherBeforeCopyEndsReadsNan) {
     t.ranks[r][c].start_s = t.ranks[r][g].start_s + 0.5;  // the gather reads first
     t.ranks[r][c].end_s = t.ranks[r][g].end_s + 1;
   }
-  const ReplayResult res = replay(sc, s, t, Mode::kNumeric);
+  const ReplayResult res = replay(replay_inputs_of(sc), s, t, Mode::kNumeric);
   EXPECT_TRUE(std::isfinite(res.steps[1].loss));  // the NaN lands in step 1's update
   EXPECT_TRUE(std::isnan(res.steps[2].loss));
 }
@@ -194,7 +194,7 @@ TEST(NumericReplay, GatherBeforeCopyEndsReadsNan) {
 TEST(TaintReplay, StaleAfterStepMarksWeightsBad) {
   Scenario sc = load_scenario(test::scenario_path("stale-after-step"));
   const Schedule s = build_schedule(sc);
-  const ReplayResult res = replay(sc, s, serial(s), Mode::kTaint);
+  const ReplayResult res = replay(replay_inputs_of(sc), s, serial(s), Mode::kTaint);
   ASSERT_EQ(res.steps.size(), 3u);
   EXPECT_EQ(res.steps[0].bad_elements, 0u);
   EXPECT_GT(res.steps[1].bad_elements, 0u);

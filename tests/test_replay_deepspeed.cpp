@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/driver/repro.hpp"
 #include "sim/error.hpp"
 #include "sim/ir/schedule_json.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
-#include "sim/replay/repro.hpp"
 #include "sim/replay/taint_domain.hpp"
 #include "sim/time/engine.hpp"
 #include "tests/paths.hpp"
@@ -84,7 +84,7 @@ Outcome run(const Scenario& sc, std::uint64_t seed = 1) {
   EXPECT_EQ(hang_of(s, t), "");
   Outcome o;
   o.timing = bites(s, t);
-  o.result = replay(sc, s, t, Mode::kTaint);
+  o.result = replay(replay_inputs_of(sc), s, t, Mode::kTaint);
   o.replay = first_bad_step(o.result);
   return o;
 }
@@ -106,7 +106,7 @@ TEST(DeepSpeedTaintReplay, RaceFreeOrderStaysClean) {
            {{"zero.stage3_prefetch_bucket_size", "100000"}}}) {
     const Scenario sc = ds_tiny(o);
     const Schedule s = build_schedule(sc);
-    const ReplayResult r = replay(sc, s, serialized_timeline(s), Mode::kTaint);
+    const ReplayResult r = replay(replay_inputs_of(sc), s, serialized_timeline(s), Mode::kTaint);
     ASSERT_EQ(r.steps.size(), 3u);
     for (const StepRecord& st : r.steps) {
       EXPECT_EQ(st.bad_elements, 0u) << (o.empty() ? "defaults" : o.front().first);
@@ -124,7 +124,7 @@ TEST(DeepSpeedTaintReplay, LegacyCopyBoundsGoBadInAnyOrder) {
                                {"zero.zero_hpz_partition_size", "3"},
                                {"zero.deepspeed_version", "0.13.4"}});
   const Schedule s = build_schedule(sc);
-  const ReplayResult r = replay(sc, s, serialized_timeline(s), Mode::kTaint);
+  const ReplayResult r = replay(replay_inputs_of(sc), s, serialized_timeline(s), Mode::kTaint);
   ASSERT_EQ(r.steps.size(), 3u);
   EXPECT_GT(r.steps[0].bad_elements, 0u);
   EXPECT_NE(r.steps[2].loss_health, Health::kGood);
@@ -136,7 +136,7 @@ TEST(DeepSpeedTaintReplay, StaleSecondariesOf0131GoBadInAnyOrder) {
   // race-free order trains on stale weights.
   const Scenario sc = ds_tiny({{"zero.deepspeed_version", "0.13.1"}});
   const Schedule s = build_schedule(sc);
-  const ReplayResult r = replay(sc, s, serialized_timeline(s), Mode::kTaint);
+  const ReplayResult r = replay(replay_inputs_of(sc), s, serialized_timeline(s), Mode::kTaint);
   EXPECT_EQ(first_bad_step(r), 1);
   EXPECT_EQ(r.steps[1].loss_health, Health::kWrong);
 }
@@ -163,7 +163,7 @@ TEST(DeepSpeedTaintReplay, CopyMovedAfterItsReaderPoisonsTheWeights) {
   t.ranks[0][*copy].start_s = t.ranks[0][*reader].start_s + 0.25;
   t.ranks[0][*copy].end_s = t.ranks[0][*reader].start_s + 0.5;
   EXPECT_EQ(bites(s, t).first_step, 1);
-  const ReplayResult r = replay(sc, s, t, Mode::kTaint);
+  const ReplayResult r = replay(replay_inputs_of(sc), s, t, Mode::kTaint);
   EXPECT_EQ(first_bad_step(r), 1);
   EXPECT_GT(r.steps[1].bad_elements, 0u);
   // One rank's NaN gradient reaches every rank's update through the reduction.
@@ -293,7 +293,7 @@ TEST(DeepSpeedNumericReplay, ScheduleReadFromAFileGivesTheScenariosNumbers) {
     // timing engine's timeline of the same seed (run_repro's replay_runs).
     const Schedule built = build_schedule(sc);
     const ReplayResult theirs =
-        replay(sc, built, sim_timeline(sc, built, sc.run.seed), Mode::kNumeric);
+        replay(replay_inputs_of(sc), built, sim_timeline(sc, built, sc.run.seed), Mode::kNumeric);
     const ReplayResult& mine = r.variants[0].runs.at(0);
     ASSERT_EQ(mine.steps.size(), theirs.steps.size()) << version;
     for (std::size_t k = 0; k < mine.steps.size(); ++k) {
@@ -439,10 +439,10 @@ TEST(DeepSpeedTaintReplay, QwzZeroesNanInAGroupWithNumbers) {
 TEST(DeepSpeedNumericReplay, ScheduleOfAnotherModelRefusedInOneLine) {
   const Schedule s = build_schedule(ds_tiny());
   Scenario bigger = ds_tiny({{"model.hidden", "128"}});
-  const std::string why = llama_unsupported(bigger, s);
+  const std::string why = llama_unsupported(replay_inputs_of(bigger), s);
   EXPECT_NE(why.find("has 16384 elements"), std::string::npos) << why;
   EXPECT_EQ(why.find('\n'), std::string::npos) << why;
-  EXPECT_EQ(llama_unsupported(ds_tiny(), s), "");
+  EXPECT_EQ(llama_unsupported(replay_inputs_of(ds_tiny()), s), "");
 }
 
 }  // namespace

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/driver/repro.hpp"
 #include "sim/error.hpp"
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/schedule_json.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
-#include "sim/replay/repro.hpp"
 #include "tests/paths.hpp"
 
 namespace hpz::replay {
@@ -60,10 +60,12 @@ TEST(RecordedReplay, EveryRankRecordedGivesTheBuildersNumbersInIssueOrder) {
     const Scenario sc = recorded_tiny(version);
     const Schedule rec = recording(std::string("tiny-") + version + "-all-ranks");
     ASSERT_EQ(replay_unsupported(rec), "") << version;
-    ASSERT_EQ(llama_unsupported(sc, rec), "") << version;
+    ASSERT_EQ(llama_unsupported(replay_inputs_of(sc), rec), "") << version;
     const Schedule built = build_schedule(sc);
-    const ReplayResult a = replay(sc, rec, serialized_timeline(rec), Mode::kNumeric);
-    const ReplayResult b = replay(sc, built, serialized_timeline(built), Mode::kNumeric);
+    const ReplayResult a =
+        replay(replay_inputs_of(sc), rec, serialized_timeline(rec), Mode::kNumeric);
+    const ReplayResult b =
+        replay(replay_inputs_of(sc), built, serialized_timeline(built), Mode::kNumeric);
     ASSERT_EQ(a.steps.size(), 3u) << version;
     ASSERT_EQ(b.steps.size(), a.steps.size()) << version;
     for (std::size_t k = 0; k < a.steps.size(); ++k) {
@@ -104,7 +106,7 @@ TEST(RecordedReplay, ASpinAheadOfEachSecondaryCopyMakes0134sOwnOrderGoNan) {
 TEST(RecordedReplay, TaintOfEveryRankRecordedIsCleanInIssueOrder) {
   const Scenario sc = recorded_tiny("0.13.4");
   const Schedule rec = recording("tiny-0.13.4-all-ranks");
-  const ReplayResult r = replay(sc, rec, serialized_timeline(rec), Mode::kTaint);
+  const ReplayResult r = replay(replay_inputs_of(sc), rec, serialized_timeline(rec), Mode::kTaint);
   ASSERT_EQ(r.steps.size(), 3u);
   for (const StepRecord& s : r.steps) {
     EXPECT_EQ(s.bad_elements, 0u);

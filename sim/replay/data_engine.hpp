@@ -32,10 +32,10 @@
 #include <utility>
 #include <vector>
 
+#include "sim/ir/fill.hpp"
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/shard.hpp"
 #include "sim/ir/timeline.hpp"
-#include "sim/scenario.hpp"
 
 namespace hpz::replay {
 

@@ -306,7 +306,7 @@ bool same_result(const ReplayResult& a, const ReplayResult& b) {
   return first_difference(a, b) < 0;
 }
 
-ExploreResult explore(const Scenario& scenario, const Schedule& given,
+ExploreResult explore(const ReplayInputs& scenario, const Schedule& given,
                       const std::vector<RacePair>& pairs, const Timeline& timing,
                       const ExploreOptions& o) {
   // Every order is replayed: strided accesses written out once, not at each replay().

@@ -117,7 +117,7 @@ struct ExploreResult {
 
 /** Explores `schedule` (built from `scenario`): the targeted phase over `pairs`, then random
  *  orders up to the budget; stops at the first order whose weights differ from the reference. */
-ExploreResult explore(const Scenario& scenario, const Schedule& schedule,
+ExploreResult explore(const ReplayInputs& in, const Schedule& schedule,
                       const std::vector<RacePair>& pairs, const Timeline& timing,
                       const ExploreOptions& options);
 

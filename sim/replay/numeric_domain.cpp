@@ -9,7 +9,6 @@
 #include <limits>
 
 #include "sim/error.hpp"
-#include "sim/model_shape.hpp"
 #include "sim/replay/fp32_math.hpp"
 
 namespace hpz::replay {
@@ -38,21 +37,13 @@ std::uint64_t mix(std::uint64_t x) {
 
 }  // namespace
 
-LlamaDims llama_dims(const Scenario& sc) {
-  const ModelConfig& m = sc.model;
-  return {sc.training.seq_len,
-          sc.training.micro_batch,
-          m.hidden,
-          m.ffn,
-          m.heads,
-          m.kv_heads,
-          m.vocab,
-          m.layers};
+LlamaDims llama_dims(const ReplayInputs& in) {
+  return {in.seq_len, in.micro_batch, in.hidden, in.ffn,
+          in.heads,   in.kv_heads,    in.vocab,  in.layers};
 }
 
-std::string llama_unsupported(const Scenario& sc, const Schedule& s) {
-  const ModelConfig& m = sc.model;
-  if (!llama_shaped(m) || m.family != "llama") {
+std::string llama_unsupported(const ReplayInputs& m, const Schedule& s) {
+  if (!m.llama_shaped || m.family != "llama") {
     return fmt::format(
         "the numeric replay computes a plain Llama (no biases, untied embeddings, "
         "a gated MLP, heads x head_dim = hidden); this model ({}) is not one",
@@ -63,7 +54,7 @@ std::string llama_unsupported(const Scenario& sc, const Schedule& s) {
     return "the numeric replay needs heads dividing hidden into even head sizes and kv_heads "
            "dividing heads";
   }
-  const LlamaDims d = llama_dims(sc);
+  const LlamaDims d = llama_dims(m);
   // Every parameter once: the embedding, nine per layer, the final norm and lm_head (a schedule
   // read from a file may name none, and then computes no loss).
   if (const std::size_t want = 3 + 9 * static_cast<std::size_t>(d.layers); s.units.size() != want) {
@@ -83,10 +74,10 @@ std::string llama_unsupported(const Scenario& sc, const Schedule& s) {
   return "";
 }
 
-NumericDomain::NumericDomain(const Scenario& sc, const Schedule& s)
-    : sc_(sc), s_(s), llama_(llama_dims(sc)) {
-  if (const std::string why = llama_unsupported(sc, s); !why.empty()) {
-    throw InputError(sc.path, "model", why);
+NumericDomain::NumericDomain(const ReplayInputs& in, const Schedule& s)
+    : in_(in), s_(s), llama_(llama_dims(in)) {
+  if (const std::string why = llama_unsupported(in, s); !why.empty()) {
+    throw InputError(in.path, "model", why);
   }
   micro_.resize(s.ranks.size());
   bufs_.resize(s.ranks.size());
@@ -111,7 +102,7 @@ LlamaPass& NumericDomain::pass(Rank r, const Op& op) {
   const std::pair<std::int32_t, std::int32_t> now{op.step, op.micro_step};
   if (pass_at_[r] != now) {
     pass_at_[r] = now;
-    passes_[r].begin(synthetic_tokens(llama_, sc_.run.seed, r, op.step, op.micro_step));
+    passes_[r].begin(synthetic_tokens(llama_, in_.seed, r, op.step, op.micro_step));
   }
   return passes_[r];
 }
@@ -189,7 +180,7 @@ void NumericDomain::alloc(Rank r, BufferId b, BufferId previous, Fill fill,
 
 NumericDomain::Chunk NumericDomain::checkpoint(Rank, UnitId u, std::uint64_t first,
                                                std::uint64_t n) const {
-  return slice(unit_weights(u, sc_.run.seed + kCheckpointSeedOffset), first, n);
+  return slice(unit_weights(u, in_.seed + kCheckpointSeedOffset), first, n);
 }
 
 const Access* NumericDomain::access(Rank r, const Op& op, AccessMode m, BufferRole role) const {
@@ -233,7 +224,7 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::init_kernel(Rank r, cons
     if (role == BufferRole::kFull) {
       // One init kernel makes every parameter of a module (DeepSpeed builder): each its own.
       const UnitId own = s_.ranks[r].buffers[a.buffer].unit;
-      const Chunk w = unit_weights(own != kNoUnit ? own : op.unit, sc_.run.seed);
+      const Chunk w = unit_weights(own != kNoUnit ? own : op.unit, in_.seed);
       out.push_back({a.buffer, a.offset / dt, slice(w, a.offset / dt, a.bytes / dt)});
     } else {
       out.push_back({a.buffer, a.offset / dt, Chunk(a.bytes / dt, 0.0f)});
@@ -298,7 +289,7 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::update_primary(Rank r, c
 
 NumericDomain::Chunk NumericDomain::step_unit(Rank r, const Op& op, Chunk p, const Chunk& grad,
                                               float norm_sq, float max_grad_norm) {
-  const float scale = 1.0f / static_cast<float>(s_.world_size * sc_.training.grad_accum);
+  const float scale = 1.0f / static_cast<float>(s_.world_size * in_.grad_accum);
   AdamState& st = adam_[{r, op.unit}];
   st.m.resize(p.size(), 0.0f);
   st.v.resize(p.size(), 0.0f);
@@ -310,7 +301,7 @@ NumericDomain::Chunk NumericDomain::step_unit(Rank r, const Op& op, Chunk p, con
 }
 
 std::vector<StepRecord> NumericDomain::steps() const {
-  std::vector<StepRecord> out(static_cast<std::size_t>(std::max(sc_.run.steps, 0)));
+  std::vector<StepRecord> out(static_cast<std::size_t>(std::max(in_.steps, 0)));
   for (std::size_t k = 0; k < out.size(); ++k) {
     const auto it = loss_.find(static_cast<int>(k));
     const double l = it == loss_.end() || it->second.second == 0

@@ -18,18 +18,18 @@
 namespace hpz::replay {
 
 /** The Llama the numeric replay computes for a scenario's model (its seq_len and micro_batch). */
-LlamaDims llama_dims(const Scenario& sc);
+LlamaDims llama_dims(const ReplayInputs& in);
 
 /** Why the numeric replay cannot compute DeepSpeed's schedule `s` of the scenario's model ("" when
  *  it can): the model is no plain Llama, or a parameter of `s` is none of that Llama's, or has
  *  another size. */
-std::string llama_unsupported(const Scenario& sc, const Schedule& s);
+std::string llama_unsupported(const ReplayInputs& in, const Schedule& s);
 
 class NumericDomain {
  public:
   using Chunk = std::vector<float>;
 
-  NumericDomain(const Scenario& sc, const Schedule& s);
+  NumericDomain(const ReplayInputs& in, const Schedule& s);
 
   static std::uint64_t size(const Chunk& c) { return c.size(); }
   static Chunk slice(const Chunk& c, std::uint64_t off, std::uint64_t n);
@@ -93,7 +93,7 @@ class NumericDomain {
   std::vector<Write<Chunk>> module_forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
   std::vector<Write<Chunk>> module_backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
 
-  const Scenario& sc_;
+  ReplayInputs in_;
   const Schedule& s_;
   LlamaDims llama_;
   std::vector<Micro> micro_;                                    ///< [rank]

@@ -10,24 +10,21 @@
 #include <optional>
 
 #include "sim/ir/projection.hpp"
-#include "sim/model_shape.hpp"
 #include "sim/replay/data_engine.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/taint_domain.hpp"
 
 namespace hpz::replay {
 
-bool numeric_fits(const Scenario& sc) {
-  const auto& m = sc.model;
+bool numeric_fits(const ReplayInputs& m) {
   const double params =
       2.0 * m.vocab * m.hidden + m.layers * (4.0 * m.hidden * m.hidden + 3.0 * m.hidden * m.ffn);
   // Every rank's buffers (a few copies of the model each) in memory, and a Llama: transformers'
   // (llama_model.hpp; llama_unsupported checks the schedule's parameters). In 64 bits: both are
   // ints of up to 2^31 - 1, whose product wraps an int (to 1 for both at the maximum, which passed
   // this check).
-  const std::int64_t tokens = std::int64_t{sc.training.seq_len} * sc.training.micro_batch;
-  return m.family == "llama" && llama_shaped(m) && params * sc.cluster.world_size() < 4e7 &&
-         tokens <= 4096;
+  const std::int64_t tokens = std::int64_t{m.seq_len} * m.micro_batch;
+  return m.family == "llama" && m.llama_shaped && params * m.world_size < 4e7 && tokens <= 4096;
 }
 
 std::string describe_step(const StepRecord& s, Mode mode) {
@@ -180,7 +177,7 @@ std::string hang_of(const Schedule& s, const Timeline& t) {
       never_ran, first);
 }
 
-ReplayResult replay(const Scenario& scenario, const Schedule& given, const Timeline& timeline,
+ReplayResult replay(const ReplayInputs& scenario, const Schedule& given, const Timeline& timeline,
                     Mode mode) {
   // The data engine and the domains index accesses one range each: strided ones written out.
   std::optional<Schedule> unfolded;

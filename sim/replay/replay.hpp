@@ -21,7 +21,7 @@
 
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/timeline.hpp"
-#include "sim/scenario.hpp"
+#include "sim/platform.hpp"
 
 namespace hpz::replay {
 
@@ -65,7 +65,7 @@ std::string hang_of(const Schedule& schedule, const Timeline& timeline);
 std::string describe_step(const StepRecord& step, Mode mode);
 
 /** True when the numeric replay can hold every rank's buffers of this scenario in memory. */
-bool numeric_fits(const Scenario& scenario);
+bool numeric_fits(const ReplayInputs& in);
 
 /** A race-free order of `schedule`, as a timeline in logical time units: each rank's ops one
  *  after another in issue order, every op ending before the next starts, and each collective
@@ -84,7 +84,7 @@ std::string replay_unsupported(const Schedule& schedule);
 /** Replays `schedule` (built from `scenario`) in the order `timeline` gives. A schedule with
  *  strided accesses is unfolded first (unfold_strided, a copy): callers that replay one schedule
  *  many times unfold it once themselves. */
-ReplayResult replay(const Scenario& scenario, const Schedule& schedule, const Timeline& timeline,
+ReplayResult replay(const ReplayInputs& in, const Schedule& schedule, const Timeline& timeline,
                     Mode mode);
 
 }  // namespace hpz::replay

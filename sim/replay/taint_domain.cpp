@@ -37,8 +37,8 @@ void push_run(TaintDomain::Chunk& c, std::uint64_t len, Tag t) {
 
 }  // namespace
 
-TaintDomain::TaintDomain(const Scenario& sc, const Schedule& s)
-    : sc_(sc), s_(s), recorded_(is_recording(s)) {
+TaintDomain::TaintDomain(const ReplayInputs& in, const Schedule& s)
+    : in_(in), s_(s), recorded_(is_recording(s)) {
   act_.assign(s.ranks.size(), Health::kGood);
   micro_.assign(s.ranks.size(), {-2, 0});
   loss_taken_.assign(s.ranks.size(), false);
@@ -284,7 +284,7 @@ TaintDomain::Chunk TaintDomain::updated(Rank r, const Op& op, const Chunk& p, He
 }
 
 std::vector<StepRecord> TaintDomain::steps() const {
-  std::vector<StepRecord> out(static_cast<std::size_t>(std::max(sc_.run.steps, 0)));
+  std::vector<StepRecord> out(static_cast<std::size_t>(std::max(in_.steps, 0)));
   for (std::size_t k = 0; k < out.size(); ++k) {
     const int step = static_cast<int>(k);
     if (auto it = loss_.find(step); it != loss_.end()) out[k].loss_health = it->second;

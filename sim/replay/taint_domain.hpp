@@ -28,7 +28,7 @@ class TaintDomain {
  public:
   using Chunk = std::vector<TagRun>;
 
-  TaintDomain(const Scenario& sc, const Schedule& s);
+  TaintDomain(const ReplayInputs& in, const Schedule& s);
 
   static std::uint64_t size(const Chunk& c);
   static Chunk slice(const Chunk& c, std::uint64_t off, std::uint64_t n);
@@ -73,7 +73,7 @@ class TaintDomain {
    *  elements counted for the step. */
   Chunk updated(Rank r, const Op& op, const Chunk& p, Health norm);
 
-  const Scenario& sc_;
+  ReplayInputs in_;
   const Schedule& s_;
   bool recorded_ = false;  ///< a recording (is_recording): its scratch bytes are not followed
   std::vector<Health> act_;

@@ -14,15 +14,15 @@
 namespace {
 
 void BM_ExploreTiny(benchmark::State& state) {
-  const hpz::Scenario sc =
-      hpz::load_scenario(std::string(HPZLAB_SOURCE_DIR) + "/scenarios/tiny.toml",
-                         {{"run.variant", "event-wait"}});
+  const hpz::Scenario sc = hpz::load_scenario(
+      std::string(HPZLAB_SOURCE_DIR) + "/scenarios/tiny.toml", {{"run.variant", "event-wait"}});
   const hpz::Schedule schedule = hpz::build_schedule(sc);
   hpz::replay::ExploreOptions o;
   o.budget = static_cast<int>(state.range(0));
   o.mode = hpz::replay::Mode::kNumeric;
   for (auto _ : state) {
-    const hpz::replay::ExploreResult r = hpz::replay::explore(sc, schedule, {}, {}, o);
+    const hpz::replay::ExploreResult r =
+        hpz::replay::explore(hpz::replay_inputs_of(sc), schedule, {}, {}, o);
     if (r.counterexample) state.SkipWithError("a counterexample on a clean schedule");
     benchmark::DoNotOptimize(r.random);
   }

@@ -16,10 +16,10 @@
 #include "sim/check/checker.hpp"
 #include "sim/check/finding_log.hpp"
 #include "sim/check/report.hpp"
+#include "sim/driver/repro.hpp"
 #include "sim/error.hpp"
 #include "sim/replay/explore.hpp"
 #include "sim/replay/explored_order.hpp"
-#include "sim/replay/repro.hpp"
 #include "sim/time/engine.hpp"
 #include "tools/hpzlab/commands.hpp"
 
@@ -187,7 +187,8 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   run_showing_progress(0, o.budget, "one timed run (the targeted phase's other choices)", [&] {
     timing = time::run_isolated(timing_inputs_of(sc), schedule, sc.run.seed).timeline;
   });
-  const replay::ExploreResult r = replay::explore(sc, schedule, pairs, timing, eo);
+  const replay::ExploreResult r =
+      replay::explore(replay_inputs_of(sc), schedule, pairs, timing, eo);
   end_progress_line();
 
   const Explored e{sc,

@@ -16,11 +16,11 @@
 
 #include "sim/builder.hpp"
 #include "sim/check/checker.hpp"
+#include "sim/driver/repro.hpp"
 #include "sim/error.hpp"
 #include "sim/input.hpp"
 #include "sim/replay/explore.hpp"
 #include "sim/replay/explored_order.hpp"
-#include "sim/replay/repro.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {
@@ -43,7 +43,7 @@ replay::Mode replay_mode(const std::string& mode, const Scenario& sc, const std:
   const replay::Mode m = mode == "auto"    ? replay::default_mode(sc)
                          : mode == "taint" ? replay::Mode::kTaint
                                            : replay::Mode::kNumeric;
-  if (m == replay::Mode::kNumeric && !replay::numeric_fits(sc)) {
+  if (m == replay::Mode::kNumeric && !replay::numeric_fits(replay_inputs_of(sc))) {
     throw InputError(file, "--mode",
                      "numeric replay needs a small Llama (no biases, untied embeddings; under 4e7 "
                      "parameters over all ranks, 4096 tokens; use taint or auto)");
@@ -157,9 +157,9 @@ void repro_order(const ReproCliOptions& o, int& exit_code) {
   const Timeline order = replay::read_explored_order(
       read_input_file(o.order, o.order, "--order", "cannot read this order file"), o.order,
       schedule);
-  const replay::ReplayResult r = replay::replay(sc, schedule, order, mode);
+  const replay::ReplayResult r = replay::replay(replay_inputs_of(sc), schedule, order, mode);
   const replay::ReplayResult ref =
-      replay::replay(sc, schedule, replay::serialized_timeline(schedule), mode);
+      replay::replay(replay_inputs_of(sc), schedule, replay::serialized_timeline(schedule), mode);
   const int bad = replay::first_difference(r, ref);
   const char* mode_name = mode == replay::Mode::kNumeric ? "numeric" : "taint";
   std::string text =

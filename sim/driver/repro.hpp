@@ -1,5 +1,7 @@
 // `hpzlab repro` as a library: replay stock, host-sync, event-wait and hpZ off (no-hpz) on the
 // same seeds and compare them: first bad step, losses, share of runs that went bad, throughput.
+// The driver layer, above the engines: it builds each variant's schedule (the builder), times it
+// (the timing engine) and replays it (the data replay), from a Scenario.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "sim/replay/replay.hpp"
+#include "sim/scenario.hpp"
 
 namespace hpz::replay {
 

@@ -1,4 +1,4 @@
-#include "sim/replay/repro.hpp"
+#include "sim/driver/repro.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -66,9 +66,11 @@ VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Sche
     if (std::string hang = hang_of(s, t); !hang.empty()) {
       v.runs.push_back(ReplayResult{mode, {}, 0, std::move(hang)});
     } else {
-      v.runs.push_back(replay(run, s, t, mode));
+      v.runs.push_back(replay(replay_inputs_of(run), s, t, mode));
     }
-    if (serialized) v.serialized.push_back(replay(run, s, serialized_timeline(s), mode));
+    if (serialized) {
+      v.serialized.push_back(replay(replay_inputs_of(run), s, serialized_timeline(s), mode));
+    }
     v.mixed_reads += v.runs.back().mixed_reads;
     v.tokens_per_s_per_node += throughput(run, s, t) / o.runs;
     if (o.progress) o.progress(++done, total);
@@ -106,7 +108,7 @@ double VariantRepro::share_nan() const {
 }
 
 Mode default_mode(const Scenario& scenario) {
-  return numeric_fits(scenario) ? Mode::kNumeric : Mode::kTaint;
+  return numeric_fits(replay_inputs_of(scenario)) ? Mode::kNumeric : Mode::kTaint;
 }
 
 ReproResult run_repro(const Scenario& scenario, const ReproOptions& o) {
@@ -150,8 +152,9 @@ Mode schedule_mode(const Scenario& scenario, const Schedule& schedule, const std
   }
   // Numbers where the scenario's Llama is the schedule's model (a recording of it names the same
   // parameters, as the builder does), else taint.
-  const std::string unfit = numeric_fits(scenario) ? llama_unsupported(scenario, schedule)
-                                                   : "the scenario's model is too big or no Llama";
+  const ReplayInputs in = replay_inputs_of(scenario);
+  const std::string unfit = numeric_fits(in) ? llama_unsupported(in, schedule)
+                                             : "the scenario's model is too big or no Llama";
   if (asked == Mode::kNumeric && !unfit.empty()) {
     throw InputError(name, "--mode", "the numeric replay cannot compute this schedule: " + unfit);
   }

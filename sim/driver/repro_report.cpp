@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "sim/replay/repro.hpp"
+#include "sim/driver/repro.hpp"
 #include "sim/xml.hpp"
 
 namespace hpz::replay {
