@@ -507,6 +507,16 @@ class PlanBuilder {
   Span reduced_gradient(Rank r, UnitId u, const Span& at) const;
   void receive_by_ranges(const Instance& inst, std::size_t m, const Span& d,
                          const std::vector<std::vector<Span>>& in);
+  /** receive_by_ranges for an all-gather: each member's shard copied to its place in `d`. */
+  void all_gather_by_ranges(Rank r, const Op& o, PlanOp& po, std::uint64_t members, const Span& d,
+                            const std::vector<std::vector<Span>>& in, std::uint64_t es);
+  /** receive_by_ranges for a reduce-scatter: member m's part of every sender's tensor, summed. */
+  void reduce_scatter_by_ranges(Rank r, const Op& o, PlanOp& po, std::size_t m,
+                                std::uint64_t members, const Span& d,
+                                const std::vector<std::vector<Span>>& in, std::uint64_t es);
+  /** receive_by_ranges for an all-reduce: the senders' tensors summed, or a broadcast's root's. */
+  void all_reduce_by_ranges(Rank r, const Op& o, PlanOp& po, std::uint64_t members, const Span& d,
+                            const std::vector<std::vector<Span>>& in);
   SlotId extra_slot(Rank r, std::uint64_t elements);
   SlotId staging_for(Rank r, StreamId stream, std::uint64_t elements);
 

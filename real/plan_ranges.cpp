@@ -125,7 +125,6 @@ void PlanBuilder::optimizer_by_ranges(Rank r, const Op& o, PlanOp& po) {
 // The data replay's receive_by_ranges, action for action.
 void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const Span& d,
                                     const std::vector<std::vector<Span>>& in) {
-  using K = Action::Kind;
   const auto [r, i] = inst.members[m];
   const Op& o = s_.ranks[r].ops[i];
   PlanOp& po = plan_.ranks[r].ops[i];
@@ -142,81 +141,97 @@ void PlanBuilder::receive_by_ranges(const Instance& inst, std::size_t m, const S
           es) {
     return;  // qwZ's scales
   }
-  const std::uint64_t begin = d.loc.elem, end = begin + d.n;
   if (own < 0 && o.purpose == Purpose::kCheckpointLoad && o.unit != kNoUnit) {
     po.actions.push_back(checkpoint_pattern(r, o.unit, d, role(r, db) == BufferRole::kFull));
     return;
   }
   const std::uint64_t members = inst.members.size();
   switch (o.kind) {
-    case OpKind::kAllGather: {
-      const std::uint64_t count = o.comm_bytes / es;
-      bool fits = count > 0 && begin + members * count <= plan_.ranks[r].slots[d.loc.slot].elements;
-      for (std::size_t k = 0; k < members; ++k) {
-        fits = fits && !in[k].empty() && in[k][0].n >= count;
-        if (in[k].empty()) continue;
-        const std::uint64_t pos = begin + k * count;
-        if (pos >= end) continue;
-        po.actions.push_back(
-            {K::kCopy, {r, d.loc.slot, pos}, std::min(in[k][0].n, end - pos), {in[k][0].loc}});
-      }
-      if (fits) {
-        po.native.kind = NativeCollective::Kind::kAllGather;
-        po.native.recv = {r, d.loc.slot, begin};
-        po.native.count = count;
-      }
-      mark_probe(po, d);  // every gather's result is compared with the reference's
-      return;
-    }
-    case OpKind::kReduceScatter: {
-      const std::uint64_t n = o.comm_bytes / es, from = m * n;
-      Action x{K::kSum, d.loc, std::min(n, end - begin), {}};
-      for (const std::vector<Span>& snd : in) {
-        if (snd.empty() || snd[0].n <= from) return;
-        Loc l = snd[0].loc;
-        l.elem += from;
-        x.src.push_back(l);
-        x.n = std::min(x.n, snd[0].n - from);
-      }
-      if (in[m][0].n >= members * n) {
-        po.native.kind = NativeCollective::Kind::kReduceScatter;
-        po.native.count = n;
-      }
-      return finish_reduce(r, o.stream, po, std::move(x), {});
-    }
-    case OpKind::kAllReduce: {
-      // zero.Init's broadcast from rank 0 (_zero_init_param, PP:1011 at v0.13.4), logged as an
-      // all-reduce that every rank reads (as the recorder logs it): the first sender's tensor,
-      // not the sum (the data replay's rule).
-      const bool broadcast = o.purpose == Purpose::kParamInit;
-      Action x{K::kSum, d.loc, d.n, {}};
-      int root = -1;
-      for (std::size_t k = 0; k < in.size(); ++k) {
-        if (in[k].empty()) continue;  // a broadcast's receiver
-        x.src.push_back(in[k][0].loc);
-        x.n = std::min(x.n, in[k][0].n);
-        if (broadcast) {
-          root = static_cast<int>(k);
-          break;
-        }
-      }
-      if (x.src.empty()) return;
-      if (broadcast) {
-        x.kind = K::kCopy;
-        po.native.kind = NativeCollective::Kind::kBroadcast;
-        po.native.root = root;
-        po.native.count = x.n;
-        return finish_reduce(r, o.stream, po, std::move(x), {});
-      }
-      if (x.src.size() == members) {
-        po.native.kind = NativeCollective::Kind::kAllReduce;
-        po.native.count = x.n;
-      }
-      return finish_reduce(r, o.stream, po, std::move(x), {});
-    }
+    case OpKind::kAllGather:
+      return all_gather_by_ranges(r, o, po, members, d, in, es);
+    case OpKind::kReduceScatter:
+      return reduce_scatter_by_ranges(r, o, po, m, members, d, in, es);
+    case OpKind::kAllReduce:
+      return all_reduce_by_ranges(r, o, po, members, d, in);
     default:  // all-to-all: only qgZ's, in the gradient reduction
       return;
   }
+}
+
+void PlanBuilder::all_gather_by_ranges(Rank r, const Op& o, PlanOp& po, std::uint64_t members,
+                                       const Span& d, const std::vector<std::vector<Span>>& in,
+                                       std::uint64_t es) {
+  using K = Action::Kind;
+  const std::uint64_t begin = d.loc.elem, end = begin + d.n;
+  const std::uint64_t count = o.comm_bytes / es;
+  bool fits = count > 0 && begin + members * count <= plan_.ranks[r].slots[d.loc.slot].elements;
+  for (std::size_t k = 0; k < members; ++k) {
+    fits = fits && !in[k].empty() && in[k][0].n >= count;
+    if (in[k].empty()) continue;
+    const std::uint64_t pos = begin + k * count;
+    if (pos >= end) continue;
+    po.actions.push_back(
+        {K::kCopy, {r, d.loc.slot, pos}, std::min(in[k][0].n, end - pos), {in[k][0].loc}});
+  }
+  if (fits) {
+    po.native.kind = NativeCollective::Kind::kAllGather;
+    po.native.recv = {r, d.loc.slot, begin};
+    po.native.count = count;
+  }
+  mark_probe(po, d);  // every gather's result is compared with the reference's
+}
+
+void PlanBuilder::reduce_scatter_by_ranges(Rank r, const Op& o, PlanOp& po, std::size_t m,
+                                           std::uint64_t members, const Span& d,
+                                           const std::vector<std::vector<Span>>& in,
+                                           std::uint64_t es) {
+  const std::uint64_t n = o.comm_bytes / es, from = m * n;
+  Action x{Action::Kind::kSum, d.loc, std::min(n, d.n), {}};
+  for (const std::vector<Span>& snd : in) {
+    if (snd.empty() || snd[0].n <= from) return;
+    Loc l = snd[0].loc;
+    l.elem += from;
+    x.src.push_back(l);
+    x.n = std::min(x.n, snd[0].n - from);
+  }
+  if (in[m][0].n >= members * n) {
+    po.native.kind = NativeCollective::Kind::kReduceScatter;
+    po.native.count = n;
+  }
+  finish_reduce(r, o.stream, po, std::move(x), {});
+}
+
+void PlanBuilder::all_reduce_by_ranges(Rank r, const Op& o, PlanOp& po, std::uint64_t members,
+                                       const Span& d, const std::vector<std::vector<Span>>& in) {
+  using K = Action::Kind;
+  // zero.Init's broadcast from rank 0 (_zero_init_param, PP:1011 at v0.13.4), logged as an
+  // all-reduce that every rank reads (as the recorder logs it): the first sender's tensor,
+  // not the sum (the data replay's rule).
+  const bool broadcast = o.purpose == Purpose::kParamInit;
+  Action x{K::kSum, d.loc, d.n, {}};
+  int root = -1;
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    if (in[k].empty()) continue;  // a broadcast's receiver
+    x.src.push_back(in[k][0].loc);
+    x.n = std::min(x.n, in[k][0].n);
+    if (broadcast) {
+      root = static_cast<int>(k);
+      break;
+    }
+  }
+  if (x.src.empty()) return;
+  if (broadcast) {
+    x.kind = K::kCopy;
+    po.native.kind = NativeCollective::Kind::kBroadcast;
+    po.native.root = root;
+    po.native.count = x.n;
+    return finish_reduce(r, o.stream, po, std::move(x), {});
+  }
+  if (x.src.size() == members) {
+    po.native.kind = NativeCollective::Kind::kAllReduce;
+    po.native.count = x.n;
+  }
+  finish_reduce(r, o.stream, po, std::move(x), {});
 }
 
 }  // namespace hpz::real::detail

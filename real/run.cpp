@@ -271,17 +271,10 @@ bool updates_weights(const Plan& plan) {
   return false;
 }
 
-}  // namespace
-
-RealResult run_real(const Scenario& scenario, const Schedule& given, const RealOptions& options) {
-  // The plan and the backends index accesses one range each: strided ones written out.
-  std::optional<Schedule> unfolded;
-  if (has_strided_accesses(given)) unfolded = unfold_strided(given);
-  const Schedule& schedule = unfolded ? *unfolded : given;
-  // --compute real: the model's real math where the numeric replay can run the model
-  // (transformers' Llama), cuBLAS GEMMs of the layer shapes otherwise.
-  const bool model = options.compute == "real" && model_math_unfit(scenario, schedule).empty();
-  const Plan plan = make_plan(scenario, schedule, model);
+/** Throws when the plan cannot run as asked: its gradients cross ranks with one process per rank,
+ *  or it needs cuBLAS GEMMs off the cuda backend. */
+void check_runnable(const Scenario& scenario, const Schedule& schedule, const Plan& plan,
+                    const RealOptions& options) {
   // Gradients that reach each optimizer step through every rank's gradient slots, not through
   // the reduce-scatters (plan_gradients.cpp): one process must hold every rank.
   if (options.launch && plan.cross_rank_gradients) {
@@ -292,97 +285,110 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
                      "recording's buckets, or no reduce-scatter at all), so each optimizer step "
                      "reads every rank's memory");
   }
-  RealResult out;
-  out.ranks = schedule.world_size;
-  out.probes = plan.probes;
-  out.model = model;
-  std::unique_ptr<Store> store;
-  std::unique_ptr<Backend> backend;
   if (gemms(plan, options) && options.backend != "cuda") {
     throw InputError("", "--compute",
                      "real runs cuBLAS GEMMs on this model (the model's math cannot run it: " +
                          model_math_unfit(scenario, schedule) + ") and needs --backend cuda");
   }
-  ExecOptions base;
-  base.timeout_s = options.timeout_s;
-  base.real_compute = gemms(plan, options);
+}
+
+/** Where the runs happen: the backend, the options every run starts from, and with one process
+ *  per rank this process's rank and the store its parts are merged through. */
+struct RunSite {
   Rank rank = 0;
-  if (options.launch) {
-    const Launch& l = *options.launch;
-    if (l.world != schedule.world_size) {
-      throw InputError("environment", l.via,
-                       fmt::format("the launcher started {} processes, but {} has {} ranks "
-                                   "(cluster.nodes x cluster.gpus_per_node): start one per rank",
-                                   l.world, scenario.path, schedule.world_size));
-    }
-    if (options.backend == "host-lazy") {
-      throw InputError("", "--backend",
-                       "host-lazy needs every rank in one process; with one process per rank "
-                       "use cuda or host");
-    }
-    rank = static_cast<Rank>(l.rank);
-    store = std::make_unique<Store>(l.rank, l.world, l.store_addr, l.store_port, options.timeout_s);
-    backend = rank_backend(scenario, schedule, plan, options, *store, out);
-    base.only_rank = l.rank;
-    out.processes = l.world;
-    out.reports = l.rank == 0;
-  } else {
-    backend = emulated_backend(scenario, schedule, plan, options, out);
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Backend> backend;
+  ExecOptions base;
+  int run_no = 0;  ///< the next run's number
+};
+
+/** Sets up this process's backend: its own rank's under a launcher, every rank's otherwise. */
+RunSite open_site(const Scenario& scenario, const Schedule& schedule, const Plan& plan,
+                  const RealOptions& options, RealResult& out) {
+  RunSite site;
+  site.base.timeout_s = options.timeout_s;
+  site.base.real_compute = gemms(plan, options);
+  if (!options.launch) {
+    site.backend = emulated_backend(scenario, schedule, plan, options, out);
+    return site;
   }
-  out.backend = backend->name();
-  if (gemms(plan, options)) out.mode += "; layer kernels as cuBLAS GEMMs of the layer shapes";
+  const Launch& l = *options.launch;
+  if (l.world != schedule.world_size) {
+    throw InputError("environment", l.via,
+                     fmt::format("the launcher started {} processes, but {} has {} ranks "
+                                 "(cluster.nodes x cluster.gpus_per_node): start one per rank",
+                                 l.world, scenario.path, schedule.world_size));
+  }
+  if (options.backend == "host-lazy") {
+    throw InputError("", "--backend",
+                     "host-lazy needs every rank in one process; with one process per rank "
+                     "use cuda or host");
+  }
+  site.rank = static_cast<Rank>(l.rank);
+  site.store =
+      std::make_unique<Store>(l.rank, l.world, l.store_addr, l.store_port, options.timeout_s);
+  site.backend = rank_backend(scenario, schedule, plan, options, *site.store, out);
+  site.base.only_rank = l.rank;
+  out.processes = l.world;
+  out.reports = l.rank == 0;
+  return site;
+}
+
+/** Adds to `mode` what the kernels compute and whether the weights change. */
+void add_compute_mode(const Plan& plan, const RealOptions& options, bool model, std::string& mode) {
+  if (gemms(plan, options)) mode += "; layer kernels as cuBLAS GEMMs of the layer shapes";
   if (model) {
-    out.mode +=
+    mode +=
         "; kernels run transformers' Llama in fp32, one parameter's module part each (forward, "
         "recompute, loss, backward, Adam: the numeric replay's)";
   } else if (!updates_weights(plan)) {
-    out.mode +=
+    mode +=
         "; no optimizer step here names the weights it updates (a recording's tensors name no "
         "parameter), so the weights never change: the gathers are what is compared";
   }
-  const int total = options.runs + 1;
-  int run_no = 0;
-  // Runs once; with one process per rank the processes start together and each run's parts
-  // are merged, so every process ends with the whole run. Only the reference's weights are
-  // hashed (the report gives that hash alone).
-  auto run_once = [&](bool serialize, const RunOutput* reference, Corruption& c) {
-    ExecOptions o = base;
-    o.serialize = serialize;
-    const int k = run_no++;
-    if (store) o.before_start = [&store, k] { store->barrier(fmt::format("start/{}", k)); };
-    RunOutput run = execute(schedule, plan, *backend, o);
-    if (reference != nullptr && !run.hung && !reference->hung)
-      c = compare_runs(plan, *reference, run);
-    const bool hash = reference == nullptr;
-    std::vector<std::uint64_t> hashes;
-    if (store) {
-      hashes = merge_parts(*store, fmt::format("parts/{}", k), rank, run, c, hash);
-    } else if (hash) {
-      for (Rank r = 0; r < schedule.world_size; ++r) hashes.push_back(rank_weights_hash(run, r));
-    }
-    if (hash) out.reference_weights_hash = combine_hashes(hashes);
-    return run;
-  };
+}
 
-  Corruption none;
-  const RunOutput reference = run_once(true, nullptr, none);
-  out.reference_hung = reference.hung;
-  out.reference_hang = reference.hang;
-  if (model && !reference.hung) {
-    out.reference_loss = step_losses(scenario, plan, reference);
-    // The same training on the CPU: the numeric replay of the schedule in a race-free order.
-    // (Not along the reference's measured timeline: with one process per rank its clocks are
-    // aligned only to the start barrier's skew, enough to reorder a collective's ends.)
-    const Timeline order = replay::serialized_timeline(schedule);
-    for (const replay::StepRecord& st :
-         replay::replay(replay_inputs_of(scenario), schedule, order, replay::Mode::kNumeric)
-             .steps) {
-      out.replay_loss.push_back(st.loss);
-    }
+/** Runs once; with one process per rank the processes start together and each run's parts
+ *  are merged, so every process ends with the whole run. Only the reference's weights are
+ *  hashed (the report gives that hash alone). */
+RunOutput run_once(RunSite& site, const Schedule& schedule, const Plan& plan, bool serialize,
+                   const RunOutput* reference, Corruption& c, RealResult& out) {
+  ExecOptions o = site.base;
+  o.serialize = serialize;
+  const int k = site.run_no++;
+  std::unique_ptr<Store>& store = site.store;
+  if (store) o.before_start = [&store, k] { store->barrier(fmt::format("start/{}", k)); };
+  RunOutput run = execute(schedule, plan, *site.backend, o);
+  if (reference != nullptr && !run.hung && !reference->hung)
+    c = compare_runs(plan, *reference, run);
+  const bool hash = reference == nullptr;
+  std::vector<std::uint64_t> hashes;
+  if (store) {
+    hashes = merge_parts(*store, fmt::format("parts/{}", k), site.rank, run, c, hash);
+  } else if (hash) {
+    for (Rank r = 0; r < schedule.world_size; ++r) hashes.push_back(rank_weights_hash(run, r));
   }
-  if (options.progress) options.progress(1, total);
+  if (hash) out.reference_weights_hash = combine_hashes(hashes);
+  return run;
+}
 
-  time::SimResult& t = out.timing;
+/** The reference run's loss per step and the same training's on the CPU, into `out`. */
+void reference_losses(const Scenario& scenario, const Schedule& schedule, const Plan& plan,
+                      const RunOutput& reference, RealResult& out) {
+  out.reference_loss = step_losses(scenario, plan, reference);
+  // The same training on the CPU: the numeric replay of the schedule in a race-free order.
+  // (Not along the reference's measured timeline: with one process per rank its clocks are
+  // aligned only to the start barrier's skew, enough to reorder a collective's ends.)
+  const Timeline order = replay::serialized_timeline(schedule);
+  for (const replay::StepRecord& st :
+       replay::replay(replay_inputs_of(scenario), schedule, order, replay::Mode::kNumeric).steps) {
+    out.replay_loss.push_back(st.loss);
+  }
+}
+
+/** The timing report's description of the run and the schedule's races, before any run. */
+void describe_timing(const Scenario& scenario, const Schedule& schedule, const RealOptions& options,
+                     time::SimResult& t) {
   t.scenario = schedule.scenario;
   t.variant = schedule.variant;
   t.world_size = schedule.world_size;
@@ -394,11 +400,18 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
                                                                    : options.backend;
   t.network_model = "none (measured)";
   time::attach_races(check::check_schedule(schedule), t);
+}
 
+/** The measured runs, each compared with the reference, into `out` and its timing. */
+void measured_runs(RunSite& site, const Scenario& scenario, const Schedule& schedule,
+                   const Plan& plan, const RealOptions& options, const RunOutput& reference,
+                   bool model, RealResult& out) {
+  const int total = options.runs + 1;
+  time::SimResult& t = out.timing;
   std::vector<Timeline> timelines;
   for (int k = 0; k < options.runs; ++k) {
     RealRun rr;
-    RunOutput run = run_once(false, &reference, rr.corruption);
+    RunOutput run = run_once(site, schedule, plan, false, &reference, rr.corruption, out);
     rr.hung = run.hung;
     if (model && !run.hung) rr.loss = step_losses(scenario, plan, run);
     rr.hang = run.hang;
@@ -415,6 +428,37 @@ RealResult run_real(const Scenario& scenario, const Schedule& given, const RealO
   time::time_races(views, t);
   t.mean = time::mean_of(t.runs);
   if (!timelines.empty()) t.timeline = std::move(timelines.front());
+}
+
+}  // namespace
+
+RealResult run_real(const Scenario& scenario, const Schedule& given, const RealOptions& options) {
+  // The plan and the backends index accesses one range each: strided ones written out.
+  std::optional<Schedule> unfolded;
+  if (has_strided_accesses(given)) unfolded = unfold_strided(given);
+  const Schedule& schedule = unfolded ? *unfolded : given;
+  // --compute real: the model's real math where the numeric replay can run the model
+  // (transformers' Llama), cuBLAS GEMMs of the layer shapes otherwise.
+  const bool model = options.compute == "real" && model_math_unfit(scenario, schedule).empty();
+  const Plan plan = make_plan(scenario, schedule, model);
+  check_runnable(scenario, schedule, plan, options);
+  RealResult out;
+  out.ranks = schedule.world_size;
+  out.probes = plan.probes;
+  out.model = model;
+  RunSite site = open_site(scenario, schedule, plan, options, out);
+  out.backend = site.backend->name();
+  add_compute_mode(plan, options, model, out.mode);
+
+  Corruption none;
+  const RunOutput reference = run_once(site, schedule, plan, true, nullptr, none, out);
+  out.reference_hung = reference.hung;
+  out.reference_hang = reference.hang;
+  if (model && !reference.hung) reference_losses(scenario, schedule, plan, reference, out);
+  if (options.progress) options.progress(1, options.runs + 1);
+
+  describe_timing(scenario, schedule, options, out.timing);
+  measured_runs(site, scenario, schedule, plan, options, reference, model, out);
   return out;
 }
 

@@ -200,59 +200,95 @@ bool Checker::finish_classes() {
   return true;
 }
 
+bool Checker::left_out(RankState& rs, std::uint32_t index, const Op& op) {
+  if (!ablation_.leave_out || !is_ordering(op.kind) ||
+      !ablation_.leave_out(rs.schedule->rank, index, op)) {
+    return false;
+  }
+  // As if never issued; an event it waited for is kept only for its other waits.
+  if (op.kind == OpKind::kStreamWaitEvent || op.kind == OpKind::kHostEventSync) {
+    const auto it = rs.events.find(op.event);
+    if (it != rs.events.end() && --it->second.waits_left == 0) rs.events.erase(it);
+  }
+  return true;
+}
+
+void Checker::host_stream_sync(RankState& rs, std::uint32_t index, const Op& op) {
+  if (op.stream == kHostStream) malformed(rs, index, "host stream sync names no stream");
+  Clock& s = rs.streams[op.stream];
+  absorb_host(rs, op.stream);
+  arena_.join(rs.host, s);
+  ++s.own[thread_of(op.stream)];
+  ++rs.host.own[0];
+  ++rs.host_gen;
+}
+
+bool Checker::host_device_sync(RankState& rs) {
+  const auto nstreams = static_cast<StreamId>(rs.streams.size());
+  for (StreamId s = 0; s < nstreams; ++s) {
+    if (rs.pending[s] != kNotPending) return false;
+  }
+  for (StreamId s = 0; s < nstreams; ++s) {
+    absorb_host(rs, s);
+    arena_.join(rs.host, rs.streams[s]);
+    ++rs.streams[s].own[thread_of(s)];
+  }
+  ++rs.host.own[0];
+  ++rs.host_gen;
+  return true;
+}
+
+void Checker::record_event(RankState& rs, std::uint32_t index, const Op& op) {
+  if (op.stream == kHostStream) malformed(rs, index, "event recorded on the host");
+  absorb_host(rs, op.stream);
+  Clock& s = rs.streams[op.stream];
+  const auto waits = std::lower_bound(rs.waits.begin(), rs.waits.end(),
+                                      std::make_pair(op.event, std::uint32_t{0}));
+  if (waits != rs.waits.end() && waits->first == op.event && waits->second > 0) {
+    rs.events[op.event] = EventSnapshot{s, waits->second};
+  }
+  ++s.own[thread_of(op.stream)];
+}
+
+void Checker::run_work(RankState& rs, std::uint32_t index, const Op& op) {
+  if (is_collective(op.kind)) {
+    if (op.stream == kHostStream) malformed(rs, index, "collective on the host");
+    absorb_host(rs, op.stream);
+    touch_bytes(rs, index, op, rs.streams[op.stream], thread_of(op.stream));
+    arrive(rs, index, op);
+    return;
+  }
+  if (op.stream == kHostStream) {
+    touch_bytes(rs, index, op, rs.host, 0);
+    if (op.access_count > 0) {
+      ++rs.host.own[0];
+      ++rs.host_gen;
+    }
+    return;
+  }
+  absorb_host(rs, op.stream);
+  touch_bytes(rs, index, op, rs.streams[op.stream], thread_of(op.stream));
+}
+
 bool Checker::step(RankState& rs, std::uint32_t index) {
   const Op& op = rs.schedule->ops[index];
-  const auto nstreams = static_cast<StreamId>(rs.streams.size());
   if (op.stream != kHostStream) {
-    if (op.stream < 0 || op.stream >= nstreams) malformed(rs, index, "no such stream");
+    if (op.stream < 0 || op.stream >= static_cast<StreamId>(rs.streams.size())) {
+      malformed(rs, index, "no such stream");
+    }
     // FIFO: nothing more happens on a stream whose collective still waits for its peers.
     if (rs.pending[op.stream] != kNotPending) return false;
   }
-  if (ablation_.leave_out && is_ordering(op.kind) &&
-      ablation_.leave_out(rs.schedule->rank, index, op)) {
-    // As if never issued; an event it waited for is kept only for its other waits.
-    if (op.kind == OpKind::kStreamWaitEvent || op.kind == OpKind::kHostEventSync) {
-      const auto it = rs.events.find(op.event);
-      if (it != rs.events.end() && --it->second.waits_left == 0) rs.events.erase(it);
-    }
-    return true;
-  }
+  if (left_out(rs, index, op)) return true;
   switch (op.kind) {
-    case OpKind::kHostStreamSync: {
-      if (op.stream == kHostStream) malformed(rs, index, "host stream sync names no stream");
-      Clock& s = rs.streams[op.stream];
-      absorb_host(rs, op.stream);
-      arena_.join(rs.host, s);
-      ++s.own[thread_of(op.stream)];
-      ++rs.host.own[0];
-      ++rs.host_gen;
+    case OpKind::kHostStreamSync:
+      host_stream_sync(rs, index, op);
       return true;
-    }
-    case OpKind::kHostDeviceSync: {
-      for (StreamId s = 0; s < nstreams; ++s) {
-        if (rs.pending[s] != kNotPending) return false;
-      }
-      for (StreamId s = 0; s < nstreams; ++s) {
-        absorb_host(rs, s);
-        arena_.join(rs.host, rs.streams[s]);
-        ++rs.streams[s].own[thread_of(s)];
-      }
-      ++rs.host.own[0];
-      ++rs.host_gen;
+    case OpKind::kHostDeviceSync:
+      return host_device_sync(rs);
+    case OpKind::kEventRecord:
+      record_event(rs, index, op);
       return true;
-    }
-    case OpKind::kEventRecord: {
-      if (op.stream == kHostStream) malformed(rs, index, "event recorded on the host");
-      absorb_host(rs, op.stream);
-      Clock& s = rs.streams[op.stream];
-      const auto waits = std::lower_bound(rs.waits.begin(), rs.waits.end(),
-                                          std::make_pair(op.event, std::uint32_t{0}));
-      if (waits != rs.waits.end() && waits->first == op.event && waits->second > 0) {
-        rs.events[op.event] = EventSnapshot{s, waits->second};
-      }
-      ++s.own[thread_of(op.stream)];
-      return true;
-    }
     case OpKind::kStreamWaitEvent: {
       if (op.stream == kHostStream) malformed(rs, index, "event waited on the host");
       absorb_host(rs, op.stream);
@@ -275,26 +311,9 @@ bool Checker::step(RankState& rs, std::uint32_t index) {
       if (rs.checks_bytes) record_stream(rs, op, index);
       return true;
     default:
-      break;
+      run_work(rs, index, op);
+      return true;
   }
-  if (is_collective(op.kind)) {
-    if (op.stream == kHostStream) malformed(rs, index, "collective on the host");
-    absorb_host(rs, op.stream);
-    touch_bytes(rs, index, op, rs.streams[op.stream], thread_of(op.stream));
-    arrive(rs, index, op);
-    return true;
-  }
-  if (op.stream == kHostStream) {
-    touch_bytes(rs, index, op, rs.host, 0);
-    if (op.access_count > 0) {
-      ++rs.host.own[0];
-      ++rs.host_gen;
-    }
-    return true;
-  }
-  absorb_host(rs, op.stream);
-  touch_bytes(rs, index, op, rs.streams[op.stream], thread_of(op.stream));
-  return true;
 }
 
 void Checker::wait_for_event(RankState& rs, std::uint32_t index, const Op& op, Clock& waiter) {

@@ -20,6 +20,11 @@ bool host_knows(const RankState& rs, const PendingUse& u) {
   return rs.host.own[u.stamp.thread] >= u.stamp.tick;
 }
 
+/** The key of rs.same_data_rewrites for op `op_index`'s write of `buffer`. */
+std::uint64_t same_data_key(std::uint32_t op_index, BufferId buffer) {
+  return static_cast<std::uint64_t>(op_index) << 32 | static_cast<std::uint32_t>(buffer);
+}
+
 }  // namespace
 
 void Checker::lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index) {
@@ -133,6 +138,49 @@ void Checker::check_reuse(RankState& rs, std::uint32_t index, const Op& op, cons
   b.uses.push_back(u);
 }
 
+BufferState& Checker::touched_buffer(RankState& rs, std::uint32_t index, const Access& a) {
+  if (a.buffer >= rs.buffers.size()) malformed(rs, index, "no such buffer");
+  BufferState& b = rs.buffers[a.buffer];
+  if (!b.live) {
+    b.history.reset(rs.schedule->buffers[a.buffer].bytes);
+    b.live = true;
+  }
+  if (a.end() > b.history.size()) malformed(rs, index, "access past the end of its buffer");
+  return b;
+}
+
+void Checker::report_race(Rank r, std::uint32_t index, const Access& a, std::uint32_t prior_op,
+                          AccessMode prior_mode, std::uint64_t lo, std::uint64_t hi) {
+  if (deferred_) {
+    deferred_->add(r, {.kind = FindingKind::kRace,
+                       .op = index,
+                       .first = prior_op,
+                       .first_mode = prior_mode,
+                       .mode = a.mode,
+                       .buffer = a.buffer,
+                       .lo = deferred_->ref(r, a.buffer, lo),
+                       .hi = deferred_->ref(r, a.buffer, hi),
+                       .use = {}});
+  } else {
+    log_.race(r, prior_op, prior_mode, index, a.mode, a.buffer, lo, hi);
+  }
+}
+
+void Checker::report_uninitialized(Rank r, std::uint32_t index, const Access& a,
+                                   std::uint32_t alloc_op, std::uint64_t lo, std::uint64_t hi) {
+  if (deferred_) {
+    deferred_->add(r, {.kind = FindingKind::kUninitializedRead,
+                       .op = index,
+                       .first = alloc_op,
+                       .buffer = a.buffer,
+                       .lo = deferred_->ref(r, a.buffer, lo),
+                       .hi = deferred_->ref(r, a.buffer, hi),
+                       .use = {}});
+  } else {
+    log_.uninitialized(r, alloc_op, index, a.buffer, lo, hi);
+  }
+}
+
 void Checker::check_accesses(RankState& rs, std::uint32_t index, const Op& op, const Clock& clock,
                              int thread) {
   const Rank r = rs.schedule->rank;
@@ -148,21 +196,12 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Op& op, c
   std::vector<Seen> seen;
   for (const Access& a : schedule_.accesses_of(r, op)) {
     ++stats_.accesses;
-    if (a.buffer >= rs.buffers.size()) malformed(rs, index, "no such buffer");
-    BufferState& b = rs.buffers[a.buffer];
-    if (!b.live) {
-      b.history.reset(rs.schedule->buffers[a.buffer].bytes);
-      b.live = true;
-    }
-    if (a.end() > b.history.size()) malformed(rs, index, "access past the end of its buffer");
+    BufferState& b = touched_buffer(rs, index, a);
     check_reuse(rs, index, op, a, clock, stamp);
     bool uninit_seen = false;
     std::uint64_t uninit_lo = 0;
     std::uint64_t uninit_hi = 0;
     const bool rewrite = a.mode == AccessMode::kWrite && rewrites_same_data(rs, op, a.buffer);
-    const auto key = [](std::uint32_t op_index, BufferId buffer) {
-      return static_cast<std::uint64_t>(op_index) << 32 | static_cast<std::uint32_t>(buffer);
-    };
     // A strided access is one access here, as for the findings' counts: one uninitialized
     // read per access, however many slices it spans.
     b.history.access(
@@ -175,27 +214,16 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Op& op, c
           seen.push_back({prior.op, a.buffer});
           // Every write of the pair leaves the bytes as they were: whichever runs first, the
           // other sees the same data (rewrites_same_data).
-          const bool prior_harmless = prior_mode == AccessMode::kRead ||
-                                      rs.same_data_rewrites.count(key(prior.op, a.buffer));
+          const bool prior_harmless =
+              prior_mode == AccessMode::kRead ||
+              rs.same_data_rewrites.count(same_data_key(prior.op, a.buffer));
           const bool this_harmless = a.mode == AccessMode::kRead || rewrite;
           if (prior_harmless && this_harmless) {
             ++stats_.same_data_rewrites;
             ++rs.same_data;
             return;
           }
-          if (deferred_) {
-            deferred_->add(r, {.kind = FindingKind::kRace,
-                               .op = index,
-                               .first = prior.op,
-                               .first_mode = prior_mode,
-                               .mode = a.mode,
-                               .buffer = a.buffer,
-                               .lo = deferred_->ref(r, a.buffer, lo),
-                               .hi = deferred_->ref(r, a.buffer, hi),
-                               .use = {}});
-          } else {
-            log_.race(r, prior.op, prior_mode, index, a.mode, a.buffer, lo, hi);
-          }
+          report_race(r, index, a, prior.op, prior_mode, lo, hi);
         },
         [&](std::uint64_t lo, std::uint64_t hi) {
           if (!uninit_seen) {
@@ -204,18 +232,8 @@ void Checker::check_accesses(RankState& rs, std::uint32_t index, const Op& op, c
           }
           uninit_hi = hi;  // unwritten bytes from the first gap to the last, reported once
         });
-    if (uninit_seen && deferred_) {
-      deferred_->add(r, {.kind = FindingKind::kUninitializedRead,
-                         .op = index,
-                         .first = b.alloc_op,
-                         .buffer = a.buffer,
-                         .lo = deferred_->ref(r, a.buffer, uninit_lo),
-                         .hi = deferred_->ref(r, a.buffer, uninit_hi),
-                         .use = {}});
-    } else if (uninit_seen) {
-      log_.uninitialized(r, b.alloc_op, index, a.buffer, uninit_lo, uninit_hi);
-    }
-    if (rewrite) rs.same_data_rewrites.insert(key(index, a.buffer));
+    if (uninit_seen) report_uninitialized(r, index, a, b.alloc_op, uninit_lo, uninit_hi);
+    if (rewrite) rs.same_data_rewrites.insert(same_data_key(index, a.buffer));
   }
 }
 

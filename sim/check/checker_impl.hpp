@@ -121,6 +121,16 @@ class Checker {
   bool step(RankState& rs, std::uint32_t index);
   void absorb_host(RankState& rs, StreamId s);
   // The helpers of step() take the op it read: an OpList gives each op by value.
+  /** Whether the ablation leaves out ordering op `op`; if so, drops its wait on its event. */
+  bool left_out(RankState& rs, std::uint32_t index, const Op& op);
+  /** The host waits for one stream: each learns the other's clock. */
+  void host_stream_sync(RankState& rs, std::uint32_t index, const Op& op);
+  /** The host waits for every stream; false (not yet) while a stream's collective is pending. */
+  bool host_device_sync(RankState& rs);
+  /** Snapshots the stream's clock as the event's, when some op waits for it. */
+  void record_event(RankState& rs, std::uint32_t index, const Op& op);
+  /** A collective, kernel or copy: its accesses checked under the clock it runs with. */
+  void run_work(RankState& rs, std::uint32_t index, const Op& op);
   void wait_for_event(RankState& rs, std::uint32_t index, const Op& op, Clock& waiter);
   void touch_bytes(RankState& rs, std::uint32_t index, const Op& op, const Clock& clock,
                    int thread);
@@ -128,6 +138,16 @@ class Checker {
   bool finish_classes();
   void check_accesses(RankState& rs, std::uint32_t index, const Op& op, const Clock& clock,
                       int thread);
+  /** The buffer access `a` touches, live from here when it was not; malformed() on an access
+   *  to no buffer or past its end. */
+  BufferState& touched_buffer(RankState& rs, std::uint32_t index, const Access& a);
+  /** Logs (or, by class, defers) a race of access `a` of op `index` with op `prior_op`. */
+  void report_race(Rank r, std::uint32_t index, const Access& a, std::uint32_t prior_op,
+                   AccessMode prior_mode, std::uint64_t lo, std::uint64_t hi);
+  /** Logs (or, by class, defers) access `a`'s read of bytes [lo, hi) never written since
+   *  allocation op `alloc_op`. */
+  void report_uninitialized(Rank r, std::uint32_t index, const Access& a, std::uint32_t alloc_op,
+                            std::uint64_t lo, std::uint64_t hi);
   void track_versions(RankState& rs, std::uint32_t index, const Op& op);
   bool rewrites_same_data(const RankState& rs, const Op& op, BufferId buffer) const;
   void lifetime(RankState& rs, const Op& op, bool alloc, std::uint32_t index);

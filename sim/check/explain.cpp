@@ -104,6 +104,184 @@ std::string phrase(OpKind kind, Purpose purpose, const std::string& where) {
   return what;
 }
 
+/** How many secondary-copy findings a check found with some ordering ops left out. */
+struct Outcome {
+  std::uint64_t races = 0;
+  std::uint64_t stale = 0;
+  std::uint64_t total() const { return races + stale; }
+};
+
+/** Which ops a check leaves out: (rank, op index, op) -> true to leave the op out. */
+using LeaveOut = std::function<bool(Rank, std::uint32_t, const Op&)>;
+
+/** Every ordering op of a schedule, counted by (kind, purpose) and by where it was issued. */
+struct OrderingCensus {
+  // Where each ordering op was issued: "at M" for an op a module's hook issued (its label), "after
+  // M" for an unlabelled one (the model's own host reads, which the recorder cannot attribute)
+  // that follows M's hook ops in the same pass, "" for one that follows none (the script's).
+  std::vector<std::string> places;
+  /// Per rank: (op index, place) of each ordering op, by index.
+  std::vector<std::vector<std::pair<std::uint32_t, int>>> place_of;
+  std::map<Kind, std::uint64_t> classes;  ///< ops per (kind, purpose)
+  std::map<Kind, std::uint64_t> split;    ///< ops per (kind, purpose, place)
+
+  /** The index of place `p` in `places`, adding it when new. */
+  int place_id(const std::string& p) {
+    const auto it = std::find(places.begin(), places.end(), p);
+    if (it != places.end()) return static_cast<int>(it - places.begin());
+    places.push_back(p);
+    return static_cast<int>(places.size()) - 1;
+  }
+
+  /** The place of rank r's ordering op at `index`; -1 when that op is not an ordering op. */
+  int place(Rank r, std::uint32_t index) const {
+    const auto& v = place_of[static_cast<std::size_t>(r)];
+    const auto it = std::lower_bound(v.begin(), v.end(), std::pair{index, -1});
+    return it != v.end() && it->first == index ? it->second : -1;
+  }
+};
+
+/** Whether `op` writes a kSecondary buffer of `rank`. */
+bool writes_secondary(const Schedule& schedule, const RankSchedule& rank, const Op& op) {
+  for (const Access& a : schedule.accesses_of(rank.rank, op)) {
+    if (a.mode == AccessMode::kWrite &&
+        rank.buffers[static_cast<std::size_t>(a.buffer)].role == BufferRole::kSecondary) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/** Counts rank r's ordering ops into `census` and its secondary copies into `secondary_copies`. */
+void census_of_rank(const Schedule& schedule, std::size_t r,
+                    const std::vector<std::string>& label_patterns, OrderingCensus& census,
+                    std::uint64_t& secondary_copies) {
+  const RankSchedule& rank = schedule.ranks[r];
+  std::optional<Op> last;  // the last op issued with a label
+  for (std::uint32_t i = 0; i < rank.ops.size(); ++i) {
+    const Op op = rank.ops[i];
+    const bool labelled =
+        op.label >= 0 && static_cast<std::size_t>(op.label) < label_patterns.size();
+    if (is_ordering(op.kind)) {
+      std::string where;
+      if (labelled) {
+        where = "at " + label_patterns[static_cast<std::size_t>(op.label)];
+      } else if (last && last->step == op.step && last->micro_step == op.micro_step &&
+                 last->phase == op.phase) {
+        where = "after " + label_patterns[static_cast<std::size_t>(last->label)];
+      }
+      const int id = census.place_id(where);
+      census.place_of[r].emplace_back(i, id);
+      ++census.classes[Kind{op.kind, op.purpose}];
+      ++census.split[Kind{op.kind, op.purpose, id}];
+    } else if (writes_secondary(schedule, rank, op)) {
+      ++secondary_copies;
+    }
+    if (labelled) last = op;
+  }
+}
+
+/** The census of every rank's ordering ops; counts the secondary copies into `secondary_copies`. */
+OrderingCensus census_of(const Schedule& schedule, std::uint64_t& secondary_copies) {
+  std::vector<std::string> label_patterns;
+  for (const std::string& l : schedule.labels) label_patterns.push_back(pattern_of(l));
+  OrderingCensus census;
+  census.place_of.resize(schedule.ranks.size());
+  for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
+    census_of_rank(schedule, r, label_patterns, census, secondary_copies);
+  }
+  return census;
+}
+
+/** Checks the schedule once per entry of `leave_outs`, in parallel, with those ops left out. */
+std::vector<Outcome> outcomes_without(const Schedule& schedule, unsigned workers,
+                                      const std::vector<LeaveOut>& leave_outs) {
+  std::vector<Outcome> outcomes(leave_outs.size());
+  parallel_for(leave_outs.size(), workers, [&](std::size_t i) {
+    const CheckResult res = check_schedule(schedule, Ablation{leave_outs[i]});
+    outcomes[i] = {secondary_findings(res, FindingKind::kRace),
+                   secondary_findings(res, FindingKind::kStaleRead)};
+  });
+  return outcomes;
+}
+
+/** The tests leaving out each (kind, purpose) of `kinds` alone. */
+std::vector<LeaveOut> tests_by_kind(const std::vector<Kind>& kinds) {
+  std::vector<LeaveOut> tests;
+  for (const Kind& k : kinds) {
+    tests.push_back([kind = k](Rank, std::uint32_t, const Op& op) {
+      return op.kind == kind.kind && op.purpose == kind.purpose;
+    });
+  }
+  return tests;
+}
+
+/** Each kind that matters split by where it was issued, when it was issued at several places:
+ *  the parts into `parts`, one test each into `part_tests`. */
+void split_by_place(const OrderingCensus& census, const std::vector<Kind>& kinds,
+                    const std::vector<Outcome>& by_kind, std::vector<Kind>& parts,
+                    std::vector<LeaveOut>& part_tests) {
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    if (by_kind[i].total() == 0) continue;
+    std::vector<Kind> here;
+    for (const auto& [k, n] : census.split) {
+      if (k.kind == kinds[i].kind && k.purpose == kinds[i].purpose) here.push_back(k);
+    }
+    if (here.size() < 2) continue;
+    for (const Kind& k : here) {
+      parts.push_back(k);
+      part_tests.push_back([k, &census](Rank r, std::uint32_t index, const Op& op) {
+        return op.kind == k.kind && op.purpose == k.purpose && census.place(r, index) == k.pattern;
+      });
+    }
+  }
+}
+
+/** The guard for kind `k` (issued `ops` times) whose leaving out gave `o`. */
+OrderingGuard guard_of(const OrderingCensus& census, const Kind& k, std::uint64_t ops,
+                       const Outcome& o) {
+  const std::string where =
+      k.pattern < 0 ? std::string("*") : census.places[static_cast<std::size_t>(k.pattern)];
+  return OrderingGuard{k.kind, k.purpose, where,   phrase(k.kind, k.purpose, where),
+                       ops,    o.races,   o.stale, {}};
+}
+
+/** Orders guards by findings without them, most first. */
+bool most_first(const OrderingGuard& a, const OrderingGuard& b) {
+  return a.races + a.stale > b.races + b.stale;
+}
+
+/** The guards of the kinds that matter, most findings first, each with its places that matter. */
+std::vector<OrderingGuard> guards_of(OrderingCensus& census, const std::vector<Kind>& kinds,
+                                     const std::vector<Outcome>& by_kind,
+                                     const std::vector<Kind>& parts,
+                                     const std::vector<Outcome>& by_part) {
+  std::vector<OrderingGuard> guards;
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    if (by_kind[i].total() == 0) continue;
+    Kind k = kinds[i];
+    std::vector<OrderingGuard> places_here;
+    std::size_t issued_at = 0;
+    for (std::size_t j = 0; j < parts.size(); ++j) {
+      if (parts[j].kind != k.kind || parts[j].purpose != k.purpose) continue;
+      ++issued_at;
+      if (by_part[j].total() > 0)
+        places_here.push_back(guard_of(census, parts[j], census.split[parts[j]], by_part[j]));
+    }
+    if (issued_at == 0) {  // issued at one place only: the kind is named by it
+      for (const auto& [s, n] : census.split) {
+        if (s.kind == k.kind && s.purpose == k.purpose) k.pattern = s.pattern;
+      }
+    }
+    OrderingGuard g = guard_of(census, k, census.classes[kinds[i]], by_kind[i]);
+    std::stable_sort(places_here.begin(), places_here.end(), most_first);
+    g.places = std::move(places_here);
+    guards.push_back(std::move(g));
+  }
+  std::stable_sort(guards.begin(), guards.end(), most_first);
+  return guards;
+}
+
 }  // namespace
 
 std::uint64_t secondary_findings(const CheckResult& result, FindingKind kind) {
@@ -116,141 +294,26 @@ std::uint64_t secondary_findings(const CheckResult& result, FindingKind kind) {
 
 OrderExplanation explain_ordering(const Schedule& schedule, unsigned workers) {
   OrderExplanation out;
-  // Where each ordering op was issued: "at M" for an op a module's hook issued (its label), "after
-  // M" for an unlabelled one (the model's own host reads, which the recorder cannot attribute)
-  // that follows M's hook ops in the same pass, "" for one that follows none (the script's).
-  std::vector<std::string> places;
-  const auto place_id = [&places](const std::string& p) {
-    const auto it = std::find(places.begin(), places.end(), p);
-    if (it != places.end()) return static_cast<int>(it - places.begin());
-    places.push_back(p);
-    return static_cast<int>(places.size()) - 1;
-  };
-  std::vector<std::string> label_patterns;
-  for (const std::string& l : schedule.labels) label_patterns.push_back(pattern_of(l));
-  // Per rank: (op index, place) of each ordering op, by index.
-  std::vector<std::vector<std::pair<std::uint32_t, int>>> place_of(schedule.ranks.size());
-  std::map<Kind, std::uint64_t> classes;
-  std::map<Kind, std::uint64_t> split;
-  for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
-    const RankSchedule& rank = schedule.ranks[r];
-    std::optional<Op> last;  // the last op issued with a label
-    for (std::uint32_t i = 0; i < rank.ops.size(); ++i) {
-      const Op op = rank.ops[i];
-      const bool labelled =
-          op.label >= 0 && static_cast<std::size_t>(op.label) < label_patterns.size();
-      if (is_ordering(op.kind)) {
-        std::string where;
-        if (labelled) {
-          where = "at " + label_patterns[static_cast<std::size_t>(op.label)];
-        } else if (last && last->step == op.step && last->micro_step == op.micro_step &&
-                   last->phase == op.phase) {
-          where = "after " + label_patterns[static_cast<std::size_t>(last->label)];
-        }
-        const int id = place_id(where);
-        place_of[r].emplace_back(i, id);
-        ++classes[Kind{op.kind, op.purpose}];
-        ++split[Kind{op.kind, op.purpose, id}];
-      } else {
-        for (const Access& a : schedule.accesses_of(rank.rank, op)) {
-          if (a.mode == AccessMode::kWrite &&
-              rank.buffers[static_cast<std::size_t>(a.buffer)].role == BufferRole::kSecondary) {
-            ++out.secondary_copies;
-            break;
-          }
-        }
-      }
-      if (labelled) last = op;
-    }
-  }
+  OrderingCensus census = census_of(schedule, out.secondary_copies);
   if (out.secondary_copies == 0) return out;
-  const auto place = [&place_of](Rank r, std::uint32_t index) {
-    const auto& v = place_of[static_cast<std::size_t>(r)];
-    const auto it = std::lower_bound(v.begin(), v.end(), std::pair{index, -1});
-    return it != v.end() && it->first == index ? it->second : -1;
-  };
-
-  struct Outcome {
-    std::uint64_t races = 0;
-    std::uint64_t stale = 0;
-    std::uint64_t total() const { return races + stale; }
-  };
-  using LeaveOut = std::function<bool(Rank, std::uint32_t, const Op&)>;
-  const auto run = [&](const std::vector<LeaveOut>& leave_outs) {
-    std::vector<Outcome> outcomes(leave_outs.size());
-    parallel_for(leave_outs.size(), workers, [&](std::size_t i) {
-      const CheckResult res = check_schedule(schedule, Ablation{leave_outs[i]});
-      outcomes[i] = {secondary_findings(res, FindingKind::kRace),
-                     secondary_findings(res, FindingKind::kStaleRead)};
-    });
-    return outcomes;
-  };
 
   // 1. Each (kind, purpose) left out alone.
   std::vector<Kind> kinds;
-  std::vector<LeaveOut> tests;
-  for (const auto& [k, n] : classes) {
-    kinds.push_back(k);
-    tests.push_back([kind = k](Rank, std::uint32_t, const Op& op) {
-      return op.kind == kind.kind && op.purpose == kind.purpose;
-    });
-  }
-  const std::vector<Outcome> by_kind = run(tests);
+  for (const auto& [k, n] : census.classes) kinds.push_back(k);
+  const std::vector<Outcome> by_kind = outcomes_without(schedule, workers, tests_by_kind(kinds));
   // 2. A kind that matters, split by where it was issued when it was issued at several places.
   std::vector<Kind> parts;
   std::vector<LeaveOut> part_tests;
-  for (std::size_t i = 0; i < kinds.size(); ++i) {
-    if (by_kind[i].total() == 0) continue;
-    std::vector<Kind> here;
-    for (const auto& [k, n] : split) {
-      if (k.kind == kinds[i].kind && k.purpose == kinds[i].purpose) here.push_back(k);
-    }
-    if (here.size() < 2) continue;
-    for (const Kind& k : here) {
-      parts.push_back(k);
-      part_tests.push_back([k, &place](Rank r, std::uint32_t index, const Op& op) {
-        return op.kind == k.kind && op.purpose == k.purpose && place(r, index) == k.pattern;
-      });
-    }
-  }
-  const std::vector<Outcome> by_part = run(part_tests);
+  split_by_place(census, kinds, by_kind, parts, part_tests);
+  const std::vector<Outcome> by_part = outcomes_without(schedule, workers, part_tests);
   out.kinds_tried = kinds.size() + parts.size();
 
-  const auto guard = [&](const Kind& k, std::uint64_t ops, const Outcome& o) {
-    const std::string where =
-        k.pattern < 0 ? std::string("*") : places[static_cast<std::size_t>(k.pattern)];
-    return OrderingGuard{k.kind, k.purpose, where,   phrase(k.kind, k.purpose, where),
-                         ops,    o.races,   o.stale, {}};
-  };
-  const auto most_first = [](const OrderingGuard& a, const OrderingGuard& b) {
-    return a.races + a.stale > b.races + b.stale;
-  };
-  for (std::size_t i = 0; i < kinds.size(); ++i) {
-    if (by_kind[i].total() == 0) continue;
-    Kind k = kinds[i];
-    std::vector<OrderingGuard> places_here;
-    std::size_t issued_at = 0;
-    for (std::size_t j = 0; j < parts.size(); ++j) {
-      if (parts[j].kind != k.kind || parts[j].purpose != k.purpose) continue;
-      ++issued_at;
-      if (by_part[j].total() > 0)
-        places_here.push_back(guard(parts[j], split[parts[j]], by_part[j]));
-    }
-    if (issued_at == 0) {  // issued at one place only: the kind is named by it
-      for (const auto& [s, n] : split) {
-        if (s.kind == k.kind && s.purpose == k.purpose) k.pattern = s.pattern;
-      }
-    }
-    OrderingGuard g = guard(k, classes[kinds[i]], by_kind[i]);
-    std::stable_sort(places_here.begin(), places_here.end(), most_first);
-    g.places = std::move(places_here);
-    out.guards.push_back(std::move(g));
-  }
-  std::stable_sort(out.guards.begin(), out.guards.end(), most_first);
+  out.guards = guards_of(census, kinds, by_kind, parts, by_part);
   // 3. No single kind: the copies are ordered more than once; what do all host syncs, or all
   //    stream waits, do?
   if (out.guards.empty()) {
-    const std::vector<Outcome> all = run(
+    const std::vector<Outcome> all = outcomes_without(
+        schedule, workers,
         {[](Rank, std::uint32_t, const Op& op) { return host_sync(op.kind); },
          [](Rank, std::uint32_t, const Op& op) { return op.kind == OpKind::kStreamWaitEvent; }});
     out.without_host_syncs = static_cast<std::int64_t>(all[0].total());

@@ -104,90 +104,120 @@ void canonical_releases(std::vector<ProjectedOp>& v) {
   }
 }
 
-}  // namespace
+/** Writes one rank's ops as projection lines, naming each recorded event as it goes. */
+class RankProjector {
+ public:
+  RankProjector(const Schedule& s, Rank r) : s_(s), r_(r), rs_(s.ranks[r]) {}
 
-std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init) {
-  const RankSchedule& rs = s.ranks[r];
-  std::vector<ProjectedOp> out;
-  std::map<EventId, std::string> event_name;  // recorded event -> "stream#n"
-  std::map<StreamId, int> records;
-  std::map<StreamId, int> init_records;  // counted apart, so that init's own ops do not shift
-                                         // the ordinals when init is left out
-  auto stream = [&](StreamId id) {
-    return id == kHostStream ? std::string("host") : rs.streams[id].name;
-  };
-  for (std::size_t i = 0; i < rs.ops.size(); ++i) {
-    const Op& op = rs.ops[i];
-    if (!with_init && op.phase == Phase::kInit) {
-      if (op.kind == OpKind::kEventRecord) {
-        event_name[op.event] =
-            stream(op.stream) + "#init" + std::to_string(init_records[op.stream]++);
-      }
-      continue;
+  /** Names the event an init op records (with init left out), apart from the others. */
+  void skip_init(const Op& op) {
+    if (op.kind == OpKind::kEventRecord) {
+      event_name_[op.event] =
+          stream(op.stream) + "#init" + std::to_string(init_records_[op.stream]++);
     }
-    std::string line;
+  }
+
+  /** Sets `line` to op's line; false for an op the projection leaves out. */
+  bool line_of(const Op& op, std::string& line) {
     switch (op.kind) {
       case OpKind::kAllGather:
       case OpKind::kReduceScatter:
       case OpKind::kAllReduce:
       case OpKind::kAllToAll:
         line = std::string(to_string(op.kind)) + " on " + stream(op.stream) + " group " +
-               s.groups[op.group].name + " bytes " + std::to_string(op.comm_bytes);
-        break;
-      case OpKind::kCopy: {
-        bool relevant = false;
-        std::set<std::string> parts;
-        for (const Access& a : s.accesses_of(r, op)) {
-          const Buffer& b = rs.buffers[a.buffer];
-          if (!parameter_role(b.role) && b.role != BufferRole::kPrimary) continue;
-          if (a.mode == AccessMode::kWrite && parameter_role(b.role)) relevant = true;
-          if (a.mode == AccessMode::kRead && b.role == BufferRole::kSecondary) relevant = true;
-          parts.insert(std::string(a.mode == AccessMode::kRead ? "r:" : "w:") +
-                       std::string(to_string(b.role)) + ":" + unit_name(s, b.unit));
-        }
-        if (!relevant) continue;
-        line = "copy on " + stream(op.stream);
-        for (const std::string& p : parts) line += " " + p;
-        break;
-      }
+               s_.groups[op.group].name + " bytes " + std::to_string(op.comm_bytes);
+        return true;
+      case OpKind::kCopy:
+        return copy_line(op, line);
       case OpKind::kAlloc:
       case OpKind::kFree: {
-        const Buffer& b = rs.buffers[op.buffer];
-        if (!parameter_role(b.role)) continue;
+        const Buffer& b = rs_.buffers[op.buffer];
+        if (!parameter_role(b.role)) return false;
         line = std::string(to_string(op.kind)) + " on " + stream(op.stream) + " " +
-               std::string(to_string(b.role)) + ":" + unit_name(s, b.unit);
-        break;
+               std::string(to_string(b.role)) + ":" + unit_name(s_, b.unit);
+        return true;
       }
       case OpKind::kEventRecord: {
-        const std::string name = stream(op.stream) + "#" + std::to_string(records[op.stream]++);
-        event_name[op.event] = name;
+        const std::string name = stream(op.stream) + "#" + std::to_string(records_[op.stream]++);
+        event_name_[op.event] = name;
         line = "record " + name;
-        break;
+        return true;
       }
       case OpKind::kStreamWaitEvent:
-        line = "wait on " + stream(op.stream) + " for " + event_name[op.event];
-        break;
+        line = "wait on " + stream(op.stream) + " for " + event_name_[op.event];
+        return true;
       case OpKind::kHostStreamSync:
         line = "host waits for " + stream(op.stream);
-        break;
+        return true;
       case OpKind::kHostDeviceSync:
         line = "host waits for the device";
-        break;
+        return true;
       case OpKind::kHostEventSync:
-        line = "host waits for " + event_name[op.event];
-        break;
+        line = "host waits for " + event_name_[op.event];
+        return true;
       default:
-        continue;
+        return false;
     }
-    if (op.kind == OpKind::kHostStreamSync || op.kind == OpKind::kHostDeviceSync ||
-        op.kind == OpKind::kHostEventSync) {
-      if (!out.empty() && out.back().line == line) continue;
+  }
+
+ private:
+  std::string stream(StreamId id) const {
+    return id == kHostStream ? std::string("host") : rs_.streams[id].name;
+  }
+
+  /** A copy's line: the parameter and primary buffers it reads and writes; false for a copy that
+   *  writes no parameter and reads no secondary partition. */
+  bool copy_line(const Op& op, std::string& line) const {
+    bool relevant = false;
+    std::set<std::string> parts;
+    for (const Access& a : s_.accesses_of(r_, op)) {
+      const Buffer& b = rs_.buffers[a.buffer];
+      if (!parameter_role(b.role) && b.role != BufferRole::kPrimary) continue;
+      if (a.mode == AccessMode::kWrite && parameter_role(b.role)) relevant = true;
+      if (a.mode == AccessMode::kRead && b.role == BufferRole::kSecondary) relevant = true;
+      parts.insert(std::string(a.mode == AccessMode::kRead ? "r:" : "w:") +
+                   std::string(to_string(b.role)) + ":" + unit_name(s_, b.unit));
     }
-    std::string where = "step " + std::to_string(op.step) + " " + std::string(to_string(op.phase));
-    if (op.label >= 0 && static_cast<std::size_t>(op.label) < s.labels.size()) {
-      where += " at " + s.labels[op.label];
+    if (!relevant) return false;
+    line = "copy on " + stream(op.stream);
+    for (const std::string& p : parts) line += " " + p;
+    return true;
+  }
+
+  const Schedule& s_;
+  Rank r_;
+  const RankSchedule& rs_;
+  std::map<EventId, std::string> event_name_;  // recorded event -> "stream#n"
+  std::map<StreamId, int> records_;
+  std::map<StreamId, int> init_records_;  // counted apart, so that init's own ops do not shift
+                                          // the ordinals when init is left out
+};
+
+/** Where an op was issued: "step N phase", and " at label" when it has one. */
+std::string where_of(const Schedule& s, const Op& op) {
+  std::string where = "step " + std::to_string(op.step) + " " + std::string(to_string(op.phase));
+  if (op.label >= 0 && static_cast<std::size_t>(op.label) < s.labels.size()) {
+    where += " at " + s.labels[op.label];
+  }
+  return where;
+}
+
+}  // namespace
+
+std::vector<ProjectedOp> project(const Schedule& s, Rank r, bool with_init) {
+  const RankSchedule& rs = s.ranks[r];
+  std::vector<ProjectedOp> out;
+  RankProjector projector(s, r);
+  for (std::size_t i = 0; i < rs.ops.size(); ++i) {
+    const Op& op = rs.ops[i];
+    if (!with_init && op.phase == Phase::kInit) {
+      projector.skip_init(op);
+      continue;
     }
-    out.push_back({i, std::move(line), std::move(where)});
+    std::string line;
+    if (!projector.line_of(op, line)) continue;
+    if (is_host_sync(op.kind) && !out.empty() && out.back().line == line) continue;
+    out.push_back({i, std::move(line), where_of(s, op)});
   }
   canonical_wait_loops(out);
   canonical_releases(out);
