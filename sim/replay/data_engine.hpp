@@ -9,6 +9,7 @@
 //   static Chunk slice(const Chunk&, std::uint64_t off, std::uint64_t n);
 //   static void splice(Chunk& dst, std::uint64_t off, const Chunk& src);   overwrite in place
 //   static void accumulate(Chunk& acc, const Chunk& x);                    element-wise sum
+//   static Chunk widen(const Chunk&, std::uint64_t k);      each element k times (a dtype cast)
 //   Chunk read(Rank, BufferId, std::uint64_t begin, std::uint64_t n);      n = kWhole: to the end
 //   void write(Rank, BufferId, std::uint64_t begin, const Chunk&);
 //   void alloc(Rank, BufferId slot, BufferId previous_slot, Fill, std::uint64_t elements);
@@ -390,6 +391,12 @@ class DataEngine {
         const std::uint64_t es = esize(r, writes[i]->buffer);
         if (es != esize(r, reads[i]->buffer)) continue;
         Chunk c = read_range(r, *reads[i], t);
+        // A widening cast (a recording's `.float()` of a bf16 tensor: the recorder logs the
+        // bytes each side holds, the schedule counts them in one element size) writes k times
+        // the bytes it reads: each value lands on k elements, so the whole destination is
+        // written.
+        const std::uint64_t rb = reads[i]->bytes, wb = writes[i]->bytes;
+        if (rb > 0 && wb > rb && wb % rb == 0) c = Domain::widen(c, wb / rb);
         out.push_back({writes[i]->buffer, writes[i]->offset / es,
                        Domain::slice(c, 0, std::min(Domain::size(c), writes[i]->bytes / es))});
       }

@@ -124,6 +124,13 @@ void NumericDomain::accumulate(Chunk& acc, const Chunk& x) {
   for (std::size_t i = 0; i < x.size(); ++i) acc[i] += x[i];
 }
 
+NumericDomain::Chunk NumericDomain::widen(const Chunk& c, std::uint64_t k) {
+  Chunk out;
+  out.reserve(c.size() * k);
+  for (float f : c) out.insert(out.end(), k, f);
+  return out;
+}
+
 void NumericDomain::quantize_int8(Chunk& c, std::uint64_t groups) {
   fp32::int8_symmetric_round_trip(c, groups);
 }

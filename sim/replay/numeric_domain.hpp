@@ -35,6 +35,8 @@ class NumericDomain {
   static Chunk slice(const Chunk& c, std::uint64_t off, std::uint64_t n);
   static void splice(Chunk& dst, std::uint64_t off, const Chunk& src);
   static void accumulate(Chunk& acc, const Chunk& x);
+  /** Each element k times (a widening dtype cast's bytes: data_engine.hpp gather_into). */
+  static Chunk widen(const Chunk& c, std::uint64_t k);
   /** qwZ's int8 round trip (fp32::int8_symmetric_round_trip). */
   static void quantize_int8(Chunk& c, std::uint64_t groups);
 

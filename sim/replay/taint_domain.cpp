@@ -37,8 +37,7 @@ void push_run(TaintDomain::Chunk& c, std::uint64_t len, Tag t) {
 
 }  // namespace
 
-TaintDomain::TaintDomain(const ReplayInputs& in, const Schedule& s)
-    : in_(in), s_(s), recorded_(is_recording(s)) {
+TaintDomain::TaintDomain(const ReplayInputs& in, const Schedule& s) : in_(in), s_(s) {
   act_.assign(s.ranks.size(), Health::kGood);
   micro_.assign(s.ranks.size(), {-2, 0});
   loss_taken_.assign(s.ranks.size(), false);
@@ -98,6 +97,12 @@ void TaintDomain::accumulate(Chunk& acc, const Chunk& x) {
     push_run(out, left_i, acc[i].tag);
   for (; j < x.size(); ++j, left_j = j < x.size() ? x[j].len : 0) push_run(out, left_j, x[j].tag);
   acc = std::move(out);
+}
+
+TaintDomain::Chunk TaintDomain::widen(const Chunk& c, std::uint64_t k) {
+  Chunk out = c;
+  for (TagRun& run : out) run.len *= k;
+  return out;
 }
 
 void TaintDomain::quantize_int8(Chunk& c, std::uint64_t groups) {
@@ -160,11 +165,6 @@ Health TaintDomain::worst_input(Rank r, const Op& op, const ReadFn<Chunk>& read)
   for (const Access& a : s_.accesses_of(r, op)) {
     if (a.mode != AccessMode::kRead) continue;
     const BufferRole role = s_.ranks[r].buffers[a.buffer].role;
-    // A recording's scratch tensors are autograd's activations and temporaries, whose health
-    // flow() carries through the micro-step as it does for the builder's: their bytes are not
-    // followed (a dtype cast, bf16 to fp32, writes twice the bytes it reads, which the byte
-    // ranges cannot pair).
-    if (recorded_ && role == BufferRole::kScratch) continue;
     const bool whole = role == BufferRole::kActivation || role == BufferRole::kScratch;
     const Chunk c = whole ? read(a.buffer, 0, kWhole) : read(a.buffer, a.offset / dt, a.bytes / dt);
     const bool weights = role == BufferRole::kFull;
@@ -193,11 +193,7 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::kernel(Rank r, const Op& op,
   std::vector<Write<Chunk>> out;
   for (const Access& a : s_.accesses_of(r, op)) {
     if (a.mode != AccessMode::kWrite) continue;
-    const BufferRole role = s_.ranks[r].buffers[a.buffer].role;
-    const bool whole =
-        !recorded_ && (role == BufferRole::kActivation || role == BufferRole::kScratch);
-    const std::uint64_t n = a.bytes / dt;
-    out.push_back({a.buffer, whole ? 0 : a.offset / dt, uniform(n, tag)});
+    out.push_back({a.buffer, a.offset / dt, uniform(a.bytes / dt, tag)});
   }
   return out;
 }

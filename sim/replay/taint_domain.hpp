@@ -34,6 +34,8 @@ class TaintDomain {
   static Chunk slice(const Chunk& c, std::uint64_t off, std::uint64_t n);
   static void splice(Chunk& dst, std::uint64_t off, const Chunk& src);
   static void accumulate(Chunk& acc, const Chunk& x);
+  /** Each element k times (a widening dtype cast's bytes: data_engine.hpp gather_into). */
+  static Chunk widen(const Chunk& c, std::uint64_t k);
   /** qwZ's int8 round trip on tags: in each of `groups` equal groups that holds something other
    *  than NaN, NaN elements become wrong (the quantizer turns them into 0); a group of NaNs
    *  stays NaN (fp32::int8_symmetric_round_trip). Good values stay good: the rounding is the
@@ -75,7 +77,6 @@ class TaintDomain {
 
   ReplayInputs in_;
   const Schedule& s_;
-  bool recorded_ = false;  ///< a recording (is_recording): its scratch bytes are not followed
   std::vector<Health> act_;
   std::vector<std::pair<std::int32_t, std::int32_t>> micro_;
   std::vector<bool> loss_taken_;          ///< [rank]: recordings, the micro-step's loss taken
