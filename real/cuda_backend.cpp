@@ -293,6 +293,15 @@ class CudaBackend : public Backend {
         case K::kAxpy:
           HPZ_CUDA(kernels::scale(dst, at(a.src[0]), a.scale, a.kind == K::kAxpy, a.n, eb_, st));
           break;
+        case K::kWiden: {
+          // Element j of every `repeat` from the source, one strided copy per j.
+          const std::size_t eb = static_cast<std::size_t>(eb_), k = a.repeat;
+          for (std::size_t j = 0; j < k && j < a.n; ++j) {
+            HPZ_CUDA(cudaMemcpy2DAsync(static_cast<char*>(dst) + j * eb, k * eb, at(a.src[0]), eb,
+                                       eb, (a.n - j + k - 1) / k, cudaMemcpyDeviceToDevice, st));
+          }
+          break;
+        }
       }
     }
   }
@@ -463,7 +472,7 @@ class CudaBackend : public Backend {
     std::uint64_t floats = 1;
     for (const RankPlan& rp : plan.ranks) {
       for (const PlanOp& po : rp.ops) {
-        floats = std::max({floats, po.model.w.n, po.model.grad.n});
+        for (const ModelOp& m : po.models) floats = std::max({floats, m.w.n, m.grad.n});
       }
     }
     llama_floats_ = floats;

@@ -192,11 +192,11 @@ class RankThread {
       case OpKind::kDequantize:
       case OpKind::kCopy:
         b_.op_begin(r_, op.stream, i);
-        if (po.model.kind != ModelOp::Kind::kNone) {
+        if (!po.models.empty()) {
           // A model kernel's actions gather its inputs (the optimizer step's reduced gradient
           // on DeepSpeed's schedules): before it, on its stream.
           b_.run_actions(r_, op.stream, po.actions);
-          b_.model(r_, op.stream, po.model);
+          for (const ModelOp& m : po.models) b_.model(r_, op.stream, m);
         } else {
           if (o_.real_compute && po.gemm) {
             b_.gemm(r_, op.stream, *po.gemm);

@@ -406,6 +406,12 @@ class HostBackend : public Backend {
         case K::kAxpy:
           store(dst, d, eb_, load(dst, d, eb_) + src(0) * a.scale);
           break;
+        case K::kWiden:
+          std::memcpy(
+              dst + d * eb,
+              store_[a.src[0].rank][a.src[0].slot].data() + (a.src[0].elem + i / a.repeat) * eb,
+              static_cast<std::size_t>(eb_));
+          break;
       }
     }
   }

@@ -36,14 +36,13 @@ std::string model_math_unfit(const Scenario& scenario, const Schedule& schedule)
     return "the model's real math needs a Llama the numeric replay holds (hpzlab repro --mode "
            "numeric: model.family llama, params x ranks < 4e7, seq_len x micro_batch <= 4096)";
   }
-  if (scenario.training.dtype != "fp32") {
-    return fmt::format("the model's real math runs in fp32: training.dtype is \"{}\"",
-                       scenario.training.dtype);
+  // A recording of one rank (its other ranks copies at its byte offsets): the numeric replay
+  // refuses it too.
+  if (const std::string why = replay::replay_unsupported(schedule); !why.empty()) {
+    return "the schedule " + why;
   }
-  if (schedule.dtype_bytes != 4) {  // a schedule read from a file has its own element size
-    return fmt::format("the model's real math runs in fp32: the schedule's elements are {} bytes",
-                       schedule.dtype_bytes);
-  }
+  // A bf16 or fp16 schedule runs in fp32, as the numeric replay computes it (the plan stores
+  // fp32 under the model math: PlanBuilder).
   // qwZ: the plan moves the quantized shard's int8 elements one for one, where the numeric
   // replay rounds them as DeepSpeed's quantizer kernel does (fp32::int8_symmetric_round_trip).
   for (const RankSchedule& rs : schedule.ranks) {

@@ -5,8 +5,9 @@
 // the plan is what the non-GPU tests check.
 //
 // Data semantics (the same rules as the data replay, sim/replay/data_engine.hpp):
-//  - copies move their read range into their write range; a checkpoint load (a copy with no
-//    read) writes the checkpoint pattern;
+//  - copies move their read range into their write range (a widening cast, which writes 2 or 4
+//    times the bytes it reads, puts each value on 2 or 4 elements); a checkpoint load (a copy
+//    with no read) writes the checkpoint pattern;
 //  - quantize / dequantize are pass-through (real rounding would change every variant alike);
 //  - an AllGather puts member k's send at its slice of the full parameter: its secondary slice
 //    in an hpZ group, its primary slice otherwise; a ReduceScatter sums the members' slices (in
@@ -57,6 +58,7 @@ struct Action {
     kScale,    ///< dst[i] = src[0][i] * scale
     kAxpy,     ///< dst[i] = dst[i] + src[0][i] * scale
     kConst,    ///< dst[i] = Plan::consts[const_id][pattern_base + i] (fp32 only)
+    kWiden,    ///< dst[i] = src[0][i / repeat] (a widening dtype cast's bytes, as the replay's)
   };
   Kind kind = Kind::kCopy;
   Loc dst;
@@ -67,6 +69,7 @@ struct Action {
   UnitId unit = kNoUnit;
   std::uint64_t pattern_base = 0;
   std::uint32_t const_id = 0;
+  std::uint32_t repeat = 1;  ///< kWiden: elements each source element lands on
 };
 
 /** `n` elements of one rank's slot from `at`. */
@@ -149,7 +152,9 @@ struct PlanOp {
    *  the rank's staging slot, and these copy it into place once every member has read its
    *  inputs. */
   std::vector<Action> post_actions;
-  ModelOp model;                 ///< kernels under the model's real math
+  /** Kernels under the model's real math, in order (after `actions`): one module part, or a
+   *  recording's primary write-back copy's Adam step of every shard it writes. */
+  std::vector<ModelOp> models;
   NativeCollective native;       ///< collectives: the same data movement as one NCCL call
   SlotId alloc_slot = 0;         ///< kAlloc: the slot it opens; kFree: the slot it closes
   bool is_gather_probe = false;  ///< an AllGather of a full parameter: its result is checked

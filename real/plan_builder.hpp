@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "real/pattern.hpp"
@@ -29,13 +30,16 @@ class PlanBuilder {
   PlanBuilder(const Scenario& sc, const Schedule& s, bool model)
       : sc_(sc), s_(s), cost_(timing_inputs_of(sc)) {
     for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
-    plan_.element_bytes = s.dtype_bytes;
+    // The model math stores fp32 whatever the schedule's element size, as the numeric replay
+    // computes in fp32 (its elements are counted in the schedule's size: esize).
+    plan_.element_bytes = model ? 4 : s.dtype_bytes;
     plan_.model = model;
     if (model) {
       plan_.llama = replay::llama_dims(replay_inputs_of(sc));
     }
     plan_.ranks.resize(s.ranks.size());
     access_slot_.resize(s.ranks.size());
+    micro_.resize(s.ranks.size());
   }
 
   Plan build() {
@@ -175,8 +179,7 @@ class PlanBuilder {
           if (plan_.model) {
             // One init kernel makes every parameter of a module (DeepSpeed builder): each its
             // own values (NumericDomain::init_kernel).
-            const UnitId own = s_.ranks[r].buffers[a.buffer].unit;
-            x.unit = own != kNoUnit ? own : o.unit;
+            x.unit = s_.unit_of(r, o, a);
             to_const(x, false);
           }
           po.actions.push_back(x);
@@ -202,17 +205,10 @@ class PlanBuilder {
 
   // --- The Llama's real math: each kernel as NumericDomain::kernel computes it ---
 
-  /** The op's first access of `mode` on a buffer of role `want` (unit_sel: 0 any, 1 a unit's
-   *  buffer, -1 a buffer of no unit), as NumericDomain::access chooses it; -1 when none. */
-  int find_model(Rank r, const Op& o, AccessMode mode, BufferRole want, int unit_sel) const {
-    for (std::uint32_t k = 0; k < o.access_count; ++k) {
-      const Access& a = s_.ranks[r].accesses[o.access_begin + k];
-      const Buffer& b = s_.ranks[r].buffers[a.buffer];
-      if (a.mode != mode || b.role != want) continue;
-      if ((unit_sel == 1 && b.unit == kNoUnit) || (unit_sel == -1 && b.unit != kNoUnit)) continue;
-      return static_cast<int>(k);
-    }
-    return -1;
+  /** The op's first access of `mode` on a buffer of role `want` (NumericDomain::access); -1
+   *  when none. */
+  int find_model(Rank r, const Op& o, AccessMode mode, BufferRole want) const {
+    return find_role(r, o, mode, want);
   }
   /** The access's own range (the replay's `part`). */
   Range part(Rank r, const Op& o, int k) const {
@@ -247,7 +243,7 @@ class PlanBuilder {
   }
   /** The gradient norm's kernel: the sum of squares of every gradient it reads. */
   bool grad_norm_kernel(Rank r, const Op& o, PlanOp& po) {
-    ModelOp& m = po.model;
+    ModelOp m;
     int out = -1;
     for (std::uint32_t k = 0; k < o.access_count; ++k) {
       if (s_.ranks[r].accesses[o.access_begin + k].mode == AccessMode::kWrite) {
@@ -260,6 +256,7 @@ class PlanBuilder {
     m.kind = ModelOp::Kind::kGradNorm;
     m.out = whole(r, o, out);
     m.out.n = 1;
+    po.models.push_back(std::move(m));
     return true;
   }
 
@@ -267,61 +264,52 @@ class PlanBuilder {
     return *replay::llama_param(s_.units[u].name);  // every unit checked by model_math_unfit
   }
 
-  /** The op as a kernel of the Llama on DeepSpeed's own schedules, as NumericDomain's
-   *  module_forward and module_backward compute it (on the builder's kernels, each reading its
-   *  weights and writing their gradient: not yet a recording's two backward kernels); false when it
-   * is none (init and the gradient norm by grad_norm_kernel; the optimizer step once every rank's
-   * gradients are known: reduced_gradients). */
-  bool llama_kernel(Rank r, const Op& o, PlanOp& po) {
-    using MK = ModelOp::Kind;
-    using AM = AccessMode;
-    using BR = BufferRole;
-    ModelOp& m = po.model;
-    const auto pass_of = [&] {
-      m.tokens = tokens(r, o);
-      m.step = o.step;
-      m.micro = o.micro_step;
-    };
-    const auto param = [&](int w) {
-      const replay::LlamaParam p = llama_param(o.unit);
+  /** A rank's micro-step as the model math follows it (NumericDomain::Micro): the module
+   *  parts run forward, whether the loss was taken, where each parameter's weights were seen by
+   *  the first backward kernel that read them, and the gradients computed. */
+  struct ModelMicro {
+    std::pair<std::int32_t, std::int32_t> at{-2, 0};  ///< (step, micro-step)
+    std::set<std::pair<Purpose, UnitId>> forward_done;
+    bool loss_taken = false;
+    std::map<UnitId, Range> weights_seen;
+    std::set<UnitId> gradient_done;
+  };
+  ModelMicro& model_micro(Rank r, const Op& o) {
+    ModelMicro& m = micro_[r];
+    if (m.at != std::pair{o.step, o.micro_step}) {
+      m = ModelMicro{};
+      m.at = {o.step, o.micro_step};
+    }
+    return m;
+  }
+  /** A Llama kernel of the op's pass: the parameter `u`'s module part, or none. */
+  ModelOp llama_op(Rank r, const Op& o, ModelOp::Kind kind, UnitId u) {
+    ModelOp m;
+    m.kind = kind;
+    m.tokens = tokens(r, o);
+    m.step = o.step;
+    m.micro = o.micro_step;
+    if (u != kNoUnit) {
+      const replay::LlamaParam p = llama_param(u);
       m.layer = p.layer;
       m.part = static_cast<std::uint8_t>(p.part);
-      m.w = part(r, o, w);
-    };
+    }
+    return m;
+  }
+
+  /** The op as kernels of the Llama, as NumericDomain's module_forward and module_backward
+   *  compute them, one rule for the DeepSpeed builder's schedules and recordings (the parameter
+   *  from Schedule::unit_of); false when it is none (init and the gradient norm by
+   *  grad_norm_kernel; the optimizer step once every rank's gradients are known:
+   *  reduced_gradients). */
+  bool llama_kernel(Rank r, const Op& o, PlanOp& po) {
     switch (o.purpose) {
       case Purpose::kForwardCompute:
-      case Purpose::kRecomputeForward: {
-        // A kernel with no parameter (the attention's core, the MLP's activation) is done by
-        // the parameter kernel that needs it: it spins here.
-        const int w = o.unit == kNoUnit ? -1 : find_model(r, o, AM::kRead, BR::kFull, 0);
-        if (w < 0) return false;
-        m.kind = MK::kLlamaForward;
-        m.recompute = o.purpose == Purpose::kRecomputeForward;
-        param(w);
-        pass_of();
-        return true;
-      }
-      case Purpose::kLossGradient: {
-        m.kind = MK::kLlamaLoss;
-        pass_of();
-        RankPlan& rp = plan_.ranks[r];
-        m.loss = {r, 0, rp.loss_steps.size()};  // the slot is added once every op is planned
-        rp.loss_steps.push_back(o.step);
-        return true;
-      }
-      case Purpose::kBackwardCompute: {
-        const int w = o.unit == kNoUnit ? -1 : find_model(r, o, AM::kRead, BR::kFull, 0);
-        const int g = find_model(r, o, AM::kWrite, BR::kGradFull, 0);
-        if (w < 0 || g < 0) return false;
-        m.kind = MK::kLlamaBackward;
-        param(w);
-        m.grad = part(r, o, g);
-        m.grad_first = m.grad.at.elem;
-        m.numel = s_.units[o.unit].numel;
-        if (m.grad_first + m.grad.n > m.numel) m.grad.n = m.numel - std::min(m.numel, m.grad_first);
-        pass_of();
-        return true;
-      }
+      case Purpose::kRecomputeForward:
+        return llama_forward(r, o, po);
+      case Purpose::kLossGradient:
+      case Purpose::kBackwardCompute:
+        return llama_backward(r, o, po);
       case Purpose::kGradNorm:
         return grad_norm_kernel(r, o, po);
       default:
@@ -329,14 +317,100 @@ class PlanBuilder {
     }
   }
 
-  /** Adam's moments of (rank r, unit u), shared by its steps (slots added by model_slots). */
-  void adam_state(Rank r, UnitId u, PlanOp& po) {
-    ModelOp& m = po.model;
+  /** A parameter's module part runs forward at the first kernel of the micro-step (and pass)
+   *  that reads its gathered weights; other kernels (activations only: the attention's core, the
+   *  MLP's activation) spin. */
+  bool llama_forward(Rank r, const Op& o, PlanOp& po) {
+    const int w = find_model(r, o, AccessMode::kRead, BufferRole::kFull);
+    if (w < 0) return false;
+    const UnitId u = s_.unit_of(r, o, access(r, o, w));
+    if (u == kNoUnit || !model_micro(r, o).forward_done.insert({o.purpose, u}).second) {
+      return false;
+    }
+    ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaForward, u);
+    m.recompute = o.purpose == Purpose::kRecomputeForward;
+    m.w = part(r, o, w);
+    po.models.push_back(std::move(m));
+    return true;
+  }
+
+  /** Backward, as autograd runs a module: the loss at the micro-step's first backward kernel
+   *  (the builder's loss kernel, autograd's loss gradient in a recording); the weights the first
+   *  backward kernel that reads them sees, kept in a slot of the plan's (a stash, copied on the
+   *  kernel's stream) unless the same kernel also writes their gradient (the builder's); the
+   *  gradient computed with them at the kernel that writes it. */
+  bool llama_backward(Rank r, const Op& o, PlanOp& po) {
+    ModelMicro& mm = model_micro(r, o);
+    bool any = false;
+    if (!mm.loss_taken) {
+      mm.loss_taken = true;
+      ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaLoss, kNoUnit);
+      RankPlan& rp = plan_.ranks[r];
+      m.loss = {r, 0, rp.loss_steps.size()};  // the slot is added once every op is planned
+      rp.loss_steps.push_back(o.step);
+      po.models.push_back(std::move(m));
+      any = true;
+    }
+    const int g = find_model(r, o, AccessMode::kWrite, BufferRole::kGradFull);
+    const UnitId gu = g < 0 ? kNoUnit : s_.unit_of(r, o, access(r, o, g));
+    const int w = find_model(r, o, AccessMode::kRead, BufferRole::kFull);
+    if (const UnitId u = w < 0 ? kNoUnit : s_.unit_of(r, o, access(r, o, w)); u != kNoUnit) {
+      if (!mm.weights_seen.count(u)) {
+        Range at = part(r, o, w);
+        if (u != gu) at = stash(r, u, at, po);
+        mm.weights_seen.emplace(u, at);
+        any = true;
+      }
+    }
+    if (gu == kNoUnit) return any;
+    if (!mm.gradient_done.insert(gu).second) {
+      throw InputError("", "ranks",
+                       fmt::format("rank {}: the gradient of {} is written twice in one "
+                                   "micro-step (the model math computes it once)",
+                                   r, s_.units[gu].name));
+    }
+    const auto seen = mm.weights_seen.find(gu);
+    const replay::LlamaParam p = llama_param(gu);
+    if (seen == mm.weights_seen.end() && p.part != replay::LlamaPart::kEmbed) {
+      throw InputError("", "ranks",
+                       fmt::format("rank {}: the gradient of {} is written before any "
+                                   "backward kernel read its weights",
+                                   r, s_.units[gu].name));
+    }
+    ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaBackward, gu);
+    if (seen != mm.weights_seen.end()) m.w = seen->second;
+    m.grad = part(r, o, g);
+    m.grad_first = m.grad.at.elem;
+    m.numel = s_.units[gu].numel;
+    if (m.grad_first + m.grad.n > m.numel) m.grad.n = m.numel - std::min(m.numel, m.grad_first);
+    po.models.push_back(std::move(m));
+    return true;
+  }
+  /** The weights `at` copied, on the op's stream, into rank r's stash of unit u (a slot of the
+   *  plan's, reused by every micro-step: its gradient kernel runs before the next one's stash on
+   *  the same stream); returns the stash's range. */
+  Range stash(Rank r, UnitId u, const Range& at, PlanOp& po) {
+    const auto [it, fresh] = stash_of_.try_emplace({r, u}, 0);
+    if (fresh) it->second = extra_slot(r, at.n);
+    std::uint64_t& held = plan_.ranks[r].slots[it->second].elements;
+    held = std::max(held, at.n);
+    const Range into{{r, it->second, 0}, at.n};
+    po.actions.push_back({Action::Kind::kCopy, into.at, at.n, {at.at}});
+    return into;
+  }
+  const Access& access(Rank r, const Op& o, int k) const {
+    return s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(k)];
+  }
+
+  /** Adam's moments of (rank r, unit u), shared by its steps (slots added by model_slots):
+   *  for the op's model kernel `k`. */
+  void adam_state(Rank r, UnitId u, PlanOp& po, std::size_t k) {
+    ModelOp& m = po.models[k];
     auto [it, fresh] = adam_of_.try_emplace({r, u}, adam_ops_.size());
     if (fresh) adam_ops_.push_back({r, m.x.n, {}});
     AdamSlots& st = adam_ops_[it->second];
     st.n = std::max(st.n, m.x.n);
-    st.ops.push_back(&po);
+    st.ops.emplace_back(&po, k);
     m.fresh_state = fresh;
   }
 
@@ -346,7 +420,9 @@ class PlanBuilder {
       rp.losses = static_cast<SlotId>(rp.slots.size());
       rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(rp.loss_steps.size(), 1), true});
       for (PlanOp& po : rp.ops) {
-        if (po.model.kind == ModelOp::Kind::kLlamaLoss) po.model.loss.slot = rp.losses;
+        for (ModelOp& m : po.models) {
+          if (m.kind == ModelOp::Kind::kLlamaLoss) m.loss.slot = rp.losses;
+        }
       }
     }
     for (const AdamSlots& st : adam_ops_) {
@@ -354,9 +430,10 @@ class PlanBuilder {
       const auto m = static_cast<SlotId>(rp.slots.size());
       rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(st.n, 1), true});
       rp.slots.push_back({kNoBuffer, std::max<std::uint64_t>(st.n, 1), true});
-      for (PlanOp* po : st.ops) {
-        po->model.m = {{st.rank, m, 0}, po->model.x.n};
-        po->model.v = {{st.rank, m + 1, 0}, po->model.x.n};
+      for (const auto& [po, k] : st.ops) {
+        ModelOp& x = po->models[k];
+        x.m = {{st.rank, m, 0}, x.x.n};
+        x.v = {{st.rank, m + 1, 0}, x.x.n};
       }
     }
   }
@@ -498,6 +575,8 @@ class PlanBuilder {
   void gather_into(Rank r, const Op& o, PlanOp& po);
   void take_gradient(Rank r, const Op& o, PlanOp& po);
   void optimizer_by_ranges(Rank r, const Op& o, PlanOp& po);
+  bool is_primary_write_back(Rank r, const Op& o) const;
+  void primary_write_back(Rank r, const Op& o, PlanOp& po);
   void reduced_gradients();
   // The gradient reduction through its reduce-scatters (plan_gradients.cpp).
   void packed_reductions();
@@ -544,7 +623,7 @@ class PlanBuilder {
         touch(po.pre_actions);
         touch(po.post_actions);
         if (po.is_gather_probe && po.probe_n > 0) touch(po.probe);
-        touch(po.model);
+        for (const ModelOp& m : po.models) touch(m);
       }
       for (std::size_t u = 0; u < rp.weights.size(); ++u) {
         if (rp.weight_n[u] > 0) touch(rp.weights[u]);
@@ -562,12 +641,14 @@ class PlanBuilder {
   struct AdamSlots {
     Rank rank = 0;
     std::uint64_t n = 0;
-    std::vector<PlanOp*> ops;
+    std::vector<std::pair<PlanOp*, std::size_t>> ops;  ///< (op, its model kernel)
   };
   std::map<std::pair<UnitId, bool>, std::size_t> const_of_;
   std::map<std::tuple<Rank, int, int>, std::size_t> tokens_of_;
   std::map<std::pair<Rank, UnitId>, std::size_t> adam_of_;
   std::vector<AdamSlots> adam_ops_;
+  std::vector<ModelMicro> micro_;                       // [rank]
+  std::map<std::pair<Rank, UnitId>, SlotId> stash_of_;  // (rank, unit) -> its weights' stash
   // By ranges.
   /** (rank, unit) -> the slot holding the rank's gradient of the unit, micro-steps summed, and
    *  the step it was last written in. */

@@ -244,6 +244,9 @@ PlanBuilder::Span PlanBuilder::reduced_gradient(Rank r, UnitId u, const Span& at
 void PlanBuilder::reduced_gradients() {
   using K = Action::Kind;
   std::map<Rank, SlotId> scratch;
+  // Where each op's next gradient goes in its rank's scratch: a recording's write-back copy
+  // steps every shard it writes, after all of its actions (PlanOp::models).
+  std::map<const PlanOp*, std::uint64_t> used;
   for (const PendingStep& st : pending_steps_) {
     const Span& at = plan_.model ? st.primary_in : st.primary;
     std::uint64_t n = at.n;
@@ -272,13 +275,15 @@ void PlanBuilder::reduced_gradients() {
       const std::uint64_t width = plan_.model ? at.n : n;
       auto [sit, fresh] = scratch.try_emplace(st.rank, 0);
       if (fresh) sit->second = extra_slot(st.rank, width);
+      std::uint64_t& from = used[st.op];
       RankPlan& rp = plan_.ranks[st.rank];
-      rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, width);
-      grad = {st.rank, sit->second, 0};
+      rp.slots[sit->second].elements = std::max(rp.slots[sit->second].elements, from + width);
+      grad = {st.rank, sit->second, from};
       if (n > 0) st.op->actions.push_back({K::kSum, grad, n, src});
       if (plan_.model && n < at.n) {
-        st.op->actions.push_back({K::kZero, {st.rank, sit->second, n}, at.n - n, {}});
+        st.op->actions.push_back({K::kZero, {st.rank, sit->second, from + n}, at.n - n, {}});
       }
+      from += width;
     }
     if (!plan_.model) {
       Action x{K::kAxpy, st.primary.loc, n, {grad}};
@@ -286,8 +291,8 @@ void PlanBuilder::reduced_gradients() {
       st.op->actions.push_back(x);
       continue;
     }
-    ModelOp& m = st.op->model;
     st.op->spin_s = 0;  // the math is the kernel
+    ModelOp& m = st.op->models.emplace_back();
     m.kind = ModelOp::Kind::kAdam;
     m.x = {at.loc, at.n};
     m.out = {st.primary.loc, at.n};
@@ -295,7 +300,7 @@ void PlanBuilder::reduced_gradients() {
     m.scale = 1.0F / static_cast<float>(s_.world_size * sc_.training.grad_accum);
     m.max_grad_norm = 0.0F;
     m.step = st.step;
-    adam_state(st.rank, st.unit, *st.op);
+    adam_state(st.rank, st.unit, *st.op, st.op->models.size() - 1);
   }
 }
 

@@ -1,7 +1,8 @@
 // The plan of a DeepSpeed builder's schedule: every access followed by its byte range, as the
 // data replay follows it (sim/replay/data_engine.hpp, "By ranges"), so that the executor moves
 // the data the replay moves and a race the replay shows corrupts the same elements on a GPU.
-//  - a copy moves its i-th read into its i-th write, or its reads one after another into its
+//  - a copy moves its i-th read into its i-th write (a widening cast's each value on 2 or 4
+//    elements), or its reads one after another into its
 //    one write (torch.cat); a copy with no read writes the checkpoint pattern; qwZ's quantize
 //    and dequantize are one-for-one pass-throughs of int8 elements (a kQuantized buffer holds
 //    one element per byte);
@@ -37,6 +38,7 @@ void PlanBuilder::effects_by_ranges(Rank r, const Op& o, PlanOp& po) {
           role(r, s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(src)].buffer) ==
               BufferRole::kGradFull;
       if (gradient) take_gradient(r, o, po);
+      if (is_primary_write_back(r, o)) return primary_write_back(r, o, po);
       if (!moves_no_data(o)) gather_into(r, o, po);
       return;
     }
@@ -81,7 +83,11 @@ void PlanBuilder::gather_into(Rank r, const Op& o, PlanOp& po) {
       if (esize(r, buffer(reads[i])) != esize(r, buffer(writes[i]))) continue;
       const Span s = span(r, o, reads[i]);
       const Span d = span(r, o, writes[i]);
-      po.actions.push_back({K::kCopy, d.loc, std::min(s.n, d.n), {s.loc}});
+      // A widening cast writes k = 2 or 4 times the bytes it reads: each value on k elements.
+      const std::uint64_t k = s.n > 0 && (d.n == 2 * s.n || d.n == 4 * s.n) ? d.n / s.n : 1;
+      Action x{k > 1 ? K::kWiden : K::kCopy, d.loc, std::min(k * s.n, d.n), {s.loc}};
+      x.repeat = static_cast<std::uint32_t>(k);
+      po.actions.push_back(x);
     }
     return;
   }
@@ -120,6 +126,38 @@ void PlanBuilder::optimizer_by_ranges(Rank r, const Op& o, PlanOp& po) {
     in = span(r, o, static_cast<std::uint32_t>(pi));
   }
   pending_steps_.push_back({r, &po, o.unit, out, in, o.step});
+}
+
+// A recording's optimizer step, as the data replay takes it (data_engine.hpp
+// is_primary_write_back): the CPU AdamW's kernels on DeepSpeed's flat fp32 partition name no
+// parameter, and the copy that writes every primary shard back from that partition
+// (_reassign_or_swap_out_partitioned_parameters, stage3.py at v0.13.4) is where each shard it
+// writes takes its step, with the unit's reduced gradient (reduced_gradients), in place of the
+// copy's own bytes.
+bool PlanBuilder::is_primary_write_back(Rank r, const Op& o) const {
+  if (o.purpose != Purpose::kOptimizerStep || o.unit != kNoUnit ||
+      find(r, o, AccessMode::kRead) < 0) {
+    return false;
+  }
+  for (std::uint32_t k = 0; k < o.access_count; ++k) {
+    const Access& a = s_.ranks[r].accesses[o.access_begin + k];
+    if (a.mode == AccessMode::kWrite && role(r, a.buffer) == BufferRole::kPrimary &&
+        s_.ranks[r].buffers[a.buffer].unit != kNoUnit) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void PlanBuilder::primary_write_back(Rank r, const Op& o, PlanOp& po) {
+  for (std::uint32_t k = 0; k < o.access_count; ++k) {
+    const Access& a = s_.ranks[r].accesses[o.access_begin + k];
+    const UnitId u = s_.ranks[r].buffers[a.buffer].unit;
+    if (a.mode != AccessMode::kWrite || role(r, a.buffer) != BufferRole::kPrimary || u == kNoUnit)
+      continue;
+    const Span at = span(r, o, k);
+    pending_steps_.push_back({r, &po, u, at, at, o.step});
+  }
 }
 
 // The data replay's receive_by_ranges, action for action.

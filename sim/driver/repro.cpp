@@ -60,16 +60,17 @@ VariantRepro replay_runs(const std::string& name, const Scenario& sc, const Sche
     Scenario run = sc;
     run.run.seed = sc.run.seed + static_cast<std::uint64_t>(k);
     const Timeline t = o.timeline(run, s, run.run.seed);
+    const ReplayInputs in = replay_inputs_of(run);
     // A job that hangs has no data past the hang to replay: replaying what ran fed the numeric
     // model a gather's unwritten output (an empty span, a segfault with gathers on the compute
     // stream). Reported as the hang it is, as `sim` and `real` do.
     if (std::string hang = hang_of(s, t); !hang.empty()) {
       v.runs.push_back(ReplayResult{mode, {}, 0, std::move(hang)});
     } else {
-      v.runs.push_back(replay(replay_inputs_of(run), s, t, mode));
+      v.runs.push_back(replay(in, s, t, mode));
     }
     if (serialized) {
-      v.serialized.push_back(replay(replay_inputs_of(run), s, serialized_timeline(s), mode));
+      v.serialized.push_back(replay(in, s, serialized_timeline(s), mode));
     }
     v.mixed_reads += v.runs.back().mixed_reads;
     v.tokens_per_s_per_node += throughput(run, s, t) / o.runs;

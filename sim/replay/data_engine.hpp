@@ -393,10 +393,10 @@ class DataEngine {
         Chunk c = read_range(r, *reads[i], t);
         // A widening cast (a recording's `.float()` of a bf16 tensor: the recorder logs the
         // bytes each side holds, the schedule counts them in one element size) writes k times
-        // the bytes it reads: each value lands on k elements, so the whole destination is
-        // written.
+        // the bytes it reads, k = 2 (16 to 32 bits) or 4 (8 to 32): each value lands on k
+        // elements, so the whole destination is written.
         const std::uint64_t rb = reads[i]->bytes, wb = writes[i]->bytes;
-        if (rb > 0 && wb > rb && wb % rb == 0) c = Domain::widen(c, wb / rb);
+        if (rb > 0 && (wb == 2 * rb || wb == 4 * rb)) c = Domain::widen(c, wb / rb);
         out.push_back({writes[i]->buffer, writes[i]->offset / es,
                        Domain::slice(c, 0, std::min(Domain::size(c), writes[i]->bytes / es))});
       }

@@ -230,8 +230,7 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::init_kernel(Rank r, cons
     const BufferRole role = s_.ranks[r].buffers[a.buffer].role;
     if (role == BufferRole::kFull) {
       // One init kernel makes every parameter of a module (DeepSpeed builder): each its own.
-      const UnitId own = s_.ranks[r].buffers[a.buffer].unit;
-      const Chunk w = unit_weights(own != kNoUnit ? own : op.unit, in_.seed);
+      const Chunk w = unit_weights(s_.unit_of(r, op, a), in_.seed);
       out.push_back({a.buffer, a.offset / dt, slice(w, a.offset / dt, a.bytes / dt)});
     } else {
       out.push_back({a.buffer, a.offset / dt, Chunk(a.bytes / dt, 0.0f)});

@@ -247,11 +247,10 @@ std::vector<Write<TaintDomain::Chunk>> TaintDomain::optimizer(Rank r, const Op& 
   }
   if (out == nullptr || primary == nullptr) return {};
   Chunk p = read(primary->buffer, primary->offset / dt, primary->bytes / dt);
-  if (grad != nullptr) accumulate(p, read(grad->buffer, grad->offset / dt, grad->bytes / dt));
-  // The DeepSpeed builder's step reads no gradient bytes: the engine hands it the unit's.
-  if (grad == nullptr) {
-    accumulate(p, read(kReducedGrad, primary->offset / dt, primary->bytes / dt));
-  }
+  // The DeepSpeed builder's step reads no gradient bytes: the engine hands it the unit's, at the
+  // primary's offsets (as update_primary).
+  accumulate(p, grad != nullptr ? read(grad->buffer, grad->offset / dt, grad->bytes / dt)
+                                : read(kReducedGrad, primary->offset / dt, primary->bytes / dt));
   return {{out->buffer, out->offset / dt, updated(r, op, p, norm)}};
 }
 

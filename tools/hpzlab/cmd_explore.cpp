@@ -63,13 +63,22 @@ struct Explored {
   int orders() const { return r.targeted + r.random; }
 };
 
-/** The options explore runs with: the command line's and the scenario's replay mode. */
-replay::ExploreOptions explore_options(const ExploreCliOptions& o, const Scenario& sc) {
+/** The options explore runs with: the command line's, and the replay mode, decided once: the
+ *  scenario's for its own schedule; for a file's, numbers only where the scenario's Llama
+ *  computes its parameters (replay::schedule_mode). */
+replay::ExploreOptions explore_options(const ExploreCliOptions& o, const Scenario& sc,
+                                       const Schedule& schedule, const std::string& file) {
   replay::ExploreOptions eo;
   eo.budget = o.budget;
   eo.seed = o.seed;
   eo.depth = o.depth;
-  eo.mode = replay_mode(o.mode, sc, sc.path);
+  if (file.empty()) {
+    eo.mode = replay_mode(o.mode, sc, sc.path);
+  } else {
+    std::optional<replay::Mode> asked;
+    if (o.mode != "auto") asked = o.mode == "taint" ? replay::Mode::kTaint : replay::Mode::kNumeric;
+    eo.mode = replay::schedule_mode(sc, schedule, file, asked);
+  }
   eo.progress = [](int done, int total) {
     progress_bar(done, total, fmt::format("{}/{} orders explored", done, total));
   };
@@ -172,13 +181,7 @@ void run_explore(const ExploreCliOptions& o, int& exit_code) {
   }
   Scenario sc = load(o.common);
   const Schedule schedule = schedule_for(sc, file);
-  replay::ExploreOptions eo = explore_options(o, sc);
-  if (!file.empty()) {
-    // A file's schedule gets numbers only where the scenario's Llama computes its parameters.
-    const std::optional<replay::Mode> asked =
-        o.mode == "auto" ? std::nullopt : std::optional<replay::Mode>(eo.mode);
-    eo.mode = replay::schedule_mode(sc, schedule, file, asked);
-  }
+  const replay::ExploreOptions eo = explore_options(o, sc, schedule, file);
   check::CheckResult checked;
   run_showing_progress(0, o.budget, "checking the schedule",
                        [&] { checked = check::check_schedule(schedule); });
