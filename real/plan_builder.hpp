@@ -17,6 +17,7 @@
 #include "sim/ir/shard.hpp"
 #include "sim/replay/data_engine.hpp"
 #include "sim/replay/llama_model.hpp"
+#include "sim/replay/module_roles.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/time/cost_model.hpp"
@@ -28,7 +29,7 @@ namespace hpz::real::detail {
 class PlanBuilder {
  public:
   PlanBuilder(const Scenario& sc, const Schedule& s, bool model)
-      : sc_(sc), s_(s), cost_(timing_inputs_of(sc)) {
+      : sc_(sc), s_(s), cost_(timing_inputs_of(sc)), roles_(s) {
     for (const ParamUnit& u : s.units) layouts_.emplace_back(u.numel, s.world_size, s.hpz_size);
     // The model math stores fp32 whatever the schedule's element size, as the numeric replay
     // computes in fp32 (its elements are counted in the schedule's size: esize).
@@ -39,7 +40,7 @@ class PlanBuilder {
     }
     plan_.ranks.resize(s.ranks.size());
     access_slot_.resize(s.ranks.size());
-    micro_.resize(s.ranks.size());
+    weights_seen_.resize(s.ranks.size());
   }
 
   Plan build() {
@@ -205,11 +206,6 @@ class PlanBuilder {
 
   // --- The Llama's real math: each kernel as NumericDomain::kernel computes it ---
 
-  /** The op's first access of `mode` on a buffer of role `want` (NumericDomain::access); -1
-   *  when none. */
-  int find_model(Rank r, const Op& o, AccessMode mode, BufferRole want) const {
-    return find_role(r, o, mode, want);
-  }
   /** The access's own range (the replay's `part`). */
   Range part(Rank r, const Op& o, int k) const {
     const Span sp = span(r, o, static_cast<std::uint32_t>(k));
@@ -264,24 +260,6 @@ class PlanBuilder {
     return *replay::llama_param(s_.units[u].name);  // every unit checked by model_math_unfit
   }
 
-  /** A rank's micro-step as the model math follows it (NumericDomain::Micro): the module
-   *  parts run forward, whether the loss was taken, where each parameter's weights were seen by
-   *  the first backward kernel that read them, and the gradients computed. */
-  struct ModelMicro {
-    std::pair<std::int32_t, std::int32_t> at{-2, 0};  ///< (step, micro-step)
-    std::set<std::pair<Purpose, UnitId>> forward_done;
-    bool loss_taken = false;
-    std::map<UnitId, Range> weights_seen;
-    std::set<UnitId> gradient_done;
-  };
-  ModelMicro& model_micro(Rank r, const Op& o) {
-    ModelMicro& m = micro_[r];
-    if (m.at != std::pair{o.step, o.micro_step}) {
-      m = ModelMicro{};
-      m.at = {o.step, o.micro_step};
-    }
-    return m;
-  }
   /** A Llama kernel of the op's pass: the parameter `u`'s module part, or none. */
   ModelOp llama_op(Rank r, const Op& o, ModelOp::Kind kind, UnitId u) {
     ModelOp m;
@@ -298,52 +276,51 @@ class PlanBuilder {
   }
 
   /** The op as kernels of the Llama, as NumericDomain's module_forward and module_backward
-   *  compute them, one rule for the DeepSpeed builder's schedules and recordings (the parameter
-   *  from Schedule::unit_of); false when it is none (init and the gradient norm by
-   *  grad_norm_kernel; the optimizer step once every rank's gradients are known:
-   *  reduced_gradients). */
+   *  compute them, by the rule they share (replay::ModuleRoles); false when it is none (init and
+   *  the gradient norm by grad_norm_kernel; the optimizer step once every rank's gradients are
+   *  known: reduced_gradients). */
   bool llama_kernel(Rank r, const Op& o, PlanOp& po) {
     switch (o.purpose) {
       case Purpose::kForwardCompute:
       case Purpose::kRecomputeForward:
-        return llama_forward(r, o, po);
+        return llama_forward(r, o, roles(r, o), po);
       case Purpose::kLossGradient:
       case Purpose::kBackwardCompute:
-        return llama_backward(r, o, po);
+        return llama_backward(r, o, roles(r, o), po);
       case Purpose::kGradNorm:
         return grad_norm_kernel(r, o, po);
       default:
         return false;
     }
   }
+  replay::KernelRoles roles(Rank r, const Op& o) {
+    const replay::KernelRoles k = roles_.kernel(r, o);
+    if (k.new_micro) weights_seen_[r].clear();
+    return k;
+  }
+  /** The access's own range, from a pointer into the schedule's accesses. */
+  Range part(Rank r, const Op& o, const Access* a) const {
+    return part(r, o, static_cast<int>(a - &s_.ranks[r].accesses[o.access_begin]));
+  }
 
-  /** A parameter's module part runs forward at the first kernel of the micro-step (and pass)
-   *  that reads its gathered weights; other kernels (activations only: the attention's core, the
-   *  MLP's activation) spin. */
-  bool llama_forward(Rank r, const Op& o, PlanOp& po) {
-    const int w = find_model(r, o, AccessMode::kRead, BufferRole::kFull);
-    if (w < 0) return false;
-    const UnitId u = s_.unit_of(r, o, access(r, o, w));
-    if (u == kNoUnit || !model_micro(r, o).forward_done.insert({o.purpose, u}).second) {
-      return false;
-    }
-    ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaForward, u);
+  /** Forward: the parameter's module part; other kernels (activations only: the attention's
+   *  core, the MLP's activation) spin. */
+  bool llama_forward(Rank r, const Op& o, const replay::KernelRoles& k, PlanOp& po) {
+    if (k.forward == kNoUnit) return false;
+    ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaForward, k.forward);
     m.recompute = o.purpose == Purpose::kRecomputeForward;
-    m.w = part(r, o, w);
+    m.w = part(r, o, k.forward_weights);
     po.models.push_back(std::move(m));
     return true;
   }
 
-  /** Backward, as autograd runs a module: the loss at the micro-step's first backward kernel
-   *  (the builder's loss kernel, autograd's loss gradient in a recording); the weights the first
+  /** Backward: the loss first where the micro-step's backward starts; the weights the first
    *  backward kernel that reads them sees, kept in a slot of the plan's (a stash, copied on the
    *  kernel's stream) unless the same kernel also writes their gradient (the builder's); the
    *  gradient computed with them at the kernel that writes it. */
-  bool llama_backward(Rank r, const Op& o, PlanOp& po) {
-    ModelMicro& mm = model_micro(r, o);
+  bool llama_backward(Rank r, const Op& o, const replay::KernelRoles& k, PlanOp& po) {
     bool any = false;
-    if (!mm.loss_taken) {
-      mm.loss_taken = true;
+    if (k.loss) {
       ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaLoss, kNoUnit);
       RankPlan& rp = plan_.ranks[r];
       m.loss = {r, 0, rp.loss_steps.size()};  // the slot is added once every op is planned
@@ -351,37 +328,34 @@ class PlanBuilder {
       po.models.push_back(std::move(m));
       any = true;
     }
-    const int g = find_model(r, o, AccessMode::kWrite, BufferRole::kGradFull);
-    const UnitId gu = g < 0 ? kNoUnit : s_.unit_of(r, o, access(r, o, g));
-    const int w = find_model(r, o, AccessMode::kRead, BufferRole::kFull);
-    if (const UnitId u = w < 0 ? kNoUnit : s_.unit_of(r, o, access(r, o, w)); u != kNoUnit) {
-      if (!mm.weights_seen.count(u)) {
-        Range at = part(r, o, w);
-        if (u != gu) at = stash(r, u, at, po);
-        mm.weights_seen.emplace(u, at);
-        any = true;
-      }
+    if (k.weights != kNoUnit) {
+      Range at = part(r, o, k.weights_access);
+      if (k.weights != k.gradient) at = stash(r, k.weights, at, po);
+      weights_seen_[r].emplace(k.weights, at);
+      any = true;
     }
-    if (gu == kNoUnit) return any;
-    if (!mm.gradient_done.insert(gu).second) {
+    if (k.gradient == kNoUnit) return any;
+    const UnitId u = k.gradient;
+    if (!k.gradient_first) {
       throw InputError("", "ranks",
                        fmt::format("rank {}: the gradient of {} is written twice in one "
                                    "micro-step (the model math computes it once)",
-                                   r, s_.units[gu].name));
+                                   r, s_.units[u].name));
     }
-    const auto seen = mm.weights_seen.find(gu);
-    const replay::LlamaParam p = llama_param(gu);
-    if (seen == mm.weights_seen.end() && p.part != replay::LlamaPart::kEmbed) {
+    const replay::LlamaParam p = llama_param(u);
+    if (!k.weights_seen && p.part != replay::LlamaPart::kEmbed) {
       throw InputError("", "ranks",
                        fmt::format("rank {}: the gradient of {} is written before any "
                                    "backward kernel read its weights",
-                                   r, s_.units[gu].name));
+                                   r, s_.units[u].name));
     }
-    ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaBackward, gu);
-    if (seen != mm.weights_seen.end()) m.w = seen->second;
-    m.grad = part(r, o, g);
+    ModelOp m = llama_op(r, o, ModelOp::Kind::kLlamaBackward, u);
+    if (const auto seen = weights_seen_[r].find(u); seen != weights_seen_[r].end()) {
+      m.w = seen->second;
+    }
+    m.grad = part(r, o, k.gradient_access);
     m.grad_first = m.grad.at.elem;
-    m.numel = s_.units[gu].numel;
+    m.numel = s_.units[u].numel;
     if (m.grad_first + m.grad.n > m.numel) m.grad.n = m.numel - std::min(m.numel, m.grad_first);
     po.models.push_back(std::move(m));
     return true;
@@ -397,9 +371,6 @@ class PlanBuilder {
     const Range into{{r, it->second, 0}, at.n};
     po.actions.push_back({Action::Kind::kCopy, into.at, at.n, {at.at}});
     return into;
-  }
-  const Access& access(Rank r, const Op& o, int k) const {
-    return s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(k)];
   }
 
   /** Adam's moments of (rank r, unit u), shared by its steps (slots added by model_slots):
@@ -575,7 +546,6 @@ class PlanBuilder {
   void gather_into(Rank r, const Op& o, PlanOp& po);
   void take_gradient(Rank r, const Op& o, PlanOp& po);
   void optimizer_by_ranges(Rank r, const Op& o, PlanOp& po);
-  bool is_primary_write_back(Rank r, const Op& o) const;
   void primary_write_back(Rank r, const Op& o, PlanOp& po);
   void reduced_gradients();
   // The gradient reduction through its reduce-scatters (plan_gradients.cpp).
@@ -647,7 +617,8 @@ class PlanBuilder {
   std::map<std::tuple<Rank, int, int>, std::size_t> tokens_of_;
   std::map<std::pair<Rank, UnitId>, std::size_t> adam_of_;
   std::vector<AdamSlots> adam_ops_;
-  std::vector<ModelMicro> micro_;                       // [rank]
+  replay::ModuleRoles roles_;
+  std::vector<std::map<UnitId, Range>> weights_seen_;   // [rank]: the micro-step's, by unit
   std::map<std::pair<Rank, UnitId>, SlotId> stash_of_;  // (rank, unit) -> its weights' stash
   // By ranges.
   /** (rank, unit) -> the slot holding the rank's gradient of the unit, micro-steps summed, and

@@ -38,7 +38,7 @@ void PlanBuilder::effects_by_ranges(Rank r, const Op& o, PlanOp& po) {
           role(r, s_.ranks[r].accesses[o.access_begin + static_cast<std::uint32_t>(src)].buffer) ==
               BufferRole::kGradFull;
       if (gradient) take_gradient(r, o, po);
-      if (is_primary_write_back(r, o)) return primary_write_back(r, o, po);
+      if (s_.is_primary_write_back(r, o)) return primary_write_back(r, o, po);
       if (!moves_no_data(o)) gather_into(r, o, po);
       return;
     }
@@ -128,27 +128,9 @@ void PlanBuilder::optimizer_by_ranges(Rank r, const Op& o, PlanOp& po) {
   pending_steps_.push_back({r, &po, o.unit, out, in, o.step});
 }
 
-// A recording's optimizer step, as the data replay takes it (data_engine.hpp
-// is_primary_write_back): the CPU AdamW's kernels on DeepSpeed's flat fp32 partition name no
-// parameter, and the copy that writes every primary shard back from that partition
-// (_reassign_or_swap_out_partitioned_parameters, stage3.py at v0.13.4) is where each shard it
-// writes takes its step, with the unit's reduced gradient (reduced_gradients), in place of the
-// copy's own bytes.
-bool PlanBuilder::is_primary_write_back(Rank r, const Op& o) const {
-  if (o.purpose != Purpose::kOptimizerStep || o.unit != kNoUnit ||
-      find(r, o, AccessMode::kRead) < 0) {
-    return false;
-  }
-  for (std::uint32_t k = 0; k < o.access_count; ++k) {
-    const Access& a = s_.ranks[r].accesses[o.access_begin + k];
-    if (a.mode == AccessMode::kWrite && role(r, a.buffer) == BufferRole::kPrimary &&
-        s_.ranks[r].buffers[a.buffer].unit != kNoUnit) {
-      return true;
-    }
-  }
-  return false;
-}
-
+// A recording's optimizer step, as the data replay takes it (Schedule::is_primary_write_back):
+// each primary shard the write-back copy writes takes its step there, with the unit's reduced
+// gradient (reduced_gradients), in place of the copy's own bytes.
 void PlanBuilder::primary_write_back(Rank r, const Op& o, PlanOp& po) {
   for (std::uint32_t k = 0; k < o.access_count; ++k) {
     const Access& a = s_.ranks[r].accesses[o.access_begin + k];

@@ -15,27 +15,13 @@
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/ir/schedule_json.hpp"
-#include "tests/paths.hpp"
+#include "tests/recorded.hpp"
 
 namespace hpz::real {
 namespace {
 
-/** The run the tiny recordings were made of (traces/deepspeed/README.md): the tiny Llama of
- *  tools/recorder/tests/data/llama-tiny.json on 2 x 8 ranks, ds-hpz8.json, from its config. */
-Scenario recorded_tiny(const std::string& version) {
-  const std::string data = test::source_dir() + "/tools/recorder/tests/data/";
-  return load_scenario(
-      "", {{"zero.deepspeed_version", version}, {"training.seq_len", "32"}, {"run.steps", "3"}},
-      {{"--hf-config", "model.hf_config", data + "llama-tiny.json"},
-       {"--from-config", "run.load", "none"},
-       {"--ds-config", "zero.ds_config", data + "ds-hpz8.json"},
-       {"--nodes", "cluster.nodes", "2"},
-       {"--gpus-per-node", "cluster.gpus_per_node", "8"}});
-}
-
-Schedule recording(const std::string& name) {
-  return read_schedule_file(test::source_dir() + "/traces/deepspeed/" + name + ".json.gz");
-}
+using test::recorded_tiny;
+using test::recording;
 
 RealResult run_model(const Scenario& sc, const Schedule& s, const std::string& backend) {
   RealOptions o;

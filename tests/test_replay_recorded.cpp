@@ -16,27 +16,13 @@
 #include "sim/ir/schedule_json.hpp"
 #include "sim/replay/numeric_domain.hpp"
 #include "sim/replay/replay.hpp"
-#include "tests/paths.hpp"
+#include "tests/recorded.hpp"
 
 namespace hpz::replay {
 namespace {
 
-/** The run the tiny recordings were made of (traces/deepspeed/README.md): the tiny Llama of
- *  tools/recorder/tests/data/llama-tiny.json on 2 x 8 ranks, ds-hpz8.json, from its config. */
-Scenario recorded_tiny(const std::string& version) {
-  const std::string data = test::source_dir() + "/tools/recorder/tests/data/";
-  return load_scenario(
-      "", {{"zero.deepspeed_version", version}, {"training.seq_len", "32"}, {"run.steps", "3"}},
-      {{"--hf-config", "model.hf_config", data + "llama-tiny.json"},
-       {"--from-config", "run.load", "none"},
-       {"--ds-config", "zero.ds_config", data + "ds-hpz8.json"},
-       {"--nodes", "cluster.nodes", "2"},
-       {"--gpus-per-node", "cluster.gpus_per_node", "8"}});
-}
-
-Schedule recording(const std::string& name) {
-  return read_schedule_file(test::source_dir() + "/traces/deepspeed/" + name + ".json.gz");
-}
+using test::recorded_tiny;
+using test::recording;
 
 TEST(RecordedReplay, RecordingOfOneRankIsRefused) {
   // tiny-0.13.4 records rank 0; ranks 1-15 are its copies, at rank 0's byte offsets.

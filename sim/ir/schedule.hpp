@@ -417,6 +417,23 @@ struct Schedule {
     const UnitId own = ranks[r].buffers[a.buffer].unit;
     return own != kNoUnit ? own : op.unit;
   }
+
+  /** A recording's optimizer step: the CPU AdamW's kernels on DeepSpeed's flat fp32 partition
+   *  name no parameter, and this copy (an optimizer-step op of no unit that reads something and
+   *  writes some unit's primary shard) writes every primary shard back from that partition
+   *  (_reassign_or_swap_out_partitioned_parameters, stage3.py at v0.13.4). The data replay and
+   *  the real executor's plan step each shard it writes there. */
+  bool is_primary_write_back(Rank r, const Op& op) const {
+    if (op.purpose != Purpose::kOptimizerStep || op.unit != kNoUnit) return false;
+    bool reads = false, primary = false;
+    for (const Access& a : accesses_of(r, op)) {
+      const Buffer& b = ranks[r].buffers[a.buffer];
+      reads = reads || a.mode == AccessMode::kRead;
+      primary = primary || (a.mode == AccessMode::kWrite && b.role == BufferRole::kPrimary &&
+                            b.unit != kNoUnit);
+    }
+    return reads && primary;
+  }
 };
 
 /** True for a recording of real DeepSpeed (`hpzlab record`: Schedule::source names the

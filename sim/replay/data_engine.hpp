@@ -340,7 +340,7 @@ class DataEngine {
     switch (o.kind) {
       case OpKind::kCopy:
         if (is_gradient_copy(r, o)) take_gradient(r, o, t);
-        if (is_primary_write_back(r, o)) return primary_updates(r, o, t);
+        if (s_.is_primary_write_back(r, o)) return primary_updates(r, o, t);
         return moves_no_data(o) ? std::vector<Write<Chunk>>{} : gather_into(r, o, t);
       case OpKind::kQuantize:
         return moves_no_data(o) ? std::vector<Write<Chunk>>{} : quantize_by_ranges(r, o, t);
@@ -516,25 +516,11 @@ class DataEngine {
     }
   }
 
-  // A recording's optimizer step (the CPU AdamW's kernels on DeepSpeed's flat fp32 partition,
-  // which name no parameter) lands in the copy that writes every primary shard back from that
-  // partition (_reassign_or_swap_out_partitioned_parameters, stage3.py at v0.13.4). Each shard
-  // it writes is updated there by the domain, with the unit's reduced gradient, as the
-  // builder's per-unit step is; the partition's own bytes are not followed (fp32 values in a
-  // schedule of dtype_bytes elements).
-  bool is_primary_write_back(Rank r, const Op& o) const {
-    if (o.purpose != Purpose::kOptimizerStep || o.unit != kNoUnit ||
-        find(r, o, AccessMode::kRead) == nullptr) {
-      return false;
-    }
-    for (const Access& a : s_.accesses_of(r, o)) {
-      if (a.mode == AccessMode::kWrite && role(r, a.buffer) == BufferRole::kPrimary &&
-          s_.ranks[r].buffers[a.buffer].unit != kNoUnit) {
-        return true;
-      }
-    }
-    return false;
-  }
+  // A recording's optimizer step lands in the copy that writes every primary shard back from
+  // DeepSpeed's flat fp32 partition (Schedule::is_primary_write_back). Each shard it writes is
+  // updated there by the domain, with the unit's reduced gradient, as the builder's per-unit
+  // step is; the partition's own bytes are not followed (fp32 values in a schedule of
+  // dtype_bytes elements).
   std::vector<Write<Chunk>> primary_updates(Rank r, const Op& o, double t) {
     std::vector<Write<Chunk>> out;
     for (const Access& a : s_.accesses_of(r, o)) {

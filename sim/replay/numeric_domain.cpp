@@ -75,7 +75,7 @@ std::string llama_unsupported(const ReplayInputs& m, const Schedule& s) {
 }
 
 NumericDomain::NumericDomain(const ReplayInputs& in, const Schedule& s)
-    : in_(in), s_(s), llama_(llama_dims(in)) {
+    : in_(in), s_(s), llama_(llama_dims(in)), roles_(s) {
   if (const std::string why = llama_unsupported(in, s); !why.empty()) {
     throw InputError(in.path, "model", why);
   }
@@ -209,10 +209,10 @@ std::vector<Write<NumericDomain::Chunk>> NumericDomain::kernel(Rank r, const Op&
       return init_kernel(r, op);
     case Purpose::kForwardCompute:
     case Purpose::kRecomputeForward:
-      return module_forward(r, op, read);
+      return module_forward(r, op, module_roles(r, op), read);
     case Purpose::kLossGradient:
     case Purpose::kBackwardCompute:
-      return module_backward(r, op, read);
+      return module_backward(r, op, module_roles(r, op), read);
     case Purpose::kGradNorm:
       return grad_norm(r, op, read);
     case Purpose::kOptimizerStep:

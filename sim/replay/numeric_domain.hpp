@@ -13,6 +13,7 @@
 
 #include "sim/replay/data_engine.hpp"
 #include "sim/replay/llama_model.hpp"
+#include "sim/replay/module_roles.hpp"
 #include "sim/replay/replay.hpp"
 
 namespace hpz::replay {
@@ -78,26 +79,25 @@ class NumericDomain {
   /** The storage of slot b of rank r, created on first use. */
   Chunk& slot(Rank r, BufferId b);
 
-  // The module kernels (numeric_modules.cpp), one rule for built schedules and recordings:
-  // forward (and recompute) at the first kernel of the micro-step that reads a parameter's
-  // gathered weights; backward with the weights the first backward kernel that read them saw,
-  // computed at the kernel that writes the parameter's gradient tensor (grad_full); the loss
-  // when the micro-step's backward starts.
-  /** The rank's per-micro-step bookkeeping, reset when op starts another micro-step. */
+  // The module kernels (numeric_modules.cpp), by the rule module_roles.hpp gives: forward at
+  // the first kernel of the micro-step that reads a parameter's gathered weights; backward with
+  // the weights the first backward kernel that read them saw, computed at the kernel that writes
+  // the parameter's gradient tensor (grad_full); the loss when the micro-step's backward starts.
+  /** The rank's micro-step's values, cleared where roles_ starts a micro-step. */
   struct Micro {
-    std::pair<std::int32_t, std::int32_t> at{-2, 0};
-    bool loss_taken = false;
-    std::map<std::pair<Purpose, UnitId>, bool> forward_done;
     std::map<UnitId, Chunk> weights_seen;  ///< backward: the weights its first reader saw
     std::map<UnitId, Chunk> gradient;      ///< backward: computed once, written by each writer
   };
-  Micro& micro(Rank r, const Op& op);
-  std::vector<Write<Chunk>> module_forward(Rank r, const Op& op, const ReadFn<Chunk>& read);
-  std::vector<Write<Chunk>> module_backward(Rank r, const Op& op, const ReadFn<Chunk>& read);
+  KernelRoles module_roles(Rank r, const Op& op);
+  std::vector<Write<Chunk>> module_forward(Rank r, const Op& op, const KernelRoles& k,
+                                           const ReadFn<Chunk>& read);
+  std::vector<Write<Chunk>> module_backward(Rank r, const Op& op, const KernelRoles& k,
+                                            const ReadFn<Chunk>& read);
 
   ReplayInputs in_;
   const Schedule& s_;
   LlamaDims llama_;
+  ModuleRoles roles_;
   std::vector<Micro> micro_;                                    ///< [rank]
   std::vector<LlamaPass> passes_;                               ///< [rank]
   std::vector<std::pair<std::int32_t, std::int32_t>> pass_at_;  ///< [rank]: (step, micro)

@@ -37,10 +37,8 @@ void push_run(TaintDomain::Chunk& c, std::uint64_t len, Tag t) {
 
 }  // namespace
 
-TaintDomain::TaintDomain(const ReplayInputs& in, const Schedule& s) : in_(in), s_(s) {
+TaintDomain::TaintDomain(const ReplayInputs& in, const Schedule& s) : in_(in), s_(s), roles_(s) {
   act_.assign(s.ranks.size(), Health::kGood);
-  micro_.assign(s.ranks.size(), {-2, 0});
-  loss_taken_.assign(s.ranks.size(), false);
   bufs_.resize(s.ranks.size());
   version_.resize(s.ranks.size());
   for (std::size_t r = 0; r < s.ranks.size(); ++r) {
@@ -208,20 +206,11 @@ Health TaintDomain::flow(Rank r, const Op& op, Health own) {
     default:
       return own;
   }
-  const std::pair<std::int32_t, std::int32_t> now{op.step, op.micro_step};
-  if (micro_[r] != now) {  // a new micro-step starts from the batch's token ids
-    micro_[r] = now;
-    act_[r] = Health::kGood;
-    loss_taken_[r] = false;
-  }
-  // The loss is what the forward computed, when the micro-step's backward starts: at the loss's
-  // own kernel (the builder), or at autograd's first backward kernel, the loss's gradient (a
-  // recording has no loss kernel).
-  if (op.purpose != Purpose::kForwardCompute && op.purpose != Purpose::kRecomputeForward &&
-      !loss_taken_[r]) {
-    loss_taken_[r] = true;
-    loss_[op.step] = worse(loss_[op.step], act_[r]);
-  }
+  const KernelRoles k = roles_.kernel(r, op);
+  if (k.new_micro) act_[r] = Health::kGood;  // a new micro-step starts from the batch's tokens
+  // The loss is what the forward computed, when the micro-step's backward starts
+  // (module_roles.hpp).
+  if (k.loss) loss_[op.step] = worse(loss_[op.step], act_[r]);
   act_[r] = worse(act_[r], own);
   return act_[r];
 }

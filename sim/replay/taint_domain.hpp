@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sim/replay/data_engine.hpp"
+#include "sim/replay/module_roles.hpp"
 #include "sim/replay/replay.hpp"
 
 namespace hpz::replay {
@@ -67,8 +68,8 @@ class TaintDomain {
    *  and touch no activations: every forward
    *  kernel of a micro-step also reads what the kernels before it in that micro-step computed,
    *  the loss reads the whole forward, and every backward kernel what the backward computed so
-   *  far, as the activations and gradients they stand for do. act_[rank]: that health so far;
-   *  micro_[rank]: the (step, micro-step) it is for. */
+   *  far, as the activations and gradients they stand for do. act_[rank]: that health so far,
+   *  reset where roles_ starts a micro-step. */
   Health flow(Rank r, const Op& op, Health own);
 
   /** The tags a primary shard gets from its old tags and its gradient's: version bumped, bad
@@ -78,8 +79,7 @@ class TaintDomain {
   ReplayInputs in_;
   const Schedule& s_;
   std::vector<Health> act_;
-  std::vector<std::pair<std::int32_t, std::int32_t>> micro_;
-  std::vector<bool> loss_taken_;          ///< [rank]: recordings, the micro-step's loss taken
+  ModuleRoles roles_;                     ///< where each micro-step starts and its loss is taken
   std::vector<std::vector<Chunk>> bufs_;  // [rank][buffer]
   std::vector<std::vector<std::uint32_t>> version_;  // [rank][unit]
   std::map<int, Health> loss_;                       // step -> worst loss tag of any rank
