@@ -368,8 +368,6 @@ bool any_nan(const std::vector<double>& v) {
   return std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); });
 }
 
-// Every kernel the numeric replay computes becomes a ModelOp of the same kind, and every rank's
-// Adam moments start from zero exactly once per shard.
 // ---- On a GPU (skipped without one) ----
 
 // cudaEventQuery polled to completion: fix A as host event syncs corrupts no run either.
