@@ -190,13 +190,20 @@ class PlanBuilder {
       }
       return;
     }
-    if (o.purpose == Purpose::kBackwardCompute) {
-      const int g = find_role(r, o, AccessMode::kWrite, BufferRole::kGradFull);
-      const int p = find_role(r, o, AccessMode::kRead, BufferRole::kFull);
-      if (g < 0 || p < 0) return;
-      const Span gs = span(r, o, static_cast<std::uint32_t>(g));
-      const Span ps = span(r, o, static_cast<std::uint32_t>(p));
-      Action x{K::kScale, gs.loc, std::min(gs.n, ps.n), {ps.loc}};
+    const bool backward =
+        o.purpose == Purpose::kBackwardCompute || o.purpose == Purpose::kLossGradient;
+    if (backward && !plan_.model) {  // the model math's: llama_backward
+      // grad = weights / 8, with the weights the first backward kernel that read them saw
+      // (replay::ModuleRoles, as under the model math): the builder's kernel reads them and
+      // writes the gradient, autograd's (a recording) reads them in one kernel and writes the
+      // gradient in a later one.
+      const replay::KernelRoles k = roles(r, o);
+      see_weights(r, o, k, po);
+      if (k.gradient == kNoUnit) return;
+      const auto seen = weights_seen_[r].find(k.gradient);
+      if (seen == weights_seen_[r].end()) return;
+      const Range g = part(r, o, k.gradient_access);
+      Action x{K::kScale, g.at, std::min(g.n, seen->second.n), {seen->second.at}};
       x.scale = 0.125F;
       po.actions.push_back(x);
       return;
@@ -328,12 +335,7 @@ class PlanBuilder {
       po.models.push_back(std::move(m));
       any = true;
     }
-    if (k.weights != kNoUnit) {
-      Range at = part(r, o, k.weights_access);
-      if (k.weights != k.gradient) at = stash(r, k.weights, at, po);
-      weights_seen_[r].emplace(k.weights, at);
-      any = true;
-    }
+    any = see_weights(r, o, k, po) || any;
     if (k.gradient == kNoUnit) return any;
     const UnitId u = k.gradient;
     if (!k.gradient_first) {
@@ -358,6 +360,16 @@ class PlanBuilder {
     m.numel = s_.units[u].numel;
     if (m.grad_first + m.grad.n > m.numel) m.grad.n = m.numel - std::min(m.numel, m.grad_first);
     po.models.push_back(std::move(m));
+    return true;
+  }
+  /** The weights the first backward kernel of the micro-step that reads them sees: in place
+   *  when the same kernel writes their gradient (the builder's), else stashed; false when the
+   *  op is no such first reader. */
+  bool see_weights(Rank r, const Op& o, const replay::KernelRoles& k, PlanOp& po) {
+    if (k.weights == kNoUnit) return false;
+    Range at = part(r, o, k.weights_access);
+    if (k.weights != k.gradient) at = stash(r, k.weights, at, po);
+    weights_seen_[r].emplace(k.weights, at);
     return true;
   }
   /** The weights `at` copied, on the op's stream, into rank r's stash of unit u (a slot of the
