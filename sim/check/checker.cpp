@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <stdexcept>
 
 #include "sim/check/checker_impl.hpp"
@@ -24,7 +25,8 @@ int max_threads(const Schedule& s) {
 
 }  // namespace
 
-Checker::Checker(const Schedule& schedule, const Ablation& ablation, const RankClasses* classes)
+Checker::Checker(const Schedule& schedule, const Ablation& ablation, const RankClasses* classes,
+                 const SymmetricWorld* world)
     : schedule_(schedule),
       ablation_(ablation),
       arena_(static_cast<int>(schedule.ranks.size()), max_threads(schedule)),
@@ -33,6 +35,7 @@ Checker::Checker(const Schedule& schedule, const Ablation& ablation, const RankC
       group_reported_(schedule.groups.size(), false) {
   if (classes != nullptr && !classes->per_rank() && !ablation.leave_out) {
     classes_ = classes;
+    world_ = world;
     deferred_ = std::make_unique<ClassFindings>(schedule, *classes);
   }
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
@@ -43,30 +46,37 @@ Checker::Checker(const Schedule& schedule, const Ablation& ablation, const RankC
           fmt::format("malformed schedule: ranks[{}].rank is {}", r, sched.rank));
     }
     rs.schedule = &sched;
-    // Tick 1 for every own thread: tick 0 means "nothing known" in a clock.
-    rs.host.own[0] = 1;
-    rs.streams.assign(sched.streams.size(), Clock{RankTicks{}, rs.host.remote});
-    for (std::size_t s = 0; s < sched.streams.size(); ++s) rs.streams[s].own[1 + s] = 1;
-    rs.stream_gen.assign(sched.streams.size(), 0);
-    rs.pending.assign(sched.streams.size(), kNotPending);
-    rs.group_seq.assign(schedule.groups.size(), 0);
-    rs.group_last_op.assign(schedule.groups.size(), kNoOp);
-    waits_of(rs);
-    // A rank its representative stands for keeps no bytes, versions or allocator.
+    // A rank its representative stands for keeps no bytes, versions or allocator; in a
+    // symmetric world it does not walk at all.
     if (classes_ != nullptr) {
       const RankClass& c = classes_->classes[static_cast<std::size_t>(classes_->class_of[r])];
       rs.checks_bytes = c.representative == static_cast<Rank>(r);
-      rs.notes_clock = c.ranks.size() > 1;
+      rs.notes_clock = world_ == nullptr && c.ranks.size() > 1;
+      rs.alike = static_cast<std::uint32_t>(c.ranks.size());
+      if (world_ != nullptr && !rs.checks_bytes) continue;
     }
-    if (!rs.checks_bytes) continue;
-    rs.buffers.resize(sched.buffers.size());
-    if (schedule.allocator) rs.blocks.resize(sched.buffers.size());
-    // A unit's first data (whatever init writes) is version 1; 0 means "holds no data", so
-    // a secondary copied from the freshly initialized parameter before its primary is written
-    // (DeepSpeed 0.13.1 partitions the secondary first) is tracked like any other copy.
-    rs.unit_version.assign(schedule.units.size(), 1);
-    rs.unit_writer.assign(schedule.units.size(), kNoOp);
+    init_rank(rs, sched);
   }
+}
+
+void Checker::init_rank(RankState& rs, const RankSchedule& sched) {
+  // Tick 1 for every own thread: tick 0 means "nothing known" in a clock.
+  rs.host.own[0] = 1;
+  rs.streams.assign(sched.streams.size(), Clock{RankTicks{}, rs.host.remote});
+  for (std::size_t s = 0; s < sched.streams.size(); ++s) rs.streams[s].own[1 + s] = 1;
+  rs.stream_gen.assign(sched.streams.size(), 0);
+  rs.pending.assign(sched.streams.size(), kNotPending);
+  rs.group_seq.assign(schedule_.groups.size(), 0);
+  rs.group_last_op.assign(schedule_.groups.size(), kNoOp);
+  waits_of(rs);
+  if (!rs.checks_bytes) return;
+  rs.buffers.resize(sched.buffers.size());
+  if (schedule_.allocator) rs.blocks.resize(sched.buffers.size());
+  // A unit's first data (whatever init writes) is version 1; 0 means "holds no data", so
+  // a secondary copied from the freshly initialized parameter before its primary is written
+  // (DeepSpeed 0.13.1 partitions the secondary first) is tracked like any other copy.
+  rs.unit_version.assign(schedule_.units.size(), 1);
+  rs.unit_writer.assign(schedule_.units.size(), kNoOp);
 }
 
 // How many ops wait for each event of the rank, so that a snapshot lives until its last wait.
@@ -90,7 +100,9 @@ void Checker::malformed(const RankState& rs, std::uint32_t index, const std::str
 }
 
 CheckResult Checker::run() {
-  for (std::size_t r = 0; r < ranks_.size(); ++r) ready_.push_back(static_cast<Rank>(r));
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    if (world_ == nullptr || ranks_[r].checks_bytes) ready_.push_back(static_cast<Rank>(r));
+  }
   while (true) {
     while (!ready_.empty()) {
       const Rank r = ready_.front();
@@ -108,7 +120,11 @@ CheckResult Checker::run() {
     }
     force_all();
   }
-  if (classes_) classes_held_ = finish_classes();
+  if (world_ != nullptr) {
+    finish_symmetric();
+  } else if (classes_) {
+    classes_held_ = finish_classes();
+  }
   CheckResult result;
   result.scenario = schedule_.scenario;
   result.variant = schedule_.variant;
@@ -167,6 +183,7 @@ void Checker::touch_bytes(RankState& rs, std::uint32_t index, const Op& op, cons
     stats_.accesses += op.access_count;
     return;
   }
+  if (world_ != nullptr) stats_.accesses += std::uint64_t{op.access_count} * (rs.alike - 1);
   check_accesses(rs, index, op, clock, thread);
   track_versions(rs, index, op);
 }
@@ -183,6 +200,24 @@ void Checker::note_clock(RankState& rs, std::uint32_t index, const RankTicks& ow
     h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
     rs.clock_hash[i] = h ^ (h >> 31);
   }
+}
+
+// In a symmetric world every rank's clocks are its representative's (symmetric_world.hpp), and
+// every rank walks to the end: no collective waits forever where all ranks issue one op list.
+void Checker::finish_symmetric() {
+  stats_.ops = 0;
+  for (const RankSchedule& r : schedule_.ranks) stats_.ops += r.ops.size();
+  stats_.collectives = world_->instances;
+  for (const RankClass& c : classes_->classes) {
+    const RankState& rep = ranks_[static_cast<std::size_t>(c.representative)];
+    stats_.same_data_rewrites += rep.same_data * (c.ranks.size() - 1);
+  }
+  if (deferred_->empty()) return;
+  const std::vector<RankRun> runs =
+      walk_runs(schedule_, [this](Rank r, std::uint32_t from, std::uint32_t to) {
+        return deferred_->any_in(r, from, to);
+      });
+  deferred_->replay(runs, log_);
 }
 
 // Every rank of a class saw its representative's clocks: the representative's findings are
@@ -368,7 +403,10 @@ CheckResult check_schedule_by_class(const Schedule& schedule, ClassCheck* how) {
   }
   try {
     static const Ablation kNone;
-    detail::Checker checker(schedule, kNone, &classes);
+    const std::optional<SymmetricWorld> world =
+        symmetric_world(schedule, &h.walked_every_rank_because);
+    h.walked_by_class = world.has_value();
+    detail::Checker checker(schedule, kNone, &classes, world ? &*world : nullptr);
     CheckResult result = checker.run();
     if (checker.classes_held()) return result;
     h.per_rank_because = "ranks of one class are ordered differently";

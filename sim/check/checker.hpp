@@ -49,13 +49,16 @@
 //    the first differing position.
 //
 // By class (check_schedule_by_class): the ranks of a symmetry class (sim/ir/symmetry.hpp) issue
-// the same ops on the same buffers, their accesses in the same order of offsets. Every rank
-// still walks happens-before (collectives are matched across all ranks), but only the class's
-// representative keeps byte histories, versions and the allocator; each other rank hashes the
-// clocks it would have checked its accesses with. Where every rank's hash equals its
-// representative's, the representative's findings are the rank's own (at its own offsets), and
-// they are logged in the order the ranks walked their ops: the report is the check rank by
-// rank's, byte for byte. Otherwise that check runs.
+// the same ops on the same buffers, their accesses in the same order of offsets. Only the
+// class's representative keeps byte histories, versions and the allocator. Where every rank
+// issues one op list, each op on its own group of one family (symmetric_world.hpp), only the
+// representatives walk happens-before, their clocks kept per relation between ranks instead of
+// per rank, and the order in which the check rank by rank would meet each rank's findings is
+// computed from where the ranks block (walk_runs). Elsewhere every rank walks happens-before and
+// each other rank hashes the clocks it would have checked its accesses with. Where every rank's
+// hash equals its representative's, the representative's findings are the rank's own (at its
+// own offsets), and they are logged in the order the ranks walked their ops: the report is the
+// check rank by rank's, byte for byte. Otherwise that check runs.
 #pragma once
 
 #include <cstdint>
@@ -120,6 +123,10 @@ struct ClassCheck {
   std::size_t classes = 0;       ///< symmetry classes of the schedule's ranks
   std::string summary;           ///< "16 ranks in 8 symmetry classes" (sim/ir/symmetry.hpp)
   std::string per_rank_because;  ///< why it checked rank by rank instead; "" when by class
+  /** Happens-before walked by the representatives alone: the ranks are alike up to a
+   *  permutation of their groups (symmetric_world.hpp). */
+  bool walked_by_class = false;
+  std::string walked_every_rank_because;  ///< why not, when checked by class
 };
 
 /** check_schedule's result (the same, byte for byte in every report), computed on one rank

@@ -42,6 +42,10 @@ void Checker::arrive(RankState& rs, std::uint32_t index, const Op& op) {
   if (!std::binary_search(g.ranks.begin(), g.ranks.end(), r)) {
     malformed(rs, index, fmt::format("collective on group {}, which rank {} is not in", g.name, r));
   }
+  if (world_ != nullptr) {
+    meet_by_symmetry(rs, index, op);
+    return;
+  }
   const std::uint32_t seq = rs.group_seq[op.group]++;
   rs.group_last_op[op.group] = index;
   const std::uint64_t key = instance_key(op.group, seq);
@@ -52,6 +56,14 @@ void Checker::arrive(RankState& rs, std::uint32_t index, const Op& op) {
   ++s.own[thread_of(op.stream)];
   rs.pending[op.stream] = static_cast<std::int64_t>(key);
   if (inst.arrivals.size() == g.ranks.size()) complete(key, false);
+}
+
+void Checker::meet_by_symmetry(RankState& rs, std::uint32_t index, const Op& op) {
+  rs.group_last_op[op.group] = index;
+  ++rs.group_seq[op.group];
+  // The start is what peers learn; later ops on the stream are not part of it. What they tell
+  // back this rank knew already (symmetric_world.hpp).
+  ++rs.streams[op.stream].own[thread_of(op.stream)];
 }
 
 void Checker::complete(std::uint64_t key, bool forced) {

@@ -21,6 +21,7 @@
 #include "sim/check/class_findings.hpp"
 #include "sim/check/clock.hpp"
 #include "sim/check/finding_log.hpp"
+#include "sim/check/symmetric_world.hpp"
 #include "sim/ir/symmetry.hpp"
 
 namespace hpz::check::detail {
@@ -85,6 +86,7 @@ struct RankState {
   bool checks_bytes = true;
   bool notes_clock = false;     ///< hashes its clocks: its class has other ranks (by class)
   std::uint64_t same_data = 0;  ///< same-data rewrites left out on this rank (check by class)
+  std::uint32_t alike = 1;      ///< ranks of its class, itself included (check by class)
   /** The clocks every byte check of this rank used, hashed (check by class): equal on every
    *  rank of a class when the representative's checks hold for all of them. */
   std::array<std::uint64_t, 2> clock_hash{};
@@ -107,8 +109,11 @@ struct Instance {
  *  checker.hpp; by class, only each class's representative checks bytes. */
 class Checker {
  public:
-  /** `classes`: check one rank per class (null or one class per rank: every rank). */
-  Checker(const Schedule& schedule, const Ablation& ablation, const RankClasses* classes);
+  /** `classes`: check one rank per class (null or one class per rank: every rank). `world`
+   *  (with classes only): the ranks are alike (symmetric_world.hpp), so only each class's
+   *  representative walks happens-before, and a collective orders only its own stream. */
+  Checker(const Schedule& schedule, const Ablation& ablation, const RankClasses* classes,
+          const SymmetricWorld* world = nullptr);
   CheckResult run();
   /** After run() by class: false when some rank's clocks differed from its representative's
    *  (the result must then come from a check rank by rank). */
@@ -156,6 +161,13 @@ class Checker {
   void check_reuse(RankState& rs, std::uint32_t index, const Op& op, const Access& a,
                    const Clock& clock, const AccessStamp& stamp);
   void arrive(RankState& rs, std::uint32_t index, const Op& op);
+  /** A collective in a symmetric world: it completes at once, and what the peers tell this
+   *  rank it knew already (symmetric_world.hpp). */
+  void meet_by_symmetry(RankState& rs, std::uint32_t index, const Op& op);
+  void init_rank(RankState& rs, const RankSchedule& sched);
+  /** After the representatives' walk in a symmetric world: the whole world's counts, and their
+   *  findings for every rank in the order the check rank by rank meets them. */
+  void finish_symmetric();
   void complete(std::uint64_t key, bool forced);
   void check_signatures(GroupId g, std::uint32_t seq, const Instance& inst);
   void report_hang(GroupId g, std::uint32_t seq, const Instance& inst);
@@ -183,6 +195,7 @@ class Checker {
   // Check by class (null: rank by rank): the representatives' findings, kept for their ranks,
   // and the runs of ops in the order the ranks walked them, to hand them out in.
   const RankClasses* classes_ = nullptr;
+  const SymmetricWorld* world_ = nullptr;  // with classes_: only representatives walk
   std::unique_ptr<ClassFindings> deferred_;
   std::vector<RankRun> runs_;  // only runs that may hold findings (run_may_find)
   bool classes_held_ = true;

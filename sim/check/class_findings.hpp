@@ -3,6 +3,7 @@
 // rank meets them: the same groups, counts, examples and occurrences as that check.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
@@ -58,6 +59,10 @@ class ClassFindings {
   /** Representative `rep` found f (ops visited in issue order). */
   void add(Rank rep, const ClassFinding& f) {
     by_class_[static_cast<std::size_t>(classes_.class_of[rep])].push_back(f);
+  }
+  /** True when no class has findings. */
+  bool empty() const {
+    return std::all_of(by_class_.begin(), by_class_.end(), [](const auto& f) { return f.empty(); });
   }
   /** Findings so far of rank r's class. */
   std::size_t count(Rank r) const { return of_class(r).size(); }

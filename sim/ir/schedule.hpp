@@ -321,6 +321,14 @@ class OpList {
   const_iterator begin() const { return {this, 0}; }
   const_iterator end() const { return {this, size()}; }
 
+  /** The shared copy's op i as stored, with the copy's own group: with own_group(), how a
+   *  reader sees which of a rank's groups stands for which of another's that shares it. */
+  const Op& stored(std::size_t i) const { return ops_[i]; }
+  /** This rank's group for the shared copy's group g (stored(i).group). */
+  GroupId own_group(GroupId g) const {
+    return groups_ && g != kNoGroup ? (*groups_)[static_cast<std::size_t>(g)] : g;
+  }
+
   /** The ops to write: this rank's own copy, its groups in place. */
   std::vector<Op>& mut();
   void push_back(const Op& op) { mut().push_back(op); }

@@ -1,0 +1,280 @@
+#include "sim/check/symmetric_world.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+namespace hpz::check {
+namespace {
+
+enum class Shape : std::uint8_t { kWorld, kBlock, kColumn };
+
+/** A group's place in the chain of sizes: the world, a block of `level` contiguous ranks
+ *  starting at a multiple of it, or a column of ranks `level` apart starting below it. */
+struct GroupShape {
+  Shape shape = Shape::kWorld;
+  int level = 0;
+};
+
+bool ascending(const std::vector<Rank>& m, int n) {
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    if (m[i] < 0 || m[i] >= n || (i > 0 && m[i] <= m[i - 1])) return false;
+  }
+  return true;
+}
+
+std::optional<GroupShape> shape_of(const Group& g, int n) {
+  const std::vector<Rank>& m = g.ranks;
+  const int size = static_cast<int>(m.size());
+  if (size == 0 || n % size != 0 || !ascending(m, n)) return std::nullopt;
+  if (size == n) return GroupShape{Shape::kWorld, n};
+  if (m.back() - m.front() + 1 == size && m.front() % size == 0) {
+    return GroupShape{Shape::kBlock, size};
+  }
+  const int stride = m[1] - m[0];  // size >= 2 here: a block of one is caught above
+  if (stride * size != n || m[0] >= stride) return std::nullopt;
+  for (int i = 0; i < size; ++i) {
+    if (m[static_cast<std::size_t>(i)] != m[0] + i * stride) return std::nullopt;
+  }
+  return GroupShape{Shape::kColumn, stride};
+}
+
+/** The groups' families: groups of one kind and shape, each holding its own ranks, the k-th
+ *  of several with the same members (DeepSpeed's world group and its clone) apart. */
+struct Families {
+  std::vector<int> family;                  ///< per group
+  std::vector<std::vector<GroupId>> owner;  ///< per family, per rank: its group, or kNoGroup
+};
+
+struct Reason {
+  std::string* why;
+  std::nullopt_t operator()(std::string text) const {
+    if (why != nullptr) *why = std::move(text);
+    return std::nullopt;
+  }
+};
+
+/** The chain's levels and each group's free digits, or the reason there is none. */
+std::optional<std::vector<GroupShape>> shapes(const Schedule& s, std::vector<int>& levels,
+                                              const Reason& no) {
+  const int n = static_cast<int>(s.ranks.size());
+  std::vector<GroupShape> out;
+  std::set<int> chain = {1, n};
+  for (const Group& g : s.groups) {
+    const std::optional<GroupShape> sh = shape_of(g, n);
+    if (!sh) {
+      no(fmt::format("group {} is neither the world, a block of contiguous ranks nor a column",
+                     g.name));
+      return std::nullopt;
+    }
+    if (sh->shape != Shape::kWorld) chain.insert(sh->level);
+    out.push_back(*sh);
+  }
+  levels.assign(chain.begin(), chain.end());
+  for (std::size_t i = 1; i < levels.size(); ++i) {
+    if (levels[i] % levels[i - 1] != 0) {
+      no(fmt::format("the groups' sizes {} and {} do not nest", levels[i - 1], levels[i]));
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+std::optional<Families> families(const Schedule& s, const std::vector<GroupShape>& sh,
+                                 const Reason& no) {
+  const int n = static_cast<int>(s.ranks.size());
+  Families f;
+  std::map<std::tuple<int, int, int, Rank>, int> seen;  // the k-th group of these members
+  std::map<std::tuple<int, int, int, int>, int> index;  // (kind, shape, level, k) -> family
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    const Group& grp = s.groups[g];
+    const int kind = static_cast<int>(grp.kind);
+    const int shape = static_cast<int>(sh[g].shape);
+    const int k = seen[{kind, shape, sh[g].level, grp.ranks.front()}]++;
+    const auto [it, fresh] =
+        index.try_emplace({kind, shape, sh[g].level, k}, static_cast<int>(f.owner.size()));
+    if (fresh) f.owner.emplace_back(static_cast<std::size_t>(n), kNoGroup);
+    f.family.push_back(it->second);
+    std::vector<GroupId>& owner = f.owner[static_cast<std::size_t>(it->second)];
+    for (const Rank r : grp.ranks) owner[static_cast<std::size_t>(r)] = static_cast<GroupId>(g);
+  }
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    const std::vector<GroupId>& owner = f.owner[static_cast<std::size_t>(f.family[g])];
+    if (std::count(owner.begin(), owner.end(), kNoGroup) != 0) {
+      no(fmt::format("the groups like {} leave some ranks out", s.groups[g].name));
+      return std::nullopt;
+    }
+  }
+  return f;
+}
+
+/** True when rank r issues rank 0's ops, each on its own group of the same family. */
+bool issues_alike(const Schedule& s, Rank r, const Families& f,
+                  const std::vector<GroupId>& stored_groups) {
+  const OpList& t = s.ranks[0].ops;
+  const OpList& o = s.ranks[static_cast<std::size_t>(r)].ops;
+  const auto expected = [&](GroupId g0) {
+    return f.owner[static_cast<std::size_t>(f.family[static_cast<std::size_t>(g0)])]
+                  [static_cast<std::size_t>(r)];
+  };
+  if (o.shares_with(t)) {
+    return std::all_of(stored_groups.begin(), stored_groups.end(),
+                       [&](GroupId c) { return o.own_group(c) == expected(t.own_group(c)); });
+  }
+  if (o.size() != t.size()) return false;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const Op a = t[i];
+    Op b = o[i];
+    if ((a.group == kNoGroup) != (b.group == kNoGroup)) return false;
+    if (a.group != kNoGroup) {
+      if (b.group != expected(a.group)) return false;
+      b.group = a.group;
+    }
+    if (!(a == b)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<SymmetricWorld> symmetric_world(const Schedule& s, std::string* why) {
+  const Reason no{why};
+  const int n = static_cast<int>(s.ranks.size());
+  if (n < 2) return no("one rank");
+  for (int r = 0; r < n; ++r) {
+    if (s.ranks[static_cast<std::size_t>(r)].rank != r) return no("ranks out of order");
+  }
+  std::vector<int> levels;
+  const std::optional<std::vector<GroupShape>> sh = shapes(s, levels, no);
+  if (!sh) return std::nullopt;
+  const std::optional<Families> f = families(s, *sh, no);
+  if (!f) return std::nullopt;
+  // The shared copy's groups that rank 0's ops name, each once.
+  const OpList& t = s.ranks[0].ops;
+  const auto groups = static_cast<GroupId>(s.groups.size());
+  std::vector<char> named(s.groups.size(), 0);
+  std::vector<GroupId> stored_groups;
+  SymmetricWorld w;
+  w.digits = static_cast<int>(levels.size()) - 1;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const GroupId c = t.stored(i).group;
+    if (c == kNoGroup) continue;
+    const GroupId g0 = t.own_group(c);
+    if (c < 0 || c >= groups || g0 < 0 || g0 >= groups) return no("an op names no group");
+    if (is_collective(t.stored(i).kind)) {
+      w.instances +=
+          static_cast<std::uint64_t>(n) / s.groups[static_cast<std::size_t>(g0)].ranks.size();
+    }
+    if (named[static_cast<std::size_t>(c)] == 0) stored_groups.push_back(c);
+    named[static_cast<std::size_t>(c)] = 1;
+  }
+  for (int r = 0; r < n; ++r) {
+    const RankSchedule& rs = s.ranks[static_cast<std::size_t>(r)];
+    if (rs.streams.size() != s.ranks[0].streams.size() || !issues_alike(s, r, *f, stored_groups)) {
+      return no(fmt::format("rank {} issues other ops than rank 0 or uses other groups", r));
+    }
+  }
+  return w;
+}
+
+namespace {
+
+/** Where one rank of walk_runs is. */
+struct Walker {
+  std::uint32_t next = 0;        ///< next op
+  std::uint32_t collective = 0;  ///< index of the next collective in Walk::collectives
+  bool blocked = false;
+  std::vector<std::uint32_t> pending;  ///< collectives issued, not complete (Walk indices)
+};
+
+/** The shared op list's collectives, and for each the first later op that waits for it: the
+ *  next op on its stream (Checker::step: FIFO) or the next device sync. */
+struct Walk {
+  std::vector<std::uint32_t> collectives;  ///< op indices, ascending
+  std::vector<std::uint32_t> needed_at;    ///< per collective: the op that waits for it
+
+  explicit Walk(const OpList& ops) {
+    const auto n = static_cast<std::uint32_t>(ops.size());
+    std::vector<std::uint32_t> next_on(128, n);  // per stream id
+    std::uint32_t next_sync = n;
+    for (std::uint32_t i = n; i-- > 0;) {
+      const Op& op = ops.stored(i);
+      if (is_collective(op.kind) && op.stream != kHostStream) {
+        collectives.push_back(i);
+        needed_at.push_back(std::min(next_on[static_cast<std::size_t>(op.stream)], next_sync));
+      }
+      if (op.stream != kHostStream && op.stream >= 0) {
+        next_on[static_cast<std::size_t>(op.stream)] = i;
+      }
+      if (op.kind == OpKind::kHostDeviceSync) next_sync = i;
+    }
+    std::reverse(collectives.begin(), collectives.end());
+    std::reverse(needed_at.begin(), needed_at.end());
+  }
+};
+
+}  // namespace
+
+std::vector<RankRun> walk_runs(const Schedule& s, const RunFilter& keep) {
+  const OpList& t = s.ranks[0].ops;
+  const auto n_ops = static_cast<std::uint32_t>(t.size());
+  const Walk walk(t);
+  std::vector<Walker> walkers(s.ranks.size());
+  std::unordered_map<std::uint64_t, std::vector<Rank>> arrived;
+  std::deque<Rank> ready;
+  std::vector<RankRun> runs;
+  const auto group_of = [&](Rank r, std::uint32_t p) {
+    const OpList& o = s.ranks[static_cast<std::size_t>(r)].ops;
+    return o.shares_with(t) ? o.own_group(t.stored(p).group) : o[p].group;
+  };
+  const auto arrive = [&](Rank r, std::uint32_t k) {
+    const std::uint32_t p = walk.collectives[k];
+    const GroupId g = group_of(r, p);
+    const std::uint64_t key = std::uint64_t{static_cast<std::uint32_t>(g)} << 32 | p;
+    std::vector<Rank>& at = arrived[key];
+    at.push_back(r);
+    walkers[static_cast<std::size_t>(r)].pending.push_back(k);
+    if (at.size() < s.groups[static_cast<std::size_t>(g)].ranks.size()) return;
+    for (const Rank m : at) {  // Checker::complete: the members in the order they arrived
+      Walker& w = walkers[static_cast<std::size_t>(m)];
+      std::erase(w.pending, k);
+      if (w.blocked) {
+        w.blocked = false;
+        ready.push_back(m);
+      }
+    }
+    arrived.erase(key);
+  };
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) ready.push_back(static_cast<Rank>(r));
+  while (!ready.empty()) {
+    const Rank r = ready.front();
+    ready.pop_front();
+    Walker& w = walkers[static_cast<std::size_t>(r)];
+    const std::uint32_t from = w.next;
+    while (true) {
+      std::uint32_t block = n_ops;
+      for (const std::uint32_t k : w.pending) block = std::min(block, walk.needed_at[k]);
+      const std::uint32_t k = w.collective;
+      const std::uint32_t next = k < walk.collectives.size() ? walk.collectives[k] : n_ops;
+      if (next < block) {
+        w.next = next + 1;
+        ++w.collective;
+        arrive(r, k);
+        continue;
+      }
+      w.next = block;
+      w.blocked = block < n_ops;
+      break;
+    }
+    if (w.next > from && keep(r, from, w.next)) runs.push_back({r, w.next});
+  }
+  if (!arrived.empty()) return {};
+  return runs;
+}
+
+}  // namespace hpz::check
