@@ -121,7 +121,7 @@ CheckResult Checker::run() {
     force_all();
   }
   if (world_ != nullptr) {
-    finish_symmetric();
+    classes_held_ = finish_symmetric();
   } else if (classes_) {
     classes_held_ = finish_classes();
   }
@@ -204,7 +204,7 @@ void Checker::note_clock(RankState& rs, std::uint32_t index, const RankTicks& ow
 
 // In a symmetric world every rank's clocks are its representative's (symmetric_world.hpp), and
 // every rank walks to the end: no collective waits forever where all ranks issue one op list.
-void Checker::finish_symmetric() {
+bool Checker::finish_symmetric() {
   stats_.ops = 0;
   for (const RankSchedule& r : schedule_.ranks) stats_.ops += r.ops.size();
   stats_.collectives = world_->instances;
@@ -212,12 +212,14 @@ void Checker::finish_symmetric() {
     const RankState& rep = ranks_[static_cast<std::size_t>(c.representative)];
     stats_.same_data_rewrites += rep.same_data * (c.ranks.size() - 1);
   }
-  if (deferred_->empty()) return;
-  const std::vector<RankRun> runs =
+  if (deferred_->empty()) return true;
+  const std::optional<std::vector<RankRun>> runs =
       walk_runs(schedule_, [this](Rank r, std::uint32_t from, std::uint32_t to) {
         return deferred_->any_in(r, from, to);
       });
-  deferred_->replay(runs, log_);
+  if (!runs) return false;
+  deferred_->replay(*runs, log_);
+  return true;
 }
 
 // Every rank of a class saw its representative's clocks: the representative's findings are
@@ -409,7 +411,9 @@ CheckResult check_schedule_by_class(const Schedule& schedule, ClassCheck* how) {
     detail::Checker checker(schedule, kNone, &classes, world ? &*world : nullptr);
     CheckResult result = checker.run();
     if (checker.classes_held()) return result;
-    h.per_rank_because = "ranks of one class are ordered differently";
+    h.walked_by_class = false;
+    h.per_rank_because =
+        world ? "a collective would never complete" : "ranks of one class are ordered differently";
   } catch (const std::invalid_argument&) {
     h.per_rank_because = "malformed schedule";  // rank by rank names the first error
   }

@@ -115,8 +115,9 @@ class Checker {
   Checker(const Schedule& schedule, const Ablation& ablation, const RankClasses* classes,
           const SymmetricWorld* world = nullptr);
   CheckResult run();
-  /** After run() by class: false when some rank's clocks differed from its representative's
-   *  (the result must then come from a check rank by rank). */
+  /** After run() by class: false when some rank's clocks differed from its representative's,
+   *  or the order of a symmetric world's findings could not be had (the result must then come
+   *  from a check rank by rank). */
   bool classes_held() const { return classes_held_; }
 
  private:
@@ -166,8 +167,9 @@ class Checker {
   void meet_by_symmetry(RankState& rs, std::uint32_t index, const Op& op);
   void init_rank(RankState& rs, const RankSchedule& sched);
   /** After the representatives' walk in a symmetric world: the whole world's counts, and their
-   *  findings for every rank in the order the check rank by rank meets them. */
-  void finish_symmetric();
+   *  findings for every rank in the order the check rank by rank meets them; false when that
+   *  order cannot be had (walk_runs). */
+  bool finish_symmetric();
   void complete(std::uint64_t key, bool forced);
   void check_signatures(GroupId g, std::uint32_t seq, const Instance& inst);
   void report_hang(GroupId g, std::uint32_t seq, const Instance& inst);

@@ -220,7 +220,7 @@ struct Walk {
 
 }  // namespace
 
-std::vector<RankRun> walk_runs(const Schedule& s, const RunFilter& keep) {
+std::optional<std::vector<RankRun>> walk_runs(const Schedule& s, const RunFilter& keep) {
   const OpList& t = s.ranks[0].ops;
   const auto n_ops = static_cast<std::uint32_t>(t.size());
   const Walk walk(t);
@@ -273,7 +273,7 @@ std::vector<RankRun> walk_runs(const Schedule& s, const RunFilter& keep) {
     }
     if (w.next > from && keep(r, from, w.next)) runs.push_back({r, w.next});
   }
-  if (!arrived.empty()) return {};
+  if (!arrived.empty()) return std::nullopt;
   return runs;
 }
 

@@ -51,8 +51,8 @@ using RunFilter = std::function<bool(Rank, std::uint32_t, std::uint32_t)>;
  *  each until an op waits for a collective its peers have not all reached, the members pushed
  *  back in the order they arrived once the last one does) walks in a world symmetric_world()
  *  accepts, in that order, those `keep` accepts: where each rank blocks is computed from the
- *  shared op list, with no clocks. Empty when some collective would never complete (no world
- *  symmetric_world() accepts has one). */
-std::vector<RankRun> walk_runs(const Schedule& schedule, const RunFilter& keep);
+ *  shared op list, with no clocks. Nothing when some collective would never complete (no
+ *  world symmetric_world() accepts has one: the caller then checks rank by rank). */
+std::optional<std::vector<RankRun>> walk_runs(const Schedule& schedule, const RunFilter& keep);
 
 }  // namespace hpz::check
