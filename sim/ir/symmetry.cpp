@@ -34,49 +34,75 @@ std::uint64_t shape_of(const Access& a) {
          static_cast<std::uint64_t>(a.mode) ^ std::uint64_t{a.stride} << 40;
 }
 
-/** Per buffer, the sorted distinct ends of its accesses (with 0 and its size); empty for a
- *  buffer whose offsets are kept as they are. */
-std::vector<std::vector<std::uint64_t>> ends_by_buffer(const RankSchedule& rs, bool allocator) {
-  std::vector<std::vector<std::uint64_t>> ends(rs.buffers.size());
-  std::vector<std::uint8_t> fixed(rs.buffers.size(), allocator ? 1 : 0);
+/** Per buffer, the sorted distinct ends of its accesses (with 0 and its size), in one array
+ *  (a vector per buffer cost a rank's thousands of buffers a malloc each): buffer b's are
+ *  count[b] values from start[b]; none for a buffer whose offsets are kept as they are. */
+struct Ends {
+  std::vector<std::uint32_t> start;
+  std::vector<std::uint32_t> count;
+  std::vector<std::uint64_t> values;
+
+  /** The position of v among buffer b's ends. */
+  std::uint64_t at(BufferId b, std::uint64_t v) const {
+    const auto first = values.begin() + start[b];
+    return static_cast<std::uint64_t>(std::lower_bound(first, first + count[b], v) - first);
+  }
+};
+
+Ends ends_by_buffer(const RankSchedule& rs, bool allocator) {
+  const std::size_t nb = rs.buffers.size();
+  std::vector<std::uint8_t> fixed(nb, allocator ? 1 : 0);
+  Ends e;
+  e.count.assign(nb, 0);
   for (const Access& a : rs.accesses) {
-    if (a.buffer >= ends.size()) continue;  // malformed: the checker says so
+    if (a.buffer >= nb) continue;  // malformed: the checker says so
     if (a.strided()) fixed[a.buffer] = 1;
-    ends[a.buffer].push_back(a.offset);
-    ends[a.buffer].push_back(a.end());
+    e.count[a.buffer] += 2;
   }
-  for (std::size_t b = 0; b < ends.size(); ++b) {
-    std::vector<std::uint64_t>& e = ends[b];
-    if (fixed[b] != 0) {
-      e.clear();
-      continue;
-    }
-    e.push_back(0);
-    e.push_back(rs.buffers[b].bytes);
-    std::sort(e.begin(), e.end());
-    e.erase(std::unique(e.begin(), e.end()), e.end());
+  e.start.assign(nb, 0);
+  std::uint32_t total = 0;
+  for (std::size_t b = 0; b < nb; ++b) {
+    e.count[b] = fixed[b] != 0 ? 0 : e.count[b] + 2;
+    e.start[b] = total;
+    total += e.count[b];
   }
-  return ends;
+  e.values.resize(total);
+  std::vector<std::uint32_t> next = e.start;
+  for (std::size_t b = 0; b < nb; ++b) {
+    if (fixed[b] != 0) continue;
+    e.values[next[b]++] = 0;
+    e.values[next[b]++] = rs.buffers[b].bytes;
+  }
+  for (const Access& a : rs.accesses) {
+    if (a.buffer >= nb || fixed[a.buffer] != 0) continue;
+    e.values[next[a.buffer]++] = a.offset;
+    e.values[next[a.buffer]++] = a.end();
+  }
+  for (std::size_t b = 0; b < nb; ++b) {
+    const auto first = e.values.begin() + e.start[b];
+    const auto last = first + e.count[b];
+    std::sort(first, last);
+    e.count[b] = static_cast<std::uint32_t>(std::unique(first, last) - first);
+  }
+  return e;
 }
 
 AccessCode access_code(const RankSchedule& rs, bool allocator) {
   AccessCode c;
-  const std::vector<std::vector<std::uint64_t>> ends = ends_by_buffer(rs, allocator);
-  const auto at = [](const std::vector<std::uint64_t>& e, std::uint64_t v) {
-    return static_cast<std::uint64_t>(std::lower_bound(e.begin(), e.end(), v) - e.begin());
-  };
-  c.code.reserve(2 * rs.accesses.size() + ends.size());
+  const Ends e = ends_by_buffer(rs, allocator);
+  const std::size_t nb = rs.buffers.size();
+  c.code.reserve(2 * rs.accesses.size() + nb);
   for (const Access& a : rs.accesses) {
     c.shape = (c.shape ^ shape_of(a)) * kOdd;
-    if (a.buffer >= ends.size() || ends[a.buffer].empty()) {
+    if (a.buffer >= nb || e.count[a.buffer] == 0) {
       c.code.push_back(a.offset);
       c.code.push_back(a.bytes);
     } else {
-      c.code.push_back(at(ends[a.buffer], a.offset));
-      c.code.push_back(at(ends[a.buffer], a.end()));
+      c.code.push_back(e.at(a.buffer, a.offset));
+      c.code.push_back(e.at(a.buffer, a.end()));
     }
   }
-  for (const std::vector<std::uint64_t>& e : ends) c.code.push_back(e.size());
+  for (std::size_t b = 0; b < nb; ++b) c.code.push_back(e.count[b]);
   c.hash = c.code.size();
   for (const std::uint64_t v : c.code) c.hash = (c.hash ^ v) * kOdd;
   return c;
