@@ -307,7 +307,7 @@ class PlanBuilder {
   }
   /** The access's own range, from a pointer into the schedule's accesses. */
   Range part(Rank r, const Op& o, const Access* a) const {
-    return part(r, o, static_cast<int>(a - &s_.ranks[r].accesses[o.access_begin]));
+    return part(r, o, static_cast<int>(s_.ranks[r].accesses.index_of(a) - o.access_begin));
   }
 
   /** Forward: the parameter's module part; other kernels (activations only: the attention's

@@ -20,17 +20,18 @@ namespace {
  *  than the schedule itself, and the sanitizer build about 1.5 times a release build's).
  *  The builder keeps one copy of the ops ranks issue alike (share_alike: ~150 ops per rank, unit
  *  and step, init counted as a step, measured on llama2-7b.toml at 16 x 8 GPUs, ~100 B each)
- *  and, per rank, its op headers and accesses: measured about 18 B per rank and estimated op
- *  (llama2-70b.toml at 512 GPUs: 1.32 GiB, tools/bench bench_checker BM_CheckLlama70bShipped;
- *  tiny.toml at 10,000 nodes: 4.2 GB in the sanitizer build, about 21 B). 32 B keeps a margin;
- *  tiny.toml at 100,000 nodes, whose build the kernel killed (issue 34 item 6), stays refused. */
+ *  and, per rank, the accesses of its ops that differ from rank 0's (AccessList: a rank's own
+ *  slice offsets): measured about 3.9 B per rank and estimated op since 2026-12-02 (llama2-70b.toml
+ *  at 1,024 GPUs: 583 MiB for the whole `hpzlab check`, 145 K estimated ops a rank; before the
+ *  accesses were shared, 18 B). 8 B keeps a margin; tiny.toml at 100,000 nodes, whose build the
+ *  kernel killed (issue 34 item 6), stays refused. */
 void check_schedule_size(const Scenario& sc) {
   const double units = (4.0 + std::max(sc.model.experts, 0)) * sc.model.layers + 3;
   constexpr double ops_per = 150;
   const double rank_ops = units * (sc.run.steps + 1.0) * sc.training.grad_accum * ops_per;
   const double world = static_cast<double>(sc.cluster.world_size());
   const double ops = world * rank_ops;
-  const double bytes = rank_ops * 128 + ops * 32;
+  const double bytes = rank_ops * 128 + ops * 8;
   const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                         static_cast<double>(::sysconf(_SC_PAGE_SIZE)) / 2;
   if (memory <= 0 || bytes <= memory) return;

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "sim/builder.hpp"
@@ -107,6 +110,110 @@ TEST(OpList, DoesNotShareWhatDiffers) {
   EXPECT_FALSE(shorter.share_if_same(a));
 }
 
+// OpMatcher takes a rank's ops one at a time (how the builder issues them): while they match,
+// the rank keeps none of its own; from the first that differs, prefix() gives what it issued so
+// far with its own groups.
+TEST(OpMatcher, MatchesOneAtATimeAndGivesThePrefixOnTheRanksGroups) {
+  OpList a;
+  for (GroupId g : {0, 2, 0, kNoGroup}) a.push_back(g == kNoGroup ? Op{} : collective_on(g));
+  OpMatcher same(a);
+  for (GroupId g : {1, 3, 1, kNoGroup}) {
+    ASSERT_TRUE(same.add(g == kNoGroup ? Op{} : collective_on(g)));
+  }
+  const OpList shared = same.shared();
+  EXPECT_TRUE(shared.shares_with(a));
+  EXPECT_EQ(shared[2].group, 1);
+  EXPECT_EQ(shared[1].group, 3);
+
+  OpMatcher differs(a);
+  ASSERT_TRUE(differs.add(collective_on(5)));
+  ASSERT_TRUE(differs.add(collective_on(6)));
+  EXPECT_FALSE(differs.add(collective_on(7)));  // a's group 0 is already our 5
+  EXPECT_FALSE(differs.matching());
+  EXPECT_FALSE(differs.add(collective_on(5)));  // stays unmatched
+  EXPECT_EQ(differs.matched(), 2u);
+  const std::vector<Op> prefix = differs.prefix();
+  ASSERT_EQ(prefix.size(), 2u);
+  EXPECT_EQ(prefix[0].group, 5);
+  EXPECT_EQ(prefix[1].group, 6);
+  EXPECT_THROW((void)differs.shared(), std::logic_error);
+
+  OpMatcher longer(a);  // one op past a's end
+  for (GroupId g : {0, 2, 0, kNoGroup}) {
+    ASSERT_TRUE(longer.add(g == kNoGroup ? Op{} : collective_on(g)));
+  }
+  EXPECT_FALSE(longer.add(Op{}));
+  EXPECT_EQ(longer.prefix().size(), 4u);
+  OpMatcher shorter(a);
+  ASSERT_TRUE(shorter.add(collective_on(0)));
+  EXPECT_THROW((void)shorter.shared(), std::logic_error);
+}
+
+// A rank's accesses are a base shared with another rank plus own copies of the ops' blocks
+// that differ: every way of reading them gives what the rank's plain list held, and a write
+// makes the list plain again.
+TEST(AccessList, SharesEqualBlocksAndReadsEachRanksOwn) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 50; ++round) {
+    // Ops with 0 to 3 accesses each; the second rank differs in some ops' offsets.
+    OpList ops;
+    std::vector<Access> first, second;
+    const int n = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      Op op;
+      op.access_begin = static_cast<std::uint32_t>(first.size());
+      op.access_count = static_cast<std::uint32_t>(rng() % 4);
+      const bool differs = rng() % 3 == 0;
+      for (std::uint32_t k = 0; k < op.access_count; ++k) {
+        const Access a{static_cast<BufferId>(rng() % 5), AccessMode::kRead, rng() % 100, 8};
+        first.push_back(a);
+        Access b = a;
+        if (differs && (k == 0 || rng() % 2 == 0)) b.offset += 1000;
+        second.push_back(b);
+      }
+      ops.push_back(op);
+    }
+    const AccessList base(first);
+    AccessList list(second);
+    OpList same_ops;
+    ASSERT_TRUE(same_ops.share_if_same(ops));
+    list.share_blocks(base, same_ops, ops);
+    ASSERT_TRUE(list.shares_with(base) || first.empty());
+    EXPECT_LE(list.own_count(), second.size());
+    ASSERT_EQ(list.size(), second.size());
+    EXPECT_TRUE(std::equal(list.begin(), list.end(), second.begin(), second.end()));
+    for (std::size_t i = 0; i < second.size(); ++i) {
+      ASSERT_EQ(list[i], second[i]) << "access " << i;
+      ASSERT_EQ(list.index_of(&list[i]), i);
+    }
+    for (const Op& op : ops) {
+      const std::span<const Access> block = list.block(op.access_begin, op.access_count);
+      ASSERT_TRUE(std::equal(block.begin(), block.end(), second.begin() + op.access_begin,
+                             second.begin() + op.access_begin + op.access_count));
+      for (std::size_t k = 0; k < block.size(); ++k) {
+        ASSERT_EQ(list.index_of(&block[k]), op.access_begin + k);
+      }
+    }
+    // Iterators that start inside the list read on from there.
+    for (std::size_t i = 0; i < second.size(); ++i) {
+      ASSERT_TRUE(std::equal(AccessList::const_iterator(&list, i), list.end(),
+                             second.begin() + static_cast<std::ptrdiff_t>(i), second.end()));
+    }
+    // A write gives the rank a plain list of its own; the base is untouched.
+    AccessList written = list;
+    if (!second.empty()) {
+      written.mut()[0].bytes = 16;
+      EXPECT_FALSE(written.shares_with(base));
+      EXPECT_EQ(written.own_count(), 0u);
+      EXPECT_EQ(written[0].bytes, 16u);
+      EXPECT_TRUE(std::equal(AccessList::const_iterator(&written, 1), written.end(),
+                             second.begin() + 1, second.end()));
+      EXPECT_EQ(base[0], first[0]);
+      EXPECT_EQ(list[0], second[0]);
+    }
+  }
+}
+
 // The builder gives every rank of a 2 x 4 world one copy of the ops, and each rank's
 // collectives still run on groups it belongs to.
 TEST(OpList, TheBuilderSharesOneCopyAndEveryRankReadsItsOwnGroups) {
@@ -116,6 +223,10 @@ TEST(OpList, TheBuilderSharesOneCopyAndEveryRankReadsItsOwnGroups) {
   for (Rank r = 1; r < s.world_size; ++r) {
     EXPECT_TRUE(s.ranks[r].ops.shares_with(s.ranks[0].ops)) << "rank " << r;
     EXPECT_TRUE(s.ranks[r].buffers.shares_with(s.ranks[0].buffers)) << "rank " << r;
+    // Their accesses too, but for the ops whose bytes are the rank's own (its slice's offset).
+    EXPECT_TRUE(s.ranks[r].accesses.shares_with(s.ranks[0].accesses)) << "rank " << r;
+    EXPECT_GT(s.ranks[r].accesses.own_count(), 0u) << "rank " << r;
+    EXPECT_LT(s.ranks[r].accesses.own_count() * 4, s.ranks[r].accesses.size()) << "rank " << r;
   }
   for (Rank r = 0; r < s.world_size; ++r) {
     std::size_t collectives = 0;

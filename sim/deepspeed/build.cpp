@@ -347,10 +347,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   s.ranks.reserve(static_cast<std::size_t>(world));
   for (Rank r = 0; r < world; ++r) {
     RankBuilder b(sc, v, md, walk, s, r);
-    if (r > 0) {
-      const RankSchedule& first = s.ranks.front();
-      b.reserve(first.ops.size(), first.accesses.size(), first.buffers.size());
-    }
+    if (r > 0) b.follow(s.ranks.front());
     s.ranks.push_back(b.build());
     // Every rank issues rank 0's ops on its own groups: one copy for all (issue 16's 1,024 ranks).
     if (r > 0) share_alike(s.ranks.back(), s.ranks.front());

@@ -70,9 +70,24 @@ Op& RankBuilder::push(OpKind kind, StreamId s, Purpose p, std::span<const Access
     if (a.bytes > 0) out_.accesses.push_back(a);
   }
   op.access_count = static_cast<std::uint32_t>(out_.accesses.size() - op.access_begin);
-  std::vector<Op>& ops = out_.ops.mut();
-  ops.push_back(op);
-  return ops.back();
+  commit();
+  pending_ = op;
+  has_pending_ = true;
+  return pending_;
+}
+
+void RankBuilder::commit() {
+  if (!has_pending_) return;
+  has_pending_ = false;
+  if (matcher_) {
+    if (matcher_->add(pending_)) return;
+    // The first op unlike first's: from here on the rank keeps its own.
+    std::vector<Op>& ops = out_.ops.mut();
+    ops = matcher_->prefix();
+    ops.reserve(std::max(like_ops_, ops.size() + 1));
+    matcher_.reset();
+  }
+  out_.ops.mut().push_back(pending_);
 }
 
 EventId RankBuilder::record(StreamId s, Purpose p) {
@@ -270,7 +285,7 @@ void RankBuilder::forward_kernel(int module, bool recompute) {
   const std::vector<int>& own = md_.modules[module].params;
   unit_ = own.empty() ? kNoUnit : own.front();
   kernel(module, false);
-  if (recompute) out_.ops.mut().back().purpose = Purpose::kRecomputeForward;
+  if (recompute) pending_.purpose = Purpose::kRecomputeForward;  // the kernel's op, last issued
   unit_ = kNoUnit;
   label_ = saved;
 }
@@ -295,10 +310,11 @@ void RankBuilder::backward_kernel(int module) {
   }
 }
 
-RankBuilder& RankBuilder::reserve(std::size_t ops, std::size_t accesses, std::size_t buffers) {
-  out_.ops.mut().reserve(ops);
-  out_.accesses.reserve(accesses);
-  out_.buffers.mut().reserve(buffers);
+RankBuilder& RankBuilder::follow(const RankSchedule& first) {
+  matcher_.emplace(first.ops);
+  like_ops_ = first.ops.size();
+  out_.accesses.reserve(first.accesses.size());
+  out_.buffers.mut().reserve(first.buffers.size());
   return *this;
 }
 
@@ -344,6 +360,13 @@ RankSchedule RankBuilder::build() {
     phase_ = Phase::kOptimizer;
     push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);  // the script's loss.item()
   }
+  commit();
+  if (matcher_ && matcher_->matching() && matcher_->matched() == like_ops_) {
+    out_.ops = matcher_->shared();
+  } else if (matcher_) {
+    out_.ops.mut() = matcher_->prefix();  // first's ops run on past ours
+  }
+  matcher_.reset();
   out_.accesses.shrink_to_fit();  // a large world keeps every rank's: no growth slack
   return std::move(out_);
 }

@@ -16,6 +16,7 @@
 #include <deque>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -85,9 +86,11 @@ class RankBuilder final : private OpEmitter {
   RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, const Walk& walk,
               Schedule& s, Rank r);
   RankSchedule build();
-  /** Room for this many ops, accesses and buffers up front (another rank's counts: ranks issue
-   *  alike), so that a large world's build does not regrow every rank's vectors. */
-  RankBuilder& reserve(std::size_t ops, std::size_t accesses, std::size_t buffers);
+  /** Builds this rank as one that issues `first`'s ops, each on its own groups (every rank of a
+   *  DeepSpeed world does): each op is matched against first's as it is issued (OpMatcher), and
+   *  the rank keeps ops of its own only from the first one that differs. Room for first's
+   *  accesses and buffers is made up front. */
+  RankBuilder& follow(const RankSchedule& first);
 
  private:
   // OpEmitter.
@@ -204,6 +207,13 @@ class RankBuilder final : private OpEmitter {
   GroupId world_group_ = kNoGroup, hpz_group_ = kNoGroup, grad_group_ = kNoGroup;
   GroupId intra_group_ = kNoGroup, inter_group_ = kNoGroup;  // qgZ
   RankSchedule out_;
+  // The op last issued, which its issuer may still change (push returns it); it joins out_.ops
+  // (or is matched, see follow()) when the next one is issued.
+  Op pending_;
+  bool has_pending_ = false;
+  std::optional<OpMatcher> matcher_;  ///< follow(): while the ops match first's
+  std::size_t like_ops_ = 0;          ///< follow(): first's op count
+  void commit();
   /// S0 is the default stream; S_step the one run.step_stream = "side" issues forward and
   /// backward from (S0 otherwise): current_ during them.
   StreamId s0_ = 0, sag_ = -1, srs_ = -1, sstep_ = 0;

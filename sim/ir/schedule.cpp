@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <stdexcept>
 #include <string>
 
 #include "sim/error.hpp"
@@ -99,38 +100,166 @@ std::vector<Op>& OpList::mut() {
 bool OpList::share_if_same(const OpList& other) {
   if (shares_with(other) && groups_ == other.groups_) return true;
   if (size() != other.size()) return false;
-  // map[g]: our group for the shared copy's group g, kNoGroup until seen.
-  std::vector<GroupId> map;
-  bool identity = true;
+  OpMatcher m(other);
   for (std::size_t i = 0; i < size(); ++i) {
-    const Op& stored = other.ops_[i];  // the copy's own group
-    const Op ours = (*this)[i];
-    if ((stored.group == kNoGroup) != (ours.group == kNoGroup)) return false;
-    Op same_group = stored;
-    same_group.group = ours.group;
-    if (!(same_group == ours)) return false;
-    if (stored.group == kNoGroup) continue;
-    const auto g = static_cast<std::size_t>(stored.group);
-    if (map.size() <= g) map.resize(g + 1, kNoGroup);
-    if (map[g] == kNoGroup) {
-      map[g] = ours.group;
-    } else if (map[g] != ours.group) {
-      return false;
-    }
-    identity = identity && ours.group == stored.group;
+    if (!m.add((*this)[i])) return false;
   }
-  ops_ = other.ops_;
-  if (identity) {
-    groups_.reset();
-  } else {
-    groups_ = std::make_shared<const std::vector<GroupId>>(std::move(map));
-  }
+  *this = m.shared();
   return true;
 }
 
+bool OpMatcher::add(const Op& ours) {
+  if (!ok_) return false;
+  if (matched_ == like_->size()) return ok_ = false;
+  const Op& stored = like_->ops_[matched_];  // the copy's own group
+  if ((stored.group == kNoGroup) != (ours.group == kNoGroup)) return ok_ = false;
+  Op same_group = stored;
+  same_group.group = ours.group;
+  if (!(same_group == ours)) return ok_ = false;
+  if (stored.group != kNoGroup) {
+    const auto g = static_cast<std::size_t>(stored.group);
+    if (map_.size() <= g) map_.resize(g + 1, kNoGroup);
+    if (map_[g] == kNoGroup) {
+      map_[g] = ours.group;
+    } else if (map_[g] != ours.group) {
+      return ok_ = false;
+    }
+    identity_ = identity_ && ours.group == stored.group;
+  }
+  ++matched_;
+  return true;
+}
+
+std::vector<Op> OpMatcher::prefix() const {
+  std::vector<Op> out(like_->ops_.begin(),
+                      like_->ops_.begin() + static_cast<std::ptrdiff_t>(matched_));
+  for (Op& op : out) {
+    if (op.group != kNoGroup) op.group = map_[static_cast<std::size_t>(op.group)];
+  }
+  return out;
+}
+
+OpList OpMatcher::shared() const {
+  OpList out;
+  if (!ok_ || matched_ != like_->size())
+    throw std::logic_error("OpMatcher::shared: the lists differ");
+  out.ops_ = like_->ops_;
+  if (!identity_) out.groups_ = std::make_shared<const std::vector<GroupId>>(map_);
+  return out;
+}
+
+AccessList::const_iterator::const_iterator(const AccessList* list, std::size_t i)
+    : list_(list), i_(i) {
+  // The first own block that does not end at or before i (blocks are disjoint and ascending,
+  // so their ends ascend too).
+  std::size_t lo = 0, hi = list_->own_begin_.size();
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (std::size_t{list_->own_begin_[mid]} + list_->own_count_[mid] <= i) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  block_ = lo;
+}
+
+const Access& AccessList::const_iterator::operator*() const {
+  const AccessList& l = *list_;
+  if (block_ < l.own_begin_.size() && i_ >= l.own_begin_[block_]) {
+    return l.own_[l.own_at_[block_] + (i_ - l.own_begin_[block_])];
+  }
+  return l.base_[i_];
+}
+
+AccessList::const_iterator& AccessList::const_iterator::operator++() {
+  ++i_;
+  const AccessList& l = *list_;
+  if (block_ < l.own_begin_.size() &&
+      i_ >= std::size_t{l.own_begin_[block_]} + l.own_count_[block_]) {
+    ++block_;
+  }
+  return *this;
+}
+
+std::size_t AccessList::own_block(std::size_t i) const {
+  // The last block that begins at or before i, if it reaches i.
+  const auto it = std::upper_bound(own_begin_.begin(), own_begin_.end(), i,
+                                   [](std::size_t v, std::uint32_t b) { return v < b; });
+  if (it == own_begin_.begin()) return own_begin_.size();
+  const auto k = static_cast<std::size_t>(it - own_begin_.begin()) - 1;
+  return i < std::size_t{own_begin_[k]} + own_count_[k] ? k : own_begin_.size();
+}
+
+const Access& AccessList::operator[](std::size_t i) const {
+  if (own_begin_.empty()) return base_[i];
+  const std::size_t k = own_block(i);
+  return k == own_begin_.size() ? base_[i] : own_[own_at_[k] + (i - own_begin_[k])];
+}
+
+std::span<const Access> AccessList::block(std::uint32_t begin, std::uint32_t count) const {
+  if (count == 0) return {};
+  if (!own_begin_.empty()) {
+    const std::size_t k = own_block(begin);
+    if (k != own_begin_.size()) {
+      return std::span<const Access>(own_).subspan(own_at_[k] + (begin - own_begin_[k]), count);
+    }
+  }
+  return std::span<const Access>(base_.get()).subspan(begin, count);
+}
+
+std::size_t AccessList::index_of(const Access* a) const {
+  const std::vector<Access>& base = base_.get();
+  if (!base.empty() && a >= base.data() && a < base.data() + base.size()) {
+    return static_cast<std::size_t>(a - base.data());
+  }
+  const auto at = static_cast<std::size_t>(a - own_.data());
+  const auto it = std::upper_bound(own_at_.begin(), own_at_.end(), at,
+                                   [](std::size_t v, std::uint32_t b) { return v < b; });
+  const auto k = static_cast<std::size_t>(it - own_at_.begin()) - 1;
+  return own_begin_[k] + (at - own_at_[k]);
+}
+
+std::vector<Access>& AccessList::mut() {
+  if (own_begin_.empty()) return base_.mut();
+  std::vector<Access> plain(begin(), end());
+  own_begin_.clear();
+  own_count_.clear();
+  own_at_.clear();
+  own_.clear();
+  own_.shrink_to_fit();
+  base_ = SharedVector<Access>();
+  base_.mut() = std::move(plain);
+  return base_.mut();
+}
+
+void AccessList::share_blocks(const AccessList& base, const OpList& ops, const OpList& base_ops) {
+  if (base_.shares_with(base.base_) || !ops.shares_with(base_ops) || size() != base.size()) return;
+  const std::vector<Access>& theirs = base.base_.get();
+  AccessList out;
+  out.base_ = base.base_;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops.stored(i);  // shared: the same access_begin and access_count as base's
+    if (op.access_count == 0) continue;
+    const std::span<const Access> mine = block(op.access_begin, op.access_count);
+    if (std::equal(mine.begin(), mine.end(), theirs.begin() + op.access_begin)) continue;
+    out.own_begin_.push_back(op.access_begin);
+    out.own_count_.push_back(op.access_count);
+    out.own_at_.push_back(static_cast<std::uint32_t>(out.own_.size()));
+    out.own_.insert(out.own_.end(), mine.begin(), mine.end());
+  }
+  out.own_begin_.shrink_to_fit();
+  out.own_count_.shrink_to_fit();
+  out.own_at_.shrink_to_fit();
+  out.own_.shrink_to_fit();
+  *this = std::move(out);
+}
+
 void share_alike(RankSchedule& r, const RankSchedule& base) {
-  r.ops.share_if_same(base.ops);
+  // A builder's OpMatcher may have shared the op list already (with a group map of our own).
+  if (!r.ops.shares_with(base.ops)) r.ops.share_if_same(base.ops);
   r.buffers.share_if_equal(base.buffers);
+  r.accesses.share_blocks(base.accesses, r.ops, base.ops);
 }
 
 bool has_strided_accesses(const Schedule& schedule) {

@@ -457,8 +457,9 @@ void read_like_accesses(const Reader& rd, const json& j, const std::string& path
       rd.fail(at + "[1]",
               fmt::format("op {} has {} accesses, not {}", op, o.access_count, entry[1].size()));
     }
+    std::vector<Access>& own = rank.accesses.mut();
     for (std::uint32_t i = 0; i < o.access_count; ++i) {
-      rank.accesses[o.access_begin + i] =
+      own[o.access_begin + i] =
           read_access(rd, entry[1][i], at + "[1][" + std::to_string(i) + "]", rank);
     }
   }

@@ -108,7 +108,7 @@ AccessCode access_code(const RankSchedule& rs, bool allocator) {
   return c;
 }
 
-bool same_shape(const std::vector<Access>& a, const std::vector<Access>& b) {
+bool same_shape(const AccessList& a, const AccessList& b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const Access& x, const Access& y) {
     return x.buffer == y.buffer && x.mode == y.mode && x.count == y.count && x.stride == y.stride;
   });

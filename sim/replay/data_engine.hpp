@@ -153,7 +153,7 @@ class DataEngine {
 
   /** The slot an access of rank r refers to. */
   BufferId slot(Rank r, const Access& a) const {
-    return slots_[r][static_cast<std::size_t>(&a - s_.ranks[r].accesses.data())];
+    return slots_[r][s_.ranks[r].accesses.index_of(&a)];
   }
   /** The slot buffer `b` refers to for op `o` (b is one of its accesses' buffers). */
   BufferId slot(Rank r, const Op& o, BufferId b) const {
