@@ -84,7 +84,7 @@ void RankBuilder::commit() {
     // The first op unlike first's: from here on the rank keeps its own.
     std::vector<Op>& ops = out_.ops.mut();
     ops = matcher_->prefix();
-    ops.reserve(std::max(like_ops_, ops.size() + 1));
+    ops.reserve(std::max(matcher_->like_size(), ops.size() + 1));
     matcher_.reset();
   }
   out_.ops.mut().push_back(pending_);
@@ -312,7 +312,6 @@ void RankBuilder::backward_kernel(int module) {
 
 RankBuilder& RankBuilder::follow(const RankSchedule& first) {
   matcher_.emplace(first.ops);
-  like_ops_ = first.ops.size();
   out_.accesses.reserve(first.accesses.size());
   out_.buffers.mut().reserve(first.buffers.size());
   return *this;
@@ -361,7 +360,7 @@ RankSchedule RankBuilder::build() {
     push(OpKind::kHostStreamSync, s0_, Purpose::kStepSync);  // the script's loss.item()
   }
   commit();
-  if (matcher_ && matcher_->matching() && matcher_->matched() == like_ops_) {
+  if (matcher_ && matcher_->complete()) {
     out_.ops = matcher_->shared();
   } else if (matcher_) {
     out_.ops.mut() = matcher_->prefix();  // first's ops run on past ours

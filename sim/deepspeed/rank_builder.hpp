@@ -212,7 +212,6 @@ class RankBuilder final : private OpEmitter {
   Op pending_;
   bool has_pending_ = false;
   std::optional<OpMatcher> matcher_;  ///< follow(): while the ops match first's
-  std::size_t like_ops_ = 0;          ///< follow(): first's op count
   void commit();
   /// S0 is the default stream; S_step the one run.step_stream = "side" issues forward and
   /// backward from (S0 otherwise): current_ during them.

@@ -98,7 +98,7 @@ std::vector<Op>& OpList::mut() {
 }
 
 bool OpList::share_if_same(const OpList& other) {
-  if (shares_with(other) && groups_ == other.groups_) return true;
+  if (shares_with(other)) return true;  // shared with a group map checked when it was made
   if (size() != other.size()) return false;
   OpMatcher m(other);
   for (std::size_t i = 0; i < size(); ++i) {
@@ -141,8 +141,7 @@ std::vector<Op> OpMatcher::prefix() const {
 
 OpList OpMatcher::shared() const {
   OpList out;
-  if (!ok_ || matched_ != like_->size())
-    throw std::logic_error("OpMatcher::shared: the lists differ");
+  if (!complete()) throw std::logic_error("OpMatcher::shared: the lists differ");
   out.ops_ = like_->ops_;
   if (!identity_) out.groups_ = std::make_shared<const std::vector<GroupId>>(map_);
   return out;
@@ -155,7 +154,7 @@ AccessList::const_iterator::const_iterator(const AccessList* list, std::size_t i
   std::size_t lo = 0, hi = list_->own_begin_.size();
   while (lo < hi) {
     const std::size_t mid = lo + (hi - lo) / 2;
-    if (std::size_t{list_->own_begin_[mid]} + list_->own_count_[mid] <= i) {
+    if (list_->own_end(mid) <= i) {
       lo = mid + 1;
     } else {
       hi = mid;
@@ -175,8 +174,7 @@ const Access& AccessList::const_iterator::operator*() const {
 AccessList::const_iterator& AccessList::const_iterator::operator++() {
   ++i_;
   const AccessList& l = *list_;
-  if (block_ < l.own_begin_.size() &&
-      i_ >= std::size_t{l.own_begin_[block_]} + l.own_count_[block_]) {
+  if (block_ < l.own_begin_.size() && i_ >= l.own_end(block_)) {
     ++block_;
   }
   return *this;
@@ -188,7 +186,7 @@ std::size_t AccessList::own_block(std::size_t i) const {
                                    [](std::size_t v, std::uint32_t b) { return v < b; });
   if (it == own_begin_.begin()) return own_begin_.size();
   const auto k = static_cast<std::size_t>(it - own_begin_.begin()) - 1;
-  return i < std::size_t{own_begin_[k]} + own_count_[k] ? k : own_begin_.size();
+  return i < own_end(k) ? k : own_begin_.size();
 }
 
 const Access& AccessList::operator[](std::size_t i) const {
@@ -224,7 +222,6 @@ std::vector<Access>& AccessList::mut() {
   if (own_begin_.empty()) return base_.mut();
   std::vector<Access> plain(begin(), end());
   own_begin_.clear();
-  own_count_.clear();
   own_at_.clear();
   own_.clear();
   own_.shrink_to_fit();
@@ -238,26 +235,31 @@ void AccessList::share_blocks(const AccessList& base, const OpList& ops, const O
   const std::vector<Access>& theirs = base.base_.get();
   AccessList out;
   out.base_ = base.base_;
+  std::size_t covered = 0;  // every op's block so far ends at or before this index
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops.stored(i);  // shared: the same access_begin and access_count as base's
     if (op.access_count == 0) continue;
+    // Own blocks must ascend and be disjoint: a list whose ops' blocks do not (no builder or
+    // reader makes one) stays plain.
+    if (op.access_begin < covered || std::size_t{op.access_begin} + op.access_count > size()) {
+      return;
+    }
+    covered = std::size_t{op.access_begin} + op.access_count;
     const std::span<const Access> mine = block(op.access_begin, op.access_count);
     if (std::equal(mine.begin(), mine.end(), theirs.begin() + op.access_begin)) continue;
     out.own_begin_.push_back(op.access_begin);
-    out.own_count_.push_back(op.access_count);
     out.own_at_.push_back(static_cast<std::uint32_t>(out.own_.size()));
     out.own_.insert(out.own_.end(), mine.begin(), mine.end());
   }
+  if (!out.own_begin_.empty()) out.own_at_.push_back(static_cast<std::uint32_t>(out.own_.size()));
   out.own_begin_.shrink_to_fit();
-  out.own_count_.shrink_to_fit();
   out.own_at_.shrink_to_fit();
   out.own_.shrink_to_fit();
   *this = std::move(out);
 }
 
 void share_alike(RankSchedule& r, const RankSchedule& base) {
-  // A builder's OpMatcher may have shared the op list already (with a group map of our own).
-  if (!r.ops.shares_with(base.ops)) r.ops.share_if_same(base.ops);
+  r.ops.share_if_same(base.ops);
   r.buffers.share_if_equal(base.buffers);
   r.accesses.share_blocks(base.accesses, r.ops, base.ops);
 }

@@ -361,8 +361,11 @@ class OpMatcher {
   std::size_t matched() const { return matched_; }
   /** Our ops so far, our groups in place: the list's first matched() ops. */
   std::vector<Op> prefix() const;
-  /** Our list as the other's copy with our groups; only when matching() and every op of the
-   *  list was matched. */
+  /** True when every op of the list was matched, and nothing else taken. */
+  bool complete() const { return ok_ && matched_ == like_->size(); }
+  /** The number of ops in the list matched against. */
+  std::size_t like_size() const { return like_->size(); }
+  /** Our list as the other's copy with our groups; only when complete(). */
   OpList shared() const;
 
  private:
@@ -444,16 +447,26 @@ class AccessList {
   bool shares_with(const AccessList& other) const { return base_.shares_with(other.base_); }
   /** The accesses this rank keeps of its own (in blocks that differ from the shared base). */
   std::size_t own_count() const { return own_.size(); }
+  /** Calls f(begin, end) for the index range of each block of its own, ascending: outside
+   *  them the list reads its base. */
+  template <class F>
+  void for_each_own_range(F&& f) const {
+    for (std::size_t k = 0; k < own_begin_.size(); ++k) f(std::size_t{own_begin_[k]}, own_end(k));
+  }
 
  private:
   /** The own block holding index i, or own_begin_.size(). */
   std::size_t own_block(std::size_t i) const;
+  /** One past the last base index own block k replaces. */
+  std::size_t own_end(std::size_t k) const {
+    return std::size_t{own_begin_[k]} + (own_at_[k + 1] - own_at_[k]);
+  }
 
   SharedVector<Access> base_;
-  // Own blocks, ascending and disjoint: block k replaces base indices
-  // [own_begin_[k], own_begin_[k] + own_count_[k]) with own_[own_at_[k] ...].
+  // Own blocks, ascending and disjoint: block k replaces base indices from own_begin_[k] on
+  // with own_[own_at_[k] .. own_at_[k + 1]) (own_at_ ends with own_.size(); empty with no
+  // blocks).
   std::vector<std::uint32_t> own_begin_;
-  std::vector<std::uint32_t> own_count_;
   std::vector<std::uint32_t> own_at_;
   std::vector<Access> own_;
 };

@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
+#include <optional>
+#include <span>
 #include <unordered_map>
+#include <utility>
 
 namespace hpz {
 namespace {
@@ -34,7 +38,8 @@ std::uint64_t shape_of(const Access& a) {
          static_cast<std::uint64_t>(a.mode) ^ std::uint64_t{a.stride} << 40;
 }
 
-/** Per buffer, the sorted distinct ends of its accesses (with 0 and its size), in one array
+/** Per buffer, the sorted distinct ends of its accesses (with 0 and its size; or every end,
+ *  repeats kept, where asked), in one array
  *  (a vector per buffer cost a rank's thousands of buffers a malloc each): buffer b's are
  *  count[b] values from start[b]; none for a buffer whose offsets are kept as they are. */
 struct Ends {
@@ -42,14 +47,19 @@ struct Ends {
   std::vector<std::uint32_t> count;
   std::vector<std::uint64_t> values;
 
-  /** The position of v among buffer b's ends. */
+  /** The position of v among buffer b's ends: how many are less than v. */
   std::uint64_t at(BufferId b, std::uint64_t v) const {
     const auto first = values.begin() + start[b];
     return static_cast<std::uint64_t>(std::lower_bound(first, first + count[b], v) - first);
   }
+  /** How many of buffer b's ends are at most v. */
+  std::uint64_t up_to(BufferId b, std::uint64_t v) const {
+    const auto first = values.begin() + start[b];
+    return static_cast<std::uint64_t>(std::upper_bound(first, first + count[b], v) - first);
+  }
 };
 
-Ends ends_by_buffer(const RankSchedule& rs, bool allocator) {
+Ends ends_by_buffer(const RankSchedule& rs, bool allocator, bool distinct = true) {
   const std::size_t nb = rs.buffers.size();
   std::vector<std::uint8_t> fixed(nb, allocator ? 1 : 0);
   Ends e;
@@ -82,7 +92,7 @@ Ends ends_by_buffer(const RankSchedule& rs, bool allocator) {
     const auto first = e.values.begin() + e.start[b];
     const auto last = first + e.count[b];
     std::sort(first, last);
-    e.count[b] = static_cast<std::uint32_t>(std::unique(first, last) - first);
+    if (distinct) e.count[b] = static_cast<std::uint32_t>(std::unique(first, last) - first);
   }
   return e;
 }
@@ -137,11 +147,97 @@ bool same_issue(const RankSchedule& a, const RankSchedule& b) {
          (a.buffers.shares_with(b.buffers) || a.buffers.get() == b.buffers.get());
 }
 
-/** A class while classes are found: its representative's access code. */
+/** A class while classes are found: its representative's access code, and (made when a rank
+ *  first shares its accesses' base) every end of its accesses by buffer, repeats kept. */
 struct Candidate {
   std::int32_t cls = 0;
   AccessCode code;
+  std::optional<Ends> all_ends;
 };
+
+/** Both ends of one access that differs between a rank and a representative sharing their
+ *  accesses' base: the rank's and the representative's. */
+struct EndPair {
+  BufferId buffer = 0;
+  std::uint64_t ours = 0, theirs = 0;
+  auto operator<=>(const EndPair&) const = default;
+};
+
+/** Whether rank `rs` has representative `rep`'s access code, for two ranks whose accesses read
+ *  one shared base (AccessList::shares_with), from the accesses where the two differ alone:
+ *  an index outside both own blocks holds the same access in both. Codes are equal when every
+ *  differing access has the same shape, its offsets (kept as they are on a buffer whose offsets
+ *  cannot move) or else its ends take the same place among the others: among the ends of
+ *  accesses both share (how many are below each end, and how many at or below it, from the
+ *  representative's `all_ends` less its own differing ends) and among each other (the rank's
+ *  ends sorted put the representative's in the same order, ties where it has ties). */
+bool same_code_by_difference(const RankSchedule& rep, const Ends& all_ends,
+                             const RankSchedule& rs) {
+  // Own blocks are whole ops' blocks (AccessList::share_blocks) and both ranks issue one op
+  // list: a block of either is one block of the other too, its own or its base's.
+  std::vector<std::pair<std::size_t, std::size_t>> theirs_own, ours_own, ranges;
+  rep.accesses.for_each_own_range(
+      [&](std::size_t b, std::size_t e) { theirs_own.emplace_back(b, e); });
+  rs.accesses.for_each_own_range(
+      [&](std::size_t b, std::size_t e) { ours_own.emplace_back(b, e); });
+  std::set_union(theirs_own.begin(), theirs_own.end(), ours_own.begin(), ours_own.end(),
+                 std::back_inserter(ranges));
+  const std::size_t nb = rep.buffers.size();
+  std::vector<EndPair> ends;
+  std::size_t done = 0;  // indices below this were compared
+  for (const auto& [first, last] : ranges) {
+    if (first < done) return false;  // blocks that overlap: not blocks of one op list
+    const auto count = static_cast<std::uint32_t>(last - first);
+    const std::span<const Access> ours =
+        rs.accesses.block(static_cast<std::uint32_t>(first), count);
+    const std::span<const Access> theirs =
+        rep.accesses.block(static_cast<std::uint32_t>(first), count);
+    for (std::size_t k = 0; k < count; ++k) {
+      const Access& x = ours[k];
+      const Access& y = theirs[k];
+      if (x == y) continue;
+      if (x.buffer != y.buffer || x.mode != y.mode || x.count != y.count || x.stride != y.stride) {
+        return false;
+      }
+      // Equal shapes and other offsets: a buffer whose offsets are kept as they are differs.
+      if (x.buffer >= nb || all_ends.count[x.buffer] == 0) return false;
+      ends.push_back({x.buffer, x.offset, y.offset});
+      ends.push_back({x.buffer, x.end(), y.end()});
+    }
+    done = last;
+  }
+  if (ends.empty()) return true;
+  std::sort(ends.begin(), ends.end());
+  // The representative's differing ends by buffer, sorted, to take from its all_ends.
+  for (std::size_t lo = 0; lo < ends.size();) {
+    const BufferId b = ends[lo].buffer;
+    std::size_t hi = lo;
+    std::vector<std::uint64_t> theirs;
+    while (hi < ends.size() && ends[hi].buffer == b) theirs.push_back(ends[hi++].theirs);
+    std::sort(theirs.begin(), theirs.end());
+    const auto below = [&](std::uint64_t v) {  // shared ends below v, and at or below it
+      const auto lt = all_ends.at(b, v) -
+                      static_cast<std::uint64_t>(std::lower_bound(theirs.begin(), theirs.end(), v) -
+                                                 theirs.begin());
+      const auto le = all_ends.up_to(b, v) -
+                      static_cast<std::uint64_t>(std::upper_bound(theirs.begin(), theirs.end(), v) -
+                                                 theirs.begin());
+      return std::pair{lt, le};
+    };
+    for (std::size_t k = lo; k < hi; ++k) {
+      if (below(ends[k].ours) != below(ends[k].theirs)) return false;
+      // Sorted by ours, then theirs: the representative's must rise where ours rise, and tie
+      // where ours tie.
+      if (k + 1 < hi) {
+        const EndPair& a = ends[k];
+        const EndPair& c = ends[k + 1];
+        if (a.ours == c.ours ? a.theirs != c.theirs : a.theirs >= c.theirs) return false;
+      }
+    }
+    lo = hi;
+  }
+  return true;
+}
 
 /** One class per rank: the answer for a world with more kinds of ranks than kMaxClasses. */
 RankClasses per_rank(std::size_t n) {
@@ -162,27 +258,49 @@ RankClasses rank_classes(const Schedule& schedule) {
   out.class_of.assign(n, -1);
   // Classes by the hashes of their representatives' codes; compared in full before joining.
   std::unordered_map<std::uint64_t, std::vector<Candidate>> by_hash;
+  std::vector<Candidate*> candidate_of;  // per class
   for (std::size_t r = 0; r < n; ++r) {
     const RankSchedule& rs = schedule.ranks[r];
-    AccessCode code = access_code(rs, schedule.allocator);
-    std::vector<Candidate>& same = by_hash[code.shape * kOdd ^ code.hash];
     std::int32_t cls = -1;
-    for (const Candidate& c : same) {
+    // A rank that shares its accesses' base, ops and buffers with the representative of the
+    // class of the rank at its place one hpZ group (a node, in a DeepSpeed world) before it, is
+    // compared with it from the accesses where the two differ. The likely class only: any other
+    // is found by the whole code, as is this one where that comparison says no.
+    const auto before = static_cast<std::size_t>(std::max(schedule.hpz_size, 1));
+    if (r >= before) {
+      Candidate& c = *candidate_of[static_cast<std::size_t>(out.class_of[r - before])];
       const RankSchedule& rep = schedule.ranks[out.classes[c.cls].representative];
-      if (c.code.code == code.code && same_shape(rep.accesses, rs.accesses) &&
-          same_issue(rep, rs)) {
-        cls = c.cls;
-        break;
+      if (rs.accesses.shares_with(rep.accesses) && rs.ops.shares_with(rep.ops) &&
+          rs.buffers.shares_with(rep.buffers) && same_streams(rep, rs)) {
+        if (!c.all_ends) c.all_ends = ends_by_buffer(rep, schedule.allocator, false);
+        if (same_code_by_difference(rep, *c.all_ends, rs)) cls = c.cls;
       }
     }
-    if (cls < 0 && out.classes.size() == kMaxClasses) return per_rank(n);
     if (cls < 0) {
-      cls = static_cast<std::int32_t>(out.classes.size());
-      out.classes.push_back({static_cast<Rank>(r), {}});
-      same.push_back({cls, std::move(code)});
+      AccessCode code = access_code(rs, schedule.allocator);
+      std::vector<Candidate>& same = by_hash[code.shape * kOdd ^ code.hash];
+      for (const Candidate& c : same) {
+        const RankSchedule& rep = schedule.ranks[out.classes[c.cls].representative];
+        if (c.code.code == code.code && same_shape(rep.accesses, rs.accesses) &&
+            same_issue(rep, rs)) {
+          cls = c.cls;
+          break;
+        }
+      }
+      if (cls < 0 && out.classes.size() == kMaxClasses) return per_rank(n);
+      if (cls < 0) {
+        cls = static_cast<std::int32_t>(out.classes.size());
+        out.classes.push_back({static_cast<Rank>(r), {}});
+        same.push_back({cls, std::move(code), std::nullopt});
+        // by_hash's vectors grow: the candidates' addresses are taken afresh.
+        candidate_of.assign(out.classes.size(), nullptr);
+        for (auto& [hash, cands] : by_hash) {
+          for (Candidate& cand : cands) candidate_of[static_cast<std::size_t>(cand.cls)] = &cand;
+        }
+      }
     }
     out.class_of[r] = cls;
-    out.classes[cls].ranks.push_back(static_cast<Rank>(r));
+    out.classes[static_cast<std::size_t>(cls)].ranks.push_back(static_cast<Rank>(r));
   }
   return out;
 }

@@ -32,7 +32,10 @@ struct RankClasses {
   bool per_rank() const { return classes.size() == class_of.size(); }
 };
 
-/** The symmetry classes of `schedule`'s ranks. Where the caching allocator is modelled
+/** The symmetry classes of `schedule`'s ranks. A rank whose accesses, ops and buffers share
+ *  those of the representative of its likely class (AccessList::shares_with) is compared with
+ *  it from the accesses where the two differ, not from its whole code; the classes are the same
+ *  either way. Where the caching allocator is modelled
  *  (Schedule::allocator), ranks of one class have equal offsets too: its reuse puts different
  *  buffers in one block, whose overlaps the per-buffer order of offsets does not keep. */
 RankClasses rank_classes(const Schedule& schedule);
