@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,7 +30,9 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
       dt_(s.dtype_bytes) {
   for (std::size_t g = 0; g < s_.groups.size(); ++g) {
     const Group& grp = s_.groups[g];
-    if (std::find(grp.ranks.begin(), grp.ranks.end(), r) == grp.ranks.end()) continue;
+    // Group::ranks ascend (sim/ir/schedule.hpp): a search, not a scan, for each of the world's
+    // groups (at 16,384 GPUs some 4,000 of them, for each rank).
+    if (!std::binary_search(grp.ranks.begin(), grp.ranks.end(), r)) continue;
     if (grp.name == "world") world_group_ = static_cast<GroupId>(g);
     if (grp.name == "world1") grad_group_ = static_cast<GroupId>(g);
     if (grp.kind == GroupKind::kHpz) hpz_group_ = static_cast<GroupId>(g);
@@ -36,9 +40,16 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
     if (grp.kind == GroupKind::kInterNode) inter_group_ = static_cast<GroupId>(g);
   }
   if (v.reset_at_forward_start) trace_ = Trace::kInvalid;
+  // Each module's label: the first label with its path (a lookup, not a scan of the labels for
+  // each module, which was a few hundred thousand string compares a rank).
+  std::unordered_map<std::string_view, LabelId> label_of;
+  for (std::size_t i = 0; i < s_.labels.size(); ++i) {
+    label_of.emplace(s_.labels[i], static_cast<LabelId>(i));  // keeps the first
+  }
   for (const DsModule& m : md_.modules) {
-    const auto it = std::find(s_.labels.begin(), s_.labels.end(), m.path);
-    module_label_.push_back(static_cast<LabelId>(it - s_.labels.begin()));
+    const auto it = label_of.find(m.path);
+    module_label_.push_back(it != label_of.end() ? it->second
+                                                 : static_cast<LabelId>(s_.labels.size()));
   }
   for (const DsParam& p : md_.params) layouts_.emplace_back(p.numel, world_, hpz_);
   ps_.resize(md_.params.size());
