@@ -150,7 +150,6 @@ bool same_issue(const RankSchedule& a, const RankSchedule& b) {
 /** A class while classes are found: its representative's access code, and (made when a rank
  *  first shares its accesses' base) every end of its accesses by buffer, repeats kept. */
 struct Candidate {
-  std::int32_t cls = 0;
   AccessCode code;
   std::optional<Ends> all_ends;
 };
@@ -257,8 +256,8 @@ RankClasses rank_classes(const Schedule& schedule) {
   const std::size_t n = schedule.ranks.size();
   out.class_of.assign(n, -1);
   // Classes by the hashes of their representatives' codes; compared in full before joining.
-  std::unordered_map<std::uint64_t, std::vector<Candidate>> by_hash;
-  std::vector<Candidate*> candidate_of;  // per class
+  std::unordered_map<std::uint64_t, std::vector<std::int32_t>> by_hash;
+  std::vector<Candidate> candidates;  // per class
   for (std::size_t r = 0; r < n; ++r) {
     const RankSchedule& rs = schedule.ranks[r];
     std::int32_t cls = -1;
@@ -268,22 +267,25 @@ RankClasses rank_classes(const Schedule& schedule) {
     // is found by the whole code, as is this one where that comparison says no.
     const auto before = static_cast<std::size_t>(std::max(schedule.hpz_size, 1));
     if (r >= before) {
-      Candidate& c = *candidate_of[static_cast<std::size_t>(out.class_of[r - before])];
-      const RankSchedule& rep = schedule.ranks[out.classes[c.cls].representative];
+      const std::int32_t likely = out.class_of[r - before];
+      Candidate& c = candidates[static_cast<std::size_t>(likely)];
+      const RankSchedule& rep =
+          schedule.ranks[out.classes[static_cast<std::size_t>(likely)].representative];
       if (rs.accesses.shares_with(rep.accesses) && rs.ops.shares_with(rep.ops) &&
           rs.buffers.shares_with(rep.buffers) && same_streams(rep, rs)) {
         if (!c.all_ends) c.all_ends = ends_by_buffer(rep, schedule.allocator, false);
-        if (same_code_by_difference(rep, *c.all_ends, rs)) cls = c.cls;
+        if (same_code_by_difference(rep, *c.all_ends, rs)) cls = likely;
       }
     }
     if (cls < 0) {
       AccessCode code = access_code(rs, schedule.allocator);
-      std::vector<Candidate>& same = by_hash[code.shape * kOdd ^ code.hash];
-      for (const Candidate& c : same) {
-        const RankSchedule& rep = schedule.ranks[out.classes[c.cls].representative];
-        if (c.code.code == code.code && same_shape(rep.accesses, rs.accesses) &&
+      std::vector<std::int32_t>& same = by_hash[code.shape * kOdd ^ code.hash];
+      for (const std::int32_t k : same) {
+        const auto i = static_cast<std::size_t>(k);
+        const RankSchedule& rep = schedule.ranks[out.classes[i].representative];
+        if (candidates[i].code.code == code.code && same_shape(rep.accesses, rs.accesses) &&
             same_issue(rep, rs)) {
-          cls = c.cls;
+          cls = k;
           break;
         }
       }
@@ -291,12 +293,8 @@ RankClasses rank_classes(const Schedule& schedule) {
       if (cls < 0) {
         cls = static_cast<std::int32_t>(out.classes.size());
         out.classes.push_back({static_cast<Rank>(r), {}});
-        same.push_back({cls, std::move(code), std::nullopt});
-        // by_hash's vectors grow: the candidates' addresses are taken afresh.
-        candidate_of.assign(out.classes.size(), nullptr);
-        for (auto& [hash, cands] : by_hash) {
-          for (Candidate& cand : cands) candidate_of[static_cast<std::size_t>(cand.cls)] = &cand;
-        }
+        same.push_back(cls);
+        candidates.push_back({std::move(code), std::nullopt});
       }
     }
     out.class_of[r] = cls;
