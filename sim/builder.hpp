@@ -4,6 +4,7 @@
 // (deepspeed_builder.hpp; docs/deepspeed-builder.md says what it models).
 #pragma once
 
+#include "sim/deepspeed_builder.hpp"
 #include "sim/ir/schedule.hpp"
 #include "sim/scenario.hpp"
 
@@ -12,5 +13,15 @@ namespace hpz {
 /** Builds the schedule of every rank (build_deepspeed_schedule), after refusing one this
  *  machine's memory cannot hold; throws InputError if the scenario cannot be built. */
 Schedule build_schedule(const Scenario& scenario);
+/** The same with `memory` bytes for the schedule in place of half this machine's physical
+ *  memory (0: no limit). The guard refuses a schedule whose floor (from the scenario's sizes)
+ *  exceeds it before building, stops a build whose bytes projected from the ranks built so far
+ *  exceed twice it, and one whose built ranks hold more than it (resident bytes estimated from
+ *  schedule_bytes, deepspeed_builder.hpp): an InputError naming what it measured. */
+Schedule build_schedule(const Scenario& scenario, double memory);
+
+/** build_schedule's guard after each rank: throws the InputError that stops a build of
+ *  `scenario` given `memory` bytes, or returns. */
+void guard_build(const Scenario& scenario, double memory, const BuildProgress& progress);
 
 }  // namespace hpz

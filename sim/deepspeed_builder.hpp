@@ -6,6 +6,8 @@
 // docs/deepspeed-builder.md says what is modelled, version by version, and where it still differs.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,13 +25,33 @@ RunTraits run_traits(const Scenario& scenario);
  *  version that is no release. */
 std::vector<const ReleaseRule*> scenario_defects(const Scenario& scenario);
 
+/** Told after each rank is built: the ranks built so far and the bytes the schedule holds so
+ *  far (schedule_bytes), of which `lead_bytes` are the first hpZ group's. Its ranks follow rank
+ *  0; every later rank follows the rank one group before it, sharing what it issues alike (its
+ *  op list, access list and buffer table) and keeping the rest of its own. It may throw to stop
+ *  the build (build_schedule's memory guard). */
+struct BuildProgress {
+  int ranks_built = 0;
+  int lead_ranks = 0;          ///< the first hpZ group's ranks (all of them in a small world)
+  std::size_t lead_bytes = 0;  ///< their bytes, as far as built
+  std::size_t held = 0;        ///< every built rank's, the first group's included
+};
+using OnRankBuilt = std::function<void(const BuildProgress&)>;
+
+/** The bytes `rank` holds of its own beside what it shares with `base` (share_alike): its op
+ *  list, access list and buffer table where it does not share them, else the accesses it keeps
+ *  of its own; with `base` null, all of them. The counts of the vectors' elements and of the
+ *  buffers' names, not the allocator's overhead. */
+std::size_t schedule_bytes(const RankSchedule& rank, const RankSchedule* base);
+
 /** Builds every rank's schedule as DeepSpeed release `version` issues it (its rules:
  *  sim/deepspeed_releases.hpp) for the scenario (Llama-shaped
  *  models with qwZ, qgZ, persistence and accumulation; variant stock, host-sync or event-wait on
  *  top of that version). Throws InputError for an unknown version or what it does not model
  *  (other model families, offload_param with qwZ) and where DeepSpeed itself
- *  would stop (qwZ on a shard that is not a multiple of 8 elements). build_schedule (builder.hpp)
- *  is the entry the engines use. */
-Schedule build_deepspeed_schedule(const Scenario& scenario, const std::string& version);
+ *  would stop (qwZ on a shard that is not a multiple of 8 elements), and what `on_rank_built`
+ *  throws. build_schedule (builder.hpp) is the entry the engines use. */
+Schedule build_deepspeed_schedule(const Scenario& scenario, const std::string& version,
+                                  const OnRankBuilt& on_rank_built = {});
 
 }  // namespace hpz

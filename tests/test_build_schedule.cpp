@@ -4,14 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <random>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/deepspeed_builder.hpp"
 #include "sim/error.hpp"
 #include "sim/ir/schedule_json.hpp"
+#include "sim/scenario.hpp"
+#include "tests/paths.hpp"
 
 namespace hpz {
 namespace {
@@ -267,6 +272,136 @@ TEST(OpList, TheBuilderSharesOneCopyAndEveryRankReadsItsOwnGroups) {
     }
     EXPECT_GT(collectives, 0u);
   }
+}
+
+// Where a parameter's secondary slice at some hpZ position lies entirely in the padding, that
+// position's ranks copy nothing into it, so they issue other ops than rank 0. Each rank then
+// shares one copy with the same position of the node before it (the rank one hpZ group
+// earlier), not with rank 0: one whole copy per position, not one per rank (16,384 GPUs of
+// llama2-70b.toml are such a world).
+TEST(OpList, RanksOfOneHpzPositionShareOneCopyWhereTheirSlicesFallInThePadding) {
+  Scenario sc = small();
+  // World 128: the norm weights' 64 elements are padded to 128, so the secondary slices of
+  // hpZ positions 2 and 3 ([64, 96) and [96, 128)) are padding.
+  sc.cluster.nodes = 32;
+  const Schedule s = build_schedule(sc);
+  const Rank hpz = s.hpz_size;
+  ASSERT_EQ(hpz, 4);
+  EXPECT_TRUE(s.ranks[1].ops.shares_with(s.ranks[0].ops));
+  EXPECT_FALSE(s.ranks[2].ops.shares_with(s.ranks[0].ops));
+  EXPECT_LT(s.ranks[2].ops.size(), s.ranks[0].ops.size());  // the copies it does not issue
+  // All but the ranks of the node where the norm weights' primary slices (one element each on
+  // ranks 0-63) turn to padding, ranks 64-67: they issue other ops than the node before.
+  std::size_t own = 0;
+  for (Rank r = hpz; r < s.world_size; ++r) {
+    const RankSchedule& before = s.ranks[r - hpz];
+    const bool alike = r < 64 || r >= 68;
+    EXPECT_EQ(s.ranks[r].ops.shares_with(before.ops), alike) << "rank " << r;
+    EXPECT_EQ(s.ranks[r].accesses.shares_with(before.accesses), alike) << "rank " << r;
+    if (!alike) continue;
+    EXPECT_TRUE(s.ranks[r].buffers.shares_with(before.buffers)) << "rank " << r;
+    own += schedule_bytes(s.ranks[r], &before);
+  }
+  // What they keep of their own is their slices' offsets: a small part of a whole rank.
+  const std::size_t whole = schedule_bytes(s.ranks[0], nullptr);
+  EXPECT_GT(own, 0u);
+  EXPECT_LT(own, static_cast<std::size_t>(s.world_size - 2 * hpz) * whole / 4);
+}
+
+// The builder tells after each rank what the schedule holds (build_schedule's memory guard
+// reads it), and a throw from there stops the build.
+TEST(Builder, TellsWhatItHoldsAfterEachRankAndStopsOnAThrow) {
+  const Scenario sc = small();
+  std::vector<BuildProgress> seen;
+  const Schedule s = build_deepspeed_schedule(sc, sc.zero.deepspeed_version,
+                                              [&](const BuildProgress& p) { seen.push_back(p); });
+  ASSERT_EQ(seen.size(), static_cast<std::size_t>(s.world_size));
+  std::size_t held = 0;
+  for (Rank r = 0; r < s.world_size; ++r) {
+    const Rank like = r == 0 ? -1 : (r >= s.hpz_size ? r - s.hpz_size : 0);
+    held += schedule_bytes(s.ranks[r], like < 0 ? nullptr : &s.ranks[like]);
+    EXPECT_EQ(seen[r].ranks_built, r + 1);
+    EXPECT_EQ(seen[r].lead_ranks, s.hpz_size);
+    EXPECT_EQ(seen[r].held, held) << "rank " << r;
+  }
+  EXPECT_EQ(seen.back().lead_bytes, seen[s.hpz_size - 1].held);
+  EXPECT_GT(seen.back().held, seen.back().lead_bytes);
+  int calls = 0;
+  EXPECT_THROW(build_deepspeed_schedule(sc, sc.zero.deepspeed_version,
+                                        [&](const BuildProgress& p) {
+                                          ++calls;
+                                          if (p.ranks_built == 3) throw std::runtime_error("stop");
+                                        }),
+               std::runtime_error);
+  EXPECT_EQ(calls, 3);
+}
+
+// The guard measures the build as it goes (build_schedule): an InputError, never an exhausted
+// machine, whatever the scenario's sizes made the floor before it let through.
+TEST(Builder, TheMemoryGuardStopsWhatOutgrowsItsBudgetAndLetsTheRestThrough) {
+  Scenario sc = small();
+  sc.cluster.nodes = 1000;  // 4,000 ranks in hpZ groups of 4
+  const auto message = [&](double memory, const BuildProgress& p) -> std::string {
+    try {
+      guard_build(sc, memory, p);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  constexpr double kMiB = 1024.0 * 1024;
+  // 20 ranks built: the first group's 4 at 1 MiB, 16 after them at 100 KiB each (schedule_bytes).
+  BuildProgress p;
+  p.ranks_built = 20;
+  p.lead_ranks = 4;
+  p.lead_bytes = static_cast<std::size_t>(kMiB);
+  p.held = p.lead_bytes + 16 * 100 * 1024;
+  // 3,996 more such ranks: about 600 MiB resident. Refused early only far past the budget.
+  EXPECT_NE(message(200 * kMiB, p).find("projected from the first 20 of its 4000 ranks"),
+            std::string::npos)
+      << message(200 * kMiB, p);
+  EXPECT_EQ(message(400 * kMiB, p), "");
+  EXPECT_EQ(message(0, p), "");  // no budget
+  // One rank short of the probe: no projection yet, only what is held.
+  BuildProgress early = p;
+  early.ranks_built = 19;
+  early.held -= 100 * 1024;
+  EXPECT_EQ(message(200 * kMiB, early), "");
+  EXPECT_NE(message(2 * kMiB, early).find("outgrew half of this machine's"), std::string::npos)
+      << message(2 * kMiB, early);
+  // The bytes held stop the build whatever the projection says: a first group of 4 MiB (6 MiB
+  // resident) and ranks after it that keep nothing of their own project 10 MiB.
+  BuildProgress big_lead = p;
+  big_lead.lead_bytes = static_cast<std::size_t>(4 * kMiB);
+  big_lead.held = big_lead.lead_bytes;
+  EXPECT_EQ(message(6.5 * kMiB, big_lead), "");
+  EXPECT_NE(message(5.5 * kMiB, big_lead)
+                .find("outgrew half of this machine's 0.0107 GiB of "
+                      "memory: about 0.00588 GiB after 20 of its 4000 "
+                      "ranks"),
+            std::string::npos)
+      << message(5.5 * kMiB, big_lead);
+  // The whole build with the guard on: the same schedule as without it.
+  const Scenario small_world = small();
+  EXPECT_EQ(schedule_to_json(build_schedule(small_world, 0)),
+            schedule_to_json(build_schedule(small_world)));
+}
+
+// The shipped llama2-7b.toml on 8 nodes holds about 26 MB (schedule_bytes to resident bytes)
+// where the floor from its sizes is 11 MB: 16 MiB lets the floor through and the build stops
+// with what it measured, 64 MiB builds.
+TEST(Builder, TheMemoryGuardStopsARealBuildWithWhatItMeasured) {
+  const Scenario sc =
+      load_scenario(test::source_dir() + "/scenarios/llama2-7b.toml", {{"cluster.nodes", "8"}});
+  try {
+    (void)build_schedule(sc, 16.0 * 1024 * 1024);
+    ADD_FAILURE() << "64 ranks of llama2-7b built in 16 MiB";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("of its 64 ranks"), std::string::npos) << what;
+    EXPECT_EQ(what.find(" ops: "), std::string::npos) << "refused by the floor: " << what;
+  }
+  EXPECT_EQ(build_schedule(sc, 64.0 * 1024 * 1024).ranks.size(), 64u);
 }
 
 }  // namespace

@@ -325,7 +325,24 @@ std::vector<const ReleaseRule*> scenario_defects(const Scenario& sc) {
                                  : std::vector<const ReleaseRule*>{};
 }
 
-Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version) {
+std::size_t schedule_bytes(const RankSchedule& rank, const RankSchedule* base) {
+  std::size_t bytes = 0;
+  if (!base || !rank.ops.shares_with(base->ops)) bytes += rank.ops.size() * sizeof(Op);
+  if (!base || !rank.accesses.shares_with(base->accesses)) {
+    bytes += rank.accesses.size() * sizeof(Access);
+  } else {
+    bytes += rank.accesses.own_count() * sizeof(Access);
+    rank.accesses.for_each_own_range(
+        [&](std::size_t, std::size_t) { bytes += 2 * sizeof(std::uint32_t); });
+  }
+  if (!base || !rank.buffers.shares_with(base->buffers)) {
+    for (const Buffer& b : rank.buffers) bytes += sizeof(Buffer) + b.name.size();
+  }
+  return bytes;
+}
+
+Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version,
+                                  const OnRankBuilt& on_rank_built) {
   const VersionRules v = version_rules(version, run_traits(sc), sc.path);
   // The module tree transformers builds for the family, at the release the scenario names
   // (model.transformers_version): each is held to recordings of real DeepSpeed made with that
@@ -345,12 +362,26 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   }
   const int world = s.world_size;
   s.ranks.reserve(static_cast<std::size_t>(world));
+  const deepspeed::WorldIndex index(s, md);
+  BuildProgress progress;
+  progress.lead_ranks = std::min(s.hpz_size, world);
   for (Rank r = 0; r < world; ++r) {
-    RankBuilder b(sc, v, md, walk, s, r);
-    if (r > 0) b.follow(s.ranks.front());
+    // Every rank issues the ops of the rank one hpZ group (a node) before it, each on its own
+    // groups, and keeps one copy for all (issue 16's 1,024 ranks); the first group's ranks
+    // follow rank 0. Rank 0 would not do for all: where a parameter's secondary slice at some
+    // hpZ position lies in the padding, that position's ranks copy nothing into it (16,384
+    // GPUs of llama2-70b.toml, 128 ranks or more of tiny.toml), so they issue other ops than
+    // rank 0, but the same as each other.
+    const RankSchedule* like = r == 0 ? nullptr : &s.ranks[r >= s.hpz_size ? r - s.hpz_size : 0];
+    RankBuilder b(sc, v, md, walk, index, s, r);
+    if (like) b.follow(*like);
     s.ranks.push_back(b.build());
-    // Every rank issues rank 0's ops on its own groups: one copy for all (issue 16's 1,024 ranks).
-    if (r > 0) share_alike(s.ranks.back(), s.ranks.front());
+    if (like) share_alike(s.ranks.back(), *like);
+    const std::size_t bytes = schedule_bytes(s.ranks.back(), like);
+    if (r < progress.lead_ranks) progress.lead_bytes += bytes;
+    progress.held += bytes;
+    progress.ranks_built = r + 1;
+    if (on_rank_built) on_rank_built(progress);
   }
   return s;
 }

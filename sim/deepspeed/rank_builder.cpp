@@ -16,8 +16,34 @@
 
 namespace hpz::deepspeed {
 
+WorldIndex::WorldIndex(const Schedule& s, const Model& md) {
+  std::unordered_map<std::string_view, LabelId> label_of;
+  for (std::size_t i = 0; i < s.labels.size(); ++i) {
+    label_of.emplace(s.labels[i], static_cast<LabelId>(i));  // keeps the first
+  }
+  for (const DsModule& m : md.modules) {
+    const auto it = label_of.find(m.path);
+    module_label.push_back(it != label_of.end() ? it->second
+                                                : static_cast<LabelId>(s.labels.size()));
+  }
+  // Counted, then placed: each rank's groups in group order, so ascending.
+  const auto world = static_cast<std::size_t>(s.world_size);
+  group_at.assign(world + 1, 0);
+  for (const Group& g : s.groups) {
+    for (const Rank r : g.ranks) ++group_at[static_cast<std::size_t>(r) + 1];
+  }
+  for (std::size_t r = 0; r < world; ++r) group_at[r + 1] += group_at[r];
+  groups.resize(group_at[world]);
+  std::vector<std::size_t> next(group_at.begin(), group_at.end() - 1);
+  for (std::size_t g = 0; g < s.groups.size(); ++g) {
+    for (const Rank r : s.groups[g].ranks) {
+      groups[next[static_cast<std::size_t>(r)]++] = static_cast<GroupId>(g);
+    }
+  }
+}
+
 RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md,
-                         const Walk& walk, Schedule& s, Rank r)
+                         const Walk& walk, const WorldIndex& index, Schedule& s, Rank r)
     : sc_(sc),
       v_(v),
       offload_(param_offload(sc)),
@@ -27,30 +53,17 @@ RankBuilder::RankBuilder(const Scenario& sc, const VersionRules& v, const Model&
       rank_(r),
       world_(s.world_size),
       hpz_(s.hpz_size),
-      dt_(s.dtype_bytes) {
-  for (std::size_t g = 0; g < s_.groups.size(); ++g) {
-    const Group& grp = s_.groups[g];
-    // Group::ranks ascend (sim/ir/schedule.hpp): a search, not a scan, for each of the world's
-    // groups (at 16,384 GPUs some 4,000 of them, for each rank).
-    if (!std::binary_search(grp.ranks.begin(), grp.ranks.end(), r)) continue;
-    if (grp.name == "world") world_group_ = static_cast<GroupId>(g);
-    if (grp.name == "world1") grad_group_ = static_cast<GroupId>(g);
-    if (grp.kind == GroupKind::kHpz) hpz_group_ = static_cast<GroupId>(g);
-    if (grp.kind == GroupKind::kIntraNode) intra_group_ = static_cast<GroupId>(g);
-    if (grp.kind == GroupKind::kInterNode) inter_group_ = static_cast<GroupId>(g);
+      dt_(s.dtype_bytes),
+      module_label_(index.module_label) {
+  for (const GroupId g : index.groups_of(r)) {
+    const Group& grp = s_.groups[static_cast<std::size_t>(g)];
+    if (grp.name == "world") world_group_ = g;
+    if (grp.name == "world1") grad_group_ = g;
+    if (grp.kind == GroupKind::kHpz) hpz_group_ = g;
+    if (grp.kind == GroupKind::kIntraNode) intra_group_ = g;
+    if (grp.kind == GroupKind::kInterNode) inter_group_ = g;
   }
   if (v.reset_at_forward_start) trace_ = Trace::kInvalid;
-  // Each module's label: the first label with its path (a lookup, not a scan of the labels for
-  // each module, which was a few hundred thousand string compares a rank).
-  std::unordered_map<std::string_view, LabelId> label_of;
-  for (std::size_t i = 0; i < s_.labels.size(); ++i) {
-    label_of.emplace(s_.labels[i], static_cast<LabelId>(i));  // keeps the first
-  }
-  for (const DsModule& m : md_.modules) {
-    const auto it = label_of.find(m.path);
-    module_label_.push_back(it != label_of.end() ? it->second
-                                                 : static_cast<LabelId>(s_.labels.size()));
-  }
   for (const DsParam& p : md_.params) layouts_.emplace_back(p.numel, world_, hpz_);
   ps_.resize(md_.params.size());
   for (int p = 0; p < static_cast<int>(md_.params.size()); ++p) {

@@ -79,12 +79,29 @@ struct TraceEntry {
   int step_id;
 };
 
+/** What every rank's builder reads alike, made once per schedule (a rank's builder made it
+ *  again: a hash map of the labels, and a search of every group for the rank, which at 200,000
+ *  ranks of tiny.toml on 100,000 hpZ groups was most of the build). */
+struct WorldIndex {
+  /** Each module's label: the first of the schedule's labels with its path. */
+  std::vector<LabelId> module_label;
+  /** The groups rank r is in, ascending: groups[group_at[r] .. group_at[r + 1]). */
+  std::vector<std::size_t> group_at;
+  std::vector<GroupId> groups;
+
+  WorldIndex(const Schedule& s, const Model& md);
+  std::span<const GroupId> groups_of(Rank r) const {
+    const auto i = static_cast<std::size_t>(r);
+    return {groups.data() + group_at[i], group_at[i + 1] - group_at[i]};
+  }
+};
+
 /** One rank's schedule as DeepSpeed issues it. As an OpEmitter, the offload model's copies and
  *  stagings (sim/deepspeed/offload.hpp) emit through it. */
 class RankBuilder final : private OpEmitter {
  public:
   RankBuilder(const Scenario& sc, const VersionRules& v, const Model& md, const Walk& walk,
-              Schedule& s, Rank r);
+              const WorldIndex& index, Schedule& s, Rank r);
   RankSchedule build();
   /** Builds this rank as one that issues `first`'s ops, each on its own groups (every rank of a
    *  DeepSpeed world does): each op is matched against first's as it is issued (OpMatcher), and
@@ -225,7 +242,7 @@ class RankBuilder final : private OpEmitter {
   int micro_ = 0;
   UnitId unit_ = kNoUnit;
   LabelId label_ = kNoLabel;
-  std::vector<LabelId> module_label_;
+  const std::vector<LabelId>& module_label_;  ///< WorldIndex::module_label
   std::vector<ShardLayout> layouts_;
   std::vector<ParamState> ps_;
   /** The optimizer's parameters, in model.parameters() order: all but the orphan (a tied

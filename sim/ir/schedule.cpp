@@ -89,9 +89,7 @@ bool on_host(const Op& op) {
 std::vector<Op>& OpList::mut() {
   std::vector<Op>& ops = ops_.mut();
   if (groups_) {
-    for (Op& op : ops) {
-      if (op.group != kNoGroup) op.group = (*groups_)[static_cast<std::size_t>(op.group)];
-    }
+    for (Op& op : ops) op.group = own_group(op.group);
     groups_.reset();
   }
   return ops;
@@ -117,11 +115,11 @@ bool OpMatcher::add(const Op& ours) {
   same_group.group = ours.group;
   if (!(same_group == ours)) return ok_ = false;
   if (stored.group != kNoGroup) {
-    const auto g = static_cast<std::size_t>(stored.group);
-    if (map_.size() <= g) map_.resize(g + 1, kNoGroup);
-    if (map_[g] == kNoGroup) {
-      map_[g] = ours.group;
-    } else if (map_[g] != ours.group) {
+    const auto seen = std::find_if(map_.begin(), map_.end(),
+                                   [&](const GroupPair& p) { return p.copy == stored.group; });
+    if (seen == map_.end()) {
+      map_.push_back({stored.group, ours.group});
+    } else if (seen->ours != ours.group) {
       return ok_ = false;
     }
     identity_ = identity_ && ours.group == stored.group;
@@ -134,7 +132,10 @@ std::vector<Op> OpMatcher::prefix() const {
   std::vector<Op> out(like_->ops_.begin(),
                       like_->ops_.begin() + static_cast<std::ptrdiff_t>(matched_));
   for (Op& op : out) {
-    if (op.group != kNoGroup) op.group = map_[static_cast<std::size_t>(op.group)];
+    if (op.group == kNoGroup) continue;
+    op.group = std::find_if(map_.begin(), map_.end(), [&](const GroupPair& p) {
+                 return p.copy == op.group;
+               })->ours;  // every group of a matched op was seen
   }
   return out;
 }
@@ -143,7 +144,7 @@ OpList OpMatcher::shared() const {
   OpList out;
   if (!complete()) throw std::logic_error("OpMatcher::shared: the lists differ");
   out.ops_ = like_->ops_;
-  if (!identity_) out.groups_ = std::make_shared<const std::vector<GroupId>>(map_);
+  if (!identity_) out.groups_ = std::make_shared<const std::vector<GroupPair>>(map_);
   return out;
 }
 
