@@ -79,8 +79,9 @@ void check_schedule_size(const Scenario& sc, double memory) {
 //   elements and later ones none, and the average of the first 65 was 13.5 KiB a rank where
 //   the whole build holds about 30 MB;
 // - whatever the projection says, once what the built ranks hold exceeds `memory`.
-// tiny.toml at 100,000 nodes got past the old guard and ran out of memory after 194 s (each
-// rank shared nothing with rank 0 and kept a table over every group id); it now holds 190 MB.
+// tiny.toml at 100,000 nodes, let through with a 5 B estimate, ran out of memory after 194 s
+// (each rank shared nothing with rank 0 and kept a table over every group id); built with a
+// 1 B estimate, it now holds 190 MB (the 8 B estimate refuses it before building).
 void guard_build(const Scenario& sc, double memory, const BuildProgress& p) {
   if (memory <= 0) return;
   const int world = sc.cluster.world_size();
