@@ -35,6 +35,8 @@ struct BuildProgress {
   int lead_ranks = 0;          ///< the first hpZ group's ranks (all of them in a small world)
   std::size_t lead_bytes = 0;  ///< their bytes, as far as built
   std::size_t held = 0;        ///< every built rank's, the first group's included
+  /** Of ranks_built, those derived from two built ones (sim/deepspeed/derive.hpp), not built. */
+  int derived = 0;
 };
 using OnRankBuilt = std::function<void(const BuildProgress&)>;
 
@@ -51,7 +53,14 @@ std::size_t schedule_bytes(const RankSchedule& rank, const RankSchedule* base);
  *  (other model families, offload_param with qwZ) and where DeepSpeed itself
  *  would stop (qwZ on a shard that is not a multiple of 8 elements), and what `on_rank_built`
  *  throws. build_schedule (builder.hpp) is the entry the engines use. */
+/** How the builder makes the ranks it reads alike (sim/deepspeed/derive.hpp). */
+enum class RankBuild {
+  kDeriveAlike,  ///< builds the first two and last of each kind, derives the others
+  kEach,         ///< builds every rank (what the derivation is tested against)
+};
+
 Schedule build_deepspeed_schedule(const Scenario& scenario, const std::string& version,
-                                  const OnRankBuilt& on_rank_built = {});
+                                  const OnRankBuilt& on_rank_built = {},
+                                  RankBuild how = RankBuild::kDeriveAlike);
 
 }  // namespace hpz

@@ -306,6 +306,81 @@ TEST(OpList, RanksOfOneHpzPositionShareOneCopyWhereTheirSlicesFallInThePadding) 
   EXPECT_LT(own, static_cast<std::size_t>(s.world_size - 2 * hpz) * whole / 4);
 }
 
+// Ranks the builder reads alike are derived from two built ones, not built
+// (sim/deepspeed/derive.hpp): the schedule is the one building every rank gives, byte for byte,
+// on worlds whose kinds start and end where slices turn to padding (small() at 128 ranks: the
+// norm weights' 64 elements), with qwZ and qgZ, under each release's secondary-copy bounds, with
+// hpZ off or over two nodes, and with one rank's secondaries missing ([bugs]).
+TEST(Builder, DerivesRanksItReadsAlikeAsItWouldBuildThem) {
+  struct Case {
+    std::string what;
+    Scenario sc;
+  };
+  std::vector<Case> cases;
+  const auto add = [&](std::string what, int nodes, auto&& change) {
+    Scenario sc = small();
+    sc.cluster.nodes = nodes;
+    change(sc);
+    cases.push_back({std::move(what), sc});
+  };
+  add("128 ranks, padding", 32, [](Scenario&) {});
+  add("qwZ and qgZ", 8, [](Scenario& sc) {
+    // qwZ needs shards of a multiple of 8 elements: llama2-7b's norms (4,096) at 32 ranks.
+    sc.model = model_preset("llama2-7b");
+    sc.model.layers = 2;
+    sc.zero.zero_quantized_weights = true;
+    sc.zero.zero_quantized_gradients = true;
+  });
+  add("0.13.1", 8, [](Scenario& sc) { sc.zero.deepspeed_version = "0.13.1"; });
+  add("0.14.4", 8, [](Scenario& sc) { sc.zero.deepspeed_version = "0.14.4"; });
+  add("0.19.5", 8, [](Scenario& sc) { sc.zero.deepspeed_version = "0.19.5"; });
+  add("event-wait, 2 steps", 8, [](Scenario& sc) {
+    sc.run.variant = Variant::kEventWait;
+    sc.run.steps = 2;
+  });
+  add("no hpZ", 8, [](Scenario& sc) { sc.zero.zero_hpz_partition_size = 1; });
+  add("hpZ over two nodes", 8, [](Scenario& sc) { sc.zero.zero_hpz_partition_size = 8; });
+  add("mismatched rank 13", 8, [](Scenario& sc) { sc.bugs.secondary_mismatch_rank = 13; });
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string& version = c.sc.zero.deepspeed_version;
+    const Schedule each = build_deepspeed_schedule(c.sc, version, {}, RankBuild::kEach);
+    BuildProgress last;
+    const Schedule derived =
+        build_deepspeed_schedule(c.sc, version, [&](const BuildProgress& p) { last = p; });
+    EXPECT_EQ(last.ranks_built, derived.world_size);
+    // A kind's ranks but its first two and its last are derived: with 8 nodes or more, some.
+    EXPECT_GT(last.derived, 0);
+    const nlohmann::json a = schedule_to_json(derived), b = schedule_to_json(each);
+    if (a == b) continue;
+    ADD_FAILURE() << "the derived schedule differs from the one built rank by rank";
+    for (std::size_t r = 0; r < a["ranks"].size() && r < b["ranks"].size(); ++r) {
+      if (a["ranks"][r] != b["ranks"][r]) {
+        ADD_FAILURE() << "first at rank " << r;
+        break;
+      }
+    }
+  }
+  // Where DeepSpeed raises on some rank (0.14.4's narrow() past a norm weight's end at 128
+  // ranks, hpZ positions 3 and up), so does the build that derives.
+  Scenario raises = small();
+  raises.cluster.nodes = 32;
+  raises.zero.deepspeed_version = "0.14.4";
+  std::string each_says, derived_says;
+  try {
+    build_deepspeed_schedule(raises, "0.14.4", {}, RankBuild::kEach);
+  } catch (const InputError& e) {
+    each_says = e.what();
+  }
+  try {
+    build_deepspeed_schedule(raises, "0.14.4");
+  } catch (const InputError& e) {
+    derived_says = e.what();
+  }
+  EXPECT_NE(each_says.find("narrow()"), std::string::npos) << each_says;
+  EXPECT_EQ(derived_says, each_says);
+}
+
 // The builder tells after each rank what the schedule holds (build_schedule's memory guard
 // reads it), and a throw from there stops the build.
 TEST(Builder, TellsWhatItHoldsAfterEachRankAndStopsOnAThrow) {

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "sim/deepspeed/derive.hpp"
 #include "sim/deepspeed/hooks.hpp"
 #include "sim/deepspeed/model_tree.hpp"
 #include "sim/deepspeed/offload.hpp"
@@ -342,7 +344,7 @@ std::size_t schedule_bytes(const RankSchedule& rank, const RankSchedule* base) {
 }
 
 Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version,
-                                  const OnRankBuilt& on_rank_built) {
+                                  const OnRankBuilt& on_rank_built, RankBuild how) {
   const VersionRules v = version_rules(version, run_traits(sc), sc.path);
   // The module tree transformers builds for the family, at the release the scenario names
   // (model.transformers_version): each is held to recordings of real DeepSpeed made with that
@@ -363,20 +365,54 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   const int world = s.world_size;
   s.ranks.reserve(static_cast<std::size_t>(world));
   const deepspeed::WorldIndex index(s, md);
+  // Ranks the builder reads alike: the first two and the last of each kind are built, the
+  // others derived from the first two (sim/deepspeed/derive.hpp).
+  const bool derive = how == RankBuild::kDeriveAlike;
+  const deepspeed::RankKinds kinds =
+      derive ? deepspeed::rank_kinds(s, sc.bugs.secondary_mismatch_rank) : deepspeed::RankKinds{};
+  std::vector<std::optional<deepspeed::Derivation>> derivations(kinds.members.size());
   BuildProgress progress;
   progress.lead_ranks = std::min(s.hpz_size, world);
   for (Rank r = 0; r < world; ++r) {
-    // Every rank issues the ops of the rank one hpZ group (a node) before it, each on its own
-    // groups, and keeps one copy for all (issue 16's 1,024 ranks); the first group's ranks
-    // follow rank 0. Rank 0 would not do for all: where a parameter's secondary slice at some
-    // hpZ position lies in the padding, that position's ranks copy nothing into it (16,384
-    // GPUs of llama2-70b.toml, 128 ranks or more of tiny.toml), so they issue other ops than
-    // rank 0, but the same as each other.
-    const RankSchedule* like = r == 0 ? nullptr : &s.ranks[r >= s.hpz_size ? r - s.hpz_size : 0];
-    RankBuilder b(sc, v, md, walk, index, s, r);
-    if (like) b.follow(*like);
-    s.ranks.push_back(b.build());
-    if (like) share_alike(s.ranks.back(), *like);
+    const auto at = static_cast<std::size_t>(r);
+    const std::size_t kind = derive ? static_cast<std::size_t>(kinds.kind_of[at]) : 0;
+    const std::size_t place = derive ? static_cast<std::size_t>(kinds.place[at]) : 0;
+    const std::vector<Rank>* members = derive ? &kinds.members[kind] : nullptr;
+    const bool last = derive && place + 1 == members->size();
+    std::optional<RankSchedule> derived;
+    if (derive && place >= 2 && !last && derivations[kind]) {
+      derived = derivations[kind]->derive(s, index, r);
+    }
+    // A built rank issues the ops of the first of its kind, or else of the rank one hpZ group (a
+    // node) before it, each on its own groups, and keeps one copy for all (issue 16's 1,024
+    // ranks); the first group's ranks follow rank 0. Rank 0 would not do for all: where a
+    // parameter's secondary slice at some hpZ position lies in the padding, that position's
+    // ranks copy nothing into it (16,384 GPUs of llama2-70b.toml, 128 ranks or more of
+    // tiny.toml), so they issue other ops than rank 0, but the same as each other.
+    const RankSchedule* like = r == 0       ? nullptr
+                               : place >= 1 ? &s.ranks[static_cast<std::size_t>(members->front())]
+                                            : &s.ranks[r >= s.hpz_size ? r - s.hpz_size : 0];
+    if (derived) {
+      s.ranks.push_back(std::move(*derived));
+      ++progress.derived;
+    } else {
+      RankBuilder b(sc, v, md, walk, index, s, r);
+      if (like) b.follow(*like);
+      s.ranks.push_back(b.build());
+      if (like) share_alike(s.ranks.back(), *like);
+      if (derive && place == 1) {
+        derivations[kind] = deepspeed::Derivation::make(s, index, members->front(), r);
+      }
+      // The last of a kind, built, must be what its derivation says; where it is not, the
+      // derivation's premise (the file comment of derive.hpp) fails on this world, and every
+      // rank is built.
+      if (derive && last && place >= 2 && derivations[kind]) {
+        const std::optional<RankSchedule> predicted = derivations[kind]->derive(s, index, r);
+        if (!predicted || !deepspeed::same_rank_schedule(*predicted, s.ranks.back())) {
+          return build_deepspeed_schedule(sc, version, on_rank_built, RankBuild::kEach);
+        }
+      }
+    }
     const std::size_t bytes = schedule_bytes(s.ranks.back(), like);
     if (r < progress.lead_ranks) progress.lead_bytes += bytes;
     progress.held += bytes;

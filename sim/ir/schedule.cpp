@@ -106,6 +106,15 @@ bool OpList::share_if_same(const OpList& other) {
   return true;
 }
 
+OpList OpList::sharing(const OpList& like, std::vector<GroupPair> groups) {
+  OpList out;
+  out.ops_ = like.ops_;
+  const bool identity = std::all_of(groups.begin(), groups.end(),
+                                    [](const GroupPair& p) { return p.copy == p.ours; });
+  if (!identity) out.groups_ = std::make_shared<const std::vector<GroupPair>>(std::move(groups));
+  return out;
+}
+
 bool OpMatcher::add(const Op& ours) {
   if (!ok_) return false;
   if (matched_ == like_->size()) return ok_ = false;
@@ -257,6 +266,24 @@ void AccessList::share_blocks(const AccessList& base, const OpList& ops, const O
   out.own_at_.shrink_to_fit();
   out.own_.shrink_to_fit();
   *this = std::move(out);
+}
+
+AccessList AccessList::on_base_of(const AccessList& other) {
+  AccessList out;
+  out.base_ = other.base_;
+  return out;
+}
+
+void AccessList::add_own_block(std::uint32_t begin, std::span<const Access> values) {
+  const std::size_t last_end = own_begin_.empty() ? 0 : own_end(own_begin_.size() - 1);
+  if (values.empty()) return;
+  if (begin < last_end || std::size_t{begin} + values.size() > size()) {
+    throw std::logic_error("AccessList::add_own_block: blocks out of order or past the end");
+  }
+  if (own_at_.empty()) own_at_.push_back(0);
+  own_begin_.push_back(begin);
+  own_.insert(own_.end(), values.begin(), values.end());
+  own_at_.push_back(static_cast<std::uint32_t>(own_.size()));
 }
 
 void share_alike(RankSchedule& r, const RankSchedule& base) {

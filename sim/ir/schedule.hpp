@@ -349,6 +349,10 @@ class OpList {
    *  correspond one for one (each of other's groups is always this list's same group); true
    *  when they share afterwards. */
   bool share_if_same(const OpList& other);
+  /** `like`'s shared copy, each of the copy's groups run as the group `groups` pairs it with
+   *  (every group the copy's ops name must be paired; pairs of a group with itself may be left
+   *  out only when all are): how a builder gives a rank another's ops on its own groups. */
+  static OpList sharing(const OpList& like, std::vector<GroupPair> groups);
 
  private:
   friend class OpMatcher;
@@ -459,6 +463,16 @@ class AccessList {
   void share_blocks(const AccessList& base, const OpList& ops, const OpList& base_ops);
   /** True when both read one shared base. */
   bool shares_with(const AccessList& other) const { return base_.shares_with(other.base_); }
+  /** The shared base's `count` accesses from `begin`, whatever this list keeps of its own. */
+  std::span<const Access> base_block(std::uint32_t begin, std::uint32_t count) const {
+    return std::span<const Access>(base_.get()).subspan(begin, count);
+  }
+  /** A list that reads `other`'s shared base with no blocks of its own; add_own_block() then
+   *  puts its own in, ascending. */
+  static AccessList on_base_of(const AccessList& other);
+  /** Reads `values` at the indices from `begin` on instead of the base's. Blocks go in
+   *  ascending and disjoint, inside the list; throws std::logic_error otherwise. */
+  void add_own_block(std::uint32_t begin, std::span<const Access> values);
   /** The accesses this rank keeps of its own (in blocks that differ from the shared base). */
   std::size_t own_count() const { return own_.size(); }
   /** Calls f(begin, end) for the index range of each block of its own, ascending: outside
