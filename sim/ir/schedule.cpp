@@ -216,6 +216,17 @@ std::span<const Access> AccessList::block(std::uint32_t begin, std::uint32_t cou
   return std::span<const Access>(base_.get()).subspan(begin, count);
 }
 
+std::span<const Access> AccessList::BlockReader::block(std::uint32_t begin, std::uint32_t count) {
+  const AccessList& l = *list_;
+  if (count == 0) return {};
+  while (k_ < l.own_begin_.size() && l.own_end(k_) <= begin) ++k_;
+  if (k_ < l.own_begin_.size() && l.own_begin_[k_] <= begin) {
+    return std::span<const Access>(l.own_).subspan(l.own_at_[k_] + (begin - l.own_begin_[k_]),
+                                                   count);
+  }
+  return std::span<const Access>(l.base_.get()).subspan(begin, count);
+}
+
 std::size_t AccessList::index_of(const Access* a) const {
   const std::vector<Access>& base = base_.get();
   if (!base.empty() && a >= base.data() && a < base.data() + base.size()) {

@@ -448,6 +448,17 @@ class AccessList {
   const_iterator end() const { return {this, size()}; }
   /** The `count` accesses from `begin`, one op's (a block never straddles an own block's edge). */
   std::span<const Access> block(std::uint32_t begin, std::uint32_t count) const;
+  /** Reads blocks as block() does, in ascending order of their starts, each in constant time
+   *  (block() searches the own blocks): a walk over many ranks' blocks (rank_classes). */
+  class BlockReader {
+   public:
+    explicit BlockReader(const AccessList& list) : list_(&list) {}
+    std::span<const Access> block(std::uint32_t begin, std::uint32_t count);
+
+   private:
+    const AccessList* list_;
+    std::size_t k_ = 0;  ///< no own block before k_ ends after the last begin read
+  };
   /** The index of an access read through operator[], block() or an iterator. */
   std::size_t index_of(const Access* a) const;
 

@@ -184,13 +184,13 @@ bool same_code_by_difference(const RankSchedule& rep, const Ends& all_ends,
   const std::size_t nb = rep.buffers.size();
   std::vector<EndPair> ends;
   std::size_t done = 0;  // indices below this were compared
+  AccessList::BlockReader our_blocks(rs.accesses), their_blocks(rep.accesses);
   for (const auto& [first, last] : ranges) {
     if (first < done) return false;  // blocks that overlap: not blocks of one op list
     const auto count = static_cast<std::uint32_t>(last - first);
-    const std::span<const Access> ours =
-        rs.accesses.block(static_cast<std::uint32_t>(first), count);
+    const std::span<const Access> ours = our_blocks.block(static_cast<std::uint32_t>(first), count);
     const std::span<const Access> theirs =
-        rep.accesses.block(static_cast<std::uint32_t>(first), count);
+        their_blocks.block(static_cast<std::uint32_t>(first), count);
     for (std::size_t k = 0; k < count; ++k) {
       const Access& x = ours[k];
       const Access& y = theirs[k];
