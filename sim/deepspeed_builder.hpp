@@ -25,11 +25,12 @@ RunTraits run_traits(const Scenario& scenario);
  *  version that is no release. */
 std::vector<const ReleaseRule*> scenario_defects(const Scenario& scenario);
 
-/** Told after each rank is built: the ranks built so far and the bytes the schedule holds so
- *  far (schedule_bytes), of which `lead_bytes` are the first hpZ group's. Its ranks follow rank
- *  0; every later rank follows the rank one group before it, sharing what it issues alike (its
- *  op list, access list and buffer table) and keeping the rest of its own. It may throw to stop
- *  the build (build_schedule's memory guard). */
+/** Told after each rank is built or derived: the ranks so far and the bytes the schedule holds
+ *  so far (schedule_bytes), of which `lead_bytes` are the first hpZ group's. A rank follows the
+ *  first of its kind (sim/deepspeed/derive.hpp), or else the rank one group before it (the
+ *  first group's follow rank 0), sharing what it issues alike (its op list, access list and
+ *  buffer table) and keeping the rest of its own. It may throw to stop the build
+ *  (build_schedule's memory guard). */
 struct BuildProgress {
   int ranks_built = 0;
   int lead_ranks = 0;          ///< the first hpZ group's ranks (all of them in a small world)
