@@ -333,6 +333,24 @@ TEST(SweepPlot, LinePerSeriesRingWhereARaceBites) {
   EXPECT_NE(svg.find(">10</text>"), std::string::npos);
 }
 
+// The legend's lines fit in the picture: short names keep it 760 px wide, a long one widens it
+// (a cluster-size sweep's "stock, cluster.nic_gbps=12.5" was cut off after "12").
+TEST(SweepPlot, TheLegendFitsItsLongestName) {
+  Chart chart;
+  chart.series = {{"stock", {{1, 2, false}, {2, 1, false}}}};
+  EXPECT_NE(render_svg(chart).find("width=\"760\" height=\"440\""), std::string::npos);
+  chart.series.push_back({"stock, cluster.nic_gbps=12.5", {{1, 3, false}, {2, 2, false}}});
+  const std::string svg = render_svg(chart);
+  const std::size_t at = svg.find("width=\"");
+  ASSERT_NE(at, std::string::npos);
+  const double width = std::stod(svg.substr(at + 7));
+  // The plot ends at 560 px, the legend's lines start 14 px right of it and their text 26 px
+  // further, ~7 px a character for 28 characters.
+  EXPECT_GE(width, 560 + 14 + 26 + 7 * 28);
+  EXPECT_NE(svg.find("viewBox=\"0 0 " + svg.substr(at + 7, svg.find('"', at + 7) - at - 7)),
+            std::string::npos);
+}
+
 TEST(SweepReport, ChartPerResultAndKeyRunsAveraged) {
   Plan plan;
   plan.scenario = "s.toml";
