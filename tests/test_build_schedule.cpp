@@ -378,6 +378,10 @@ TEST(Builder, DerivesRanksItReadsAlikeAsItWouldBuildThem) {
   });
   add("no hpZ", 8, [](Scenario& sc) { sc.zero.zero_hpz_partition_size = 1; });
   add("hpZ over two nodes", 8, [](Scenario& sc) { sc.zero.zero_hpz_partition_size = 8; });
+  add("hpZ 2 in nodes of 4, qgZ", 8, [](Scenario& sc) {
+    sc.zero.zero_hpz_partition_size = 2;
+    sc.zero.zero_quantized_gradients = true;
+  });
   add("mismatched rank 13", 8, [](Scenario& sc) { sc.bugs.secondary_mismatch_rank = 13; });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -369,7 +369,8 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
   // others derived from the first two (sim/deepspeed/derive.hpp).
   const bool derive = how == RankBuild::kDeriveAlike;
   const deepspeed::RankKinds kinds =
-      derive ? deepspeed::rank_kinds(s, sc.bugs.secondary_mismatch_rank) : deepspeed::RankKinds{};
+      derive ? deepspeed::rank_kinds(s, sc.cluster.gpus_per_node, sc.bugs.secondary_mismatch_rank)
+             : deepspeed::RankKinds{};
   std::vector<std::optional<deepspeed::Derivation>> derivations(kinds.members.size());
   BuildProgress progress;
   progress.lead_ranks = std::min(s.hpz_size, world);

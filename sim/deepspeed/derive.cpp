@@ -28,7 +28,7 @@ std::uint64_t along(std::uint64_t a, std::int64_t slope, std::int64_t ranks) {
 
 }  // namespace
 
-RankKinds rank_kinds(const Schedule& s, Rank mismatch_rank) {
+RankKinds rank_kinds(const Schedule& s, int gpus_per_node, Rank mismatch_rank) {
   const int world = s.world_size;
   const int hpz = std::max(s.hpz_size, 1);
   std::vector<ShardLayout> layouts;
@@ -37,17 +37,22 @@ RankKinds rank_kinds(const Schedule& s, Rank mismatch_rank) {
   RankKinds k;
   k.kind_of.resize(static_cast<std::size_t>(world));
   k.place.resize(static_cast<std::size_t>(world));
-  // A rank's key as bytes: its hpZ position, whether it is rank 0 or the mismatched rank, and
+  // A rank's key as bytes: its hpZ position, its index in its node (the builder reads it only
+  // through its qgZ groups, which are paired; kept so that ranks of one kind are alike in it
+  // too where hpZ is smaller than a node), whether it is rank 0 or the mismatched rank, and
   // each parameter's real elements in its primary slice.
+  constexpr std::size_t kFixed = 4;
+  const int local = std::max(gpus_per_node, 1);
   std::unordered_map<std::string, std::int32_t> ids;
-  std::vector<std::uint64_t> key(3 + layouts.size());
+  std::vector<std::uint64_t> key(kFixed + layouts.size());
   std::string bytes;
   for (Rank r = 0; r < world; ++r) {
     key[0] = static_cast<std::uint64_t>(r % hpz);
-    key[1] = r == 0 ? 1 : 0;
-    key[2] = r == mismatch_rank ? 1 : 0;
+    key[1] = static_cast<std::uint64_t>(r % local);
+    key[2] = r == 0 ? 1 : 0;
+    key[3] = r == mismatch_rank ? 1 : 0;
     for (std::size_t p = 0; p < layouts.size(); ++p) {
-      key[3 + p] = layouts[p].valid(layouts[p].primary_slice(r)).size();
+      key[kFixed + p] = layouts[p].valid(layouts[p].primary_slice(r)).size();
     }
     bytes.assign(reinterpret_cast<const char*>(key.data()), key.size() * sizeof(std::uint64_t));
     const auto [it, added] = ids.try_emplace(bytes, static_cast<std::int32_t>(k.members.size()));

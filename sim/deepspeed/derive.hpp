@@ -7,10 +7,12 @@
 // read in full) or [bugs] secondary_mismatch_rank (partition.cpp), its groups, and its primary
 // slice [r*S, (r+1)*S) of each parameter, clamped to the parameter's elements (ShardLayout::
 // valid; gather.cpp, partition.cpp, load.cpp, optimizer.cpp) and its slot r*S of a world
-// gather's buffer (gather.cpp). Ranks equal in the first three and in how many real elements
-// each parameter's primary slice holds (full, none, or the one partial slice) take every branch
-// alike, issue the same ops on their own groups, and their accesses differ only in offsets that
-// are affine in r (a slice's start, a clamped start minus the slice's start, a slot).
+// gather's buffer (gather.cpp). Ranks equal in the first three, in their index within the node
+// (read only through the qgZ groups, but kept alike where hpZ is smaller than a node, so that a
+// kind's ranks do not alternate in it) and in how many real elements each parameter's primary
+// slice holds (full, none, or the one partial slice) take every branch alike, issue the same ops on
+// their own groups, and their accesses differ only in offsets that are affine in r (a slice's
+// start, a clamped start minus the slice's start, a slot).
 //
 // So the first two ranks of such a kind are built; each later one is derived: the first's op
 // list on its own groups (paired in the order the world index lists them), the same buffers, and
@@ -38,9 +40,9 @@ struct RankKinds {
   std::vector<std::vector<Rank>> members;  ///< per kind, ascending
 };
 
-/** The kinds of `s`'s ranks (its world, hpZ size and units), `mismatch_rank` being [bugs]
- *  secondary_mismatch_rank (-1: none). */
-RankKinds rank_kinds(const Schedule& s, Rank mismatch_rank);
+/** The kinds of `s`'s ranks (its world, hpZ size and units) on nodes of `gpus_per_node`,
+ *  `mismatch_rank` being [bugs] secondary_mismatch_rank (-1: none). */
+RankKinds rank_kinds(const Schedule& s, int gpus_per_node, Rank mismatch_rank);
 
 /** How the ranks of one kind follow from its first two, built. */
 class Derivation {
