@@ -369,20 +369,20 @@ TEST(Builder, DerivesRanksItReadsAlikeAsItWouldBuildThem) {
     sc.zero.zero_quantized_weights = true;
     sc.zero.zero_quantized_gradients = true;
   });
-  add("0.13.1", 8, [](Scenario& sc) { sc.zero.deepspeed_version = "0.13.1"; });
-  add("0.14.4", 8, [](Scenario& sc) { sc.zero.deepspeed_version = "0.14.4"; });
-  add("0.19.5", 8, [](Scenario& sc) { sc.zero.deepspeed_version = "0.19.5"; });
-  add("event-wait, 2 steps", 8, [](Scenario& sc) {
+  add("0.13.1", 6, [](Scenario& sc) { sc.zero.deepspeed_version = "0.13.1"; });
+  add("0.14.4", 6, [](Scenario& sc) { sc.zero.deepspeed_version = "0.14.4"; });
+  add("0.19.5", 6, [](Scenario& sc) { sc.zero.deepspeed_version = "0.19.5"; });
+  add("event-wait, 2 steps", 6, [](Scenario& sc) {
     sc.run.variant = Variant::kEventWait;
     sc.run.steps = 2;
   });
-  add("no hpZ", 8, [](Scenario& sc) { sc.zero.zero_hpz_partition_size = 1; });
+  add("no hpZ", 6, [](Scenario& sc) { sc.zero.zero_hpz_partition_size = 1; });
   add("hpZ over two nodes", 8, [](Scenario& sc) { sc.zero.zero_hpz_partition_size = 8; });
-  add("hpZ 2 in nodes of 4, qgZ", 8, [](Scenario& sc) {
+  add("hpZ 2 in nodes of 4, qgZ", 6, [](Scenario& sc) {
     sc.zero.zero_hpz_partition_size = 2;
     sc.zero.zero_quantized_gradients = true;
   });
-  add("mismatched rank 13", 8, [](Scenario& sc) { sc.bugs.secondary_mismatch_rank = 13; });
+  add("mismatched rank 13", 6, [](Scenario& sc) { sc.bugs.secondary_mismatch_rank = 13; });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     const std::string& version = c.sc.zero.deepspeed_version;
@@ -391,7 +391,8 @@ TEST(Builder, DerivesRanksItReadsAlikeAsItWouldBuildThem) {
     const Schedule derived =
         build_deepspeed_schedule(c.sc, version, [&](const BuildProgress& p) { last = p; });
     EXPECT_EQ(last.ranks_built, derived.world_size);
-    // A kind's ranks but its first two and its last are derived: with 8 nodes or more, some.
+    // A kind's ranks but its first two and its last are derived: with 6 nodes, some (8 nodes for
+    // qwZ, whose shards must hold a multiple of 8 elements, and for hpZ over two nodes).
     EXPECT_GT(last.derived, 0);
     const nlohmann::json a = schedule_to_json(derived), b = schedule_to_json(each);
     if (a == b) continue;
