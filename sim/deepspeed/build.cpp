@@ -410,6 +410,7 @@ Schedule build_deepspeed_schedule(const Scenario& sc, const std::string& version
       if (derive && last && place >= 2 && derivations[kind]) {
         const std::optional<RankSchedule> predicted = derivations[kind]->derive(s, index, r);
         if (!predicted || !deepspeed::same_rank_schedule(*predicted, s.ranks.back())) {
+          s = Schedule();  // not held through the rebuild
           return build_deepspeed_schedule(sc, version, on_rank_built, RankBuild::kEach);
         }
       }
