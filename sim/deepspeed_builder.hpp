@@ -47,6 +47,12 @@ using OnRankBuilt = std::function<void(const BuildProgress&)>;
  *  buffers' names, not the allocator's overhead. */
 std::size_t schedule_bytes(const RankSchedule& rank, const RankSchedule* base);
 
+/** How the builder makes the ranks it reads alike (sim/deepspeed/derive.hpp). */
+enum class RankBuild {
+  kDeriveAlike,  ///< builds the first two and last of each kind, derives the others
+  kEach,         ///< builds every rank (what the derivation is tested against)
+};
+
 /** Builds every rank's schedule as DeepSpeed release `version` issues it (its rules:
  *  sim/deepspeed_releases.hpp) for the scenario (Llama-shaped
  *  models with qwZ, qgZ, persistence and accumulation; variant stock, host-sync or event-wait on
@@ -54,12 +60,6 @@ std::size_t schedule_bytes(const RankSchedule& rank, const RankSchedule* base);
  *  (other model families, offload_param with qwZ) and where DeepSpeed itself
  *  would stop (qwZ on a shard that is not a multiple of 8 elements), and what `on_rank_built`
  *  throws. build_schedule (builder.hpp) is the entry the engines use. */
-/** How the builder makes the ranks it reads alike (sim/deepspeed/derive.hpp). */
-enum class RankBuild {
-  kDeriveAlike,  ///< builds the first two and last of each kind, derives the others
-  kEach,         ///< builds every rank (what the derivation is tested against)
-};
-
 Schedule build_deepspeed_schedule(const Scenario& scenario, const std::string& version,
                                   const OnRankBuilt& on_rank_built = {},
                                   RankBuild how = RankBuild::kDeriveAlike);

@@ -121,14 +121,15 @@ std::optional<Derivation> Derivation::make(const Schedule& s, const WorldIndex& 
     if (b.ops.own_group(p.copy) != p.ours) return std::nullopt;
   }
   const auto ranks = static_cast<std::int64_t>(second - first);
+  AccessList::BlockReader first_blocks(a.accesses), second_blocks(b.accesses);
   std::uint32_t covered = 0;
   for (std::size_t i = 0; i < a.ops.size(); ++i) {
     const Op& op = a.ops.stored(i);
     if (op.access_count == 0) continue;
     if (op.access_begin < covered) return std::nullopt;  // blocks must ascend (share_blocks)
     covered = op.access_begin + op.access_count;
-    const std::span<const Access> x = a.accesses.block(op.access_begin, op.access_count);
-    const std::span<const Access> y = b.accesses.block(op.access_begin, op.access_count);
+    const std::span<const Access> x = first_blocks.block(op.access_begin, op.access_count);
+    const std::span<const Access> y = second_blocks.block(op.access_begin, op.access_count);
     const std::span<const Access> base = a.accesses.base_block(op.access_begin, op.access_count);
     const bool moves = !std::equal(x.begin(), x.end(), y.begin());
     if (!moves && std::equal(x.begin(), x.end(), base.begin())) continue;

@@ -254,8 +254,7 @@ std::vector<Access>& AccessList::mut() {
 void AccessList::share_blocks(const AccessList& base, const OpList& ops, const OpList& base_ops) {
   if (base_.shares_with(base.base_) || !ops.shares_with(base_ops) || size() != base.size()) return;
   const std::vector<Access>& theirs = base.base_.get();
-  AccessList out;
-  out.base_ = base.base_;
+  AccessList out = on_base_of(base);
   std::size_t covered = 0;  // every op's block so far ends at or before this index
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops.stored(i);  // shared: the same access_begin and access_count as base's
@@ -268,11 +267,8 @@ void AccessList::share_blocks(const AccessList& base, const OpList& ops, const O
     covered = std::size_t{op.access_begin} + op.access_count;
     const std::span<const Access> mine = block(op.access_begin, op.access_count);
     if (std::equal(mine.begin(), mine.end(), theirs.begin() + op.access_begin)) continue;
-    out.own_begin_.push_back(op.access_begin);
-    out.own_at_.push_back(static_cast<std::uint32_t>(out.own_.size()));
-    out.own_.insert(out.own_.end(), mine.begin(), mine.end());
+    out.add_own_block(op.access_begin, mine);
   }
-  if (!out.own_begin_.empty()) out.own_at_.push_back(static_cast<std::uint32_t>(out.own_.size()));
   out.own_begin_.shrink_to_fit();
   out.own_at_.shrink_to_fit();
   out.own_.shrink_to_fit();
