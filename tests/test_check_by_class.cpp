@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -252,8 +253,11 @@ GroupId group_of(Rank r, int family) {
 
 /** One random op list, issued by every rank of grid_world() on its own groups: kernels that
  *  read or write two buffers (y at the rank's own half, so that local ranks 0 and 1 are two
- *  classes), events, waits, host syncs and collectives on the world, a node or a column. */
-Schedule random_alike(std::uint32_t seed) {
+ *  classes), events, waits, host syncs and collectives on the world, a node or a column. With
+ *  `ragged`, the ranks differ in ops that move no clock (symmetric_world.hpp): those of one
+ *  local index, drawn per op, leave out a kernel or read nothing in a collective, as DeepSpeed's
+ *  ranks whose slices lie in the padding copy and gather less. */
+Schedule random_alike(std::uint32_t seed, bool ragged = false) {
   Builder b = grid_world();
   const BufferId x = b.buffer("x", 256);
   const BufferId y = b.buffer("y", 256);
@@ -267,13 +271,18 @@ Schedule random_alike(std::uint32_t seed) {
     const std::uint64_t at = 64 * static_cast<std::uint64_t>(pick(3));
     const bool write = pick(2) == 0;
     const EventId waited = events > 0 ? static_cast<EventId>(pick(events)) : kNoEvent;
+    const int lean = ragged ? pick(3) : 2;  // ranks r % 2 == lean do less (2: none)
     for (Rank r = 0; r < 6; ++r) {
       const Access ax = write ? W(x, at, 64) : R(x, at, 64);
       const Access ay = write ? W(y, 128 * (r % 2), 128) : R(y, 128 * (r % 2), 128);
+      const bool less = r % 2 == lean;
+      if (what < 8 && less) continue;
       if (what < 6) {
         b.op(r, s, {ax});
       } else if (what < 8) {
         b.op(r, s, {ay});
+      } else if (what >= 14 && what < 18 && less) {
+        b.collective(r, s, group_of(r, family), {});
       } else if (what < 11) {
         b.op(r, s, {}, OpKind::kEventRecord).event = events;
       } else if (what < 14 && waited != kNoEvent) {
@@ -311,6 +320,46 @@ TEST(SymmetricWorld, RanksOnAnotherFamilysGroupAreNotAlike) {
   EXPECT_EQ(why, "rank 5 issues other ops than rank 0 or uses other groups");
 }
 
+// Ranks may leave out a device kernel or copy (a slice in the padding), or read nothing in a
+// collective: the ops that order anything are still one list.
+TEST(SymmetricWorld, RanksMayDifferInWorkThatMovesNoClock) {
+  Builder b = grid_world();
+  const BufferId x = b.buffer("x", 256);
+  for (Rank r = 0; r < 6; ++r) {
+    if (r != 4) b.op(r, 1, {W(x, 0, 64)});
+    if (r != 3) b.op(r, 1, {R(x, 0, 64)}, OpKind::kCopy);
+    b.collective(
+        r, 1, group_of(r, 1),
+        r == 5 ? std::initializer_list<Access>{} : std::initializer_list<Access>{R(x, 0, 64)});
+    b.op(r, 1, {}, OpKind::kEventRecord).event = 0;
+  }
+  std::string why;
+  const std::optional<SymmetricWorld> w = symmetric_world(b.schedule(), &why);
+  ASSERT_TRUE(w) << why;
+  EXPECT_EQ(w->instances, 3u);
+}
+
+// Leaving out an op that orders something (an event record, a host op that ticks the host's
+// clock) makes another rank.
+TEST(SymmetricWorld, RanksThatLeaveOutAnOrderingOpAreNotAlike) {
+  for (const bool host : {false, true}) {
+    Builder b = grid_world();
+    const BufferId x = b.buffer("x", 256);
+    for (Rank r = 0; r < 6; ++r) {
+      b.op(r, 1, {W(x, 0, 64)});
+      if (r == 4) continue;
+      if (host) {
+        b.op(r, kHostStream, {R(x, 0, 64)});
+      } else {
+        b.op(r, 1, {}, OpKind::kEventRecord).event = 0;
+      }
+    }
+    std::string why;
+    EXPECT_FALSE(symmetric_world(b.schedule(), &why)) << host;
+    EXPECT_EQ(why, "rank 4 issues other ops than rank 0 or uses other groups") << host;
+  }
+}
+
 TEST(SymmetricWorld, AGroupOfAnotherShapeIsNoGrid) {
   Builder b(4);
   b.group({0, 2, 3});
@@ -333,6 +382,28 @@ TEST(SymmetricWorld, RandomAlikeSchedulesGiveTheReportRankByRank) {
     if (check_schedule(s).count(FindingKind::kRace) > 0) ++with_races;
   }
   // Most draws race somewhere and some do not: both kinds of report were compared.
+  EXPECT_GT(with_races, 100);
+  EXPECT_LT(with_races, 300);
+}
+
+// The same where the ranks of one local index, drawn per op, leave out kernels or read nothing in a
+// collective: every representative walks alone, with its own op list, and the findings come
+// out in the order walk_runs computes from every rank's own list.
+TEST(SymmetricWorld, RaggedSchedulesGiveTheReportRankByRank) {
+  int with_races = 0;
+  int ragged = 0;
+  for (std::uint32_t seed = 1; seed <= 300; ++seed) {
+    const Schedule s = random_alike(seed, true);
+    const Both both = check_both(s);
+    expect_same(both, "seed " + std::to_string(seed));
+    ASSERT_TRUE(both.how.walked_by_class) << seed << ": " << both.how.walked_every_rank_because;
+    if (check_schedule(s).count(FindingKind::kRace) > 0) ++with_races;
+    const auto differ = [&](const RankSchedule& r) {
+      return r.ops.size() != s.ranks[0].ops.size();
+    };
+    if (std::any_of(s.ranks.begin(), s.ranks.end(), differ)) ++ragged;
+  }
+  EXPECT_GT(ragged, 250);  // nearly every draw has ranks of another length
   EXPECT_GT(with_races, 100);
   EXPECT_LT(with_races, 300);
 }
@@ -413,6 +484,25 @@ INSTANTIATE_TEST_SUITE_P(Gpus, Llama70b, testing::Values(Llama70bCase{16, 8}, Ll
                            return std::to_string(i.param.nodes * 8) + "_gpus_" +
                                   std::to_string(i.param.layers) + "_layers";
                          });
+
+// tiny.toml at 128 and 256 ranks: some ranks' primary slices and some hpZ positions' secondary
+// slices lie in the padding, so those ranks copy and gather less (at 128 ranks, rank 1 issues
+// 92 ops fewer than rank 0; at 256, ranks copy nothing in some copies). The ops
+// that order anything are still one list: happens-before walked by class, the same report.
+TEST(TinyPadded, ByClassEqualsRankByRankWhereSlicesLieInThePadding) {
+  for (const int nodes : {64, 128}) {
+    const Schedule s =
+        scenario_schedule(test::scenario_path("tiny"), {{"cluster.nodes", std::to_string(nodes)}});
+    // The ranks do differ: in how many ops (64 nodes) or accesses (128: copies of nothing).
+    std::set<std::pair<std::size_t, std::size_t>> sizes;
+    for (const RankSchedule& r : s.ranks) sizes.emplace(r.ops.size(), r.accesses.size());
+    EXPECT_GT(sizes.size(), 1u) << nodes;
+    const Both both = check_both(s);
+    expect_same(both, std::to_string(nodes) + " nodes");
+    EXPECT_TRUE(both.how.per_rank_because.empty()) << both.how.per_rank_because;
+    EXPECT_TRUE(both.how.walked_by_class) << both.how.walked_every_rank_because;
+  }
+}
 
 // ---- schedules whose ranks are not alike ----
 

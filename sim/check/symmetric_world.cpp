@@ -113,30 +113,77 @@ std::optional<Families> families(const Schedule& s, const std::vector<GroupShape
   return f;
 }
 
-/** True when rank r issues rank 0's ops, each on its own group of the same family. */
-bool issues_alike(const Schedule& s, Rank r, const Families& f,
-                  const std::vector<GroupId>& stored_groups) {
-  const OpList& t = s.ranks[0].ops;
+/** Whether an op leaves every clock as it was: a kernel, copy or (de)quantization on a device
+ *  stream (Checker::run_work) only has its accesses checked, under the clock its stream already
+ *  has; the host's knowledge it takes in, the stream's next op that orders anything takes in
+ *  too. */
+bool moves_no_clock(const Op& op) {
+  return op.stream != kHostStream && op.group == kNoGroup &&
+         (op.kind == OpKind::kKernel || op.kind == OpKind::kCopy || op.kind == OpKind::kQuantize ||
+          op.kind == OpKind::kDequantize);
+}
+
+/** An op list found to order its ops as rank 0's does: the first rank that issues it (others
+ *  share its copy: OpList::shares_with) and the groups its shared copy names, each once. */
+struct Pattern {
+  Rank rank = 0;
+  std::vector<GroupId> stored_groups;
+};
+
+/** Checks (and collects) the groups `ops`' shared copy names; false on a group that is none. */
+bool stored_groups_of(const Schedule& s, const OpList& ops, std::vector<GroupId>& out) {
+  const auto groups = static_cast<GroupId>(s.groups.size());
+  std::vector<char> named(s.groups.size(), 0);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const GroupId c = ops.stored(i).group;
+    if (c == kNoGroup) continue;
+    const GroupId g0 = ops.own_group(c);
+    if (c < 0 || c >= groups || g0 < 0 || g0 >= groups) return false;
+    if (named[static_cast<std::size_t>(c)] == 0) out.push_back(c);
+    named[static_cast<std::size_t>(c)] = 1;
+  }
+  return true;
+}
+
+/** True when rank r orders its ops as rank 0 does: the same ops but those that move no clock
+ *  (moves_no_clock), each on its own group of the same family. A list seen before (`patterns`)
+ *  costs a look at its groups; a new one is compared op by op, and kept. */
+bool orders_alike(const Schedule& s, Rank r, const Families& f, std::vector<Pattern>& patterns) {
   const OpList& o = s.ranks[static_cast<std::size_t>(r)].ops;
   const auto expected = [&](GroupId g0) {
     return f.owner[static_cast<std::size_t>(f.family[static_cast<std::size_t>(g0)])]
                   [static_cast<std::size_t>(r)];
   };
-  if (o.shares_with(t)) {
-    return std::all_of(stored_groups.begin(), stored_groups.end(),
+  for (const Pattern& p : patterns) {
+    const OpList& t = s.ranks[static_cast<std::size_t>(p.rank)].ops;
+    if (!o.shares_with(t)) continue;
+    return std::all_of(p.stored_groups.begin(), p.stored_groups.end(),
                        [&](GroupId c) { return o.own_group(c) == expected(t.own_group(c)); });
   }
-  if (o.size() != t.size()) return false;
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    const Op a = t[i];
-    Op b = o[i];
+  const OpList& t = s.ranks[0].ops;
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (true) {
+    while (i < t.size() && moves_no_clock(t.stored(i))) ++i;
+    while (j < o.size() && moves_no_clock(o.stored(j))) ++j;
+    if (i == t.size() || j == o.size()) break;
+    const Op a = t[i++];
+    Op b = o[j++];
     if ((a.group == kNoGroup) != (b.group == kNoGroup)) return false;
     if (a.group != kNoGroup) {
       if (b.group != expected(a.group)) return false;
       b.group = a.group;
     }
+    // Where its accesses start moves with the ops left out; how many a device op has (a
+    // gather of a slice that lies in the padding reads none) ticks nothing (Checker::run_work).
+    b.access_begin = a.access_begin;
+    if (a.stream != kHostStream) b.access_count = a.access_count;
     if (!(a == b)) return false;
   }
+  if (i != t.size() || j != o.size()) return false;
+  Pattern p{r, {}};
+  if (!stored_groups_of(s, o, p.stored_groups)) return false;
+  patterns.push_back(std::move(p));
   return true;
 }
 
@@ -154,28 +201,21 @@ std::optional<SymmetricWorld> symmetric_world(const Schedule& s, std::string* wh
   if (!sh) return std::nullopt;
   const std::optional<Families> f = families(s, *sh, no);
   if (!f) return std::nullopt;
-  // The shared copy's groups that rank 0's ops name, each once.
   const OpList& t = s.ranks[0].ops;
-  const auto groups = static_cast<GroupId>(s.groups.size());
-  std::vector<char> named(s.groups.size(), 0);
-  std::vector<GroupId> stored_groups;
+  std::vector<Pattern> patterns(1);
+  if (!stored_groups_of(s, t, patterns[0].stored_groups)) return no("an op names no group");
   SymmetricWorld w;
   w.digits = static_cast<int>(levels.size()) - 1;
   for (std::size_t i = 0; i < t.size(); ++i) {
-    const GroupId c = t.stored(i).group;
-    if (c == kNoGroup) continue;
-    const GroupId g0 = t.own_group(c);
-    if (c < 0 || c >= groups || g0 < 0 || g0 >= groups) return no("an op names no group");
-    if (is_collective(t.stored(i).kind)) {
-      w.instances +=
-          static_cast<std::uint64_t>(n) / s.groups[static_cast<std::size_t>(g0)].ranks.size();
+    const Op& op = t.stored(i);
+    if (is_collective(op.kind) && op.group != kNoGroup) {
+      w.instances += static_cast<std::uint64_t>(n) /
+                     s.groups[static_cast<std::size_t>(t.own_group(op.group))].ranks.size();
     }
-    if (named[static_cast<std::size_t>(c)] == 0) stored_groups.push_back(c);
-    named[static_cast<std::size_t>(c)] = 1;
   }
-  for (int r = 0; r < n; ++r) {
+  for (int r = 1; r < n; ++r) {
     const RankSchedule& rs = s.ranks[static_cast<std::size_t>(r)];
-    if (rs.streams.size() != s.ranks[0].streams.size() || !issues_alike(s, r, *f, stored_groups)) {
+    if (rs.streams.size() != s.ranks[0].streams.size() || !orders_alike(s, r, *f, patterns)) {
       return no(fmt::format("rank {} issues other ops than rank 0 or uses other groups", r));
     }
   }
@@ -221,30 +261,44 @@ struct Walk {
 }  // namespace
 
 std::optional<std::vector<RankRun>> walk_runs(const Schedule& s, const RunFilter& keep) {
-  const OpList& t = s.ranks[0].ops;
-  const auto n_ops = static_cast<std::uint32_t>(t.size());
-  const Walk walk(t);
+  // One Walk per op list: ranks that share a copy (OpList::shares_with) share its Walk. Every
+  // rank issues rank 0's collectives in its order (symmetric_world), so (group, ordinal) names
+  // an instance.
+  std::vector<Rank> owners;
+  std::vector<Walk> walks;
+  std::vector<std::uint32_t> walk_of(s.ranks.size());
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    const OpList& o = s.ranks[r].ops;
+    std::size_t w = 0;
+    while (w < owners.size() && !o.shares_with(s.ranks[static_cast<std::size_t>(owners[w])].ops)) {
+      ++w;
+    }
+    if (w == owners.size()) {
+      owners.push_back(static_cast<Rank>(r));
+      walks.emplace_back(o);
+    }
+    walk_of[r] = static_cast<std::uint32_t>(w);
+  }
   std::vector<Walker> walkers(s.ranks.size());
   std::unordered_map<std::uint64_t, std::vector<Rank>> arrived;
   std::deque<Rank> ready;
   std::vector<RankRun> runs;
-  const auto group_of = [&](Rank r, std::uint32_t p) {
-    const OpList& o = s.ranks[static_cast<std::size_t>(r)].ops;
-    return o.shares_with(t) ? o.own_group(t.stored(p).group) : o[p].group;
-  };
   const auto arrive = [&](Rank r, std::uint32_t k) {
-    const std::uint32_t p = walk.collectives[k];
-    const GroupId g = group_of(r, p);
-    const std::uint64_t key = std::uint64_t{static_cast<std::uint32_t>(g)} << 32 | p;
+    const std::uint32_t w = walk_of[static_cast<std::size_t>(r)];
+    const std::uint32_t p = walks[w].collectives[k];
+    const OpList& t = s.ranks[static_cast<std::size_t>(owners[w])].ops;
+    const OpList& o = s.ranks[static_cast<std::size_t>(r)].ops;
+    const GroupId g = o.shares_with(t) ? o.own_group(t.stored(p).group) : o[p].group;
+    const std::uint64_t key = std::uint64_t{static_cast<std::uint32_t>(g)} << 32 | k;
     std::vector<Rank>& at = arrived[key];
     at.push_back(r);
     walkers[static_cast<std::size_t>(r)].pending.push_back(k);
     if (at.size() < s.groups[static_cast<std::size_t>(g)].ranks.size()) return;
     for (const Rank m : at) {  // Checker::complete: the members in the order they arrived
-      Walker& w = walkers[static_cast<std::size_t>(m)];
-      std::erase(w.pending, k);
-      if (w.blocked) {
-        w.blocked = false;
+      Walker& mw = walkers[static_cast<std::size_t>(m)];
+      std::erase(mw.pending, k);
+      if (mw.blocked) {
+        mw.blocked = false;
         ready.push_back(m);
       }
     }
@@ -254,6 +308,8 @@ std::optional<std::vector<RankRun>> walk_runs(const Schedule& s, const RunFilter
   while (!ready.empty()) {
     const Rank r = ready.front();
     ready.pop_front();
+    const Walk& walk = walks[walk_of[static_cast<std::size_t>(r)]];
+    const auto n_ops = static_cast<std::uint32_t>(s.ranks[static_cast<std::size_t>(r)].ops.size());
     Walker& w = walkers[static_cast<std::size_t>(r)];
     const std::uint32_t from = w.next;
     while (true) {

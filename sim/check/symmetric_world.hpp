@@ -18,6 +18,14 @@
 // class's representative walks alone, its collectives completing at once: the ticks its byte
 // checks compare are those of the check rank by rank (tests/test_check_by_class.cpp holds the
 // two equal on 300 random op lists and on DeepSpeed's schedules).
+// Ranks may differ in ops that move no clock: a kernel, copy or (de)quantization on a device
+// stream (Checker::run_work) ticks nothing and is ordered by the clock its stream has, which the
+// stream's next op that orders anything would have had without it. Leaving such ops out of
+// every rank changes no rank's happens-before among the ops left, and gives every one of them
+// the clock it had; so the argument above needs only the ops left to be one list. That is
+// DeepSpeed's schedule where ranks copy more or fewer slices (a parameter's secondary slice at
+// some hpZ position, or a rank's primary slice, lying in the padding: llama2-70b.toml at 16,384
+// GPUs, tiny.toml at 128 ranks or more).
 // Computed, never assumed: symmetric_world() says why a schedule is not such a world (a group of
 // another shape, a rank issuing other ops or an op on another family's group), and the check
 // then walks every rank as before (checker.hpp).
