@@ -147,12 +147,29 @@ bool same_issue(const RankSchedule& a, const RankSchedule& b) {
          (a.buffers.shares_with(b.buffers) || a.buffers.get() == b.buffers.get());
 }
 
-/** A class while classes are found: its representative's access code, and (made when a rank
- *  first shares its accesses' base) every end of its accesses by buffer, repeats kept. */
-struct Candidate {
-  AccessCode code;
+/** A rank of a class that others may share their op list, accesses' base and buffers with,
+ *  and (made when one first does) every end of its accesses by buffer, repeats kept. */
+struct Exemplar {
+  Rank rank = 0;
   std::optional<Ends> all_ends;
 };
+
+/** Exemplars a class keeps at most: one per op list its ranks issue (a DeepSpeed world's kinds
+ *  of ranks: 16,384 GPUs of llama2-70b.toml put ranks of several kinds in one class). */
+constexpr std::size_t kMaxExemplars = 16;
+
+/** A class while classes are found: its representative's access code, and its exemplars (the
+ *  representative first), each a rank of the class with an op list none before it shares. */
+struct Candidate {
+  AccessCode code;
+  std::vector<Exemplar> exemplars;
+};
+
+/** Whether rank b reads the op list, accesses' base and buffers of rank a, on its streams. */
+bool shares_lists(const RankSchedule& a, const RankSchedule& b) {
+  return b.accesses.shares_with(a.accesses) && b.ops.shares_with(a.ops) &&
+         b.buffers.shares_with(a.buffers) && same_streams(a, b);
+}
 
 /** Both ends of one access that differs between a rank and a representative sharing their
  *  accesses' base: the rank's and the representative's. */
@@ -261,20 +278,20 @@ RankClasses rank_classes(const Schedule& schedule) {
   for (std::size_t r = 0; r < n; ++r) {
     const RankSchedule& rs = schedule.ranks[r];
     std::int32_t cls = -1;
-    // A rank that shares its accesses' base, ops and buffers with the representative of the
-    // class of the rank at its place one hpZ group (a node, in a DeepSpeed world) before it, is
-    // compared with it from the accesses where the two differ. The likely class only: any other
-    // is found by the whole code, as is this one where that comparison says no.
+    // A rank that shares its accesses' base, ops and buffers with an exemplar of the class of
+    // the rank at its place one hpZ group (a node, in a DeepSpeed world) before it, is compared
+    // with it from the accesses where the two differ (the exemplar has the representative's
+    // code). The likely class only: any other is found by the whole code, as is this one where
+    // that comparison says no.
     const auto before = static_cast<std::size_t>(std::max(schedule.hpz_size, 1));
     if (r >= before) {
       const std::int32_t likely = out.class_of[r - before];
-      Candidate& c = candidates[static_cast<std::size_t>(likely)];
-      const RankSchedule& rep =
-          schedule.ranks[out.classes[static_cast<std::size_t>(likely)].representative];
-      if (rs.accesses.shares_with(rep.accesses) && rs.ops.shares_with(rep.ops) &&
-          rs.buffers.shares_with(rep.buffers) && same_streams(rep, rs)) {
-        if (!c.all_ends) c.all_ends = ends_by_buffer(rep, schedule.allocator, false);
-        if (same_code_by_difference(rep, *c.all_ends, rs)) cls = likely;
+      for (Exemplar& e : candidates[static_cast<std::size_t>(likely)].exemplars) {
+        const RankSchedule& ex = schedule.ranks[static_cast<std::size_t>(e.rank)];
+        if (!shares_lists(ex, rs)) continue;
+        if (!e.all_ends) e.all_ends = ends_by_buffer(ex, schedule.allocator, false);
+        if (same_code_by_difference(ex, *e.all_ends, rs)) cls = likely;
+        break;
       }
     }
     if (cls < 0) {
@@ -294,8 +311,14 @@ RankClasses rank_classes(const Schedule& schedule) {
         cls = static_cast<std::int32_t>(out.classes.size());
         out.classes.push_back({static_cast<Rank>(r), {}});
         same.push_back(cls);
-        candidates.push_back({std::move(code), std::nullopt});
+        candidates.push_back({std::move(code), {}});
       }
+      // A rank whose lists no exemplar of its class shares becomes one.
+      std::vector<Exemplar>& ex = candidates[static_cast<std::size_t>(cls)].exemplars;
+      const bool known = std::any_of(ex.begin(), ex.end(), [&](const Exemplar& e) {
+        return shares_lists(schedule.ranks[static_cast<std::size_t>(e.rank)], rs);
+      });
+      if (!known && ex.size() < kMaxExemplars) ex.push_back({static_cast<Rank>(r), {}});
     }
     out.class_of[r] = cls;
     out.classes[static_cast<std::size_t>(cls)].ranks.push_back(static_cast<Rank>(r));
