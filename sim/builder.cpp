@@ -17,14 +17,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
-/** Half of this machine's physical memory: what a schedule may take (the engines that read a
- *  schedule take more than the schedule itself, and the sanitizer build about 1.5 times a release
- *  build's); 0 where it cannot be read. */
-double schedule_budget() {
-  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
-         static_cast<double>(::sysconf(_SC_PAGE_SIZE)) / 2;
-}
-
 /** The ranks built past the first hpZ group before the build projects the whole schedule's
  *  bytes from them (guard_build). */
 constexpr int kProbeRanks = 16;
@@ -39,24 +31,34 @@ constexpr double kResidentPerByte = 1.5;
  *  28 MB of it counted. */
 constexpr double kPerRank = 1024;
 
+/** Bytes an estimated op may take: 8 for engines that keep state per rank and op, 3 for those
+ *  that work one rank per class and guard their own walks of every rank (guard_engine_memory).
+ *  3 B: llama2-70b.toml at 16,384 GPUs, 2.38 G estimated ops, built in 3.85 GB resident (1.6
+ *  B an op, `hpzlab schedule --set cluster.nodes=2048`, 2026-12-02). */
+double bytes_per_op(Engines engines) {
+  return engines == Engines::kByClass ? 3 : 8;
+}
+
 /** Refuses, in milliseconds, a schedule this machine certainly cannot hold (cluster.nodes =
  *  100000 or run.steps = 1000000 ran until memory was gone): an estimate of its bytes from the
  *  scenario's sizes. Rank 0's op list is counted in full (~150 ops per rank, unit and step, init
  *  counted as a step, measured on llama2-7b.toml at 16 x 8 GPUs, ~100 B each, 128 B counted),
- *  each further rank at kPerRank and 8 B per estimated op. What a rank keeps of its own when it
- *  shares what it issues alike (share_alike) measured 3.2 B on llama2-70b.toml at 1,024 GPUs
- *  (467 MiB schedule_bytes for 145 K estimated ops a rank), so 8 B is a margin for the engines,
- *  not for the schedule: 1 B let llama2-70b.toml at 16,384 GPUs through (a schedule of a few
- *  GiB), whose hpZ positions issue different ops, so the checker walked every rank and ran out
- *  of an 18 GB limit after 19 minutes (2026-12-02). What the estimate lets through, the build
- *  measures (guard_build). */
-void check_schedule_size(const Scenario& sc, double memory) {
+ *  each further rank at kPerRank and bytes_per_op(engines) per estimated op. What a rank keeps of
+ * its own when it shares what it issues alike (share_alike) measured 3.2 B on llama2-70b.toml at
+ * 1,024 GPUs (467 MiB schedule_bytes for 145 K estimated ops a rank), so 8 B is a margin for the
+ * engines, not for the schedule: 1 B let llama2-70b.toml at 16,384 GPUs through (a schedule of a
+ * few GiB), whose hpZ positions issue different ops, so the checker walked every rank and ran out
+ *  of an 18 GB limit after 19 minutes (2026-12-02). The checker now walks such a world by class
+ *  (ranks that differ only in copies of the padding: symmetric_world.hpp), and `check` and
+ *  `sim` guard their walks of every rank themselves, so they build with 3 B. What the estimate
+ *  lets through, the build measures (guard_build). */
+void check_schedule_size(const Scenario& sc, double memory, Engines engines) {
   const double units = (4.0 + std::max(sc.model.experts, 0)) * sc.model.layers + 3;
   constexpr double ops_per = 150;
   const double rank_ops = units * (sc.run.steps + 1.0) * sc.training.grad_accum * ops_per;
   const double world = static_cast<double>(sc.cluster.world_size());
   const double ops = world * rank_ops;
-  const double bytes = rank_ops * 128 + world * kPerRank + ops * 8;
+  const double bytes = rank_ops * 128 + world * kPerRank + ops * bytes_per_op(engines);
   if (memory <= 0 || bytes <= memory) return;
   throw InputError(
       sc.path, "",
@@ -112,12 +114,27 @@ void guard_build(const Scenario& sc, double memory, const BuildProgress& p) {
                                2 * memory / kGiB, held / kGiB, p.ranks_built, world, allowed));
 }
 
-Schedule build_schedule(const Scenario& sc) {
-  return build_schedule(sc, schedule_budget());
+double schedule_budget() {
+  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+         static_cast<double>(::sysconf(_SC_PAGE_SIZE)) / 2;
 }
 
-Schedule build_schedule(const Scenario& sc, double memory) {
-  check_schedule_size(sc, memory);
+void guard_engine_memory(const std::string& file, double bytes, double memory,
+                         const std::string& what, const std::string& how) {
+  if (memory <= 0 || bytes <= memory) return;
+  throw InputError(file, "",
+                   fmt::format("{} would need about {:.3g} GiB ({}), more than half of this "
+                               "machine's {:.3g} GiB of memory (allowed: fewer ranks, layers, "
+                               "steps or micro-steps)",
+                               what, bytes / kGiB, how, 2 * memory / kGiB));
+}
+
+Schedule build_schedule(const Scenario& sc, Engines engines) {
+  return build_schedule(sc, schedule_budget(), engines);
+}
+
+Schedule build_schedule(const Scenario& sc, double memory, Engines engines) {
+  check_schedule_size(sc, memory, engines);
   return build_deepspeed_schedule(sc, sc.zero.deepspeed_version,
                                   [&](const BuildProgress& p) { guard_build(sc, memory, p); });
 }

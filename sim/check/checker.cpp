@@ -391,6 +391,9 @@ CheckResult check_schedule(const Schedule& schedule, const Ablation& ablation) {
 CheckResult check_schedule_by_class(const Schedule& schedule, ClassCheck* how) {
   ClassCheck unused;
   ClassCheck& h = how != nullptr ? *how : unused;
+  const auto every_rank = [&h](bool bytes_too) {
+    if (h.before_every_rank) h.before_every_rank(bytes_too);
+  };
   const RankClasses classes = rank_classes(schedule);
   h.classes = classes.classes.size();
   h.summary = describe_classes(classes);
@@ -401,6 +404,7 @@ CheckResult check_schedule_by_class(const Schedule& schedule, ClassCheck* how) {
       h.per_rank_because =
           "no two ranks alike, each issuing other ops or its slices in another order";
     }
+    every_rank(true);
     return check_schedule(schedule);
   }
   try {
@@ -408,6 +412,7 @@ CheckResult check_schedule_by_class(const Schedule& schedule, ClassCheck* how) {
     const std::optional<SymmetricWorld> world =
         symmetric_world(schedule, &h.walked_every_rank_because);
     h.walked_by_class = world.has_value();
+    if (!world) every_rank(false);
     detail::Checker checker(schedule, kNone, &classes, world ? &*world : nullptr);
     CheckResult result = checker.run();
     if (checker.classes_held()) return result;
@@ -417,6 +422,7 @@ CheckResult check_schedule_by_class(const Schedule& schedule, ClassCheck* how) {
   } catch (const std::invalid_argument&) {
     h.per_rank_because = "malformed schedule";  // rank by rank names the first error
   }
+  every_rank(true);
   return check_schedule(schedule);
 }
 

@@ -127,6 +127,10 @@ struct ClassCheck {
    *  permutation of their groups (symmetric_world.hpp). */
   bool walked_by_class = false;
   std::string walked_every_rank_because;  ///< why not, when checked by class
+  /** Set by the caller: called before any walk of every rank, with true where every rank also
+   *  checks its bytes (rank by rank), false where it walks happens-before only; it may throw
+   *  to refuse the walk (a world too large for this machine's memory). */
+  std::function<void(bool bytes_too)> before_every_rank;
 };
 
 /** check_schedule's result (the same, byte for byte in every report), computed on one rank

@@ -69,8 +69,11 @@ class Runs {
 check::CheckResult check_showing_progress(const Schedule& schedule, const Runs& children,
                                           const SimOptions& options, bool by_class) {
   // By class the checker runs by class too (its report is the rank-by-rank one, byte for byte).
-  const auto check = [&schedule, by_class] {
-    return by_class ? check::check_schedule_by_class(schedule) : check::check_schedule(schedule);
+  const auto check = [&schedule, &options, by_class] {
+    if (!by_class) return check::check_schedule(schedule);
+    check::ClassCheck how;
+    how.before_every_rank = options.before_every_rank;
+    return check::check_schedule_by_class(schedule, &how);
   };
   if (!options.progress) return check();
   auto checked = std::async(std::launch::async, check);

@@ -39,6 +39,9 @@ struct SimOptions {
   /** Called with (runs done, runs in all) after each run and about 4 times a second while one
    *  runs; runs done counts the run in progress by its share of ops done (e.g. 0.45). */
   std::function<void(double, int)> progress;
+  /** Passed to the race checker by class (check::ClassCheck::before_every_rank): may refuse a
+   *  walk of every rank by throwing (null: none refused). */
+  std::function<void(bool bytes_too)> before_every_rank;
 };
 
 /** The step-level numbers of one run (the schedule's last step). */

@@ -305,7 +305,7 @@ Checked run_job(const JobRun& run, std::size_t i, bool progress) {
     try {
       shown(progress, static_cast<double>(i), run.total(),
             progress_what(i, run.size(), "building the schedule of", sc.path),
-            [&] { schedule = build_schedule(sc); });
+            [&] { schedule = build_schedule(sc, Engines::kByClass); });
     } catch (const ReleaseRefusal& e) {
       // DeepSpeed itself raises on this configuration: that release's line says so.
       if (!run.matrix) throw;
@@ -378,8 +378,22 @@ constexpr std::size_t kSayWalkFrom = 64;
  *  does where a large world's happens-before walked every rank. */
 check::CheckResult check_one(const Schedule& schedule, const CheckOptions& opts,
                              const std::string& what, std::string& note) {
-  if (opts.per_rank) return check::check_schedule(schedule);
+  const std::string ranks = fmt::format("all {} ranks", schedule.ranks.size());
+  if (opts.per_rank) {
+    guard_every_rank(schedule, kCheckEveryRankPerOp, "checking " + ranks + " rank by rank");
+    return check::check_schedule(schedule);
+  }
   check::ClassCheck how;
+  how.before_every_rank = [&](bool bytes_too) {
+    if (bytes_too) {
+      guard_every_rank(schedule, kCheckEveryRankPerOp,
+                       fmt::format("checking {} rank by rank ({})", ranks, how.per_rank_because));
+    } else {
+      guard_every_rank(
+          schedule, kWalkEveryRankPerOp,
+          fmt::format("walking happens-before on {} ({})", ranks, how.walked_every_rank_because));
+    }
+  };
   check::CheckResult result = check::check_schedule_by_class(schedule, &how);
   if (!how.per_rank_because.empty()) {
     // No colon: the line follows the verdict, which scripts match up to the end.

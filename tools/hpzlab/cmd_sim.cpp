@@ -16,6 +16,7 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
+#include "sim/time/by_class.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/sensitivity.hpp"
 #include "sim/time/simulate.hpp"
@@ -47,7 +48,7 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   check_outputs({{opts.scenario.json, "--json"}, {opts.trace.file, "--trace"}},
                 inputs_of(opts.scenario));
   Scenario sc = load(opts.scenario);
-  const Schedule schedule = schedule_for(sc, opts.scenario.schedule);
+  const Schedule schedule = schedule_for(sc, opts.scenario.schedule, Engines::kByClass);
   const TimingInputs platform = timing_inputs_of(sc);
   const time::TraceFilter filter = trace_filter(opts.trace, schedule);
   time::SimOptions sim_opts;
@@ -59,6 +60,19 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   sim_opts.by_class = opts.per_rank   ? time::ByClass::kPerRank
                       : opts.by_class ? time::ByClass::kForce
                                       : time::ByClass::kAuto;
+  // A world that does not fold onto node 0 is simulated and checked rank by rank: refused here,
+  // before any child starts, where this machine cannot hold that.
+  time::NodeQuotient quotient;
+  std::string why = "--per-rank";
+  if (sim_opts.by_class == time::ByClass::kPerRank ||
+      !time::node_quotient(platform, schedule, opts.by_class, quotient, why)) {
+    guard_every_rank(schedule, kSimEveryRankPerOp + kCheckEveryRankPerOp,
+                     fmt::format("simulating all {} ranks ({})", schedule.ranks.size(), why));
+  }
+  sim_opts.before_every_rank = [&schedule](bool bytes_too) {
+    guard_every_rank(schedule, bytes_too ? kCheckEveryRankPerOp : kWalkEveryRankPerOp,
+                     fmt::format("checking all {} ranks for races", schedule.ranks.size()));
+  };
   // Node 0's times stand for every rank's; only these outputs read every rank's.
   sim_opts.full_timeline = opts.op_times || opts.sensitivity || !opts.trace.file.empty();
   const time::SimResult result = on_schedule(

@@ -8,10 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "sim/builder.hpp"
 #include "sim/error.hpp"
+#include "sim/ir/schedule.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/scenario.hpp"
-#include "sim/ir/schedule.hpp"
 #include "sim/time/report.hpp"
 
 namespace hpz::cli {
@@ -90,7 +91,24 @@ void check_world_size(const Scenario& scenario, const Schedule& schedule, const 
 /** What a subcommand runs: the schedule built from `scenario`, or, when `file` is given, the one
  *  read from it (read_schedule, check_world_size), whose step count then replaces run.steps
  *  (and which has any spin kernels in it already: run.spin_before_copy_us becomes 0). */
-Schedule schedule_for(Scenario& scenario, const std::string& file);
+Schedule schedule_for(Scenario& scenario, const std::string& file,
+                      Engines engines = Engines::kEveryRank);
+
+/** Resident bytes of the engines' walks of every rank: per op, from the growth between
+ *  llama2-70b.toml at 128 and 256 GPUs (2026-12-02, a Release build), the check rank by rank
+ *  43 B (--per-rank), happens-before on every rank with each class's representative checking
+ *  bytes 19 B (run.load = "pretrained"), `sim --per-rank` 70 B with its check; and per pair of
+ *  ranks (every rank's clocks come to hold the others' ticks), 3.5 B, fitted to tiny.toml at
+ *  10,000 and 20,000 ranks (0.71 and 2.12 GB with a pretrained load; 15.5 GB at 60,000). */
+inline constexpr double kCheckEveryRankPerOp = 48;
+inline constexpr double kWalkEveryRankPerOp = 24;
+inline constexpr double kSimEveryRankPerOp = 32;
+inline constexpr double kClocksPerRankPair = 4;
+
+/** Refuses (InputError) a walk of every rank of `schedule` at about `bytes_per_op` an op and
+ *  kClocksPerRankPair a pair of ranks that would take more than half of this machine's memory;
+ *  `what` names the walk and why. */
+void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what);
 
 /** Runs `fn`, an engine on a schedule read from `file` ("" = a built one): an engine's
  *  std::invalid_argument (a schedule it cannot handle) becomes an InputError naming the file. */

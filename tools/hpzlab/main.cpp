@@ -192,8 +192,8 @@ void check_world_size(const Scenario& sc, const Schedule& s, const std::string& 
                   sc.path, world, sc.cluster.nodes, sc.cluster.gpus_per_node));
 }
 
-Schedule schedule_for(Scenario& sc, const std::string& file) {
-  if (file.empty()) return build_schedule(sc);
+Schedule schedule_for(Scenario& sc, const std::string& file, Engines engines) {
+  if (file.empty()) return build_schedule(sc, engines);
   Schedule s = read_schedule(file);
   check_world_size(sc, s, file);
   sc.run.steps = step_count(s);
@@ -204,6 +204,17 @@ Schedule schedule_for(Scenario& sc, const std::string& file) {
   }
   sc.run.spin_before_copy_us = 0;
   return s;
+}
+
+void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what) {
+  std::uint64_t ops = 0;
+  for (const RankSchedule& r : schedule.ranks) ops += r.ops.size();
+  const auto ranks = static_cast<double>(schedule.ranks.size());
+  const double bytes = static_cast<double>(ops) * bytes_per_op + ranks * ranks * kClocksPerRankPair;
+  guard_engine_memory(
+      schedule.scenario, bytes, schedule_budget(), what,
+      fmt::format("{:.3g} ops x ~{} B and {:.3g} ranks squared x ~{} B of clocks",
+                  static_cast<double>(ops), bytes_per_op, ranks, kClocksPerRankPair));
 }
 
 void require_at_least(const std::string& flag, double value, double min) {
