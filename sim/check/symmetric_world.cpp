@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 #include <set>
@@ -224,12 +225,48 @@ std::optional<SymmetricWorld> symmetric_world(const Schedule& s, std::string* wh
 
 namespace {
 
+/** Collectives a rank issued that are not complete (Walk indices), in no order: a few inline,
+ *  any more in `more`. walk_runs touches the current rank's at every arrival, and a vector each
+ *  missed the cache there on most of them at 16,384 ranks. */
+struct Pending {
+  std::array<std::uint32_t, 6> in{};
+  std::uint32_t n = 0;
+  std::vector<std::uint32_t> more;
+
+  void add(std::uint32_t k) {
+    if (n < in.size()) {
+      in[n++] = k;
+    } else {
+      more.push_back(k);
+    }
+  }
+  void remove(std::uint32_t k) {
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (in[i] != k) continue;
+      in[i] = in[--n];
+      if (!more.empty()) {
+        in[n++] = more.back();
+        more.pop_back();
+      }
+      return;
+    }
+    std::erase(more, k);
+  }
+  /** The least of f(k) over the pending k, or `least` when it is less. */
+  template <class F>
+  std::uint32_t min_of(F f, std::uint32_t least) const {
+    for (std::uint32_t i = 0; i < n; ++i) least = std::min(least, f(in[i]));
+    for (const std::uint32_t k : more) least = std::min(least, f(k));
+    return least;
+  }
+};
+
 /** Where one rank of walk_runs is. */
 struct Walker {
   std::uint32_t next = 0;        ///< next op
   std::uint32_t collective = 0;  ///< index of the next collective in Walk::collectives
   bool blocked = false;
-  std::vector<std::uint32_t> pending;  ///< collectives issued, not complete (Walk indices)
+  Pending pending;  ///< collectives issued, not complete
 };
 
 /** The shared op list's collectives, and for each the first later op that waits for it: the
@@ -279,24 +316,47 @@ std::optional<std::vector<RankRun>> walk_runs(const Schedule& s, const RunFilter
     }
     walk_of[r] = static_cast<std::uint32_t>(w);
   }
+  // Each rank's group for each group its list's shared copy names (a slot), in one array: a
+  // lookup in every rank's own group list at every arrival missed the cache at 16,384 ranks.
+  std::vector<std::vector<std::uint32_t>> slot_of(walks.size());  // per walk, per collective
+  std::vector<std::vector<GroupId>> slot_group(walks.size());     // per walk, per slot: stored
+  std::size_t slots = 1;
+  for (std::size_t w = 0; w < walks.size(); ++w) {
+    const OpList& t = s.ranks[static_cast<std::size_t>(owners[w])].ops;
+    for (const std::uint32_t p : walks[w].collectives) {
+      const GroupId c = t.stored(p).group;
+      auto& seen = slot_group[w];
+      const auto at = std::find(seen.begin(), seen.end(), c);
+      slot_of[w].push_back(static_cast<std::uint32_t>(at - seen.begin()));
+      if (at == seen.end()) seen.push_back(c);
+    }
+    slots = std::max(slots, slot_group[w].size());
+  }
+  std::vector<GroupId> group_at(s.ranks.size() * slots, kNoGroup);
+  for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    const std::uint32_t w = walk_of[r];
+    const OpList& t = s.ranks[static_cast<std::size_t>(owners[w])].ops;
+    const OpList& o = s.ranks[r].ops;
+    for (std::size_t slot = 0; slot < slot_group[w].size(); ++slot) {
+      const GroupId c = slot_group[w][slot];
+      group_at[r * slots + slot] = o.shares_with(t) ? o.own_group(c) : c;
+    }
+  }
   std::vector<Walker> walkers(s.ranks.size());
   std::unordered_map<std::uint64_t, std::vector<Rank>> arrived;
   std::deque<Rank> ready;
   std::vector<RankRun> runs;
   const auto arrive = [&](Rank r, std::uint32_t k) {
     const std::uint32_t w = walk_of[static_cast<std::size_t>(r)];
-    const std::uint32_t p = walks[w].collectives[k];
-    const OpList& t = s.ranks[static_cast<std::size_t>(owners[w])].ops;
-    const OpList& o = s.ranks[static_cast<std::size_t>(r)].ops;
-    const GroupId g = o.shares_with(t) ? o.own_group(t.stored(p).group) : o[p].group;
+    const GroupId g = group_at[static_cast<std::size_t>(r) * slots + slot_of[w][k]];
     const std::uint64_t key = std::uint64_t{static_cast<std::uint32_t>(g)} << 32 | k;
     std::vector<Rank>& at = arrived[key];
     at.push_back(r);
-    walkers[static_cast<std::size_t>(r)].pending.push_back(k);
+    walkers[static_cast<std::size_t>(r)].pending.add(k);
     if (at.size() < s.groups[static_cast<std::size_t>(g)].ranks.size()) return;
     for (const Rank m : at) {  // Checker::complete: the members in the order they arrived
       Walker& mw = walkers[static_cast<std::size_t>(m)];
-      std::erase(mw.pending, k);
+      mw.pending.remove(k);
       if (mw.blocked) {
         mw.blocked = false;
         ready.push_back(m);
@@ -313,8 +373,8 @@ std::optional<std::vector<RankRun>> walk_runs(const Schedule& s, const RunFilter
     Walker& w = walkers[static_cast<std::size_t>(r)];
     const std::uint32_t from = w.next;
     while (true) {
-      std::uint32_t block = n_ops;
-      for (const std::uint32_t k : w.pending) block = std::min(block, walk.needed_at[k]);
+      const std::uint32_t block =
+          w.pending.min_of([&walk](std::uint32_t k) { return walk.needed_at[k]; }, n_ops);
       const std::uint32_t k = w.collective;
       const std::uint32_t next = k < walk.collectives.size() ? walk.collectives[k] : n_ops;
       if (next < block) {
