@@ -202,6 +202,10 @@ SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOp
     if (result.by_class) result.by_class_how = describe_quotient(quotient);
     if (in.cluster.nodes < 2) result.by_class_how.clear();  // nothing to fold
   }
+  if (!result.by_class && options.before_simulating_every_rank) {
+    options.before_simulating_every_rank(
+        options.by_class == ByClass::kPerRank ? "--per-rank" : result.by_class_how);
+  }
   // The children simulate while this process runs the checker (two cores: the checker's time
   // mostly disappears from the wall time).
   Runs children(in, schedule, options, result.by_class ? &quotient : nullptr);

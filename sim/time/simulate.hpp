@@ -42,6 +42,10 @@ struct SimOptions {
   /** Passed to the race checker by class (check::ClassCheck::before_every_rank): may refuse a
    *  walk of every rank by throwing (null: none refused). */
   std::function<void(bool bytes_too)> before_every_rank;
+  /** Called before any run starts where every rank is simulated (and checked), with why the
+   *  world does not fold onto node 0 ("--per-rank", or node_quotient's reason; "" for one
+   *  node): may refuse by throwing (null: none refused). */
+  std::function<void(const std::string& why)> before_simulating_every_rank;
 };
 
 /** The step-level numbers of one run (the schedule's last step). */

@@ -16,7 +16,6 @@
 
 #include "sim/error.hpp"
 #include "sim/input.hpp"
-#include "sim/time/by_class.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/sensitivity.hpp"
 #include "sim/time/simulate.hpp"
@@ -60,15 +59,13 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   sim_opts.by_class = opts.per_rank   ? time::ByClass::kPerRank
                       : opts.by_class ? time::ByClass::kForce
                                       : time::ByClass::kAuto;
-  // A world that does not fold onto node 0 is simulated and checked rank by rank: refused here,
-  // before any child starts, where this machine cannot hold that.
-  time::NodeQuotient quotient;
-  std::string why = "--per-rank";
-  if (sim_opts.by_class == time::ByClass::kPerRank ||
-      !time::node_quotient(platform, schedule, opts.by_class, quotient, why)) {
+  // A world that does not fold onto node 0 is simulated and checked rank by rank: refused
+  // before any child starts where this machine cannot hold that.
+  sim_opts.before_simulating_every_rank = [&schedule](const std::string& why) {
     guard_every_rank(schedule, kSimEveryRankPerOp + kCheckEveryRankPerOp,
-                     fmt::format("simulating all {} ranks ({})", schedule.ranks.size(), why));
-  }
+                     fmt::format("simulating all {} ranks{}", schedule.ranks.size(),
+                                 why.empty() ? "" : " (" + why + ")"));
+  };
   sim_opts.before_every_rank = [&schedule](bool bytes_too) {
     guard_every_rank(schedule, bytes_too ? kCheckEveryRankPerOp : kWalkEveryRankPerOp,
                      fmt::format("checking all {} ranks for races", schedule.ranks.size()));
