@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim/builder.hpp"
@@ -34,10 +35,9 @@ double relative(double a, double b) {
   return std::fabs(a - b) / std::max(std::fabs(b), 1e-300);
 }
 
-/** By class against every rank: the step metrics, races and link bytes; returns the relative
- *  step-time difference. */
-double expect_alike(int nodes, const std::string& model) {
-  const Scenario sc = llama70b(nodes, {{"sim.jitter", "0"}, {"sim.collective_model", model}});
+/** By class against every rank: the step metrics, races, link bytes and every rank's op times;
+ *  returns the relative step-time difference. `kinds`: the kinds of node the fold should find. */
+double expect_alike(const Scenario& sc, int kinds = 1) {
   const Schedule schedule = build_schedule(sc);
   const SimResult by_class = sim(sc, schedule, ByClass::kAuto);
   const SimResult full = sim(sc, schedule, ByClass::kPerRank);
@@ -67,12 +67,40 @@ double expect_alike(int nodes, const std::string& model) {
   }
   // Every rank is in the timeline, with its node-0 counterpart's times.
   EXPECT_EQ(by_class.timeline.ranks.size(), static_cast<std::size_t>(sc.cluster.world_size()));
+  EXPECT_EQ(by_class.timeline.ranks.size(), full.timeline.ranks.size());
+  std::size_t ops = 0, unlike = 0;
+  for (std::size_t r = 0; r < std::min(by_class.timeline.ranks.size(), full.timeline.ranks.size());
+       ++r) {
+    const auto& a = by_class.timeline.ranks[r];
+    const auto& b = full.timeline.ranks[r];
+    if (a.size() != b.size()) {
+      ADD_FAILURE() << "rank " << r << ": " << a.size() << " ops against " << b.size();
+      continue;
+    }
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const double tolerance = 1e-9 * full.mean.step_time_s;
+      const bool alike = std::fabs(a[i].issue_s - b[i].issue_s) <= tolerance &&
+                         std::fabs(a[i].start_s - b[i].start_s) <= tolerance &&
+                         std::fabs(a[i].end_s - b[i].end_s) <= tolerance;
+      if (!alike && unlike++ == 0) {
+        ADD_FAILURE() << "rank " << r << " op " << i << ": " << a[i].start_s << ".." << a[i].end_s
+                      << " by class, " << b[i].start_s << ".." << b[i].end_s << " every rank";
+      }
+      ++ops;
+    }
+  }
+  EXPECT_EQ(unlike, 0u) << "of " << ops << " op times";
   // Without the unfolded timeline (what `hpzlab sim` keeps unless a trace, op times or
   // sensitivity need every rank's): node 0's ranks, the same metrics and races.
   SimOptions lean;
   lean.full_timeline = false;
   const SimResult folded = simulate(timing_inputs_of(sc), schedule, lean);
-  EXPECT_EQ(folded.timeline.ranks.size(), static_cast<std::size_t>(sc.cluster.gpus_per_node));
+  EXPECT_EQ(folded.timeline.ranks.size(),
+            static_cast<std::size_t>(kinds * sc.cluster.gpus_per_node));
+  EXPECT_NE(
+      by_class.by_class_how.find(kinds == 1 ? "node 0's" : fmt::format("{} kinds of node", kinds)),
+      std::string::npos)
+      << by_class.by_class_how;
   EXPECT_EQ(folded.mean.step_time_s, by_class.mean.step_time_s);
   EXPECT_LT(relative(folded.mean.exposed_comm_s, by_class.mean.exposed_comm_s), 1e-9);
   EXPECT_EQ(folded.mean.races_manifested, by_class.mean.races_manifested);
@@ -92,22 +120,52 @@ double expect_alike(int nodes, const std::string& model) {
 }
 
 TEST(TimeByClass, StepTimesAndRacesMatchEveryRankAt16GpusFine) {
-  expect_alike(2, "fine");
+  expect_alike(llama70b(2, {{"sim.jitter", "0"}, {"sim.collective_model", "fine"}}));
 }
 
 TEST(TimeByClass, StepTimesAndRacesMatchEveryRankAt16GpusCoarse) {
-  expect_alike(2, "coarse");
+  expect_alike(llama70b(2, {{"sim.jitter", "0"}, {"sim.collective_model", "coarse"}}));
 }
 
 // The fine model's full simulation takes 15 s at 128 GPUs and 330 s at 256 in a Release build
 // (its world rings have a transfer per rank and step): the larger worlds are compared in the
 // coarse model, whose transfers between nodes are SimGrid flows all the same.
 TEST(TimeByClass, StepTimesAndRacesMatchEveryRankAt128Gpus) {
-  expect_alike(16, "coarse");
+  expect_alike(llama70b(16, {{"sim.jitter", "0"}, {"sim.collective_model", "coarse"}}));
 }
 
 TEST(TimeByClass, StepTimesAndRacesMatchEveryRankAt256Gpus) {
-  expect_alike(32, "coarse");
+  expect_alike(llama70b(32, {{"sim.jitter", "0"}, {"sim.collective_model", "coarse"}}));
+}
+
+// tiny.toml past 64 ranks: the norm weights' 64 elements fill the first 64 ranks' slices, and
+// the ranks past them copy no secondary and spin no 200 us kernel before it (the scenario's
+// repro spin). Two kinds of node: node 0 and the first node past 64 ranks are simulated, each for
+// its kind, and every rank's op times are the full simulation's.
+Scenario tiny(int nodes, const std::string& model) {
+  return load_scenario(test::scenario_path("tiny"), {{"cluster.nodes", std::to_string(nodes)},
+                                                     {"sim.jitter", "0"},
+                                                     {"sim.collective_model", model}});
+}
+
+TEST(TimeByClass, KindsOfNodeWhereSlicesLieInThePaddingFoldInTheCoarseModel) {
+  // 40 nodes: the last node's 2 ranks also hold the padded ends of the larger weights (3 kinds).
+  for (const auto& [nodes, kinds] : {std::pair{40, 3}, std::pair{64, 2}}) {
+    SCOPED_TRACE(fmt::format("{} nodes", nodes));
+    expect_alike(tiny(nodes, "coarse"), kinds);
+  }
+}
+
+// In the fine model a kind's hops inside its node share NVLink with the world's hops at times
+// of its own: no one node stands for the others. Every rank is simulated, and it says why.
+TEST(TimeByClass, KindsOfNodeAreSimulatedEveryRankInTheFineModelAndSaySo) {
+  const Scenario sc = tiny(64, "fine");
+  const SimResult r = sim(sc, build_schedule(sc), ByClass::kAuto);
+  EXPECT_FALSE(r.by_class);
+  EXPECT_NE(r.by_class_how.find("nodes of 2 kinds (rank 64 issues other ops than rank 0)"),
+            std::string::npos)
+      << r.by_class_how;
+  EXPECT_NE(r.by_class_how.find("sim.collective_model=coarse"), std::string::npos);
 }
 
 // The race bites when the step is compute-bound (docs/timing.md): by class it bites the same.
@@ -128,7 +186,7 @@ TEST(TimeByClass, AnAsymmetricScheduleIsSimulatedRankByRankAndSaysWhy) {
   const Schedule schedule = build_schedule(sc);
   const SimResult r = sim(sc, schedule, ByClass::kAuto);
   EXPECT_FALSE(r.by_class);
-  EXPECT_NE(r.by_class_how.find("rank 9 issues other ops than rank 1"), std::string::npos)
+  EXPECT_NE(r.by_class_how.find("rank 9 issues other collectives than rank 1"), std::string::npos)
       << r.by_class_how;
 }
 

@@ -15,6 +15,11 @@
 namespace hpz::time {
 namespace {
 
+/** Kinds of node the fold simulates at most: each costs G simulated ranks, and the search
+ *  compares every node with each kind found so far. The padded worlds of the shipped scenarios
+ *  have two (llama2-70b past 8,192 GPUs, tiny past 64). */
+constexpr int kMaxKinds = 16;
+
 /** A group's ranks moved `k` nodes on (modulo the world), ascending. */
 std::vector<Rank> moved(const std::vector<Rank>& ranks, int k, int gpus, int world) {
   std::vector<Rank> out;
@@ -58,17 +63,42 @@ class Folding {
     return true;
   }
 
-  /** Every rank issues its node-0 counterpart's ops, its collectives on the moved groups. */
-  bool ranks_fold(std::string& why) const {
+  /** Sorts the nodes into kinds (NodeQuotient::kind_reps): every node issues the ops of its
+   *  kind's first node moved, and the kinds issue the same collectives. More than `max_kinds`
+   *  kinds, or a kind whose collectives differ from node 0's: false, with why. */
+  bool kinds_fold(int max_kinds, NodeQuotient& out, std::string& why) const {
+    out.kind_reps.assign(1, 0);
+    out.kind_nodes.assign(1, 1);
+    std::vector<std::int32_t> node_kind(static_cast<std::size_t>(nodes_), 0);
+    std::vector<GroupId> moved_group(schedule_.groups.size(), kNoGroup);
+    int last = 0;  // the kind the previous node was of: most nodes are of their neighbour's
     for (int k = 1; k < nodes_; ++k) {
-      std::vector<GroupId> moved_group(schedule_.groups.size(), kNoGroup);
-      for (Rank j = 0; j < gpus_; ++j) {
-        if (!rank_folds(j, j + k * gpus_, k, moved_group)) {
-          why = fmt::format("rank {} issues other ops than rank {}", j + k * gpus_, j);
+      int kind = -1;
+      for (int t = 0; t < out.kinds() && kind < 0; ++t) {
+        const int q = t == 0 ? last : (t <= last ? t - 1 : t);
+        if (node_folds(out.kind_reps[static_cast<std::size_t>(q)], k, moved_group)) kind = q;
+      }
+      if (kind < 0) {
+        for (Rank j = 0; j < gpus_; ++j) {
+          if (!collectives_alike(j, k * gpus_ + j, k)) {
+            why = fmt::format("rank {} issues other collectives than rank {}", k * gpus_ + j, j);
+            return false;
+          }
+        }
+        if (out.kinds() == max_kinds) {
+          why = fmt::format("more than {} kinds of node (rank {} issues other ops than rank {})",
+                            max_kinds, k * gpus_, 0);
           return false;
         }
+        kind = out.kinds();
+        out.kind_reps.push_back(k);
+        out.kind_nodes.push_back(0);
       }
+      ++out.kind_nodes[static_cast<std::size_t>(kind)];
+      node_kind[static_cast<std::size_t>(k)] = kind;
+      last = kind;
     }
+    if (out.kinds() > 1) out.node_kind = std::move(node_kind);
     return true;
   }
 
@@ -127,6 +157,26 @@ class Folding {
     return schedule_.groups[static_cast<std::size_t>(g)].ranks;
   }
 
+  /** Node k's ranks issue node `rep`'s ops moved k - rep nodes on. */
+  bool node_folds(int rep, int k, std::vector<GroupId>& moved_group) const {
+    std::fill(moved_group.begin(), moved_group.end(), kNoGroup);
+    for (Rank j = 0; j < gpus_; ++j) {
+      if (!rank_folds(rep * gpus_ + j, k * gpus_ + j, k - rep, moved_group)) return false;
+    }
+    return true;
+  }
+
+  bool inside_one_node(GroupId g) const {
+    return members(g).front() / gpus_ == members(g).back() / gpus_;
+  }
+
+  /** Group `to` is group `from` moved k nodes on: the same group when it spans nodes (the k-th
+   *  collective on it is one instance), its members moved when it lies inside one node. */
+  bool moves_to(GroupId from, GroupId to, int k) const {
+    if (!inside_one_node(from) && to != from) return false;
+    return moved(members(from), k, gpus_, world_) == members(to);
+  }
+
   bool rank_folds(Rank j, Rank r, int k, std::vector<GroupId>& moved_group) const {
     const RankSchedule& a = schedule_.ranks[static_cast<std::size_t>(j)];
     const RankSchedule& b = schedule_.ranks[static_cast<std::size_t>(r)];
@@ -146,10 +196,7 @@ class Folding {
       }
       GroupId& to = moved_group[static_cast<std::size_t>(x.group)];
       if (to == kNoGroup) {
-        const bool inside = members(x.group).back() < gpus_;
-        // A group that spans nodes is its own move: the k-th collective on it is one instance.
-        if (!inside && y.group != x.group) return false;
-        if (moved(members(x.group), k, gpus_, world_) != members(y.group)) return false;
+        if (!moves_to(x.group, y.group, k)) return false;
         to = y.group;
       } else if (to != y.group) {
         return false;
@@ -158,6 +205,30 @@ class Folding {
       if (!shared_ops && !(x == y)) return false;
     }
     return true;
+  }
+
+  /** Rank r (node k) issues node-0 rank j's collectives, in its order, on the moved groups:
+   *  what the instances' plans and node 0's link bytes are made of (kind, bytes, step). */
+  bool collectives_alike(Rank j, Rank r, int k) const {
+    const auto& a = schedule_.ranks[static_cast<std::size_t>(j)].ops;
+    const auto& b = schedule_.ranks[static_cast<std::size_t>(r)].ops;
+    std::vector<GroupId> moved_group(schedule_.groups.size(), kNoGroup);
+    std::size_t x = 0, y = 0;
+    while (true) {
+      while (x < a.size() && !is_collective(a[x].kind)) ++x;
+      while (y < b.size() && !is_collective(b[y].kind)) ++y;
+      if (x == a.size() || y == b.size()) return x == a.size() && y == b.size();
+      const Op& p = a[x++];
+      const Op& q = b[y++];
+      if (p.kind != q.kind || p.comm_bytes != q.comm_bytes || p.step != q.step) return false;
+      GroupId& to = moved_group[static_cast<std::size_t>(p.group)];
+      if (to == kNoGroup) {
+        if (!moves_to(p.group, q.group, k)) return false;
+        to = q.group;
+      } else if (to != q.group) {
+        return false;
+      }
+    }
   }
 
   const Schedule& schedule_;
@@ -203,8 +274,16 @@ bool node_quotient(const TimingInputs& in, const Schedule& schedule, bool force,
   }
   Folding folding(schedule, c.gpus_per_node, c.nodes);
   std::vector<std::pair<Rank, Rank>> full;
-  if (!folding.groups_fold(why) || !folding.ranks_fold(why) ||
+  if (!folding.groups_fold(why) || !folding.kinds_fold(kMaxKinds, out, why) ||
       !folding.routes(out.pairs, full, why)) {
+    return false;
+  }
+  if (out.kinds() > 1 && collective_model_of(in) != CollectiveModel::kCoarse) {
+    why = fmt::format(
+        "nodes of {} kinds (rank {} issues other ops than rank 0): folded only in the coarse "
+        "collective model, where no kind's hops inside a node share a link with another's "
+        "(--set sim.collective_model=coarse)",
+        out.kinds(), out.kind_reps[1] * c.gpus_per_node);
     return false;
   }
   out.full_pairs = std::move(full);
@@ -245,10 +324,12 @@ std::vector<simgrid::s4u::Host*> install_quotient(const Topology& topology,
 }
 
 void unfold_timeline(const NodeQuotient& quotient, Timeline& timeline) {
+  std::vector<std::vector<OpTime>> simulated = std::move(timeline.ranks);
   auto& ranks = timeline.ranks;
-  const auto g = static_cast<std::size_t>(quotient.gpus_per_node);
   ranks.resize(static_cast<std::size_t>(quotient.world));
-  for (std::size_t r = g; r < ranks.size(); ++r) ranks[r] = ranks[r % g];
+  for (Rank r = 0; r < quotient.world; ++r) {
+    ranks[static_cast<std::size_t>(r)] = simulated[static_cast<std::size_t>(quotient.index_of(r))];
+  }
 }
 
 void unfold_links(const NodeQuotient& quotient, const Topology& topology, EngineRun& run) {
@@ -259,11 +340,22 @@ void unfold_links(const NodeQuotient& quotient, const Topology& topology, Engine
 }
 
 std::string describe_quotient(const NodeQuotient& quotient) {
-  return fmt::format("{} ranks by symmetry class: node 0's {} ranks simulated for {} nodes{}",
-                     quotient.world, quotient.gpus_per_node, quotient.nodes,
-                     quotient.exact ? ""
-                                    : " (jitter folded: every node draws node 0's noise, not "
-                                      "exact)");
+  const char* jitter =
+      quotient.exact ? "" : " (jitter folded: every node draws node 0's noise, not exact)";
+  if (quotient.kinds() == 1) {
+    return fmt::format("{} ranks by symmetry class: node 0's {} ranks simulated for {} nodes{}",
+                       quotient.world, quotient.gpus_per_node, quotient.nodes, jitter);
+  }
+  std::string kinds;
+  for (int q = 0; q < quotient.kinds(); ++q) {
+    kinds += fmt::format("{}node {} for {}", q == 0 ? "" : ", ",
+                         quotient.kind_reps[static_cast<std::size_t>(q)],
+                         quotient.kind_nodes[static_cast<std::size_t>(q)]);
+  }
+  return fmt::format(
+      "{} ranks by symmetry class: {} kinds of node, the {} ranks of one node of each simulated "
+      "({}){}",
+      quotient.world, quotient.kinds(), quotient.simulated(), kinds, jitter);
 }
 
 }  // namespace hpz::time

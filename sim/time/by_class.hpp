@@ -42,18 +42,42 @@ namespace hpz::time {
 
 struct EngineRun;
 
-/** How the world folds onto node 0. */
+/** How the world folds onto node 0 (and one node of each other kind). */
 struct NodeQuotient {
-  int gpus_per_node = 0;  ///< G: ranks simulated (node 0's)
+  int gpus_per_node = 0;  ///< G
   int nodes = 0;
   int world = 0;
   int nics_per_node = 1;
   bool exact = true;  ///< false: forced with jitter (node k draws node 0's noise)
+  /** Kinds of node: node k is of kind q when its ranks issue the ops of kind q's first node
+   *  (kind_reps[q]) moved k - kind_reps[q] nodes on. Kind 0 is node 0's; one kind is the plain
+   *  node quotient. The kinds' first nodes are simulated, G ranks each (index q * G + j). */
+  std::vector<int> kind_reps{0};
+  std::vector<int> kind_nodes;          ///< how many nodes each kind has
+  std::vector<std::int32_t> node_kind;  ///< per node; empty: every node is of kind 0
   /** Quotient routes: (sender, receiver) with receiver < G a node-0 rank, receiver >= G the
    *  mirror of rank receiver - G arriving from another node. */
   std::vector<std::pair<Rank, Rank>> pairs;
   /** Per quotient route, a full-world pair whose route folds onto it. */
   std::vector<std::pair<Rank, Rank>> full_pairs;
+
+  int kinds() const { return static_cast<int>(kind_reps.size()); }
+  /** Ranks simulated: G per kind. */
+  int simulated() const { return kinds() * gpus_per_node; }
+  /** The rank simulated at `index`. */
+  Rank simulated_rank(int index) const {
+    return kind_reps[static_cast<std::size_t>(index / gpus_per_node)] * gpus_per_node +
+           index % gpus_per_node;
+  }
+  /** The simulated index that stands for rank `r`. */
+  int index_of(Rank r) const {
+    const int kind = node_kind.empty() ? 0 : node_kind[static_cast<std::size_t>(r / gpus_per_node)];
+    return kind * gpus_per_node + r % gpus_per_node;
+  }
+  /** How many of the world's ranks the simulated rank at `index` stands for. */
+  int stands_for(int index) const {
+    return kind_nodes.empty() ? nodes : kind_nodes[static_cast<std::size_t>(index / gpus_per_node)];
+  }
 
   /** The node-0 link that stands for link `id` of the full topology. */
   LinkId fold(LinkId id) const;

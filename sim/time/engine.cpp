@@ -63,9 +63,17 @@ struct Instance {
   CollectiveModel model = CollectiveModel::kFine;  ///< the model `plan` is for
   std::int32_t step = 0;                           ///< training step, for per-step link bytes
   int members = 0;                                 ///< the group's size
-  /** Members simulated: all, or by class (by_class.hpp) node 0's, the first `local` members;
-   *  the others are node 0's moved, and receive what node 0's members receive from them. */
+  /** Members that send: all, or by class (by_class.hpp) those on the group's first node, the
+   *  first `local` members; the others are those members moved, and receive what they do. */
   int local = 0;
+  /** By class with kinds of node: the members on another kind's simulated node (a group that
+   *  spans nodes). Each is member `driver` moved, so it ends when that one ends. */
+  struct Echo {
+    int driver = 0;
+    std::int32_t index = 0;  ///< the simulated rank
+    std::uint32_t op = 0;
+  };
+  std::vector<Echo> echoes;
   int arrived = 0;
   std::vector<int> sends_started, sends_done, recvs_done;
   std::vector<bool> finished;
@@ -122,9 +130,11 @@ class Simulation {
     run_.link_bytes.assign(static_cast<std::size_t>(in.steps + 1),
                            std::vector<double>(topology.links().size(), 0.0));
     const std::size_t simulated = quotient_ != nullptr
-                                      ? static_cast<std::size_t>(quotient_->gpus_per_node)
+                                      ? static_cast<std::size_t>(quotient_->simulated())
                                       : schedule.ranks.size();
-    for (std::size_t r = 0; r < simulated; ++r) prepare(schedule.ranks[r]);
+    for (std::size_t r = 0; r < simulated; ++r) {
+      prepare(schedule.ranks[static_cast<std::size_t>(rank_of(static_cast<Rank>(r)))]);
+    }
   }
 
   /** Keeps `progress` (may be null) up to date from now on. */
@@ -159,6 +169,12 @@ class Simulation {
   }
 
  private:
+  /** The schedule's rank that simulated rank `index` is (by class: a kind's node's). */
+  Rank rank_of(Rank index) const {
+    return quotient_ != nullptr ? quotient_->simulated_rank(index) : index;
+  }
+  /** The simulated rank that stands for schedule rank `r`. */
+  Rank index_of(Rank r) const { return quotient_ != nullptr ? quotient_->index_of(r) : r; }
   void prepare(const RankSchedule& rs);
   void prepare_collective(const RankSchedule& rs, std::uint32_t i,
                           std::unordered_map<GroupId, std::uint32_t>& position);
@@ -286,11 +302,14 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
     Instance inst;
     inst.group = op.group;
     inst.members = n;
-    inst.local = quotient_ == nullptr
-                     ? n
-                     : static_cast<int>(std::lower_bound(g.ranks.begin(), g.ranks.end(),
-                                                         quotient_->gpus_per_node) -
-                                        g.ranks.begin());
+    if (quotient_ == nullptr) {
+      inst.local = n;
+    } else {  // the members on the group's first node: node 0 for a group that spans nodes
+      const int gpus = quotient_->gpus_per_node;
+      const Rank past = (g.ranks.front() / gpus + 1) * gpus;
+      inst.local = static_cast<int>(std::lower_bound(g.ranks.begin(), g.ranks.end(), past) -
+                                    g.ranks.begin());
+    }
     inst.ops.assign(static_cast<std::size_t>(inst.local), 0);
     // Init's collectives (step -1) run in the coarse model whatever sim.collective_model says:
     // no metric reports init's time, and the steps after it do not depend on how it was timed
@@ -307,7 +326,22 @@ void Simulation::prepare_collective(const RankSchedule& rs, std::uint32_t i,
     instances_.push_back(std::move(inst));
   }
   const auto member = std::lower_bound(g.ranks.begin(), g.ranks.end(), rs.rank) - g.ranks.begin();
-  instances_[it->second].ops[static_cast<std::size_t>(member)] = i;
+  Instance& inst = instances_[it->second];
+  if (member < inst.local) {
+    inst.ops[static_cast<std::size_t>(member)] = i;
+  } else {
+    // Another kind's node in a group that spans nodes (the fold checked that it is the same on
+    // every node): its member is the node-0 member of its local index moved.
+    const Rank counterpart = rs.rank % quotient_->gpus_per_node;
+    const auto driver =
+        std::lower_bound(g.ranks.begin(), g.ranks.end(), counterpart) - g.ranks.begin();
+    if (driver >= inst.local || g.ranks[static_cast<std::size_t>(driver)] != counterpart) {
+      throw std::logic_error(fmt::format("by class: rank {}'s group {} has no node-0 member {}",
+                                         rs.rank, g.name, counterpart));
+    }
+    inst.echoes.push_back(
+        {static_cast<int>(driver), static_cast<std::int32_t>(ranks_.size() - 1), i});
+  }
   ranks_.back().ops[i].instance = static_cast<std::int32_t>(it->second);
 }
 
@@ -344,7 +378,7 @@ bool Simulation::drained(Rank r, const RankState& s, HostWait wait) const {
 
 void Simulation::run_host(Rank r) {
   RankState& s = ranks_[static_cast<std::size_t>(r)];
-  const RankSchedule& rs = schedule_.ranks[static_cast<std::size_t>(r)];
+  const RankSchedule& rs = schedule_.ranks[static_cast<std::size_t>(rank_of(r))];
   auto& times = run_.timeline.ranks[static_cast<std::size_t>(r)];
   for (; s.next < rs.ops.size(); ++s.next) {
     const auto i = static_cast<std::uint32_t>(s.next);
@@ -360,7 +394,7 @@ void Simulation::run_host(Rank r) {
       times[i].end_s = s.host_time;
       continue;
     }
-    s.host_time += cost_.launch_s() * jitter_.factor(r, i, 1);
+    s.host_time += cost_.launch_s() * jitter_.factor(rank_of(r), i, 1);
     ++in_flight_[s.stream_base + static_cast<std::size_t>(op.stream)];
     ++s.outstanding;
     release(r, i);
@@ -396,7 +430,7 @@ void Simulation::begin(Rank r, std::uint32_t i) {
   if (o.collective) return arrive(r, i);
   const double seconds = o.run_s;
   if (seconds <= 0) return finish(r, i);
-  after(Task::Kind::kRun, r, i, seconds * jitter_.factor(r, i, 0));
+  after(Task::Kind::kRun, r, i, seconds * jitter_.factor(rank_of(r), i, 0));
 }
 
 void Simulation::finish(Rank r, std::uint32_t i) {
@@ -429,8 +463,8 @@ void Simulation::finish(Rank r, std::uint32_t i) {
 void Simulation::arrive(Rank r, std::uint32_t i) {
   const auto inst = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(r)].ops[i].instance);
   Instance& in = instances_[inst];
-  // By class, the other nodes' members arrive when node 0's do (they are node 0's moved).
-  if (++in.arrived == in.local) launch(inst);
+  // By class, the other nodes' members arrive when their kind's simulated node's do.
+  if (++in.arrived == in.local + static_cast<int>(in.echoes.size())) launch(inst);
 }
 
 void Simulation::launch(std::uint32_t inst) {
@@ -439,8 +473,11 @@ void Simulation::launch(std::uint32_t inst) {
   const double now = now_;
   const int n = in.members;
   for (int m = 0; m < in.local; ++m) {
-    const auto rank = static_cast<std::size_t>(g.ranks[static_cast<std::size_t>(m)]);
+    const auto rank = static_cast<std::size_t>(index_of(g.ranks[static_cast<std::size_t>(m)]));
     run_.timeline.ranks[rank][in.ops[static_cast<std::size_t>(m)]].start_s = now;
+  }
+  for (const Instance::Echo& e : in.echoes) {
+    run_.timeline.ranks[static_cast<std::size_t>(e.index)][e.op].start_s = now;
   }
   for (int m = 0; m < in.local; ++m) {
     if (in.plan.all_to_all) {
@@ -472,8 +509,12 @@ void Simulation::send(std::uint32_t inst, int from, int to, std::uint64_t bytes)
   const Rank b = g.ranks[static_cast<std::size_t>(to)];
   auto& per_link = run_.link_bytes[static_cast<std::size_t>(std::max(in.step + 1, 0))];
   const std::vector<LinkId> route = topology_.route(a, b);
-  for (LinkId id : route) {
-    per_link[quotient_ != nullptr ? quotient_->fold(id) : id] += static_cast<double>(bytes);
+  // By class node 0's hops stand for every node's: other kinds' nodes issue its collectives
+  // (by_class.cpp, collectives_alike), so their hops inside their node are not counted again.
+  if (quotient_ == nullptr || a < quotient_->gpus_per_node) {
+    for (LinkId id : route) {
+      per_link[quotient_ != nullptr ? quotient_->fold(id) : id] += static_cast<double>(bytes);
+    }
   }
   ++run_.stats.transfers;
   if (in.model == CollectiveModel::kCoarse && topology_.node_of(a) == topology_.node_of(b)) {
@@ -533,7 +574,11 @@ void Simulation::check_member(std::uint32_t inst, int m) {
   }
   in.finished[mu] = true;
   const Group& g = schedule_.groups[static_cast<std::size_t>(in.group)];
-  finish(g.ranks[mu], in.ops[mu]);
+  finish(index_of(g.ranks[mu]), in.ops[mu]);
+  // finish() only releases ops (run later, from drain()): `in` stays where it is.
+  for (const Instance::Echo& e : in.echoes) {
+    if (e.driver == m) finish(e.index, e.op);
+  }
 }
 
 void Simulation::handle(const Task& task) {

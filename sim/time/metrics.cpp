@@ -2,16 +2,25 @@
 #include <algorithm>
 #include <limits>
 
+#include "sim/time/by_class.hpp"
 #include "sim/time/simulate.hpp"
 
 namespace hpz::time {
 namespace {
 
+/** The schedule's rank that row `row` of a timeline times: by class, a simulated rank. */
+std::size_t rank_of_row(const NodeQuotient* quotient, std::size_t row) {
+  return quotient == nullptr
+             ? row
+             : static_cast<std::size_t>(quotient->simulated_rank(static_cast<int>(row)));
+}
+
 /** When the last op of step k ended, over all ranks (k = -1: init). */
-double step_end(const Schedule& schedule, const Timeline& timeline, std::int32_t k) {
+double step_end(const Schedule& schedule, const Timeline& timeline, std::int32_t k,
+                const NodeQuotient* quotient) {
   double end = 0;
   for (std::size_t r = 0; r < timeline.ranks.size(); ++r) {
-    const auto& ops = schedule.ranks[r].ops;
+    const auto& ops = schedule.ranks[rank_of_row(quotient, r)].ops;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].step == k) end = std::max(end, timeline.ranks[r][i].end_s);
     }
@@ -60,24 +69,31 @@ double host_blocked(const RankSchedule& rs, const std::vector<OpTime>& times, st
 
 }  // namespace
 
-StepMetrics step_metrics(const TimingInputs& in, const Schedule& schedule,
-                         const Timeline& timeline) {
+StepMetrics step_metrics(const TimingInputs& in, const Schedule& schedule, const Timeline& timeline,
+                         const NodeQuotient* quotient) {
   StepMetrics m;
   const std::int32_t k = in.steps - 1;
-  const double lo = step_end(schedule, timeline, k - 1);
-  const double hi = step_end(schedule, timeline, k);
+  const double lo = step_end(schedule, timeline, k - 1, quotient);
+  const double hi = step_end(schedule, timeline, k, quotient);
   m.step_time_s = hi - lo;
   const double tokens =
       static_cast<double>(in.seq_len) * in.micro_batch * in.grad_accum * in.cluster.gpus_per_node;
   m.tokens_per_s_per_node = m.step_time_s > 0 ? tokens / m.step_time_s : 0;
-  // By class the timeline has node 0's ranks, whose means are every rank's (by_class.hpp).
-  const auto ranks = static_cast<double>(timeline.ranks.size());
+  // By class the timeline has the simulated ranks (node 0's, and one node's of every other kind
+  // of node), whose means, each weighted by the nodes of its kind, are every rank's
+  // (by_class.hpp). With one kind every weight is 1.
+  const auto ranks =
+      static_cast<double>(quotient != nullptr ? quotient->gpus_per_node : timeline.ranks.size());
   for (std::size_t r = 0; r < timeline.ranks.size(); ++r) {
-    const RankSchedule& rs = schedule.ranks[r];
+    const RankSchedule& rs = schedule.ranks[rank_of_row(quotient, r)];
     const auto& times = timeline.ranks[r];
-    m.exposed_comm_s += (m.step_time_s - compute_busy(rs, times, lo, hi)) / ranks;
-    m.host_stall_s += host_blocked(rs, times, k, true) / ranks;
-    m.host_sync_s += host_blocked(rs, times, k, false) / ranks;
+    const double weight = quotient == nullptr
+                              ? 1.0
+                              : static_cast<double>(quotient->stands_for(static_cast<int>(r))) /
+                                    static_cast<double>(quotient->nodes);
+    m.exposed_comm_s += (m.step_time_s - compute_busy(rs, times, lo, hi)) * weight / ranks;
+    m.host_stall_s += host_blocked(rs, times, k, true) * weight / ranks;
+    m.host_sync_s += host_blocked(rs, times, k, false) * weight / ranks;
     for (const OpTime& o : times) m.hung = m.hung || o.end_s < 0;
   }
   return m;

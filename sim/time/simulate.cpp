@@ -96,12 +96,11 @@ void link_reports(const TimingInputs& in, const EngineRun& run, SimResult& resul
   }
 }
 
-/** The race as timed in `t`: by class, a timeline of node 0's ranks, the race's rank's node-0
- *  counterpart. */
-RaceInstance folded(const Timeline& t, RaceInstance race) {
-  const auto have = t.ranks.size();
-  if (have != 0 && static_cast<std::size_t>(race.rank) >= have) {
-    race.rank = static_cast<Rank>(static_cast<std::size_t>(race.rank) % have);
+/** The race as timed in `t`: by class, in a timeline of the simulated ranks, on the one that
+ *  stands for the race's rank. */
+RaceInstance folded(const Timeline& t, RaceInstance race, const NodeQuotient* quotient) {
+  if (quotient != nullptr && t.ranks.size() < static_cast<std::size_t>(quotient->world)) {
+    race.rank = quotient->index_of(race.rank);
   }
   return race;
 }
@@ -114,7 +113,8 @@ void attach_races(const check::CheckResult& checked, SimResult& result) {
   result.race_instances = race_instances(checked);
 }
 
-void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
+void time_races(const std::vector<const Timeline*>& runs, SimResult& result,
+                const NodeQuotient* quotient) {
   for (RaceReport& report : result.races) {
     report.manifested_per_run.assign(runs.size(), 0);
     report.min_margin_per_run.assign(runs.size(), std::numeric_limits<double>::quiet_NaN());
@@ -122,7 +122,7 @@ void time_races(const std::vector<const Timeline*>& runs, SimResult& result) {
   std::vector<std::vector<double>> margins(result.races.size());  // first run, per group
   for (std::size_t run = 0; run < runs.size(); ++run) {
     for (const RaceInstance& race : result.race_instances) {
-      const Manifestation m = manifestation(*runs[run], folded(*runs[run], race));
+      const Manifestation m = manifestation(*runs[run], folded(*runs[run], race, quotient));
       RaceReport& report = result.races[race.group];
       if (m.first_end_s >= 0 && m.second_start_s >= 0) {
         double& least = report.min_margin_per_run[run];
@@ -217,10 +217,13 @@ SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOp
     const Topology topology(in.cluster);
     for (EngineRun& run : runs) unfold_links(quotient, topology, run);
   }
-  for (const EngineRun& run : runs) result.runs.push_back(step_metrics(in, schedule, run.timeline));
+  const NodeQuotient* folded_by = result.by_class ? &quotient : nullptr;
+  for (const EngineRun& run : runs) {
+    result.runs.push_back(step_metrics(in, schedule, run.timeline, folded_by));
+  }
   std::vector<const Timeline*> timelines;
   for (const EngineRun& run : runs) timelines.push_back(&run.timeline);
-  time_races(timelines, result);
+  time_races(timelines, result, folded_by);
   result.mean = mean_of(result.runs);
   link_reports(in, runs.front(), result);
   result.stats = runs.front().stats;

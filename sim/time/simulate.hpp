@@ -18,6 +18,8 @@
 
 namespace hpz::time {
 
+struct NodeQuotient;
+
 /** Whether to simulate one node for all (by_class.hpp). */
 enum class ByClass : std::uint8_t {
   kAuto,     ///< by class where exact (symmetric schedule and network, jitter 0), else every rank
@@ -125,16 +127,18 @@ SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOp
 void attach_races(const check::CheckResult& checked, SimResult& result);
 
 /** Times `result.race_instances` in each run: fills every RaceReport's counts and example
- *  (first run) and result.runs[k].races_manifested. result.runs has one entry per timeline. A
- *  timeline of fewer ranks than a race's is node 0's of a run by class: rank r's times are
- *  those of rank r mod its size (by_class.hpp). */
-void time_races(const std::vector<const Timeline*>& timelines, SimResult& result);
+ *  (first run) and result.runs[k].races_manifested. result.runs has one entry per timeline.
+ *  With `quotient`, a timeline of fewer ranks than the world is a run by class's: rank r's times
+ *  are those of the simulated rank that stands for it (by_class.hpp). */
+void time_races(const std::vector<const Timeline*>& timelines, SimResult& result,
+                const NodeQuotient* quotient = nullptr);
 
 /** The mean of per-run metrics (races_manifested is summed, hung is any). */
 StepMetrics mean_of(const std::vector<StepMetrics>& runs);
 
-/** The step metrics of one run: over the timeline's ranks (by class, node 0's stand for all). */
-StepMetrics step_metrics(const TimingInputs& in, const Schedule& schedule,
-                         const Timeline& timeline);
+/** The step metrics of one run: over the timeline's ranks (with `quotient`, a run by class's:
+ *  the simulated ranks, each for the ranks it stands for). */
+StepMetrics step_metrics(const TimingInputs& in, const Schedule& schedule, const Timeline& timeline,
+                         const NodeQuotient* quotient = nullptr);
 
 }  // namespace hpz::time
