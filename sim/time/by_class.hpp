@@ -22,6 +22,22 @@
 // is unchanged by the move (the world, qgZ's inter-node groups), so the k-th collective on it is
 // one instance whose remote members are node 0's members moved; the reverse routes SimGrid
 // loads are alike for every flow one quotient flow stands for. Anything else: the full run.
+//
+// Kinds of node. Past the end of a weight, ranks hold padding and copy less (llama2-70b's norm
+// weights past 8,192 GPUs): node k then issues node 0's ops only for some k. In the coarse
+// collective model it still folds, onto one node of each kind. There SimGrid carries only the
+// hops between nodes, of collectives on groups that span nodes; each such collective starts
+// once, when its last member arrives, and its hops inside a node are timers of a fixed length.
+// So the flows in flight stay invariant under the one-node move whatever the nodes compute
+// (induction over events, as above), and every member of such a collective ends when its
+// node-0 counterpart ends. A node of kind q then sees what the first node of kind q sees: the
+// same ops, its own groups' collectives timed alike, and the same ends of the shared ones. So
+// the first node of each kind is simulated; its members of a shared collective arrive as they
+// do, which the start waits for, and end when node 0's counterpart ends (no hops of their own:
+// node 0's stand for them). The kinds must issue node 0's collectives (kind, bytes, step, the
+// moved groups): the collectives' plans are one per instance, and node 0's link bytes stand for
+// every node's. The fine model puts hops inside a node on NVLink, shared with hops between
+// nodes, at times each kind sets: no fold (the full run, and why).
 #pragma once
 
 #include <cstdint>
