@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sim/builder.hpp"
+#include "sim/time/by_class.hpp"
 #include "sim/time/simulate.hpp"
 #include "tests/paths.hpp"
 
@@ -188,6 +189,26 @@ TEST(TimeByClass, AnAsymmetricScheduleIsSimulatedRankByRankAndSaysWhy) {
   EXPECT_FALSE(r.by_class);
   EXPECT_NE(r.by_class_how.find("rank 9 issues other collectives than rank 1"), std::string::npos)
       << r.by_class_how;
+}
+
+// A rank that shares node 0's op list must still run it on its own node's groups: rank 2 (node
+// 1 of tiny's 2 x 2) given rank 0's ops on rank 0's hpZ group does not fold, though every op
+// and buffer is shared (the fold then compares only the copy's groups).
+TEST(TimeByClass, ASharedOpListOnAnotherNodesGroupsDoesNotFold) {
+  const Scenario sc = tiny(2, "coarse");
+  Schedule schedule = build_schedule(sc);
+  const TimingInputs in = timing_inputs_of(sc);
+  NodeQuotient q;
+  std::string why;
+  ASSERT_TRUE(node_quotient(in, schedule, false, q, why)) << why;
+  RankSchedule& r2 = schedule.ranks[2];
+  const RankSchedule& r0 = schedule.ranks[0];
+  r2.ops = OpList::sharing(r0.ops, {});
+  r2.buffers = r0.buffers;
+  r2.accesses = r0.accesses;
+  ASSERT_TRUE(r2.ops.shares_with(r0.ops));
+  EXPECT_FALSE(node_quotient(in, schedule, false, q, why));
+  EXPECT_EQ(why, "rank 2 issues other collectives than rank 0");
 }
 
 TEST(TimeByClass, JitterIsDrawnPerRankSoTheDefaultIsEveryRank) {
