@@ -546,6 +546,27 @@ TEST(Report, FirstLineSaysCleanOrCounts) {
   EXPECT_NE(json.find("\"kind\": \"race\""), std::string::npos);
 }
 
+TEST(Report, RankListsCollapseRangesAndStridesWhereShorter) {
+  EXPECT_EQ(format_ranges({}), "none");
+  EXPECT_EQ(format_ranges({0, 1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 14, 15}), "0-7,9,12-15");
+  EXPECT_EQ(format_ranges({3, 4}), "3-4");
+  // Every other rank: the first two and the last where that is shorter, listed where not.
+  std::set<int> every_other;
+  for (int r = 64; r <= 126; r += 2) every_other.insert(r);
+  EXPECT_EQ(format_ranges(every_other), "64,66,...,126");
+  EXPECT_EQ(format_ranges({0, 2, 4, 6}), "0,2,4,6");
+  // A strided run that is not shorter leaves the next range whole.
+  EXPECT_EQ(format_ranges({0, 5, 10, 11, 12}), "0,5,10-12");
+  std::set<int> mixed = {1, 2, 3};
+  for (int r = 100; r <= 200; r += 10) mixed.insert(r);
+  mixed.insert(201);
+  EXPECT_EQ(format_ranges(mixed), "1-3,100,110,...,200,201");
+  // 8,192 ranks of one hpZ position past the weights' end at 16,384 GPUs: one short line.
+  std::set<int> half;
+  for (int r = 8193; r < 16384; r += 2) half.insert(r);
+  EXPECT_EQ(format_ranges(half), "8193,8195,...,16383");
+}
+
 TEST(Report, ARecordedOpIsNamedByItsLabelAndTheHeaderByItsDeepSpeed) {
   Builder b(1);
   const BufferId x = b.buffer("x", 64);

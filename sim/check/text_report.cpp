@@ -235,19 +235,39 @@ std::string label_of(const CheckResult& r) {
   return schedule_label(r.variant, r.source);
 }
 
+namespace {
+
+/** "a,b,...,z" is shorter than v[i..end) listed. */
+bool strided_is_shorter(const std::vector<int>& v, std::size_t i, std::size_t end) {
+  std::size_t listed = end - i - 1;  // commas
+  for (std::size_t k = i; k < end; ++k) listed += fmt::formatted_size("{}", v[k]);
+  return fmt::formatted_size("{},{},...,{}", v[i], v[i + 1], v[end - 1]) < listed;
+}
+
+}  // namespace
+
 std::string format_ranges(const std::set<int>& values) {
+  const std::vector<int> v(values.begin(), values.end());
   std::string out;
-  for (auto it = values.begin(); it != values.end();) {
-    const int lo = *it;
-    int hi = lo;
-    auto next = std::next(it);
-    while (next != values.end() && *next == hi + 1) {
-      hi = *next;
-      ++next;
+  for (std::size_t i = 0; i < v.size();) {
+    // The longest run from v[i] with one stride: consecutive values read "lo-hi"; every d-th
+    // value "lo,lo+d,...,hi" where that is shorter than the list (the ranks of one hpZ position
+    // past a weight's end: 8,192 of them at 16,384 GPUs).
+    std::size_t end = i + 1;
+    const int stride = end < v.size() ? v[end] - v[i] : 0;
+    while (end < v.size() && v[end] - v[end - 1] == stride) ++end;
+    std::string part;
+    if (end - i >= 2 && stride == 1) {
+      part = fmt::format("{}-{}", v[i], v[end - 1]);
+    } else if (end - i >= 3 && strided_is_shorter(v, i, end)) {
+      part = fmt::format("{},{},...,{}", v[i], v[i + 1], v[end - 1]);
+    } else {  // one value; the next may start a run
+      end = i + 1;
+      part = fmt::format("{}", v[i]);
     }
     if (!out.empty()) out += ",";
-    out += lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
-    it = next;
+    out += part;
+    i = end;
   }
   return out.empty() ? "none" : out;
 }
