@@ -560,11 +560,15 @@ TEST(Report, RankListsCollapseRangesAndStridesWhereShorter) {
   std::set<int> mixed = {1, 2, 3};
   for (int r = 100; r <= 200; r += 10) mixed.insert(r);
   mixed.insert(201);
-  EXPECT_EQ(format_ranges(mixed), "1-3,100,110,...,200,201");
-  // 8,192 ranks of one hpZ position past the weights' end at 16,384 GPUs: one short line.
-  std::set<int> half;
-  for (int r = 8193; r < 16384; r += 2) half.insert(r);
-  EXPECT_EQ(format_ranges(half), "8193,8195,...,16383");
+  EXPECT_EQ(format_ranges(mixed), "1-3,100,110,...,190,200-201");
+  // 4 ranks in every 8 past 8,192, as the padding reads at 16,384 GPUs: one short line.
+  std::set<int> blocks;
+  for (int r = 8192; r < 16384; r += 8) {
+    for (int j = 0; j < 4; ++j) blocks.insert(r + j);
+  }
+  EXPECT_EQ(format_ranges(blocks), "8192-8195,8200-8203,...,16376-16379");
+  blocks.insert(16381);
+  EXPECT_EQ(format_ranges(blocks), "8192-8195,8200-8203,...,16376-16379,16381");
 }
 
 TEST(Report, ARecordedOpIsNamedByItsLabelAndTheHeaderByItsDeepSpeed) {

@@ -72,8 +72,9 @@ std::string remedy(const Finding& finding);
  *  builder, the DeepSpeed version ("stock, DeepSpeed 0.13.4 built"). */
 std::string label_of(const CheckResult& result);
 
-/** "0-7,9,12-15,20,22,...,40": a sorted set of integers as ranges, and runs of one stride
- *  (every d-th value) as their first two and last values where that is shorter. */
+/** "0-7,9,12-15,20,22,...,40": a sorted set of integers as ranges, and runs of ranges of one
+ *  width one stride apart ("8-9,16-17,...,64-65") as their first two and last where that is
+ *  shorter. */
 std::string format_ranges(const std::set<int>& values);
 
 }  // namespace hpz::check

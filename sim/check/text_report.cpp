@@ -237,33 +237,49 @@ std::string label_of(const CheckResult& r) {
 
 namespace {
 
-/** "a,b,...,z" is shorter than v[i..end) listed. */
-bool strided_is_shorter(const std::vector<int>& v, std::size_t i, std::size_t end) {
-  std::size_t listed = end - i - 1;  // commas
-  for (std::size_t k = i; k < end; ++k) listed += fmt::formatted_size("{}", v[k]);
-  return fmt::formatted_size("{},{},...,{}", v[i], v[i + 1], v[end - 1]) < listed;
-}
+/** Consecutive values as one range: "lo-hi", or "lo" alone. */
+struct Range {
+  int lo = 0, hi = 0;
+  std::string text() const {
+    return lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
+  }
+};
 
 }  // namespace
 
 std::string format_ranges(const std::set<int>& values) {
-  const std::vector<int> v(values.begin(), values.end());
+  std::vector<Range> ranges;
+  for (const int v : values) {
+    if (!ranges.empty() && ranges.back().hi + 1 == v) {
+      ranges.back().hi = v;
+    } else {
+      ranges.push_back({v, v});
+    }
+  }
   std::string out;
-  for (std::size_t i = 0; i < v.size();) {
-    // The longest run from v[i] with one stride: consecutive values read "lo-hi"; every d-th
-    // value "lo,lo+d,...,hi" where that is shorter than the list (the ranks of one hpZ position
-    // past a weight's end: 8,192 of them at 16,384 GPUs).
+  for (std::size_t i = 0; i < ranges.size();) {
+    // A run of ranges of one width, one stride apart (every other rank, or 4 ranks in every 8,
+    // past a weight's end at 16,384 GPUs): its first two and its last where that is shorter.
     std::size_t end = i + 1;
-    const int stride = end < v.size() ? v[end] - v[i] : 0;
-    while (end < v.size() && v[end] - v[end - 1] == stride) ++end;
-    std::string part;
-    if (end - i >= 2 && stride == 1) {
-      part = fmt::format("{}-{}", v[i], v[end - 1]);
-    } else if (end - i >= 3 && strided_is_shorter(v, i, end)) {
-      part = fmt::format("{},{},...,{}", v[i], v[i + 1], v[end - 1]);
-    } else {  // one value; the next may start a run
+    const int width = ranges[i].hi - ranges[i].lo;
+    const int stride = end < ranges.size() ? ranges[end].lo - ranges[i].lo : 0;
+    while (end < ranges.size() && ranges[end].hi - ranges[end].lo == width &&
+           ranges[end].lo - ranges[end - 1].lo == stride) {
+      ++end;
+    }
+    std::string part = ranges[i].text();
+    if (end - i >= 3) {
+      std::string listed = part;
+      for (std::size_t k = i + 1; k < end; ++k) listed += "," + ranges[k].text();
+      const std::string collapsed =
+          fmt::format("{},{},...,{}", part, ranges[i + 1].text(), ranges[end - 1].text());
+      if (collapsed.size() < listed.size()) {
+        part = collapsed;
+      } else {
+        end = i + 1;
+      }
+    } else {
       end = i + 1;
-      part = fmt::format("{}", v[i]);
     }
     if (!out.empty()) out += ",";
     out += part;
