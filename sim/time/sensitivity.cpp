@@ -15,7 +15,7 @@
 namespace hpz::time {
 namespace {
 
-constexpr int kParallel = 2;    // child processes at once (two cores)
+constexpr int kParallel = kSensitivityRunsAtOnce;  // child processes at once (two cores)
 constexpr int kBisections = 5;  // halvings of a flip's bracket, in log factor: to 2^(1/32)-ish
 
 struct Margin {

@@ -19,6 +19,9 @@
 
 namespace hpz::time {
 
+/** Re-simulations sensitivity() runs at once, each a child process simulating every rank. */
+inline constexpr int kSensitivityRunsAtOnce = 2;
+
 /** One input the sensitivity scales. */
 struct SensitivityInput {
   std::string key;                              ///< scenario key, e.g. "cluster.nic_gbps"

@@ -414,6 +414,7 @@ std::optional<time::SensitivityResult> timing_margin(const Scenario& sc, const S
                                                      const check::CheckResult& result,
                                                      bool show_progress) {
   if (result.group_count(check::FindingKind::kRace) == 0) return std::nullopt;
+  guard_every_rank_times(schedule, true);
   time::SimOptions o;
   o.runs = 1;
   const TimingInputs platform = timing_inputs_of(sc);

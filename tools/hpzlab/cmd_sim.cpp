@@ -72,6 +72,9 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   };
   // Node 0's times stand for every rank's; only these outputs read every rank's.
   sim_opts.full_timeline = opts.op_times || opts.sensitivity || !opts.trace.file.empty();
+  // Those read every rank's times, unfolded from a run by class, and --sensitivity re-simulates
+  // every rank: refused before any run starts where that would not fit.
+  if (sim_opts.full_timeline) guard_every_rank_times(schedule, opts.sensitivity);
   const time::SimResult result = on_schedule(
       opts.scenario.schedule, [&] { return time::simulate(platform, schedule, sim_opts); });
   if (!result.by_class && !result.by_class_how.empty()) {

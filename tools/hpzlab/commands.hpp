@@ -104,11 +104,20 @@ inline constexpr double kCheckEveryRankPerOp = 48;
 inline constexpr double kWalkEveryRankPerOp = 24;
 inline constexpr double kSimEveryRankPerOp = 32;
 inline constexpr double kClocksPerRankPair = 4;
+/** Every rank's op times, unfolded from a run by class for --op-times, --trace and
+ *  --sensitivity: one OpTime (three doubles) an op. */
+inline constexpr double kTimesPerOp = 24;
 
 /** Refuses (InputError) a walk of every rank of `schedule` at about `bytes_per_op` an op and
- *  kClocksPerRankPair a pair of ranks that would take more than half of this machine's memory;
- *  `what` names the walk and why. */
-void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what);
+ *  `per_rank_pair` a pair of ranks (kClocksPerRankPair: a walk's clocks) that would take more
+ *  than half of this machine's memory; `what` names the walk and why. */
+void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what,
+                      double per_rank_pair = kClocksPerRankPair);
+
+/** Refuses what `sim`'s or `check`'s reports that read every rank's op times would need beyond
+ *  half of memory: the times kept (kTimesPerOp), and with `sensitivity` its re-simulations of
+ *  every rank, kSensitivityRunsAtOnce at once. */
+void guard_every_rank_times(const Schedule& schedule, bool sensitivity);
 
 /** Runs `fn`, an engine on a schedule read from `file` ("" = a built one): an engine's
  *  std::invalid_argument (a schedule it cannot handle) becomes an InputError naming the file. */

@@ -15,6 +15,7 @@
 #include "sim/error.hpp"
 #include "sim/ir/schedule_json.hpp"
 #include "sim/scenario.hpp"
+#include "sim/time/sensitivity.hpp"
 #include "tools/hpzlab/commands.hpp"
 
 namespace hpz::cli {
@@ -206,15 +207,32 @@ Schedule schedule_for(Scenario& sc, const std::string& file, Engines engines) {
   return s;
 }
 
-void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what) {
+void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what,
+                      double per_rank_pair) {
   std::uint64_t ops = 0;
   for (const RankSchedule& r : schedule.ranks) ops += r.ops.size();
   const auto ranks = static_cast<double>(schedule.ranks.size());
-  const double bytes = static_cast<double>(ops) * bytes_per_op + ranks * ranks * kClocksPerRankPair;
+  const double bytes = static_cast<double>(ops) * bytes_per_op + ranks * ranks * per_rank_pair;
   guard_engine_memory(
       schedule.scenario, bytes, schedule_budget(), what,
-      fmt::format("{:.3g} ops x ~{} B and {:.3g} ranks squared x ~{} B of clocks",
-                  static_cast<double>(ops), bytes_per_op, ranks, kClocksPerRankPair));
+      per_rank_pair > 0
+          ? fmt::format("{:.3g} ops x ~{} B and {:.3g} ranks squared x ~{} B of "
+                        "clocks",
+                        static_cast<double>(ops), bytes_per_op, ranks, per_rank_pair)
+          : fmt::format("{:.3g} ops x ~{} B", static_cast<double>(ops), bytes_per_op));
+}
+
+void guard_every_rank_times(const Schedule& schedule, bool sensitivity) {
+  const std::size_t ranks = schedule.ranks.size();
+  if (sensitivity) {
+    guard_every_rank(schedule, kTimesPerOp + time::kSensitivityRunsAtOnce * kSimEveryRankPerOp,
+                     fmt::format("re-simulating all {} ranks for --sensitivity ({} at once)", ranks,
+                                 time::kSensitivityRunsAtOnce),
+                     0);
+  } else {
+    guard_every_rank(schedule, kTimesPerOp,
+                     fmt::format("keeping all {} ranks' op times (--op-times, --trace)", ranks), 0);
+  }
 }
 
 void require_at_least(const std::string& flag, double value, double min) {
