@@ -74,6 +74,46 @@ TEST(Sensitivity, Deterministic) {
   EXPECT_EQ(sensitivity_table(a), sensitivity_table(b));
 }
 
+// At jitter 0 the first run folds onto node 0 and so do the re-simulations: the same samples and
+// flips as re-simulating every rank from a run of every rank.
+TEST(Sensitivity, ByClassGivesWhatEveryRankGives) {
+  const Scenario sc = load_scenario(
+      test::scenario_path("tiny"),
+      {{"run.builder", "deepspeed"}, {"run.spin_before_copy_us", "0"}, {"sim.jitter", "0"}});
+  const Schedule s = build_schedule(sc);
+  const TimingInputs in = timing_inputs_of(sc);
+  SimOptions lean;
+  lean.full_timeline = false;  // the first run's timeline: node 0's ranks only
+  const SimResult folded_run = simulate(in, s, lean);
+  ASSERT_TRUE(folded_run.by_class) << folded_run.by_class_how;
+  ASSERT_LT(folded_run.timeline.ranks.size(), s.ranks.size());
+  SimOptions every;
+  every.by_class = ByClass::kPerRank;
+  const SensitivityResult a = sensitivity(in, s, folded_run);
+  bool asked = false;
+  const SensitivityResult b = sensitivity(in, s, simulate(in, s, every), {}, [&] { asked = true; });
+  EXPECT_TRUE(a.by_class);
+  EXPECT_FALSE(b.by_class);
+  EXPECT_TRUE(asked);  // the hook that guards re-simulating every rank
+  EXPECT_EQ(a.min_margin_s, b.min_margin_s);
+  EXPECT_EQ(a.runs, b.runs);
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  std::size_t flips = 0;
+  for (std::size_t i = 0; i < a.rows.size(); ++i) {
+    ASSERT_EQ(a.rows[i].samples.size(), b.rows[i].samples.size()) << a.rows[i].key;
+    for (std::size_t k = 0; k < a.rows[i].samples.size(); ++k) {
+      EXPECT_EQ(a.rows[i].samples[k].min_margin_s, b.rows[i].samples[k].min_margin_s)
+          << a.rows[i].key << " x" << a.rows[i].samples[k].factor;
+    }
+    ASSERT_EQ(a.rows[i].flips.size(), b.rows[i].flips.size()) << a.rows[i].key;
+    for (std::size_t k = 0; k < a.rows[i].flips.size(); ++k) {
+      EXPECT_EQ(a.rows[i].flips[k].factor, b.rows[i].flips[k].factor) << a.rows[i].key;
+    }
+    flips += a.rows[i].flips.size();
+  }
+  EXPECT_GT(flips, 0u);  // something to compare: the launch overhead flips it (above)
+}
+
 TEST(Sensitivity, BitingRaceSaysWhatWouldStopIt) {
   // With tiny.toml's 200 us spin it bites by about 2 ms; no input within x4 stops it.
   const SensitivityResult r = run({{"run.spin_before_copy_us", "200"}});

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "sim/time/by_class.hpp"
+
 namespace hpz::time {
 
 std::vector<RaceInstance> race_instances(const check::CheckResult& result) {
@@ -34,6 +36,14 @@ Manifestation manifestation(const Timeline& timeline, const RaceInstance& race) 
   m.overlap_s = m.first_end_s - m.second_start_s;
   m.manifested = m.second_start_s >= 0 && m.first_end_s >= 0 && m.overlap_s > 0;
   return m;
+}
+
+Manifestation manifestation(const Timeline& timeline, RaceInstance race,
+                            const NodeQuotient* quotient) {
+  if (quotient != nullptr && timeline.ranks.size() < static_cast<std::size_t>(quotient->world)) {
+    race.rank = quotient->index_of(race.rank);
+  }
+  return manifestation(timeline, race);
 }
 
 }  // namespace hpz::time

@@ -36,4 +36,11 @@ std::vector<RaceInstance> race_instances(const check::CheckResult& result);
 /** How `race` played out in `timeline`. */
 Manifestation manifestation(const Timeline& timeline, const RaceInstance& race);
 
+struct NodeQuotient;
+
+/** How `race` played out in `timeline`, which with `quotient` may be a run by class's, of the
+ *  simulated ranks only: then on the one that stands for the race's rank (by_class.hpp). */
+Manifestation manifestation(const Timeline& timeline, RaceInstance race,
+                            const NodeQuotient* quotient);
+
 }  // namespace hpz::time

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "sim/check/finding_log.hpp"
+#include "sim/time/by_class.hpp"
 #include "sim/time/engine.hpp"
 #include "sim/time/report.hpp"
 #include "sim/time/simulate.hpp"
@@ -23,11 +24,12 @@ struct Margin {
   std::uint32_t group = 0;  ///< the race group (SimResult::races) of the smallest
 };
 
-/** The smallest margin of any of `simulated`'s race instances in the timeline `t`. */
-Margin margin_of(const SimResult& simulated, const Timeline& t) {
+/** The smallest margin of any of `simulated`'s race instances in the timeline `t` (with
+ *  `quotient`, perhaps a run by class's). */
+Margin margin_of(const SimResult& simulated, const Timeline& t, const NodeQuotient* quotient) {
   Margin m;
   for (const RaceInstance& race : simulated.race_instances) {
-    const Manifestation x = manifestation(t, race);
+    const Manifestation x = manifestation(t, race, quotient);
     if (x.first_end_s < 0 || x.second_start_s < 0) continue;  // one of them never ran
     const double margin = x.second_start_s - x.first_end_s;
     if (m.min && margin >= *m.min) continue;
@@ -37,21 +39,22 @@ Margin margin_of(const SimResult& simulated, const Timeline& t) {
   return m;
 }
 
-/** Margins of the variants, up to kParallel engine runs at once, each with its seed. */
+/** Margins of the variants, up to kParallel engine runs at once, each with its seed; with
+ *  `quotient`, each by class. */
 std::vector<Margin> margins(const std::vector<TimingInputs>& variants, const Schedule& schedule,
-                            const SimResult& simulated, int& done, int total,
-                            const std::function<void(int, int)>& progress) {
+                            const SimResult& simulated, const NodeQuotient* quotient, int& done,
+                            int total, const std::function<void(int, int)>& progress) {
   std::vector<Margin> out(variants.size());
   std::deque<std::pair<std::size_t, ChildRun>> running;
   std::size_t next = 0;
   while (next < variants.size() || !running.empty()) {
     while (next < variants.size() && static_cast<int>(running.size()) < kParallel) {
-      running.emplace_back(next, ChildRun(variants[next], schedule, variants[next].seed));
+      running.emplace_back(next, ChildRun(variants[next], schedule, variants[next].seed, quotient));
       ++next;
     }
     auto [index, child] = std::move(running.front());
     running.pop_front();
-    out[index] = margin_of(simulated, child.wait().timeline);
+    out[index] = margin_of(simulated, child.wait().timeline, quotient);
     if (progress) progress(++done, total);
   }
   return out;
@@ -115,8 +118,8 @@ struct Bracket {
 /** Adds each row's flips to `out` (its rows sampled at every factor): each sign change between
  *  neighbouring factors, bisected in log factor. */
 void add_flips(const TimingInputs& in, const Schedule& schedule, const SimResult& simulated,
-               int& done, int total, const std::function<void(int, int)>& progress,
-               SensitivityResult& out) {
+               const NodeQuotient* quotient, int& done, int total,
+               const std::function<void(int, int)>& progress, SensitivityResult& out) {
   const auto& inputs = sensitivity_inputs();
   // Each row's brackets nearest to the scenario's value first; all rows' brackets of one
   // halving run together.
@@ -146,7 +149,8 @@ void add_flips(const TimingInputs& in, const Schedule& schedule, const SimResult
       inputs[b.row].field(s) = out.rows[b.row].value * std::sqrt(b.inner * b.outer);
       mids.push_back(std::move(s));
     }
-    const std::vector<Margin> mm = margins(mids, schedule, simulated, done, total, progress);
+    const std::vector<Margin> mm =
+        margins(mids, schedule, simulated, quotient, done, total, progress);
     for (std::size_t k = 0; k < brackets.size(); ++k) {
       Bracket& b = brackets[k];
       const double mid = std::sqrt(b.inner * b.outer);
@@ -169,12 +173,21 @@ void add_flips(const TimingInputs& in, const Schedule& schedule, const SimResult
 
 SensitivityResult sensitivity(const TimingInputs& in, const Schedule& schedule,
                               const SimResult& simulated,
-                              const std::function<void(int, int)>& progress) {
+                              const std::function<void(int, int)>& progress,
+                              const std::function<void()>& before_every_rank) {
   const auto& inputs = sensitivity_inputs();
   const auto& factors = sensitivity_factors();
   SensitivityResult out;
+  // By class where the first run was, exactly (not forced with jitter): the inputs varied are
+  // costs, which do not change the fold (the cluster's shape, the jitter and the collective
+  // model), so every re-simulation folds as the first one did.
+  NodeQuotient quotient;
+  std::string why;
+  const NodeQuotient* folded =
+      simulated.by_class && node_quotient(in, schedule, false, quotient, why) ? &quotient : nullptr;
+  if (folded == nullptr && before_every_rank) before_every_rank();
   // The scenario's own values: the simulated run (seed run.seed) already timed them.
-  const Margin own = margin_of(simulated, simulated.timeline);
+  const Margin own = margin_of(simulated, simulated.timeline, folded);
   std::vector<double> values;  // each input's value in the scenario
   TimingInputs probe = in;     // field() gives a reference: read from a copy
   for (const SensitivityInput& input : inputs) values.push_back(input.field(probe));
@@ -202,7 +215,7 @@ SensitivityResult sensitivity(const TimingInputs& in, const Schedule& schedule,
   // The bisections are counted as if every input had one flip on each side (an estimate).
   int done = 0;
   const int total = static_cast<int>(grid.size()) + static_cast<int>(inputs.size()) * kBisections;
-  const std::vector<Margin> m = margins(grid, schedule, simulated, done, total, progress);
+  const std::vector<Margin> m = margins(grid, schedule, simulated, folded, done, total, progress);
   out.min_margin_s = own.min;
   if (own.min) {
     const check::Finding& race = simulated.races[own.group].group.example;
@@ -225,7 +238,8 @@ SensitivityResult sensitivity(const TimingInputs& in, const Schedule& schedule,
         [](const SensitivitySample& a, const SensitivitySample& b) { return a.factor < b.factor; });
     out.rows.push_back(std::move(row));
   }
-  add_flips(in, schedule, simulated, done, total, progress, out);
+  add_flips(in, schedule, simulated, folded, done, total, progress, out);
+  out.by_class = folded != nullptr;
   out.runs = done;
   return out;
 }
@@ -258,8 +272,8 @@ std::string sensitivity_sentence(const SensitivityResult& r) {
 std::string sensitivity_table(const SensitivityResult& r) {
   std::string out = fmt::format(
       "sensitivity: the smallest margin of any race (second op's start minus first op's end; "
-      "negative: it bites), each input scaled alone, same seed ({} timelines)\n",
-      r.runs);
+      "negative: it bites), each input scaled alone, same seed ({} timelines{})\n",
+      r.runs, r.by_class ? ", each one node per kind of node" : "");
   out += fmt::format("  {:<28} {:>10}", "input", "value");
   for (double f : sensitivity_factors()) out += fmt::format(" {:>10}", factor_text(f));
   out += "  flips at\n";
@@ -312,6 +326,7 @@ nlohmann::json sensitivity_json(const SensitivityResult& r) {
   return {{"min_margin_s", margin(r.min_margin_s)},
           {"closest_race", r.closest_race},
           {"timelines", r.runs},
+          {"by_class", r.by_class},
           {"inputs", rows},
           {"sentence", sensitivity_sentence(r)}};
 }

@@ -60,7 +60,8 @@ struct SensitivityResult {
   std::optional<double> min_margin_s;  ///< at the scenario's values
   std::string closest_race;            ///< the race group with the smallest margin there
   std::vector<SensitivityRow> rows;
-  int runs = 0;  ///< timelines simulated
+  int runs = 0;           ///< timelines simulated
+  bool by_class = false;  ///< they simulated one node of each kind (by_class.hpp), not every rank
 };
 
 /** The factors every input is scaled by (1 is the scenario's own value). */
@@ -68,11 +69,14 @@ const std::vector<double>& sensitivity_factors();
 
 /** Runs the sensitivity of `schedule` on the platform `in` from `simulated`, its
  *  simulate() result: its races and race instances, and its first run's timeline for the
- *  scenario's own values (call only with at least one race). `progress(done, total)` after each
- *  further timeline. */
+ *  scenario's own values (call only with at least one race; by class, the simulated ranks' or
+ *  every rank's). `progress(done, total)` after each further timeline. The re-simulations fold
+ *  as `simulated` did where it folded exactly; otherwise they simulate every rank, and
+ *  `before_every_rank` (may throw) is called first. */
 SensitivityResult sensitivity(const TimingInputs& in, const Schedule& schedule,
                               const SimResult& simulated,
-                              const std::function<void(int, int)>& progress = {});
+                              const std::function<void(int, int)>& progress = {},
+                              const std::function<void()>& before_every_rank = {});
 
 /** One sentence for a user: how close the closest race came and what would flip it. */
 std::string sensitivity_sentence(const SensitivityResult& r);

@@ -96,15 +96,6 @@ void link_reports(const TimingInputs& in, const EngineRun& run, SimResult& resul
   }
 }
 
-/** The race as timed in `t`: by class, in a timeline of the simulated ranks, on the one that
- *  stands for the race's rank. */
-RaceInstance folded(const Timeline& t, RaceInstance race, const NodeQuotient* quotient) {
-  if (quotient != nullptr && t.ranks.size() < static_cast<std::size_t>(quotient->world)) {
-    race.rank = quotient->index_of(race.rank);
-  }
-  return race;
-}
-
 }  // namespace
 
 void attach_races(const check::CheckResult& checked, SimResult& result) {
@@ -122,7 +113,7 @@ void time_races(const std::vector<const Timeline*>& runs, SimResult& result,
   std::vector<std::vector<double>> margins(result.races.size());  // first run, per group
   for (std::size_t run = 0; run < runs.size(); ++run) {
     for (const RaceInstance& race : result.race_instances) {
-      const Manifestation m = manifestation(*runs[run], folded(*runs[run], race, quotient));
+      const Manifestation m = manifestation(*runs[run], race, quotient);
       RaceReport& report = result.races[race.group];
       if (m.first_end_s >= 0 && m.second_start_s >= 0) {
         double& least = report.min_margin_per_run[run];

@@ -414,17 +414,21 @@ std::optional<time::SensitivityResult> timing_margin(const Scenario& sc, const S
                                                      const check::CheckResult& result,
                                                      bool show_progress) {
   if (result.group_count(check::FindingKind::kRace) == 0) return std::nullopt;
-  guard_every_rank_times(schedule, true);
   time::SimOptions o;
   o.runs = 1;
+  o.full_timeline = false;  // the margins read the simulated ranks' times
+  guard_simulation(o, schedule);
   const TimingInputs platform = timing_inputs_of(sc);
   const time::SimResult simulated = time::simulate(platform, schedule, o);
   if (!time::has_race(simulated)) return std::nullopt;
-  return time::sensitivity(platform, schedule, simulated, [show_progress](int done, int total) {
-    if (!show_progress) return;
-    progress_bar(done, std::max(done, total),
-                 fmt::format("sensitivity: {} timelines (about {})", done, total));
-  });
+  return time::sensitivity(
+      platform, schedule, simulated,
+      [show_progress](int done, int total) {
+        if (!show_progress) return;
+        progress_bar(done, std::max(done, total),
+                     fmt::format("sensitivity: {} timelines (about {})", done, total));
+      },
+      [&schedule] { guard_sensitivity_every_rank(schedule); });
 }
 
 std::vector<Checked> check_scenarios(const CheckOptions& opts,

@@ -59,22 +59,11 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   sim_opts.by_class = opts.per_rank   ? time::ByClass::kPerRank
                       : opts.by_class ? time::ByClass::kForce
                                       : time::ByClass::kAuto;
-  // A world that does not fold onto node 0 is simulated and checked rank by rank: refused
-  // before any child starts where this machine cannot hold that.
-  sim_opts.before_simulating_every_rank = [&schedule](const std::string& why) {
-    guard_every_rank(schedule, kSimEveryRankPerOp + kCheckEveryRankPerOp,
-                     fmt::format("simulating all {} ranks{}", schedule.ranks.size(),
-                                 why.empty() ? "" : " (" + why + ")"));
-  };
-  sim_opts.before_every_rank = [&schedule](bool bytes_too) {
-    guard_every_rank(schedule, bytes_too ? kCheckEveryRankPerOp : kWalkEveryRankPerOp,
-                     fmt::format("checking all {} ranks for races", schedule.ranks.size()));
-  };
-  // Node 0's times stand for every rank's; only these outputs read every rank's.
-  sim_opts.full_timeline = opts.op_times || opts.sensitivity || !opts.trace.file.empty();
-  // Those read every rank's times, unfolded from a run by class, and --sensitivity re-simulates
-  // every rank: refused before any run starts where that would not fit.
-  if (sim_opts.full_timeline) guard_every_rank_times(schedule, opts.sensitivity);
+  guard_simulation(sim_opts, schedule);
+  // The simulated ranks' times stand for every rank's; only these outputs read every rank's,
+  // unfolded from a run by class: refused before any run starts where they would not fit.
+  sim_opts.full_timeline = opts.op_times || !opts.trace.file.empty();
+  if (sim_opts.full_timeline) guard_every_rank_times(schedule);
   const time::SimResult result = on_schedule(
       opts.scenario.schedule, [&] { return time::simulate(platform, schedule, sim_opts); });
   if (!result.by_class && !result.by_class_how.empty()) {
@@ -85,10 +74,13 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   }
   std::optional<time::SensitivityResult> sens;
   if (opts.sensitivity && time::has_race(result)) {
-    sens = time::sensitivity(platform, schedule, result, [](int done, int total) {
-      progress_bar(done, std::max(done, total),
-                   fmt::format("sensitivity: {} timelines (about {})", done, total));
-    });
+    sens = time::sensitivity(
+        platform, schedule, result,
+        [](int done, int total) {
+          progress_bar(done, std::max(done, total),
+                       fmt::format("sensitivity: {} timelines (about {})", done, total));
+        },
+        [&schedule] { guard_sensitivity_every_rank(schedule); });
   }
   if (!opts.scenario.json.empty()) {
     std::string json = time::JsonReporter(opts.op_times, sc.notes).render(schedule, result);

@@ -14,6 +14,7 @@
 #include "sim/replay/replay.hpp"
 #include "sim/scenario.hpp"
 #include "sim/time/report.hpp"
+#include "sim/time/simulate.hpp"
 
 namespace hpz::cli {
 
@@ -114,10 +115,17 @@ inline constexpr double kTimesPerOp = 24;
 void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what,
                       double per_rank_pair = kClocksPerRankPair);
 
-/** Refuses what `sim`'s or `check`'s reports that read every rank's op times would need beyond
- *  half of memory: the times kept (kTimesPerOp), and with `sensitivity` its re-simulations of
- *  every rank, kSensitivityRunsAtOnce at once. */
-void guard_every_rank_times(const Schedule& schedule, bool sensitivity);
+/** Refuses what every rank's op times, kept for `sim --op-times` or `--trace` (kTimesPerOp),
+ *  would need beyond half of memory. */
+void guard_every_rank_times(const Schedule& schedule);
+
+/** Refuses what --sensitivity's re-simulations of every rank, kSensitivityRunsAtOnce at once,
+ *  would need beyond half of memory (where they do not fold: time::sensitivity's hook). */
+void guard_sensitivity_every_rank(const Schedule& schedule);
+
+/** Gives `options` the hooks that refuse, in one line, a simulation or race check of every
+ *  rank of `schedule` this machine cannot hold (`sim`, `check --sensitivity`). */
+void guard_simulation(time::SimOptions& options, const Schedule& schedule);
 
 /** Runs `fn`, an engine on a schedule read from `file` ("" = a built one): an engine's
  *  std::invalid_argument (a schedule it cannot handle) becomes an InputError naming the file. */

@@ -222,17 +222,32 @@ void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::
           : fmt::format("{:.3g} ops x ~{} B", static_cast<double>(ops), bytes_per_op));
 }
 
-void guard_every_rank_times(const Schedule& schedule, bool sensitivity) {
-  const std::size_t ranks = schedule.ranks.size();
-  if (sensitivity) {
-    guard_every_rank(schedule, kTimesPerOp + time::kSensitivityRunsAtOnce * kSimEveryRankPerOp,
-                     fmt::format("re-simulating all {} ranks for --sensitivity ({} at once)", ranks,
-                                 time::kSensitivityRunsAtOnce),
-                     0);
-  } else {
-    guard_every_rank(schedule, kTimesPerOp,
-                     fmt::format("keeping all {} ranks' op times (--op-times, --trace)", ranks), 0);
-  }
+void guard_every_rank_times(const Schedule& schedule) {
+  guard_every_rank(
+      schedule, kTimesPerOp,
+      fmt::format("keeping all {} ranks' op times (--op-times, --trace)", schedule.ranks.size()),
+      0);
+}
+
+void guard_sensitivity_every_rank(const Schedule& schedule) {
+  guard_every_rank(schedule, time::kSensitivityRunsAtOnce * kSimEveryRankPerOp,
+                   fmt::format("re-simulating all {} ranks for --sensitivity ({} at once)",
+                               schedule.ranks.size(), time::kSensitivityRunsAtOnce),
+                   0);
+}
+
+void guard_simulation(time::SimOptions& options, const Schedule& schedule) {
+  // A world that does not fold onto node 0 is simulated and checked rank by rank: refused
+  // before any child starts where this machine cannot hold that.
+  options.before_simulating_every_rank = [&schedule](const std::string& why) {
+    guard_every_rank(schedule, kSimEveryRankPerOp + kCheckEveryRankPerOp,
+                     fmt::format("simulating all {} ranks{}", schedule.ranks.size(),
+                                 why.empty() ? "" : " (" + why + ")"));
+  };
+  options.before_every_rank = [&schedule](bool bytes_too) {
+    guard_every_rank(schedule, bytes_too ? kCheckEveryRankPerOp : kWalkEveryRankPerOp,
+                     fmt::format("checking all {} ranks for races", schedule.ranks.size()));
+  };
 }
 
 void require_at_least(const std::string& flag, double value, double min) {
