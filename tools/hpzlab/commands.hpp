@@ -11,6 +11,7 @@
 #include "sim/builder.hpp"
 #include "sim/error.hpp"
 #include "sim/ir/schedule.hpp"
+#include "sim/ir/timeline.hpp"
 #include "sim/replay/replay.hpp"
 #include "sim/scenario.hpp"
 #include "sim/time/report.hpp"
@@ -105,9 +106,9 @@ inline constexpr double kCheckEveryRankPerOp = 48;
 inline constexpr double kWalkEveryRankPerOp = 24;
 inline constexpr double kSimEveryRankPerOp = 32;
 inline constexpr double kClocksPerRankPair = 4;
-/** Every rank's op times, unfolded from a run by class for --op-times, --trace and
- *  --sensitivity: one OpTime (three doubles) an op. */
-inline constexpr double kTimesPerOp = 24;
+/** Every rank's op times, unfolded from a run by class for --op-times and --trace: one OpTime
+ *  an op. */
+inline constexpr double kTimesPerOp = sizeof(OpTime);
 
 /** Refuses (InputError) a walk of every rank of `schedule` at about `bytes_per_op` an op and
  *  `per_rank_pair` a pair of ranks (kClocksPerRankPair: a walk's clocks) that would take more
