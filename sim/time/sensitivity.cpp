@@ -181,10 +181,8 @@ SensitivityResult sensitivity(const TimingInputs& in, const Schedule& schedule,
   // By class where the first run was, exactly (not forced with jitter): the inputs varied are
   // costs, which do not change the fold (the cluster's shape, the jitter and the collective
   // model), so every re-simulation folds as the first one did.
-  NodeQuotient quotient;
-  std::string why;
   const NodeQuotient* folded =
-      simulated.by_class && node_quotient(in, schedule, false, quotient, why) ? &quotient : nullptr;
+      simulated.quotient && simulated.quotient->exact ? &*simulated.quotient : nullptr;
   if (folded == nullptr && before_every_rank) before_every_rank();
   // The scenario's own values: the simulated run (seed run.seed) already timed them.
   const Margin own = margin_of(simulated, simulated.timeline, folded);

@@ -220,6 +220,7 @@ SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOp
   result.stats = runs.front().stats;
   result.timeline = std::move(runs.front().timeline);
   if (result.by_class && options.full_timeline) unfold_timeline(quotient, result.timeline);
+  if (result.by_class) result.quotient = std::move(quotient);
   return result;
 }
 

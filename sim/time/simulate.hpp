@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "sim/ir/schedule.hpp"
 #include "sim/ir/timeline.hpp"
 #include "sim/platform.hpp"
+#include "sim/time/by_class.hpp"
 #include "sim/time/engine.hpp"
 #include "sim/time/platform.hpp"
 #include "sim/time/races.hpp"
@@ -116,6 +118,8 @@ struct SimResult {
    *  --per-rank or a world of one node). */
   bool by_class = false;
   std::string by_class_how;
+  /** How it folded, when by_class: what --sensitivity's re-simulations fold by. */
+  std::optional<NodeQuotient> quotient;
 };
 
 /** Simulates `schedule` on the platform `in` (timing_inputs_of its scenario) per `options`;
