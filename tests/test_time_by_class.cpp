@@ -66,10 +66,11 @@ double expect_alike(const Scenario& sc, int kinds = 1) {
     EXPECT_NEAR(by_class.links[l].bytes, full.links[l].bytes, 1e-9 * full.links[l].bytes + 1)
         << full.links[l].spec.name;
   }
-  // Every rank is in the timeline, with its node-0 counterpart's times.
+  // Every rank is in the timeline, with the times of the simulated rank that stands for it.
   EXPECT_EQ(by_class.timeline.ranks.size(), static_cast<std::size_t>(sc.cluster.world_size()));
   EXPECT_EQ(by_class.timeline.ranks.size(), full.timeline.ranks.size());
   std::size_t ops = 0, unlike = 0;
+  const double tolerance = 1e-9 * full.mean.step_time_s;
   for (std::size_t r = 0; r < std::min(by_class.timeline.ranks.size(), full.timeline.ranks.size());
        ++r) {
     const auto& a = by_class.timeline.ranks[r];
@@ -79,7 +80,6 @@ double expect_alike(const Scenario& sc, int kinds = 1) {
       continue;
     }
     for (std::size_t i = 0; i < a.size(); ++i) {
-      const double tolerance = 1e-9 * full.mean.step_time_s;
       const bool alike = std::fabs(a[i].issue_s - b[i].issue_s) <= tolerance &&
                          std::fabs(a[i].start_s - b[i].start_s) <= tolerance &&
                          std::fabs(a[i].end_s - b[i].end_s) <= tolerance;
@@ -143,10 +143,12 @@ TEST(TimeByClass, StepTimesAndRacesMatchEveryRankAt256Gpus) {
 // the ranks past them copy no secondary and spin no 200 us kernel before it (the scenario's
 // repro spin). Two kinds of node: node 0 and the first node past 64 ranks are simulated, each for
 // its kind, and every rank's op times are the full simulation's.
-Scenario tiny(int nodes, const std::string& model) {
-  return load_scenario(test::scenario_path("tiny"), {{"cluster.nodes", std::to_string(nodes)},
-                                                     {"sim.jitter", "0"},
-                                                     {"sim.collective_model", model}});
+Scenario tiny(int nodes, const std::string& model, int gpus_per_node = 2) {
+  return load_scenario(test::scenario_path("tiny"),
+                       {{"cluster.nodes", std::to_string(nodes)},
+                        {"cluster.gpus_per_node", std::to_string(gpus_per_node)},
+                        {"sim.jitter", "0"},
+                        {"sim.collective_model", model}});
 }
 
 TEST(TimeByClass, KindsOfNodeWhereSlicesLieInThePaddingFoldInTheCoarseModel) {
@@ -155,6 +157,13 @@ TEST(TimeByClass, KindsOfNodeWhereSlicesLieInThePaddingFoldInTheCoarseModel) {
     SCOPED_TRACE(fmt::format("{} nodes", nodes));
     expect_alike(tiny(nodes, "coarse"), kinds);
   }
+}
+
+// With 4 GPUs a node, a world collective's members on GPUs 1 and 2 send and receive inside their
+// node and, in the coarse model, end before those whose hops cross a NIC: each other kind's member
+// of it must end with the node-0 member of its own local index, not any other.
+TEST(TimeByClass, KindsOfNodeEndEachSharedCollectiveWithTheirOwnNode0Member) {
+  expect_alike(tiny(20, "coarse", 4), 3);
 }
 
 // In the fine model a kind's hops inside its node share NVLink with the world's hops at times
