@@ -2,6 +2,7 @@
 // the check rank by rank's report byte for byte: every shipped scenario `check` accepts,
 // Llama-2 70B at 16, 128 and 256 GPUs, schedules whose ranks are not alike, and ranks alike
 // whose happens-before differs (the check then runs rank by rank).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -257,7 +258,7 @@ GroupId group_of(Rank r, int family) {
  *  `ragged`, the ranks differ in ops that move no clock (symmetric_world.hpp): those of one
  *  local index, drawn per op, leave out a kernel or read nothing in a collective, as DeepSpeed's
  *  ranks whose slices lie in the padding copy and gather less. */
-Schedule random_alike(std::uint32_t seed, bool ragged = false) {
+Schedule random_alike(std::uint32_t seed, bool ragged = false, bool rank0_syncs = false) {
   Builder b = grid_world();
   const BufferId x = b.buffer("x", 256);
   const BufferId y = b.buffer("y", 256);
@@ -272,6 +273,26 @@ Schedule random_alike(std::uint32_t seed, bool ragged = false) {
     const bool write = pick(2) == 0;
     const EventId waited = events > 0 ? static_cast<EventId>(pick(events)) : kNoEvent;
     const int lean = ragged ? pick(3) : 2;  // ranks r % 2 == lean do less (2: none)
+    // Rank 0 alone syncs a stream, as it does per parameter of a checkpoint load: one seed in
+    // three now and then, anywhere; one in three now and then before an event record on that
+    // stream that every other stream waits for (as the broadcast after a load waits for S0);
+    // one in three before each sync of the host with the device.
+    if (rank0_syncs) {
+      const int mode = static_cast<int>(seed % 3);
+      if (mode == 0 && pick(4) == 0) b.host_sync(0, static_cast<StreamId>(pick(3)));
+      if (mode == 1 && pick(6) == 0) {
+        // Before a record every stream waits for (the broadcast after a load waits for S0).
+        b.host_sync(0, s);
+        for (Rank r = 0; r < 6; ++r) {
+          b.op(r, s, {}, OpKind::kEventRecord).event = events;
+          for (StreamId t = 0; t < 3; ++t) {
+            if (t != s) b.op(r, t, {}, OpKind::kStreamWaitEvent).event = events;
+          }
+        }
+        ++events;
+      }
+      if (mode == 2 && what == 19) b.host_sync(0, static_cast<StreamId>(pick(3)));
+    }
     for (Rank r = 0; r < 6; ++r) {
       const Access ax = write ? W(x, at, 64) : R(x, at, 64);
       const Access ay = write ? W(y, 128 * (r % 2), 128) : R(y, 128 * (r % 2), 128);
@@ -408,6 +429,83 @@ TEST(SymmetricWorld, RaggedSchedulesGiveTheReportRankByRank) {
   EXPECT_LT(with_races, 300);
 }
 
+// Rank 0 alone syncs streams with the host (run.load = "pretrained": a sync per parameter it
+// loads). Where a sync orders nothing the ops after it do not already order (redundant_syncs in
+// symmetric_world.cpp), the representatives still walk alone; elsewhere every rank walks. Either
+// way the report is the check rank by rank's, byte for byte.
+TEST(SymmetricWorld, SchedulesWhereRank0AloneSyncsGiveTheReportRankByRank) {
+  int by_class = 0;
+  int every_rank = 0;
+  int windows = 0;  // by class where rank 0 synced before a record (random_alike's mode 1)
+  for (std::uint32_t seed = 1; seed <= 300; ++seed) {
+    const Schedule s = random_alike(seed, seed % 2 == 0, true);
+    const auto syncs = [&](Rank r) {
+      const OpList& ops = s.ranks[static_cast<std::size_t>(r)].ops;
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        n += ops.stored(i).kind == OpKind::kHostStreamSync ? 1 : 0;
+      }
+      return n;
+    };
+    if (syncs(0) == syncs(1)) continue;  // rank 0 drew no sync of its own
+    const Both both = check_both(s);
+    expect_same(both, "seed " + std::to_string(seed));
+    ++(both.how.walked_by_class ? by_class : every_rank);
+    if (both.how.walked_by_class && seed % 3 == 1) ++windows;
+  }
+  // Both ways were taken, and compared: syncs followed only by their own stream's work or a
+  // device sync order nothing; a sync before another stream's op orders that op.
+  EXPECT_GT(by_class, 30);
+  EXPECT_GT(every_rank, 30);
+  EXPECT_GT(windows, 0);
+  std::printf(
+      "rank 0's syncs: %d schedules walked by class (%d of them syncs before records), %d "
+      "on every rank\n",
+      by_class, windows, every_rank);
+}
+
+TEST(SymmetricWorld, ASyncThatOrdersNothingMoreIsPassedOver) {
+  // Stream 2 learns stream 1's state by the event recorded after the sync, unless it issues first
+  // (a collective) or waits first for an event recorded before the sync: then on rank 0 the sync
+  // orders what follows on stream 2 after stream 1's world collective, which every rank's write
+  // precedes, and the next world collective on stream 2 carries that to every rank, whose read
+  // of x is then ordered after its write. Walking each rank alone would miss that.
+  enum class Then { kNothing, kGathers, kWaitsForAnOlderEvent };
+  for (const Then then : {Then::kNothing, Then::kGathers, Then::kWaitsForAnOlderEvent}) {
+    Builder b = grid_world();
+    const BufferId x = b.buffer("x", 256);
+    for (Rank r = 0; r < 6; ++r) {
+      b.op(r, 0, {}, OpKind::kEventRecord).event = 1;
+      b.op(r, 1, {W(x, 0, 64)});
+      b.collective(r, 1, 0, {});
+      if (r == 0) b.host_sync(0, 1);
+      b.op(r, 1, {}, OpKind::kEventRecord).event = 0;
+      if (then == Then::kWaitsForAnOlderEvent) {
+        b.op(r, 2, {}, OpKind::kStreamWaitEvent).event = 1;
+      }
+      if (then != Then::kNothing) {
+        b.collective(r, 2, 0, {});
+        b.op(r, 2, {R(x, 0, 64)});
+      }
+      b.op(r, 2, {}, OpKind::kStreamWaitEvent).event = 0;
+      b.op(r, 2, {R(x, 64, 64)});
+    }
+    const bool orders = then != Then::kNothing;
+    std::string why;
+    const std::optional<SymmetricWorld> w = symmetric_world(b.schedule(), &why);
+    EXPECT_EQ(w.has_value(), !orders) << why;
+    if (orders) {
+      EXPECT_EQ(why, "rank 1 issues other ops than rank 0 or uses other groups");
+    }
+    const Both both = check_both(b.schedule());
+    expect_same(both, fmt::format("case {}", static_cast<int>(then)));
+    // The checker finds what the sync orders: rank by rank, no rank's read of x races its write.
+    if (orders) {
+      EXPECT_EQ(check_schedule(b.schedule()).count(FindingKind::kRace), 0u);
+    }
+  }
+}
+
 // ---- every shipped scenario ----
 
 std::vector<std::string> shipped_scenarios() {
@@ -501,6 +599,27 @@ TEST(TinyPadded, ByClassEqualsRankByRankWhereSlicesLieInThePadding) {
     expect_same(both, std::to_string(nodes) + " nodes");
     EXPECT_TRUE(both.how.per_rank_because.empty()) << both.how.per_rank_because;
     EXPECT_TRUE(both.how.walked_by_class) << both.how.walked_every_rank_because;
+  }
+}
+
+// run.load = "pretrained": rank 0 alone copies each parameter's checkpoint and syncs S0 with the
+// host before the broadcast (GatheredParameters(modifier_rank=0)). Its syncs order nothing the
+// event before the broadcast does not: happens-before walked by class, the same report.
+TEST(Pretrained, ByClassEqualsRankByRankAndWalksByClass) {
+  const std::vector<std::pair<std::string, std::vector<Override>>> cases = {
+      {"tiny", {{"run.load", "pretrained"}, {"cluster.nodes", "16"}}},
+      {"tiny", {{"run.load", "pretrained"}, {"cluster.nodes", "64"}}},
+      {"llama2-70b", {{"run.load", "pretrained"}, {"model.layers", "4"}}},
+      {"llama2-70b", {{"run.load", "pretrained"}, {"model.layers", "4"}, {"cluster.nodes", "16"}}},
+  };
+  for (const auto& [name, sets] : cases) {
+    const Schedule s = scenario_schedule(test::scenario_path(name), sets);
+    const std::string what = fmt::format("{} at {} ranks", name, s.ranks.size());
+    ASSERT_GT(s.ranks[0].ops.size(), s.ranks[1].ops.size()) << what;  // rank 0 loads
+    const Both both = check_both(s);
+    expect_same(both, what);
+    EXPECT_TRUE(both.how.per_rank_because.empty()) << what << ": " << both.how.per_rank_because;
+    EXPECT_TRUE(both.how.walked_by_class) << what << ": " << both.how.walked_every_rank_because;
   }
 }
 

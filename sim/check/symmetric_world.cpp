@@ -10,6 +10,8 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "sim/check/checker.hpp"
+
 namespace hpz::check {
 namespace {
 
@@ -124,6 +126,74 @@ bool moves_no_clock(const Op& op) {
           op.kind == OpKind::kDequantize);
 }
 
+/** The host stream syncs of `ops` that order nothing the list does not order without them
+ *  (rank 0's per-parameter sync of a checkpoint load: run.load = "pretrained"). A sync of stream
+ *  s gives the host s's clock after p, s's last op before it; every op on a device stream t
+ *  then takes in the host's clock (Checker::absorb_host). It adds nothing when each such op up
+ *  to the point where the host learns that clock anyway (its next sync of s, a device sync, or
+ *  an event sync of a record that knows p) is on a stream that already knows p by this rank's
+ *  own edges: t is s, or t waited for an event recorded on a stream that knew p. Every stream's
+ *  clock is then the same with the sync as without it (up to the sync's own ticks), on every
+ *  rank and in any world, so removing it changes no happens-before: it orders nothing, as work
+ *  that moves no clock does. The host's own clock differs until then; it reaches other ranks
+ *  only through the streams, but a host op that touches bytes there, or any use of the caching
+ *  allocator (which asks what the host knows), keeps the sync all the same (cautious: not needed
+ *  by the argument). `allocator`: Schedule::allocator. Marks are per op of the list. */
+std::vector<char> redundant_syncs(const OpList& ops, std::size_t streams, bool allocator) {
+  const std::size_t n = ops.size();
+  std::vector<char> out(n, 0);
+  if (allocator) return out;
+  std::vector<char> knows(streams);
+  std::unordered_map<EventId, char> recorded;  // events recorded since the sync: knew p?
+  for (std::size_t i = 0; i < n; ++i) {
+    const Op& sync = ops.stored(i);
+    if (sync.kind != OpKind::kHostStreamSync || sync.stream == kHostStream || sync.stream < 0 ||
+        static_cast<std::size_t>(sync.stream) >= streams) {
+      continue;
+    }
+    std::fill(knows.begin(), knows.end(), 0);
+    knows[static_cast<std::size_t>(sync.stream)] = 1;
+    recorded.clear();
+    bool redundant = true;
+    for (std::size_t j = i + 1; j < n && redundant; ++j) {
+      const Op& op = ops.stored(j);
+      if (op.kind == OpKind::kHostDeviceSync) break;
+      if (op.stream == kHostStream) {
+        if (op.kind == OpKind::kHostEventSync) {
+          const auto it = recorded.find(op.event);
+          if (it != recorded.end() && it->second != 0) break;
+          continue;
+        }
+        // A host op that touches bytes does so under the host's clock.
+        if (op.access_count > 0 && !is_ordering(op.kind)) redundant = false;
+        continue;
+      }
+      if (op.stream < 0 || static_cast<std::size_t>(op.stream) >= streams) {
+        redundant = false;  // malformed: the checker says so, rank by rank
+        break;
+      }
+      const auto t = static_cast<std::size_t>(op.stream);
+      if (op.kind == OpKind::kStreamWaitEvent) {
+        // The wait takes in the host's clock (absorb_host), then the event's, and touches no
+        // bytes: t's clock after it is the same either way when t or the event knew p.
+        const auto it = recorded.find(op.event);
+        const bool event_knows = it != recorded.end() && it->second != 0;
+        if (knows[t] == 0 && !event_knows) redundant = false;
+        knows[t] = 1;
+        continue;
+      }
+      if (knows[t] == 0) {
+        redundant = false;
+        break;
+      }
+      if (op.kind == OpKind::kEventRecord) recorded[op.event] = 1;  // t knows p
+      if (op.kind == OpKind::kHostStreamSync && op.stream == sync.stream) break;
+    }
+    out[i] = redundant ? 1 : 0;
+  }
+  return out;
+}
+
 /** An op list found to order its ops as rank 0's does: the first rank that issues it (others
  *  share its copy: OpList::shares_with) and the groups its shared copy names, each once. */
 struct Pattern {
@@ -149,7 +219,8 @@ bool stored_groups_of(const Schedule& s, const OpList& ops, std::vector<GroupId>
 /** True when rank r orders its ops as rank 0 does: the same ops but those that move no clock
  *  (moves_no_clock), each on its own group of the same family. A list seen before (`patterns`)
  *  costs a look at its groups; a new one is compared op by op, and kept. */
-bool orders_alike(const Schedule& s, Rank r, const Families& f, std::vector<Pattern>& patterns) {
+bool orders_alike(const Schedule& s, Rank r, const Families& f, std::vector<Pattern>& patterns,
+                  const std::vector<char>& rank0_syncs) {
   const OpList& o = s.ranks[static_cast<std::size_t>(r)].ops;
   const auto expected = [&](GroupId g0) {
     return f.owner[static_cast<std::size_t>(f.family[static_cast<std::size_t>(g0)])]
@@ -162,14 +233,12 @@ bool orders_alike(const Schedule& s, Rank r, const Families& f, std::vector<Patt
                        [&](GroupId c) { return o.own_group(c) == expected(t.own_group(c)); });
   }
   const OpList& t = s.ranks[0].ops;
-  std::size_t i = 0;
-  std::size_t j = 0;
-  while (true) {
-    while (i < t.size() && moves_no_clock(t.stored(i))) ++i;
-    while (j < o.size() && moves_no_clock(o.stored(j))) ++j;
-    if (i == t.size() || j == o.size()) break;
-    const Op a = t[i++];
-    Op b = o[j++];
+  const std::vector<char> syncs =
+      redundant_syncs(o, s.ranks[static_cast<std::size_t>(r)].streams.size(), s.allocator);
+  // Whether op j of r is op i of rank 0, on r's own group of the same family.
+  const auto same = [&](std::size_t i, std::size_t j) {
+    const Op a = t[i];
+    Op b = o[j];
     if ((a.group == kNoGroup) != (b.group == kNoGroup)) return false;
     if (a.group != kNoGroup) {
       if (b.group != expected(a.group)) return false;
@@ -179,8 +248,30 @@ bool orders_alike(const Schedule& s, Rank r, const Families& f, std::vector<Patt
     // gather of a slice that lies in the padding reads none) ticks nothing (Checker::run_work).
     b.access_begin = a.access_begin;
     if (a.stream != kHostStream) b.access_count = a.access_count;
-    if (!(a == b)) return false;
+    return a == b;
+  };
+  // Ops that move no clock are passed over on either side, and a sync that orders nothing where
+  // the other list has no such op there. Syncs in both lists are matched: one may order
+  // something in one list only (a kernel only one rank issues on another stream after it).
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (true) {
+    while (i < t.size() && moves_no_clock(t.stored(i))) ++i;
+    while (j < o.size() && moves_no_clock(o.stored(j))) ++j;
+    if (i == t.size() || j == o.size()) break;
+    if (same(i, j)) {
+      ++i;
+      ++j;
+    } else if (rank0_syncs[i] != 0) {
+      ++i;
+    } else if (syncs[j] != 0) {
+      ++j;
+    } else {
+      return false;
+    }
   }
+  while (i < t.size() && (moves_no_clock(t.stored(i)) || rank0_syncs[i] != 0)) ++i;
+  while (j < o.size() && (moves_no_clock(o.stored(j)) || syncs[j] != 0)) ++j;
   if (i != t.size() || j != o.size()) return false;
   Pattern p{r, {}};
   if (!stored_groups_of(s, o, p.stored_groups)) return false;
@@ -214,9 +305,11 @@ std::optional<SymmetricWorld> symmetric_world(const Schedule& s, std::string* wh
                      s.groups[static_cast<std::size_t>(t.own_group(op.group))].ranks.size();
     }
   }
+  const std::vector<char> rank0_syncs = redundant_syncs(t, s.ranks[0].streams.size(), s.allocator);
   for (int r = 1; r < n; ++r) {
     const RankSchedule& rs = s.ranks[static_cast<std::size_t>(r)];
-    if (rs.streams.size() != s.ranks[0].streams.size() || !orders_alike(s, r, *f, patterns)) {
+    if (rs.streams.size() != s.ranks[0].streams.size() ||
+        !orders_alike(s, r, *f, patterns, rank0_syncs)) {
       return no(fmt::format("rank {} issues other ops than rank 0 or uses other groups", r));
     }
   }

@@ -26,6 +26,12 @@
 // DeepSpeed's schedule where ranks copy more or fewer slices (a parameter's secondary slice at
 // some hpZ position, or a rank's primary slice, lying in the padding: llama2-70b.toml at 16,384
 // GPUs, tiny.toml at 128 ranks or more).
+// So may a host stream sync that orders nothing the list's own edges do not order
+// (redundant_syncs in symmetric_world.cpp): rank 0's sync of S0 per parameter of a checkpoint
+// load (run.load = "pretrained"), after which every stream that issues anything first waits for
+// the event S0 records for the broadcast. Until the host learns S0's state anyway, each stream
+// takes in the host's clock only when it already holds S0's state up to the sync, so every
+// stream's clock, on every rank, is what it would be without the sync.
 // Computed, never assumed: symmetric_world() says why a schedule is not such a world (a group of
 // another shape, a rank issuing other ops or an op on another family's group), and the check
 // then walks every rank as before (checker.hpp).

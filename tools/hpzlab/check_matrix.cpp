@@ -400,8 +400,7 @@ check::CheckResult check_one(const Schedule& schedule, const CheckOptions& opts,
     note = fmt::format("{} checked rank by rank ({}; {})", what, how.per_rank_because, how.summary);
   } else if (!how.walked_by_class && schedule.ranks.size() >= kSayWalkFrom) {
     // Checked by class, but happens-before walked by every rank: what makes a large world slow
-    // (llama2-70b.toml at 128 GPUs with run.load = "pretrained", where rank 0 alone reads the
-    // weights: 11.8 s against 1.0 s without; symmetric_world.hpp says why it must).
+    // (a rank issuing ordering ops the others do not; symmetric_world.hpp says why it must).
     note = fmt::format("{} walked happens-before on all {} ranks, not one per class ({}; {})", what,
                        schedule.ranks.size(), how.walked_every_rank_because, how.summary);
   }
