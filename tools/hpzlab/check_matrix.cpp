@@ -385,14 +385,11 @@ check::CheckResult check_one(const Schedule& schedule, const CheckOptions& opts,
   }
   check::ClassCheck how;
   how.before_every_rank = [&](bool bytes_too) {
-    if (bytes_too) {
-      guard_every_rank(schedule, kCheckEveryRankPerOp,
-                       fmt::format("checking {} rank by rank ({})", ranks, how.per_rank_because));
-    } else {
-      guard_every_rank(
-          schedule, kWalkEveryRankPerOp,
-          fmt::format("walking happens-before on {} ({})", ranks, how.walked_every_rank_because));
-    }
+    guard_check_every_rank(
+        schedule, bytes_too,
+        bytes_too ? fmt::format("checking {} rank by rank ({})", ranks, how.per_rank_because)
+                  : fmt::format("walking happens-before on {} ({})", ranks,
+                                how.walked_every_rank_because));
   };
   check::CheckResult result = check::check_schedule_by_class(schedule, &how);
   if (!how.per_rank_because.empty()) {

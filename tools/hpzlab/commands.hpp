@@ -116,6 +116,11 @@ inline constexpr double kTimesPerOp = sizeof(OpTime);
 void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::string& what,
                       double per_rank_pair = kClocksPerRankPair);
 
+/** The hook check::ClassCheck::before_every_rank calls: guard_every_rank for a check of every
+ *  rank rank by rank (`bytes_too`, kCheckEveryRankPerOp) or for a walk of happens-before only
+ *  (kWalkEveryRankPerOp); `what` names it. */
+void guard_check_every_rank(const Schedule& schedule, bool bytes_too, const std::string& what);
+
 /** Refuses what every rank's op times, kept for `sim --op-times` or `--trace` (kTimesPerOp),
  *  would need beyond half of memory. */
 void guard_every_rank_times(const Schedule& schedule);

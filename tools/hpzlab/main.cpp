@@ -222,6 +222,10 @@ void guard_every_rank(const Schedule& schedule, double bytes_per_op, const std::
           : fmt::format("{:.3g} ops x ~{} B", static_cast<double>(ops), bytes_per_op));
 }
 
+void guard_check_every_rank(const Schedule& schedule, bool bytes_too, const std::string& what) {
+  guard_every_rank(schedule, bytes_too ? kCheckEveryRankPerOp : kWalkEveryRankPerOp, what);
+}
+
 void guard_every_rank_times(const Schedule& schedule) {
   guard_every_rank(
       schedule, kTimesPerOp,
@@ -245,8 +249,8 @@ void guard_simulation(time::SimOptions& options, const Schedule& schedule) {
                                  why.empty() ? "" : " (" + why + ")"));
   };
   options.before_every_rank = [&schedule](bool bytes_too) {
-    guard_every_rank(schedule, bytes_too ? kCheckEveryRankPerOp : kWalkEveryRankPerOp,
-                     fmt::format("checking all {} ranks for races", schedule.ranks.size()));
+    guard_check_every_rank(schedule, bytes_too,
+                           fmt::format("checking all {} ranks for races", schedule.ranks.size()));
   };
 }
 
