@@ -85,7 +85,7 @@ TEST(Sensitivity, ByClassGivesWhatEveryRankGives) {
   SimOptions lean;
   lean.full_timeline = false;  // the first run's timeline: node 0's ranks only
   const SimResult folded_run = simulate(in, s, lean);
-  ASSERT_TRUE(folded_run.by_class) << folded_run.by_class_how;
+  ASSERT_TRUE(folded_run.by_class()) << folded_run.by_class_how;
   ASSERT_LT(folded_run.timeline.ranks.size(), s.ranks.size());
   SimOptions every;
   every.by_class = ByClass::kPerRank;

@@ -42,8 +42,8 @@ double expect_alike(const Scenario& sc, int kinds = 1) {
   const Schedule schedule = build_schedule(sc);
   const SimResult by_class = sim(sc, schedule, ByClass::kAuto);
   const SimResult full = sim(sc, schedule, ByClass::kPerRank);
-  EXPECT_TRUE(by_class.by_class) << by_class.by_class_how;
-  EXPECT_FALSE(full.by_class);
+  EXPECT_TRUE(by_class.by_class()) << by_class.by_class_how;
+  EXPECT_FALSE(full.by_class());
   const double step = relative(by_class.mean.step_time_s, full.mean.step_time_s);
   EXPECT_LT(step, 1e-3) << by_class.mean.step_time_s << " against " << full.mean.step_time_s;
   EXPECT_LT(relative(by_class.mean.exposed_comm_s, full.mean.exposed_comm_s), 1e-3);
@@ -171,7 +171,7 @@ TEST(TimeByClass, KindsOfNodeEndEachSharedCollectiveWithTheirOwnNode0Member) {
 TEST(TimeByClass, KindsOfNodeAreSimulatedEveryRankInTheFineModelAndSaySo) {
   const Scenario sc = tiny(64, "fine");
   const SimResult r = sim(sc, build_schedule(sc), ByClass::kAuto);
-  EXPECT_FALSE(r.by_class);
+  EXPECT_FALSE(r.by_class());
   EXPECT_NE(r.by_class_how.find("nodes of 2 kinds (rank 64 issues other ops than rank 0)"),
             std::string::npos)
       << r.by_class_how;
@@ -185,7 +185,7 @@ TEST(TimeByClass, ARaceThatBitesBitesByClassToo) {
   const Schedule schedule = build_schedule(sc);
   const SimResult by_class = sim(sc, schedule, ByClass::kAuto);
   const SimResult full = sim(sc, schedule, ByClass::kPerRank);
-  ASSERT_TRUE(by_class.by_class) << by_class.by_class_how;
+  ASSERT_TRUE(by_class.by_class()) << by_class.by_class_how;
   EXPECT_GT(full.mean.races_manifested, 0u);
   EXPECT_EQ(by_class.mean.races_manifested, full.mean.races_manifested);
   EXPECT_LT(relative(by_class.mean.step_time_s, full.mean.step_time_s), 1e-3);
@@ -195,7 +195,7 @@ TEST(TimeByClass, AnAsymmetricScheduleIsSimulatedRankByRankAndSaysWhy) {
   const Scenario sc = llama70b(2, {{"sim.jitter", "0"}, {"bugs.secondary_mismatch_rank", "1"}});
   const Schedule schedule = build_schedule(sc);
   const SimResult r = sim(sc, schedule, ByClass::kAuto);
-  EXPECT_FALSE(r.by_class);
+  EXPECT_FALSE(r.by_class());
   EXPECT_NE(r.by_class_how.find("rank 9 issues other collectives than rank 1"), std::string::npos)
       << r.by_class_how;
 }
@@ -225,11 +225,11 @@ TEST(TimeByClass, JitterIsDrawnPerRankSoTheDefaultIsEveryRank) {
   ASSERT_GT(sc.sim.jitter, 0);
   const Schedule schedule = build_schedule(sc);
   const SimResult r = sim(sc, schedule, ByClass::kAuto);
-  EXPECT_FALSE(r.by_class);
+  EXPECT_FALSE(r.by_class());
   EXPECT_NE(r.by_class_how.find("jitter"), std::string::npos) << r.by_class_how;
   // Forced, every node draws node 0's noise: a different model, close but not the same.
   const SimResult forced = sim(sc, schedule, ByClass::kForce);
-  ASSERT_TRUE(forced.by_class) << forced.by_class_how;
+  ASSERT_TRUE(forced.by_class()) << forced.by_class_how;
   EXPECT_NE(forced.by_class_how.find("not exact"), std::string::npos);
   const double diff = relative(forced.mean.step_time_s, r.mean.step_time_s);
   EXPECT_LT(diff, 0.05);
@@ -242,7 +242,7 @@ TEST(TimeByClass, JitterIsDrawnPerRankSoTheDefaultIsEveryRank) {
 TEST(TimeByClass, OneNodeHasNothingToFold) {
   const Scenario sc = llama70b(1, {{"sim.jitter", "0"}});
   const SimResult r = sim(sc, build_schedule(sc), ByClass::kAuto);
-  EXPECT_FALSE(r.by_class);
+  EXPECT_FALSE(r.by_class());
   EXPECT_TRUE(r.by_class_how.empty()) << r.by_class_how;
 }
 

@@ -9,6 +9,7 @@
 #include <set>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "sim/check/checker.hpp"
 
@@ -144,10 +145,10 @@ std::vector<char> redundant_syncs(const OpList& ops, std::size_t streams, bool a
   std::vector<char> out(n, 0);
   if (allocator) return out;
   std::vector<char> knows(streams);
-  std::unordered_map<EventId, char> recorded;  // events recorded since the sync: knew p?
+  std::unordered_set<EventId> recorded;  // events recorded since the sync (their streams knew p)
   for (std::size_t i = 0; i < n; ++i) {
     const Op& sync = ops.stored(i);
-    if (sync.kind != OpKind::kHostStreamSync || sync.stream == kHostStream || sync.stream < 0 ||
+    if (sync.kind != OpKind::kHostStreamSync || sync.stream < 0 ||  // kHostStream is -1
         static_cast<std::size_t>(sync.stream) >= streams) {
       continue;
     }
@@ -160,8 +161,7 @@ std::vector<char> redundant_syncs(const OpList& ops, std::size_t streams, bool a
       if (op.kind == OpKind::kHostDeviceSync) break;
       if (op.stream == kHostStream) {
         if (op.kind == OpKind::kHostEventSync) {
-          const auto it = recorded.find(op.event);
-          if (it != recorded.end() && it->second != 0) break;
+          if (recorded.contains(op.event)) break;
           continue;
         }
         // A host op that touches bytes does so under the host's clock.
@@ -176,9 +176,7 @@ std::vector<char> redundant_syncs(const OpList& ops, std::size_t streams, bool a
       if (op.kind == OpKind::kStreamWaitEvent) {
         // The wait takes in the host's clock (absorb_host), then the event's, and touches no
         // bytes: t's clock after it is the same either way when t or the event knew p.
-        const auto it = recorded.find(op.event);
-        const bool event_knows = it != recorded.end() && it->second != 0;
-        if (knows[t] == 0 && !event_knows) redundant = false;
+        if (knows[t] == 0 && !recorded.contains(op.event)) redundant = false;
         knows[t] = 1;
         continue;
       }
@@ -186,7 +184,7 @@ std::vector<char> redundant_syncs(const OpList& ops, std::size_t streams, bool a
         redundant = false;
         break;
       }
-      if (op.kind == OpKind::kEventRecord) recorded[op.event] = 1;  // t knows p
+      if (op.kind == OpKind::kEventRecord) recorded.insert(op.event);  // t knows p
       if (op.kind == OpKind::kHostStreamSync && op.stream == sync.stream) break;
     }
     out[i] = redundant ? 1 : 0;
@@ -258,21 +256,20 @@ bool orders_alike(const Schedule& s, Rank r, const Families& f, std::vector<Patt
   while (true) {
     while (i < t.size() && moves_no_clock(t.stored(i))) ++i;
     while (j < o.size() && moves_no_clock(o.stored(j))) ++j;
-    if (i == t.size() || j == o.size()) break;
-    if (same(i, j)) {
+    const bool in_t = i < t.size();
+    const bool in_o = j < o.size();
+    if (!in_t && !in_o) break;
+    if (in_t && in_o && same(i, j)) {
       ++i;
       ++j;
-    } else if (rank0_syncs[i] != 0) {
+    } else if (in_t && rank0_syncs[i] != 0) {
       ++i;
-    } else if (syncs[j] != 0) {
+    } else if (in_o && syncs[j] != 0) {
       ++j;
     } else {
       return false;
     }
   }
-  while (i < t.size() && (moves_no_clock(t.stored(i)) || rank0_syncs[i] != 0)) ++i;
-  while (j < o.size() && (moves_no_clock(o.stored(j)) || syncs[j] != 0)) ++j;
-  if (i != t.size() || j != o.size()) return false;
   Pattern p{r, {}};
   if (!stored_groups_of(s, o, p.stored_groups)) return false;
   patterns.push_back(std::move(p));

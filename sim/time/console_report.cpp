@@ -119,7 +119,7 @@ std::string ConsoleReporter::render(const Schedule& s, const SimResult& r) const
       "{} transfers, {} execs\n",
       r.network_model, r.bandwidth_factor, r.latency_factor, r.collective_model, r.stats.transfers,
       r.stats.execs);
-  if (r.by_class) out += fmt::format("  simulated          {}\n", r.by_class_how);
+  if (r.by_class()) out += fmt::format("  simulated          {}\n", r.by_class_how);
   // The hardware every number above assumed (issue 35: sim never said).
   const ClusterConfig& c = r.cluster;
   out += fmt::format(

@@ -119,7 +119,7 @@ nlohmann::json to_json(const Schedule& schedule, const SimResult& r, bool op_tim
                  {"simgrid_comms", r.stats.simgrid_comms},
                  {"execs", r.stats.execs},
                  {"ops", r.stats.ops},
-                 {"by_class", r.by_class}};
+                 {"by_class", r.by_class()}};
   if (op_times) {
     json times = json::array();
     json labels = json::array();

@@ -186,29 +186,31 @@ SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOp
   result.network_model = in.sim.network_model;
   result.bandwidth_factor = in.sim.bandwidth_factor;
   result.latency_factor = in.sim.latency_factor;
-  NodeQuotient quotient;
   if (options.by_class != ByClass::kPerRank) {
-    result.by_class = node_quotient(in, schedule, options.by_class == ByClass::kForce, quotient,
-                                    result.by_class_how);
-    if (result.by_class) result.by_class_how = describe_quotient(quotient);
+    NodeQuotient quotient;
+    if (node_quotient(in, schedule, options.by_class == ByClass::kForce, quotient,
+                      result.by_class_how)) {
+      result.by_class_how = describe_quotient(quotient);
+      result.quotient = std::move(quotient);
+    }
     if (in.cluster.nodes < 2) result.by_class_how.clear();  // nothing to fold
   }
-  if (!result.by_class && options.before_simulating_every_rank) {
+  const NodeQuotient* folded_by = result.quotient ? &*result.quotient : nullptr;
+  if (folded_by == nullptr && options.before_simulating_every_rank) {
     options.before_simulating_every_rank(
         options.by_class == ByClass::kPerRank ? "--per-rank" : result.by_class_how);
   }
   // The children simulate while this process runs the checker (two cores: the checker's time
   // mostly disappears from the wall time).
-  Runs children(in, schedule, options, result.by_class ? &quotient : nullptr);
+  Runs children(in, schedule, options, folded_by);
   if (options.check_races) {
-    attach_races(check_showing_progress(schedule, children, options, result.by_class), result);
+    attach_races(check_showing_progress(schedule, children, options, result.by_class()), result);
   }
   std::vector<EngineRun> runs = children.collect();
-  if (result.by_class) {
+  if (folded_by != nullptr) {
     const Topology topology(in.cluster);
-    for (EngineRun& run : runs) unfold_links(quotient, topology, run);
+    for (EngineRun& run : runs) unfold_links(*folded_by, topology, run);
   }
-  const NodeQuotient* folded_by = result.by_class ? &quotient : nullptr;
   for (const EngineRun& run : runs) {
     result.runs.push_back(step_metrics(in, schedule, run.timeline, folded_by));
   }
@@ -219,8 +221,7 @@ SimResult simulate(const TimingInputs& in, const Schedule& schedule, const SimOp
   link_reports(in, runs.front(), result);
   result.stats = runs.front().stats;
   result.timeline = std::move(runs.front().timeline);
-  if (result.by_class && options.full_timeline) unfold_timeline(quotient, result.timeline);
-  if (result.by_class) result.quotient = std::move(quotient);
+  if (folded_by != nullptr && options.full_timeline) unfold_timeline(*folded_by, result.timeline);
   return result;
 }
 

@@ -113,13 +113,14 @@ struct SimResult {
   Timeline timeline;
   std::vector<RaceInstance> race_instances;
   EngineStats stats;  ///< the first run's (by class: node 0's transfers and delays)
-  /** Simulated by symmetry class (node 0 for every node; each rank's times are its node-0
-   *  counterpart's), and `how` says so; otherwise `how` says why every rank was simulated ("" for
-   *  --per-rank or a world of one node). */
-  bool by_class = false;
-  std::string by_class_how;
-  /** How it folded, when by_class: what --sensitivity's re-simulations fold by. */
+  /** How the world folded when it was simulated by symmetry class (one node of each kind of
+   *  node; each rank's times are those of the simulated rank that stands for it): what the
+   *  metrics, the races and --sensitivity's re-simulations read the timelines by. */
   std::optional<NodeQuotient> quotient;
+  /** By class: says so; otherwise why every rank was simulated ("" for --per-rank or a world
+   *  of one node). */
+  std::string by_class_how;
+  bool by_class() const { return quotient.has_value(); }
 };
 
 /** Simulates `schedule` on the platform `in` (timing_inputs_of its scenario) per `options`;

@@ -107,7 +107,7 @@ void BM_SimShippedByClass(benchmark::State& state) {
     benchmark::DoNotOptimize(r);
   }
   report(state, r);
-  state.counters["by_class"] = r.by_class ? 1 : 0;
+  state.counters["by_class"] = r.by_class() ? 1 : 0;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   state.counters["peak_rss_mib"] = static_cast<double>(usage.ru_maxrss) / 1024.0;

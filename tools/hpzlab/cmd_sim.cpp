@@ -66,10 +66,10 @@ void run_sim(const SimCliOptions& opts, int& exit_code) {
   if (sim_opts.full_timeline) guard_every_rank_times(schedule);
   const time::SimResult result = on_schedule(
       opts.scenario.schedule, [&] { return time::simulate(platform, schedule, sim_opts); });
-  if (!result.by_class && !result.by_class_how.empty()) {
+  if (!result.by_class() && !result.by_class_how.empty()) {
     std::fprintf(stderr, "sim: every rank simulated, not one node per symmetry class (%s)\n",
                  result.by_class_how.c_str());
-  } else if (result.by_class && !opts.trace.file.empty()) {
+  } else if (result.by_class() && !opts.trace.file.empty()) {
     std::fprintf(stderr, "sim: the trace shows every rank with its node-0 counterpart's times\n");
   }
   std::optional<time::SensitivityResult> sens;
